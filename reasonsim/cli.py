@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def _cmd_trace_serve(args: argparse.Namespace) -> int:
 
     wl = ServeWorkload(num_requests=args.num_requests, rate_per_s=args.rate,
                        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                       seed=args.seed, concurrency=args.concurrency)
+                       seed=args.seed, concurrency=args.concurrency,
+                       warmup_requests=args.warmup_requests)
     summary = trace_serve(url=args.url, model=args.model, out_dir=args.out, workload=wl,
                           resume=args.resume, progress=not args.quiet)
     _print_summary(summary, args.json)
@@ -141,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--prompt-tokens", type=_ints, default=[64, 256], help="choices, sampled")
     v.add_argument("--output-tokens", type=_ints, default=[32, 128], help="choices, sampled")
     v.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
+    v.add_argument("--warmup-requests", type=int, default=2,
+                   help="unrecorded requests sent before the clock starts (server warm-up)")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--resume", action="store_true")
     v.add_argument("--json", action="store_true")
@@ -161,12 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `reasonsim` console script."""
     args = build_parser().parse_args(argv)
-    from traces.store import TraceError
-
     try:
         return args.func(args)
-    except (UserError, TraceError, FileNotFoundError, NotADirectoryError) as e:
-        print(f"reasonsim: error: {e}", file=sys.stderr)
+    except (UserError, ValueError, OSError, RuntimeError) as e:
+        # Bad input, unreachable servers, dead engines: one line. REASONSIM_DEBUG=1 shows where.
+        if os.environ.get("REASONSIM_DEBUG"):
+            raise
+        print(f"reasonsim: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("reasonsim: interrupted", file=sys.stderr)

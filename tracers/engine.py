@@ -93,14 +93,20 @@ class EngineSpec:
     """further EngineArgs"""
 
 
+def check_model(model: str | Path, load_format: str) -> Path:
+    """Validate a model directory for the load format before any engine import."""
+    path = check_model_dir(model)
+    if load_format != "dummy" and not has_weights(path):
+        raise FileNotFoundError(f"{path}: no weights (*.safetensors/*.bin); use "
+                                "--load-format dummy to profile with random weights")
+    return path
+
+
 class Engine:
     """An in-process vLLM LLMEngine with access to its scheduler and KV block pool."""
 
     def __init__(self, spec: EngineSpec):
-        model = check_model_dir(spec.model)
-        if spec.load_format != "dummy" and not has_weights(model):
-            raise FileNotFoundError(f"{model}: no weights (*.safetensors/*.bin); use "
-                                    "--load-format dummy to profile with random weights")
+        model = check_model(spec.model, spec.load_format)
         _prepare_env(spec.kv_cache_gb)
         import torch
         from vllm import EngineArgs, LLMEngine

