@@ -1,0 +1,32 @@
+"""The README's two commands are what CI and users run: keep them true."""
+
+import re
+
+from conftest import REPO, run_cli
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [line for b in blocks for line in b.splitlines() if line and not line.startswith("#")]
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    commands = _readme_commands()
+    assert len(commands) == 2, commands
+    test_cmd = commands[1]
+    assert "pytest" in test_cmd
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in ci
+
+
+def test_every_subcommand_has_help():
+    for args in (["--help"], ["trace", "steps", "--help"], ["trace", "serve", "--help"],
+                 ["traces", "check", "--help"]):
+        proc = run_cli(*args)
+        assert "usage: reasonsim" in proc.stdout
+
+
+def test_traces_check_rejects_a_non_trace(tmp_path):
+    proc = run_cli("traces", "check", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "no runs table" in proc.stderr
