@@ -1,0 +1,363 @@
+"""One serving replica: vLLM-v1-like continuous batching over a paged KV cache, fast-forwarded.
+
+Each scheduling decision mirrors vLLM v1: running requests first (decode 1 token, or the next
+prefill chunk), then waiting requests in queue order while there is a sequence slot, token budget
+and KV room; a running request that cannot get a KV block preempts the newest running request
+(recompute: its blocks are freed, it re-prefills prompt + generated tokens later).
+
+Speed: when an iteration is decode-only and admission is blocked (nothing waiting, no free
+sequence slot, or no KV room), the batch cannot change until a request finishes or a KV block
+runs out, so the replica schedules ONE event for the whole run of iterations (closed form from
+the latency model). An arrival that could be admitted truncates the run at the iteration
+boundary after it (solved in closed form), so results equal a per-iteration simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from sim.calibration import Calibration
+from sim.latency import iterations_within, run_ms
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """Engine limits of one replica (defaults come from the calibration's traced engine)."""
+
+    max_num_seqs: int
+    """max sequences per iteration"""
+    max_num_batched_tokens: int
+    """token budget per iteration (chunked prefill splits longer prompts)"""
+    block_size: int
+    """KV block size in tokens"""
+    kv_blocks: int
+    """KV blocks available"""
+    enable_prefix_caching: bool = False
+    """reuse KV blocks of a shared prompt prefix (request prefix_group / prefix_tokens)"""
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"replica {name} must be >= 1, got {getattr(self, name)}")
+
+
+class Req:
+    """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
+
+    __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
+                 "priority", "group", "prefix_tokens", "shared", "started")
+
+    def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
+                 prefix_tokens: int = 0):
+        self.idx = idx
+        self.prompt = prompt
+        self.output = output
+        self.computed = 0          # tokens whose KV is computed
+        self.generated = 0         # output tokens emitted
+        self.target = prompt       # tokens to (re)compute before decoding
+        self.blocks = 0            # KV blocks held privately
+        self.priority = priority
+        self.group = group         # shared-prefix group (-1: none)
+        self.prefix_tokens = prefix_tokens
+        self.shared = 0            # KV blocks borrowed from the prefix cache
+        self.started = False
+
+
+class Results:
+    """Column buffers of per-request results and per-run-of-iterations step records."""
+
+    def __init__(self, n: int):
+        self.scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.replica_id = np.full(n, -1, dtype=np.int32)
+        self.cached_tokens = np.zeros(n, dtype=np.int32)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
+        self.seg = {k: [] for k in ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor",
+                                    "prefill_tokens", "prefill_seqs", "decode_seqs",
+                                    "context_tokens", "num_running", "num_waiting",
+                                    "kv_blocks_used", "kv_blocks_total", "preemptions")}
+        self.events = 0
+
+
+class Replica:
+    """A replica driven by SimPy timeouts: one event per run of iterations."""
+
+    def __init__(self, env, replica_id: int, cal: Calibration, cfg: ReplicaConfig,
+                 results: Results, rng: np.random.Generator | None, on_finish=None,
+                 fast_forward: bool = True):
+        self.env = env
+        self.id = replica_id
+        self.lat = cal.latency
+        self.cfg = cfg
+        self.res = results
+        self.rng = rng  # None = deterministic (mean latency)
+        if rng is not None:
+            self.noise_mean, self.noise_std = self.lat.residual_sampler()
+        self.on_finish = on_finish
+        self.fast_forward = fast_forward  # False: one event per iteration (reference mode)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.free_blocks = cfg.kv_blocks
+        self.prefix_cache: dict[int, list[int]] = {}  # group -> [blocks, refcount], LRU order
+        self.busy = False
+        self.gen = 0            # invalidates a truncated run's end event
+        self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
+        self.outstanding_tokens = 0
+        self.busy_s = 0.0
+
+    # ------------------------------------------------------------------ public
+    def submit(self, req: Req) -> None:
+        """A request arrives at this replica."""
+        self.waiting.append(req)
+        self.outstanding_tokens += req.prompt + req.output
+        if not self.busy:
+            self._plan()
+        elif self.run is not None and len(self.running) < self.cfg.max_num_seqs:
+            self._truncate()
+
+    # ------------------------------------------------------------------ KV
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.cfg.block_size)
+
+    def _alloc(self, r: Req, tokens_after: int) -> bool:
+        need = self._blocks_for(tokens_after) - r.shared - r.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            self._evict_prefixes(need)
+            if need > self.free_blocks:
+                return False
+        self.free_blocks -= need
+        r.blocks += need
+        return True
+
+    def _evict_prefixes(self, need: int) -> None:
+        # Drop unreferenced cached prefixes, least recently used first.
+        for g in [g for g, (b, ref) in self.prefix_cache.items() if ref == 0]:
+            if self.free_blocks >= need:
+                return
+            self.free_blocks += self.prefix_cache.pop(g)[0]
+
+    def _release(self, r: Req) -> None:
+        self.free_blocks += r.blocks
+        r.blocks = 0
+        if r.shared:
+            self.prefix_cache[r.group][1] -= 1
+            r.shared = 0
+
+    def _preempt(self, victim: Req) -> None:
+        self.running.remove(victim)
+        self._release(victim)
+        victim.computed = 0
+        victim.target = victim.prompt + victim.generated
+        self.res.preemptions[victim.idx] += 1
+        self.waiting.appendleft(victim)
+
+    def _prefix_hit(self, r: Req) -> None:
+        if not self.cfg.enable_prefix_caching or r.group < 0 or r.computed:
+            return
+        entry = self.prefix_cache.get(r.group)
+        if entry is None:
+            return
+        self.prefix_cache[r.group] = self.prefix_cache.pop(r.group)  # refresh LRU position
+        entry[1] += 1
+        r.shared = entry[0]
+        cached = min(entry[0] * self.cfg.block_size, r.target - 1)
+        r.computed = cached
+        self.res.cached_tokens[r.idx] += cached
+
+    def _prefix_store(self, r: Req) -> None:
+        # After a prefill passes its shared prefix, its full prefix blocks join the cache.
+        if not self.cfg.enable_prefix_caching or r.group < 0 or r.shared:
+            return
+        if r.group in self.prefix_cache:
+            return
+        full = min(r.prefix_tokens, r.computed) // self.cfg.block_size
+        if full > 0:
+            r.blocks -= full
+            r.shared = full
+            self.prefix_cache[r.group] = [full, 1]
+
+    # ------------------------------------------------------------------ scheduling
+    def _plan(self) -> None:
+        """Decide the next iteration (or run of iterations) at an iteration boundary."""
+        now = self.env.now
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        sched: list[tuple[Req, int]] = []
+        prefill_tokens = prefill_seqs = decode_seqs = context = preempted = 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            n = min(r.target - r.computed, budget) if r.computed < r.target else 1
+            while not self._alloc(r, r.computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted += 1
+                if victim is r:
+                    break
+            else:
+                sched.append((r, n))
+                budget -= n
+                i += 1
+                continue
+            # r itself was preempted; the element at i is now the next request
+        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
+            r = self.waiting[0]
+            self._prefix_hit(r)
+            n = min(r.target - r.computed, budget)
+            if not self._alloc(r, r.computed + n):
+                if r.shared:  # undo the borrowed prefix: not admitted this time
+                    self.prefix_cache[r.group][1] -= 1
+                    self.res.cached_tokens[r.idx] -= r.computed
+                    r.shared = 0
+                    r.computed = 0
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            if not r.started:
+                r.started = True
+                self.res.scheduled_s[r.idx] = now
+            sched.append((r, n))
+            budget -= n
+        if not sched:
+            self.busy = False
+            self.run = None
+            return
+        for r, n in sched:
+            if r.computed < r.target:
+                prefill_tokens += n
+                prefill_seqs += 1
+            else:
+                decode_seqs += 1
+            context += r.computed + n
+        step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
+        factor = self._noise(1)
+        k = 1
+        a_ms, b_ms = step_ms, 0.0
+        if self.fast_forward and prefill_tokens == 0 and preempted == 0 \
+                and decode_seqs == len(self.running):
+            k = self._stable_run_length()
+            if k > 1:
+                a_ms, b_ms = self.lat.decode_run(decode_seqs, context - decode_seqs)
+                factor = self._noise(k)
+        self.busy = True
+        self._record(now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
+                     context, preempted)
+        # Only multi-iteration runs can be truncated; a single iteration always completes.
+        self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
+        self._sched = sched
+        self.gen += 1
+        self._schedule_end(now + run_ms(a_ms, b_ms, k) * factor / 1e3, k)
+
+    def _stable_run_length(self) -> int:
+        """Iterations the current all-decode batch can run unchanged (>= 1)."""
+        if self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            head = self.waiting[0]
+            evictable = sum(b for b, ref in self.prefix_cache.values() if ref == 0)
+            if self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
+                    self.free_blocks + evictable:
+                return 1  # the head could be admitted next iteration
+        k = min(r.output - r.generated for r in self.running)
+        if k <= 1:
+            return 1
+        bs = self.cfg.block_size
+        comp = np.fromiter((r.computed for r in self.running), dtype=np.int64)
+        held = np.fromiter((r.blocks + r.shared for r in self.running), dtype=np.int64)
+
+        def extra(j: int) -> int:  # new blocks needed to run j iterations
+            return int(np.maximum(-(-(comp + j) // bs) - held, 0).sum())
+
+        if extra(k) <= self.free_blocks:
+            return k
+        lo, hi = 1, k  # extra(lo) fits (the planned iteration allocated it), extra(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= self.free_blocks:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _noise(self, k: int) -> float:
+        if self.rng is None:
+            return 1.0
+        # Sum of k iid multiplicative residuals ~ normal (CLT); exact for k == 1 via resampling.
+        if k == 1:
+            q = self.lat.residual_log_quantiles
+            return math.exp(q[int(self.rng.integers(len(q)))])
+        return max(0.05, self.noise_mean + self.noise_std / math.sqrt(k) * self.rng.standard_normal())
+
+    def _schedule_end(self, t_end: float, k: int) -> None:
+        ev = self.env.timeout(t_end - self.env.now)
+        ev.callbacks.append(partial(self._on_end, self.gen, k, t_end))
+        self.res.events += 1
+
+    def _truncate(self) -> None:
+        start, a_ms, b_ms, factor, k = self.run
+        elapsed_ms = (self.env.now - start) * 1e3 / factor
+        k_new = iterations_within(a_ms, b_ms, elapsed_ms)
+        if k_new >= k:
+            return
+        self.gen += 1
+        self.run = (start, a_ms, b_ms, factor, k_new)
+        self.res.seg["k_iters"][self._seg_index] = k_new
+        self._schedule_end(start + run_ms(a_ms, b_ms, k_new) * factor / 1e3, k_new)
+
+    def _on_end(self, gen: int, k: int, t_end: float, _event) -> None:
+        if gen != self.gen:
+            return  # superseded by a truncation
+        self.busy_s += t_end - self._seg_start
+        done = []
+        for r, n in self._sched:
+            tokens = n if k == 1 else k
+            if k > 1 or r.computed >= r.target:  # decode iterations
+                r.computed += tokens
+                r.generated += tokens
+                self._alloc(r, r.computed)  # blocks were accounted in _stable_run_length
+            else:  # a prefill chunk
+                r.computed += n
+                self._prefix_store(r)
+                if r.computed >= r.target:
+                    r.generated += 1  # the prefill's last chunk samples a token
+            if r.generated and np.isnan(self.res.first_token_s[r.idx]):
+                self.res.first_token_s[r.idx] = t_end
+            if r.generated >= r.output:
+                done.append(r)
+        for r in done:
+            self.running.remove(r)
+            self._release(r)
+            self.res.finish_s[r.idx] = t_end
+            self.outstanding_tokens -= r.prompt + r.output
+            if self.on_finish is not None:
+                self.on_finish(r)
+        self.run = None
+        self._plan()
+
+    def _record(self, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
+                context, preempted) -> None:
+        self._seg_start = now
+        seg = self.res.seg
+        self._seg_index = len(seg["k_iters"])
+        seg["replica_id"].append(self.id)
+        seg["start_s"].append(now)
+        seg["k_iters"].append(k)
+        seg["a_ms"].append(a_ms)
+        seg["b_ms"].append(b_ms)
+        seg["factor"].append(factor)
+        seg["prefill_tokens"].append(prefill_tokens)
+        seg["prefill_seqs"].append(prefill_seqs)
+        seg["decode_seqs"].append(decode_seqs)
+        seg["context_tokens"].append(context)
+        seg["num_running"].append(len(self.running))
+        seg["num_waiting"].append(len(self.waiting))
+        seg["kv_blocks_used"].append(self.cfg.kv_blocks - self.free_blocks)
+        seg["kv_blocks_total"].append(self.cfg.kv_blocks)
+        seg["preemptions"].append(preempted)
