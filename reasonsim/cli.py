@@ -76,6 +76,122 @@ def _cmd_traces_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ simulator
+
+DEMO_CONFIG = REPO / "examples" / "demo.yaml"
+SAMPLE_CALIBRATION = REPO / "sim" / "data" / "sample-llama-cpu.calib.json"
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from sim.calibration import calibrate
+
+    cal = calibrate(args.trace_dirs, seed=args.seed)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+    h = cal.heldout
+    summary = {"heldout_mape": h["mape"], "heldout_p50_ape": h["p50_ape"],
+               "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
+               "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
+               "output": str(out)}
+    for phase in ("decode", "prefill"):
+        if phase in h:
+            summary[f"heldout_mape_{phase}"] = h[phase]["mape"]
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _sim_run_row(cfg, result) -> dict:
+    from importlib import metadata
+
+    from sim.calibration import load_calibration
+    from traces.provenance import run_row
+
+    cal = load_calibration(cfg.replicas[0].calibration)
+    p = cal.provenance
+    return run_row("sim", "reasonsim-sim", metadata.version("reasonsim"),
+                   f"simulated {p['device']}", sum(g.count for g in cfg.replicas),
+                   p["model_id"], p["model_config_hash"], p["dtype"], "calibrated", cfg.seed,
+                   {"config": json.loads(cfg.to_json()), "summary": result.summary})
+
+
+def _write_sim(cfg, result, out_dir: Path) -> None:
+    from traces.store import write_tables
+
+    tables = {"requests": result.requests}
+    if result.steps is not None:
+        tables["steps"] = result.steps
+    write_tables(out_dir, _sim_run_row(cfg, result), tables)
+    (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sim.cluster import simulate
+    from sim.config import load_config
+
+    cfg = load_config(args.config)
+    result = simulate(cfg)
+    if args.out:
+        _write_sim(cfg, result, Path(args.out))
+    _print_summary(result.summary, args.json)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from sim.demo import run_demo
+
+    summary = run_demo(DEMO_CONFIG, Path(args.out), quick=args.quick)
+    _print_summary(summary, args.json)
+    if not args.json:
+        print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from sim.calibration import load_calibration
+    from sim.config import load_config
+    from sim.workload import workload_from_config
+    from tracers.replay import replay_live
+
+    cfg = load_config(args.config)
+    if sum(g.count for g in cfg.replicas) != 1:
+        raise UserError(f"{args.config}: live replay drives one engine; the config has "
+                        f"{sum(g.count for g in cfg.replicas)} replicas")
+    group = cfg.replicas[0]
+    cal = load_calibration(group.calibration)
+    w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
+    model = args.model or cal.provenance["model_id"]
+    kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
+    summary = replay_live(model, args.out, w.arrival_s, w.prompt_tokens, w.output_tokens,
+                          seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
+                          max_num_batched_tokens=group.max_num_batched_tokens
+                          or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
+                          params={"config": json.loads(cfg.to_json())}, progress=not args.quiet)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from sim.validate import compare, plot_cdfs
+
+    rows = compare(args.sim_dir, args.live_dir)
+    png = plot_cdfs(args.sim_dir, args.live_dir, args.out)
+    if args.json:
+        print(json.dumps(rows, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="simulated vs live")
+    for col in ("metric", "sim", "live", "rel_err"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for k, v in rows.items():
+        table.add_row(k, f"{v['sim']:.4g}", f"{v['live']:.4g}", f"{v['rel_err']:+.1%}")
+    Console().print(table)
+    print(f"CDF plot: {png}")
+    return 0
+
+
 def _print_summary(summary: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, sort_keys=True))
@@ -87,6 +203,8 @@ def _print_summary(summary: dict, as_json: bool) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
+        if isinstance(value, dict):  # {mean, p50, p90, p99}
+            value = "  ".join(f"{k}={v:.4g}" for k, v in value.items())
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console().print(table)
 
@@ -159,6 +277,50 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--max-errors", type=int, default=20)
     c.set_defaults(func=_cmd_traces_check)
+
+    cal = sub.add_parser("calibrate", help="fit the latency model from steps traces",
+                         description="Fit per-iteration latency from steps tables (NNLS, relative "
+                         "error); report held-out error on grid cells the fit never saw.")
+    cal.add_argument("trace_dirs", nargs="+", metavar="TRACE_DIR")
+    cal.add_argument("-o", "--out", required=True, help="calibration JSON to write")
+    cal.add_argument("--seed", type=int, default=0, help="held-out split seed")
+    cal.add_argument("--json", action="store_true")
+    cal.set_defaults(func=_cmd_calibrate)
+
+    sm = sub.add_parser("simulate", help="simulate a cluster from a YAML config",
+                        description="Run the SimPy cluster model; print a summary; with -o write "
+                        "requests/steps tables (same schema as live traces) and summary.json.")
+    sm.add_argument("config")
+    sm.add_argument("-o", "--out", help="directory for the tables")
+    sm.add_argument("--json", action="store_true")
+    sm.set_defaults(func=_cmd_simulate)
+
+    dm = sub.add_parser("demo", help="simulate the default cluster and write a report",
+                        description="Simulate examples/demo.yaml from the shipped calibration, "
+                        "sweep the arrival rate, write PNG plots and report.md.")
+    dm.add_argument("-o", "--out", default="reports/demo")
+    dm.add_argument("--quick", action="store_true", help="smaller workload (tests)")
+    dm.add_argument("--json", action="store_true")
+    dm.set_defaults(func=_cmd_demo)
+
+    rp = sub.add_parser("replay", help="serve a config's workload live on vLLM (one replica)",
+                        description="Same arrivals, lengths (ignore_eos) and seed as `simulate`, "
+                        "in real time on vLLM's engine; writes the same tables.")
+    rp.add_argument("config")
+    rp.add_argument("-o", "--out", required=True)
+    rp.add_argument("--model", help="model directory (default: the calibration's model)")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("-q", "--quiet", action="store_true")
+    rp.set_defaults(func=_cmd_replay)
+
+    va = sub.add_parser("validate", help="compare simulated and live tables",
+                        description="Per metric (mean/P50/P90/P99 of TTFT, TPOT, e2e; throughput) "
+                        "print simulated, live and relative error; write overlaid CDF plots.")
+    va.add_argument("sim_dir")
+    va.add_argument("live_dir")
+    va.add_argument("-o", "--out", default="reports/validate", help="plot directory")
+    va.add_argument("--json", action="store_true")
+    va.set_defaults(func=_cmd_validate)
     return p
 
 

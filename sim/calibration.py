@@ -115,7 +115,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
                   "engine": run0["engine"], "engine_version": run0["engine_version"],
                   "device": run0["device"], "device_count": run0["device_count"],
                   "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
-                  "dtype": run0["dtype"], "fit_s": round(time.perf_counter() - t0, 3)}
+                  "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
+                  "fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(model, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),

@@ -121,7 +121,7 @@ class Workload:
         return Workload(**{**fields, **cols})
 
     def scaled(self, time_scale: float) -> Workload:
-        """The same requests with every arrival time multiplied by time_scale (0.5 doubles the rate)."""
+        """The same requests with arrival times multiplied by time_scale (0.5 doubles the rate)."""
         time_scale = _positive(time_scale, "time_scale")
         return self._replace(arrival_s=self.arrival_s * time_scale)
 
@@ -367,7 +367,9 @@ def _read_csv(path: Path, columns: tuple[str, ...]):
     import pandas as pd
 
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        # utf-8-sig: a byte-order mark would otherwise glue itself to the first column name.
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
+                         encoding="utf-8-sig")
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: empty file, expected a header with {', '.join(columns)}") \
             from None
@@ -588,7 +590,7 @@ def _replay(spec: Any, base_dir: Path) -> Workload:
 
 
 def workload_from_config(cfg: dict, seed: int, base_dir: str | Path = ".") -> Workload:
-    """Build the workload a config's `workload:` mapping describes; trace paths are relative to base_dir."""
+    """Build the workload of a config's `workload:` mapping (trace paths relative to base_dir)."""
     if not isinstance(cfg, dict):
         raise ValueError(f"workload must be a mapping, got {type(cfg).__name__}: {cfg!r}")
     if "trace" in cfg:

@@ -48,9 +48,11 @@ class StepRecorder:
 
     def add(self, request_id: str, prompt_token_ids: list[int], params, priority: int = 0,
             cell_id: str | None = None, program_id: str | None = None,
-            role: str | None = None) -> None:
-        """Submit a request now and start tracking it."""
-        self.reqs[request_id] = _Req(self.now_s(), len(prompt_token_ids), priority, cell_id,
+            role: str | None = None, arrival_s: float | None = None) -> None:
+        """Submit a request now and start tracking it (arrival_s: planned arrival, if earlier)."""
+        now = self.now_s()
+        arrival = now if arrival_s is None else min(arrival_s, now)
+        self.reqs[request_id] = _Req(arrival, len(prompt_token_ids), priority, cell_id,
                                      program_id, role)
         self.engine.add(request_id, prompt_token_ids, params, priority=priority)
 
