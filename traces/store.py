@@ -146,8 +146,10 @@ def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, p
     """Write whole tables of one run at once (simulator output); returns the run id."""
     writer = TraceWriter(trace_dir, run)
     for name, cols in tables.items():
-        table = to_table(name, cols if isinstance(cols, pa.Table) else
-                         {**cols, "run_id": [writer.run_id] * len(next(iter(cols.values())))})
+        if isinstance(cols, pa.Table):
+            cols = {c: cols.column(c) for c in cols.column_names}
+        n = len(next(iter(cols.values())))
+        table = to_table(name, {**cols, "run_id": pa.array([writer.run_id] * n, pa.string())})
         (writer.dir / name).mkdir(exist_ok=True)
         _atomic_write(table, writer.dir / name / "part-all.parquet")
     (writer.dir / "_units" / "all.done").write_text("")
