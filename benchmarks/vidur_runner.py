@@ -285,8 +285,8 @@ S["event_loop_cpu_s"] = S["run_cpu_s"] - S["write_output_cpu_s"]
 S["simulated_s"] = float(sim._time)
 S["output_dir"] = config.metrics_config.output_dir
 try:
-    S["max_batch_size"] = [rs._max_batch_size for rs in sim.scheduler._replica_schedulers.values()]
-    S["num_kv_blocks"] = config.cluster_config.cache_config.num_blocks
+    S["max_batch_size"] = [int(rs._max_batch_size) for rs in sim.scheduler._replica_schedulers.values()]
+    S["num_kv_blocks"] = int(config.cluster_config.cache_config.num_blocks)
 except Exception as e:  # informative only
     S["max_batch_size"] = repr(e)
 S["child_total_s"] = time.perf_counter() - T0

@@ -1,0 +1,114 @@
+"""Simulator speed: simulated requests per CPU-second and events per request, by scale.
+
+    python benchmarks/sim_speed.py --quick --json     # < 1 minute
+    python benchmarks/sim_speed.py                    # 1k -> 1M requests, 1 -> 1,000 replicas,
+                                                      # plus Vidur side by side if --vidur
+
+Cost must grow with scheduling events, not tokens: the same requests with output lengths doubled
+should cost about the same (double_tokens_cost_ratio ~ 1). Every figure is the median of
+`--repeats` runs measured in this process (CPU time via time.process_time), with the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sim.cluster import simulate  # noqa: E402
+from sim.config import parse_config  # noqa: E402
+from sim.workload import workload_from_config, workload_to_vidur_csv  # noqa: E402
+
+CAL = REPO / "sim" / "data" / "sample-llama-cpu.calib.json"
+
+
+def config(n: int, replicas: int, per_replica_rate: float = 15.0):
+    """Poisson load near 70% of the sample replica's capacity (~22 req/s), lognormal lengths."""
+    return parse_config({
+        "seed": 0,
+        "workload": {"arrival": {"kind": "poisson", "rate_per_s": per_replica_rate * replicas},
+                     "num_requests": n,
+                     "prompt_tokens": {"kind": "lognormal", "mean": 256, "sigma": 0.8,
+                                       "max": 1024},
+                     "output_tokens": {"kind": "lognormal", "mean": 128, "sigma": 0.8,
+                                       "max": 512}},
+        "cluster": {"router": "least_outstanding",
+                    "replicas": [{"calibration": str(CAL), "count": replicas}]},
+        "output": {"steps": False}})
+
+
+def measure(cfg, workload, repeats: int) -> dict:
+    """Median CPU seconds of simulate() over repeats, with min/max."""
+    cpu = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        res = simulate(cfg, workload)
+        cpu.append(time.process_time() - t0)
+    n = len(workload)
+    med = statistics.median(cpu)
+    return {"requests": n, "replicas": res.summary["replicas"], "cpu_s": med,
+            "cpu_s_min": min(cpu), "cpu_s_max": max(cpu),
+            "requests_per_cpu_s": n / med, "events_per_request": res.summary["events_per_request"],
+            "iterations_per_request": res.summary["iterations"] / n,
+            "output_tokens": res.summary["output_tokens"]}
+
+
+def main() -> None:
+    """Run the benchmark and print a table or one JSON object."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10k requests only (< 1 minute)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vidur", action="store_true",
+                    help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
+    args = ap.parse_args()
+    grid = [(10_000, 4)] if args.quick else [(1_000, 1), (10_000, 10), (100_000, 100),
+                                              (1_000_000, 1_000)]
+    rows = []
+    for n, replicas in grid:
+        cfg = config(n, replicas)
+        w = workload_from_config(cfg.workload, cfg.seed)
+        rows.append(measure(cfg, w, args.repeats if n <= 100_000 else 1))
+    # Same requests, outputs doubled: cost should track events, not tokens.
+    n, replicas = grid[0] if args.quick else grid[1]
+    cfg = config(n, replicas, per_replica_rate=7.5)  # half rate keeps load equal when doubled
+    w = workload_from_config(cfg.workload, cfg.seed)
+    base = measure(cfg, w, args.repeats)
+    double = measure(cfg, w.with_output_scale(2.0), args.repeats)
+    out = {"scales": rows, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
+           "events_per_request": rows[0]["events_per_request"],
+           "double_tokens_cost_ratio": double["cpu_s"] / base["cpu_s"],
+           "double_tokens_token_ratio": double["output_tokens"] / base["output_tokens"]}
+    if args.vidur:
+        csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vidur_runner.py"),
+                               "--trace-csv", str(csv), "--out", str(REPO / ".bench" / "vidur-out"),
+                               "--json"], capture_output=True, text=True)
+        vid = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
+            "error": proc.stderr[-500:]}
+        out["vidur"] = vid
+        if "requests_per_cpu_s" in vid:
+            out["speedup_vs_vidur"] = base["requests_per_cpu_s"] / vid["requests_per_cpu_s"]
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{'requests':>10} {'replicas':>8} {'cpu_s':>8} {'req/cpu-s':>10} {'events/req':>10}")
+    for r in rows:
+        print(f"{r['requests']:>10} {r['replicas']:>8} {r['cpu_s']:>8.2f} "
+              f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f}")
+    print(f"doubled output tokens ({out['double_tokens_token_ratio']:.2f}x tokens): "
+          f"cost ratio {out['double_tokens_cost_ratio']:.2f}")
+    if "vidur" in out:
+        print(f"vidur: {out['vidur']}")
+
+
+if __name__ == "__main__":
+    main()
