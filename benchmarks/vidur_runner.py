@@ -1,4 +1,4 @@
-"""Run the Vidur simulator (PyPI `vidur`, Microsoft, MIT) on a trace, for a side-by-side speed benchmark.
+"""Run the Vidur simulator (PyPI `vidur`, Microsoft, MIT) on a trace, for a side-by-side benchmark.
 
 reasonsim and Vidur are compared on simulated requests per CPU-second over the same workload: a
 Vidur trace CSV (`arrived_at,num_prefill_tokens,num_decode_tokens`, seconds), replayed exactly
@@ -33,6 +33,13 @@ What the PyPI package needs that the GitHub README does not say (vidur 0.0.26):
   `Date` equals `--trace_request_generator_config_date`; `Time` (seconds) is the arrival. This
   script converts the CSV to that form and passes scale factors of 1 and a `max_tokens` at least the
   longest request so that no length is scaled or clipped.
+- Vidur sizes its request slots by that `max_tokens`: the replica's batch size is
+  min(batch cap, KV-cache tokens // max_tokens) (56 for CodeLlama-34B TP2 on A100 with
+  max_tokens 8000), so the batch cap of 128 is not reached with long requests in the trace; the
+  result's `max_batch_size` reports the value Vidur used.
+- LinearRegressionExecutionTimePredictor is abstract in the PyPI releases (0.0.17 to 0.0.26: it lacks
+  `_get_kv_parallel_communication_time`, which nothing calls); the driver gives it the same
+  one-line delegation RandomForrestExecutionTimePredictor has.
 
 Timing: `wall_s` is the Vidur process end to end (interpreter start, imports, predictor training or
 cache load, request generation, event loop, metric files); the CPU time is the child's, from
@@ -70,7 +77,7 @@ DATA = BENCH / "vidur-data"
 DEFAULT_DATA_SRC = ROOT.parent / "shared" / "vidur-data"
 
 VIDUR_PIN = "vidur==0.0.26"
-# versions this harness was verified with (PyPI, Python 3.11, Nov 2025 mirror); `--unpinned` drops them
+# the dependency versions this harness was verified with (Python 3.11); `--unpinned` drops them
 VERIFIED_PINS = ("numpy==2.4.6", "pandas==3.1.1", "scikit-learn==1.9.1", "scipy==1.17.1",
                  "huggingface_hub==2.4.0")
 

@@ -16,7 +16,6 @@ pytestmark = pytest.mark.engine
 def test_replay_then_validate(tmp_path):
     cfg = tmp_path / "small.yaml"
     cfg.write_text((REPO / "examples" / "replay-small.yaml").read_text()
-                   .replace("num_requests: 60", "num_requests: 24")
                    .replace("../sim/data", str(REPO / "sim" / "data")))
     live, sim = tmp_path / "live", tmp_path / "sim"
     run_cli("replay", str(cfg), "-o", str(live), "-q")
@@ -26,7 +25,7 @@ def test_replay_then_validate(tmp_path):
     lr, sr = read_table(live, "requests").to_pandas(), read_table(sim, "requests").to_pandas()
     # Same workload: same ids, prompt and output lengths, arrivals.
     m = lr.merge(sr, on="request_id", suffixes=("_live", "_sim"))
-    assert len(m) == 24
+    assert len(m) == 60
     assert (m.prompt_tokens_live == m.prompt_tokens_sim).all()
     assert (m.output_tokens_live == m.output_tokens_sim).all()
     assert (m.arrival_s_live - m.arrival_s_sim).abs().max() < 1e-6
