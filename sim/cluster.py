@@ -141,12 +141,12 @@ def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: boo
         "iterations": int(iters.sum()), "replicas": len(replicas),
         "utilization": float(busy.mean() / span),
         "preemptions": int(res.preemptions.sum()),
-        "kv_usage_mean": _kv_usage(res, replicas),
+        "kv_usage_mean": _kv_usage(res),
     })
     return SimResult(requests, steps, summary)
 
 
-def _kv_usage(res: Results, replicas) -> float:
+def _kv_usage(res: Results) -> float:
     seg = res.seg
     if not seg["k_iters"]:
         return 0.0

@@ -124,12 +124,6 @@ class TraceWriter:
             if len(col) == n:
                 col.append(None)
 
-    def add_columns(self, table: str, columns: dict[str, list]) -> None:
-        """Buffer many rows of `table` given as columns."""
-        n = len(next(iter(columns.values())))
-        for i in range(n):
-            self.add(table, **{k: v[i] for k, v in columns.items()})
-
     def flush(self, unit: str) -> None:
         """Write every buffered table as the unit's part files, then mark the unit done."""
         if not _UNIT_RE.match(unit):
