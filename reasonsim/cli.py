@@ -10,6 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_MODEL = REPO / "models" / "sample-llama"
+TESTBED = REPO / "models" / "testbed"
 
 
 class UserError(Exception):
@@ -209,6 +210,31 @@ def _print_summary(summary: dict, as_json: bool) -> None:
     Console().print(table)
 
 
+# ------------------------------------------------------------------------------ testbed
+
+def _cmd_testbed_build(args: argparse.Namespace) -> int:
+    import torch
+
+    from tracers.testbed.train import build
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    build(args.out, names=args.models, steps_scale=args.steps_scale,
+          log=(lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True)))
+    return 0
+
+
+def _cmd_testbed_eval(args: argparse.Namespace) -> int:
+    from tracers.testbed.evaluate import evaluate
+
+    result = evaluate(args.models, items_per_cell=args.items, samples=args.samples,
+                      seed=args.seed, progress=not (args.quiet or args.json))
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
 # ------------------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -321,6 +347,29 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("-o", "--out", default="reports/validate", help="plot directory")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=_cmd_validate)
+    tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
+    tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
+    b = tbsub.add_parser("build", help="train target-large, target-small and draft (CPU, ~1 h)",
+                         description="Train the testbed models on the synthetic reasoning task, "
+                         "deterministically (seeded data and initialisation).")
+    b.add_argument("-o", "--out", default=str(TESTBED), help="directory for the model folders")
+    b.add_argument("--models", nargs="+", default=None, help="subset of models to train")
+    b.add_argument("--steps-scale", type=float, default=1.0,
+                   help="multiply every model's step budget (e.g. 0.01 for a smoke run)")
+    b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=_cmd_testbed_build)
+    e = tbsub.add_parser("eval", help="measure accuracy, probes, entropy, exits and acceptance",
+                         description="Evaluate the testbed models on held-out items and print "
+                         "one JSON object.")
+    e.add_argument("--models", default=str(TESTBED), help="directory holding the model folders")
+    e.add_argument("--items", type=int, default=24, help="held-out items per family x level")
+    e.add_argument("--samples", type=int, default=8, help="samples per item at temperature 0.7")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--save", default=None, help="also write the JSON object to this file")
+    e.add_argument("--json", action="store_true", help="print compact JSON, no progress")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_cmd_testbed_eval)
     return p
 
 

@@ -11,6 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_MODEL = REPO / "models" / "sample-llama"
+TESTBED = REPO / "models" / "testbed"
 
 
 def run_cli(*args: str, timeout: float = 600, check: bool = True,
