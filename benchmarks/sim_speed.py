@@ -27,11 +27,11 @@ from sim.cluster import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workload import workload_from_config, workload_to_vidur_csv  # noqa: E402
 
-CAL = REPO / "sim" / "data" / "sample-llama-cpu.calib.json"
+CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
 
 def config(n: int, replicas: int, per_replica_rate: float = 15.0):
-    """Poisson load near 70% of the sample replica's capacity (~22 req/s), lognormal lengths."""
+    """Poisson load near 70% of one testbed replica's capacity (~22 req/s), lognormal lengths."""
     return parse_config({
         "seed": 0,
         "workload": {"arrival": {"kind": "poisson", "rate_per_s": per_replica_rate * replicas},

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLE_MODEL = REPO / "models" / "sample-llama"
 TESTBED = REPO / "models" / "testbed"
+DEFAULT_MODEL = TESTBED / "target-large"  # the trained testbed target: real latency and behaviour
 
 
 class UserError(Exception):
@@ -57,6 +57,19 @@ def _cmd_trace_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_probes(args: argparse.Namespace) -> int:
+    from tracers.probes import ProbeWorkload, trace_probes
+
+    wl = ProbeWorkload(questions_per_cell=args.questions, samples=args.samples,
+                       stride_tokens=args.stride, budget_tokens=args.budget,
+                       probe_tokens=args.probe_tokens, temperature=args.temperature,
+                       seed=args.seed)
+    summary = trace_probes(args.model, args.out, wl, resume=args.resume,
+                           progress=not args.quiet)
+    _print_summary(summary, args.json)
+    return 0
+
+
 def _cmd_traces_check(args: argparse.Namespace) -> int:
     from traces.store import check_trace
 
@@ -80,7 +93,6 @@ def _cmd_traces_check(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ simulator
 
 DEMO_CONFIG = REPO / "examples" / "demo.yaml"
-SAMPLE_CALIBRATION = REPO / "sim" / "data" / "sample-llama-cpu.calib.json"
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -148,6 +160,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resolve_model(model_id: str) -> str:
+    """A calibration's model path, found again in this checkout if it was traced in another."""
+    if Path(model_id).is_dir():
+        return model_id
+    cut = model_id.find("models/")
+    if cut >= 0 and (REPO / model_id[cut:]).is_dir():
+        return str(REPO / model_id[cut:])
+    raise UserError(f"model {model_id} of the calibration is not here; pass --model DIR")
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from sim.calibration import load_calibration
     from sim.config import load_config
@@ -161,7 +183,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     group = cfg.replicas[0]
     cal = load_calibration(group.calibration)
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
-    model = args.model or cal.provenance["model_id"]
+    model = args.model or _resolve_model(cal.provenance["model_id"])
     kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
     summary = replay_live(model, args.out, w.arrival_s, w.prompt_tokens, w.output_tokens,
                           seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
@@ -210,6 +232,36 @@ def _print_summary(summary: dict, as_json: bool) -> None:
     Console().print(table)
 
 
+# ------------------------------------------------------------------------------ dynasor
+
+def _cmd_dynasor_offline(args: argparse.Namespace) -> int:
+    from sim.reasoning import load_trajectories, plot_tokens_to_accuracy, tokens_to_accuracy
+
+    trajs, stride = load_trajectories(args.trace)
+    rows = tokens_to_accuracy(trajs, stride, windows=args.windows,
+                              intervals=args.intervals or [stride, 2 * stride],
+                              budgets=args.budgets)
+    out = Path(args.out)
+    png = plot_tokens_to_accuracy(rows, out / "tokens_to_accuracy.png")
+    (out / "tokens_to_accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tokens to accuracy ({len(trajs)} trajectories, stride {stride})")
+    for col in ("policy", "window", "interval", "budget", "tokens", "accuracy", "early stop"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["policy"], str(r["window"] or ""), str(r["interval_tokens"] or ""),
+                      str(r["budget_tokens"] or ""), f"{r['tokens_mean']:.1f}",
+                      f"{r['accuracy']:.3f}", f"{r['stopped_early_share']:.2f}")
+    Console().print(table)
+    print(f"plot: {png}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ testbed
 
 def _cmd_testbed_build(args: argparse.Namespace) -> int:
@@ -249,9 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Drive vLLM's LLMEngine step by step over a grid of batch "
                         "sizes x prompt lengths x output lengths; record every iteration "
                         "(steps table) and every request (requests table).")
-    s.add_argument("--model", default=str(SAMPLE_MODEL),
+    s.add_argument("--model", default=str(DEFAULT_MODEL),
                    help="model directory (config.json; weights optional with --load-format "
-                   "dummy); default: the shipped sample model")
+                   "dummy); default: the testbed's target-large")
     s.add_argument("-o", "--out", required=True, help="trace directory to write")
     s.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
     s.add_argument("--prompt-tokens", type=_ints, default=[32, 128, 512, 1024])
@@ -294,6 +346,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(func=_cmd_trace_serve)
+
+    pr = tsub.add_parser("probes", help="probe chain-of-thought mid-reasoning on vLLM (Dynasor)",
+                         description="Decode each question x sample in chunks and probe the "
+                         "answer after every chunk; never stop early (counterfactual replay).")
+    pr.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="trained model directory; default: the testbed's target-large")
+    pr.add_argument("-o", "--out", required=True, help="trace directory to write")
+    pr.add_argument("--questions", type=int, default=4, help="questions per family x level")
+    pr.add_argument("--samples", type=int, default=4, help="reasoning samples per question")
+    pr.add_argument("--stride", type=int, default=16, help="reasoning tokens between probes")
+    pr.add_argument("--budget", type=int, default=256, help="reasoning token budget")
+    pr.add_argument("--probe-tokens", type=int, default=20, help="tokens per probe")
+    pr.add_argument("--temperature", type=float, default=0.7, help="reasoning temperature")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--resume", action="store_true", help="continue a killed trace")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("-q", "--quiet", action="store_true")
+    pr.set_defaults(func=_cmd_trace_probes)
 
     tr = sub.add_parser("traces", help="inspect and validate trace directories")
     trsub = tr.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
@@ -347,6 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("-o", "--out", default="reports/validate", help="plot directory")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=_cmd_validate)
+    dy = sub.add_parser("dynasor", help="Dynasor experiments on probes traces")
+    dysub = dy.add_subparsers(dest="dynasor_command", required=True, metavar="EXPERIMENT")
+    off = dysub.add_parser("offline", help="tokens-to-accuracy of certaindex vs fixed budgets",
+                           description="Replay probe-consistency stopping (window x interval) "
+                           "and fixed token budgets counterfactually on a probes trace.")
+    off.add_argument("trace", help="probes trace directory (reasonsim trace probes)")
+    off.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
+    off.add_argument("--windows", type=_ints, default=[2, 3, 4, 5], help="e.g. 2,3,4,5")
+    off.add_argument("--intervals", type=_ints, default=None,
+                     help="probe intervals in tokens (multiples of the stride; default: stride, "
+                     "2 x stride)")
+    off.add_argument("--budgets", type=_ints, default=[32, 64, 96, 128, 160, 192, 256])
+    off.add_argument("--json", action="store_true")
+    off.set_defaults(func=_cmd_dynasor_offline)
+
     tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
     tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
     b = tbsub.add_parser("build", help="train target-large, target-small and draft (CPU, ~1 h)",

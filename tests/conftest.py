@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLE_MODEL = REPO / "models" / "sample-llama"
 TESTBED = REPO / "models" / "testbed"
+TARGET_MODEL = TESTBED / "target-large"
 
 
 def run_cli(*args: str, timeout: float = 600, check: bool = True,
@@ -28,8 +28,8 @@ def run_cli(*args: str, timeout: float = 600, check: bool = True,
 
 @pytest.fixture(scope="session")
 def steps_trace(tmp_path_factory) -> Path:
-    """A small real vLLM (CPU build) step trace of the sample model: 2x2x1 grid, 2 repeats."""
+    """A small real vLLM (CPU build) step trace of the testbed target: 2x2x1 grid, 2 repeats."""
     out = tmp_path_factory.mktemp("trace") / "steps"
-    run_cli("trace", "steps", "--model", str(SAMPLE_MODEL), "-o", str(out),
+    run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out),
             "--batch-sizes", "1,4", "--prompt-tokens", "16,64", "--output-tokens", "8", "-q")
     return out

@@ -17,7 +17,7 @@ from sim.config import parse_config
 from sim.latency import iterations_within, run_ms
 from traces import check_trace
 
-CAL = REPO / "sim" / "data" / "sample-llama-cpu.calib.json"
+CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
 
 def _cfg(rate=20.0, n=300, replicas=2, kv_blocks=None, max_num_seqs=None, prefix=False,

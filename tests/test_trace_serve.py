@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import SAMPLE_MODEL, run_cli
+from conftest import TARGET_MODEL, run_cli
 from traces import check_trace, read_run, read_table
 from tracers.server import LocalServer
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 def test_trace_serve_records_every_token(tmp_path):
     out = tmp_path / "serve"
-    with LocalServer(SAMPLE_MODEL, log_path=tmp_path / "server.log") as server:
+    with LocalServer(TARGET_MODEL, log_path=tmp_path / "server.log") as server:
         proc = run_cli("trace", "serve", "--url", server.url, "-o", str(out), "--num-requests",
                        "20", "--rate", "10", "--prompt-tokens", "16,48", "--output-tokens",
                        "8,24", "--json", "-q")

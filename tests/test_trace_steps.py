@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, SAMPLE_MODEL, run_cli
+from conftest import REPO, TARGET_MODEL, run_cli
 from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
@@ -40,7 +40,7 @@ def test_step_trace_is_valid_and_complete(steps_trace):
 
 def test_sigkilled_tracer_keeps_flushed_cells_and_resume_completes(tmp_path):
     out = tmp_path / "killed"
-    args = ["trace", "steps", "--model", str(SAMPLE_MODEL), "-o", str(out), "--batch-sizes",
+    args = ["trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out), "--batch-sizes",
             "2", "--prompt-tokens", "16", "--output-tokens", "64", "--repeats", "6", "-q"]
     proc = subprocess.Popen([sys.executable, "-m", "reasonsim.cli", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -69,7 +69,7 @@ def test_dummy_weights_from_config_only(tmp_path):
     # A shape with no weights and no tokenizer: random weights, token-id prompts.
     model = tmp_path / "cfg-only"
     model.mkdir()
-    (model / "config.json").write_text((SAMPLE_MODEL / "config.json").read_text())
+    (model / "config.json").write_text((TARGET_MODEL / "config.json").read_text())
     out = tmp_path / "dummy"
     run_cli("trace", "steps", "--model", str(model), "-o", str(out), "--load-format", "dummy",
             "--batch-sizes", "2", "--prompt-tokens", "16", "--output-tokens", "4",
