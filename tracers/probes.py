@@ -97,7 +97,10 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
     from tracers.recorder import StepRecorder
 
     engine = Engine(EngineSpec(model=str(model_dir), seed=workload.seed, kv_cache_gb=kv_cache_gb,
-                               max_model_len=1024, enable_prefix_caching=True))
+                               max_model_len=1024, enable_prefix_caching=True,
+                               # Small blocks so short reasoning prefixes are cached (CPU
+                               # attention takes multiples of 32).
+                               extra={"block_size": 32}))
     run = run_row("probes", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
                   workload.seed, {"workload": asdict(workload), "engine": engine.params(),
@@ -128,7 +131,8 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
                 continue
             trajs = [_Trajectory(qid, s, request_seed(workload.seed, qi, s), item,
                                  encode(item.prompt)) for s in range(workload.samples)]
-            _run_question(rec, trajs, workload, SamplingParams, suffix_ids, tokenizer.eos_token_id)
+            _run_question(rec, trajs, workload, SamplingParams, suffix_ids, tokenizer.eos_token_id,
+                          stats)
             for tr in trajs:
                 final = tasks.extract_boxed(tr.text)
                 writer.add("trajectories", question_id=qid, sample_id=tr.sample_id,
@@ -145,9 +149,10 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
 
 
 def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingParams,
-                  suffix_ids: list[int], eos_id: int | None) -> None:
+                  suffix_ids: list[int], eos_id: int | None, stats: dict) -> None:
     """Decode every sample of one question chunk by chunk, probing after each chunk."""
-    pending: dict[str, tuple[str, _Trajectory, float]] = {}  # request id -> (kind, traj, sent)
+    # request id -> (kind, trajectory, sent at, reasoning tokens and characters when sent)
+    pending: dict[str, tuple[str, _Trajectory, float, int, int]] = {}
 
     def send_chunk(tr: _Trajectory) -> None:
         n = min(wl.stride_tokens, wl.budget_tokens - tr.tokens)
@@ -155,7 +160,7 @@ def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingPara
                             seed=chunk_seed(tr.seed, tr.chunks))
         rid = f"{tr.request_id}-c{tr.chunks}"
         rec.add(rid, tr.prompt_ids + tr.ids, sp, program_id=tr.request_id, role="main")
-        pending[rid] = ("chunk", tr, rec.now_s())
+        pending[rid] = ("chunk", tr, rec.now_s(), tr.tokens, len(tr.text))
 
     def send_probe(tr: _Trajectory) -> None:
         sp = SamplingParams(max_tokens=wl.probe_tokens, temperature=wl.probe_temperature,
@@ -163,7 +168,7 @@ def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingPara
         rid = f"{tr.request_id}-p{tr.chunks}"
         rec.add(rid, tr.prompt_ids + tr.ids + suffix_ids, sp,
                 program_id=tr.request_id, role="probe")
-        pending[rid] = ("probe", tr, rec.now_s())
+        pending[rid] = ("probe", tr, rec.now_s(), tr.tokens, len(tr.text))
 
     for tr in trajs:
         send_chunk(tr)
@@ -171,21 +176,23 @@ def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingPara
         for out in rec.step():
             if not out.finished or out.request_id not in pending:
                 continue
-            kind, tr, sent_s = pending.pop(out.request_id)
+            # The next chunk may finish before this probe: use the state at sending time.
+            kind, tr, sent_s, position, chars = pending.pop(out.request_id)
             text = out.outputs[0].text
             if kind == "probe":
-                probe = probe_from_text(tr.tokens, text)
+                probe = probe_from_text(position, text)
                 rec.writer.add("probes", question_id=tr.question_id, sample_id=tr.sample_id,
                                request_id=tr.request_id, request_seed=tr.seed,
-                               position_tokens=tr.tokens, probe_text=text,
+                               position_tokens=position, probe_text=text,
                                answer=probe.answer or None, is_hesitant=probe.hesitant,
                                is_empty=not probe.answer,
                                is_correct=probe.answer == tr.item.answer,
                                probe_tokens=len(out.outputs[0].token_ids),
                                probe_latency_ms=(rec.now_s() - sent_s) * 1e3,
                                cached_prompt_tokens=int(out.num_cached_tokens or 0),
-                               chunk_text=tr.text[tr.last_probe_at:])
-                tr.last_probe_at = len(tr.text)
+                               chunk_text=tr.text[tr.last_probe_at:chars])
+                tr.last_probe_at = chars
+                stats["probes"] += 1
                 continue
             new_ids = list(out.outputs[0].token_ids)
             tr.tokens += len(new_ids)
