@@ -22,7 +22,9 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_every_subcommand_has_help():
     for args in (["--help"], ["trace", "steps", "--help"], ["trace", "serve", "--help"],
-                 ["traces", "check", "--help"]):
+                 ["trace", "probes", "--help"], ["traces", "check", "--help"],
+                 ["dynasor", "offline", "--help"], ["testbed", "build", "--help"],
+                 ["testbed", "eval", "--help"]):
         proc = run_cli(*args)
         assert "usage: reasonsim" in proc.stdout
 
@@ -30,3 +32,8 @@ def test_every_subcommand_has_help():
 def test_traces_check_rejects_a_non_trace(tmp_path):
     proc = run_cli("traces", "check", str(tmp_path), check=False)
     assert proc.returncode == 2 and "no runs table" in proc.stderr
+
+
+def test_testbed_eval_without_models_is_a_one_line_error(tmp_path):
+    proc = run_cli("testbed", "eval", "--models", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "missing testbed model" in proc.stderr

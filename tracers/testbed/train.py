@@ -20,7 +20,7 @@ import torch
 
 from tracers.testbed import lm, tasks
 
-PROBE_SHARE = 0.3
+PROBE_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,20 @@ class ModelSpec:
             vocab_size=128, hidden_size=self.hidden_size, intermediate_size=3 * self.hidden_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_heads, head_dim=self.hidden_size // self.num_heads,
-            max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
             bos_token_id=1, eos_token_id=lm.EOS_ID, pad_token_id=lm.PAD_ID,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
+# Step budgets leave the models imperfect on purpose. Trained to convergence (6,000 steps, 34 min)
+# target-large solved every held-out item at every level: no errors that compound with chain
+# length, no answer diversity, nothing for self-consistency or certaindex to decide.
 SPECS = {
     "target-large": ModelSpec("target-large", hidden_size=128, num_layers=4, num_heads=4,
-                              steps=6000, seed=11),
+                              steps=2000, seed=11),
     "target-small": ModelSpec("target-small", hidden_size=96, num_layers=2, num_heads=3,
-                              steps=6000, seed=12),
-    "draft": ModelSpec("draft", hidden_size=64, num_layers=1, num_heads=2, steps=3000, seed=13),
+                              steps=2500, seed=12),
+    "draft": ModelSpec("draft", hidden_size=64, num_layers=1, num_heads=2, steps=2000, seed=13),
 }
 
 
@@ -62,7 +65,13 @@ def example(rng: random.Random) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one training example: a full solution or a probe continuation."""
     item = tasks.draw(rng, rng.choice(tasks.FAMILIES), rng.choice(tasks.LEVELS), held_out=False)
     if rng.random() < PROBE_SHARE:
-        cut = rng.randint(0, len(item.cot))
+        if rng.random() < 0.5:
+            cut = rng.randint(0, len(item.cot))
+        else:
+            # At a line boundary the running value is defined: this teaches "answer with what
+            # you have so far". Uniform cuts alone left probes after the full chain of the mod
+            # family at about 50% agreement with the model's own answer.
+            cut = rng.choice([0] + [i + 1 for i, ch in enumerate(item.cot) if ch == "\n"])
         head, tail = item.prompt + item.cot[:cut], tasks.PROBE_SUFFIX + item.answer + "}"
         ids = lm.encode(head + tail)
         # Loss on the reasoning prefix and the answer; the suffix is injected, not generated.
