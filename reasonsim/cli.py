@@ -271,7 +271,7 @@ def _cmd_testbed_build(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    build(args.out, names=args.models, steps_scale=args.steps_scale,
+    build(args.out, names=args.models, steps_scale=args.steps_scale, init_dir=args.init_from,
           log=(lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True)))
     return 0
 
@@ -442,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps-scale", type=float, default=1.0,
                    help="multiply every model's step budget (e.g. 0.01 for a smoke run)")
     b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    b.add_argument("--init-from", default=None,
+                   help="directory of models that finished stage 1: run only the later stages")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=_cmd_testbed_build)
     e = tbsub.add_parser("eval", help="measure accuracy, probes, entropy, exits and acceptance",

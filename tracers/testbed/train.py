@@ -20,21 +20,36 @@ import torch
 
 from tracers.testbed import lm, tasks
 
-PROBE_SHARE = 0.4
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage: its own optimiser, warm-up/cosine schedule and data mix."""
+
+    steps: int
+    lr: float = 3e-3
+    probe_share: float = 0.3
+    """share of examples that are probe continuations"""
+    boundary_share: float = 0.0
+    """share of probe cuts placed at a line boundary (the rest are uniform over characters)"""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape and training budget of one testbed model."""
+    """Shape and training stages of one testbed model."""
 
     name: str
     hidden_size: int
     num_layers: int
     num_heads: int
-    steps: int
-    lr: float = 3e-3
+    stages: tuple[Stage, ...]
     tokens_per_batch: int = 3072
     seed: int = 0
+
+    @property
+    def steps(self) -> int:
+        """Optimiser steps over all stages."""
+        return sum(st.steps for st in self.stages)
 
     def config(self):
         """The transformers LlamaConfig of this model."""
@@ -52,26 +67,31 @@ class ModelSpec:
 # Step budgets leave the models imperfect on purpose. Trained to convergence (6,000 steps, 34 min)
 # target-large solved every held-out item at every level: no errors that compound with chain
 # length, no answer diversity, nothing for self-consistency or certaindex to decide.
+# Stage 1 learns the task; probes after a finished chain of the `mod` family then agreed with the
+# model's own answer only ~30% of the time (the answer sits behind the 76-character suffix).
+# Stage 2, a short low-lr fine-tune with more probes cut at line boundaries, fixes that without
+# unlearning the arithmetic (training the probe-heavy mix from scratch learned it worse).
+_PROBE_FINETUNE = Stage(steps=400, lr=1e-3, probe_share=0.5, boundary_share=0.5)
 SPECS = {
     "target-large": ModelSpec("target-large", hidden_size=128, num_layers=4, num_heads=4,
-                              steps=2000, seed=11),
+                              stages=(Stage(2000), _PROBE_FINETUNE), seed=11),
     "target-small": ModelSpec("target-small", hidden_size=96, num_layers=2, num_heads=3,
-                              steps=2500, seed=12),
-    "draft": ModelSpec("draft", hidden_size=64, num_layers=1, num_heads=2, steps=2000, seed=13),
+                              stages=(Stage(2500), _PROBE_FINETUNE), seed=12),
+    "draft": ModelSpec("draft", hidden_size=64, num_layers=1, num_heads=2,
+                       stages=(Stage(2000),), seed=13),
 }
 
 
-def example(rng: random.Random) -> tuple[list[int], list[int]]:
+def example(rng: random.Random, stage: Stage) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one training example: a full solution or a probe continuation."""
     item = tasks.draw(rng, rng.choice(tasks.FAMILIES), rng.choice(tasks.LEVELS), held_out=False)
-    if rng.random() < PROBE_SHARE:
-        if rng.random() < 0.5:
-            cut = rng.randint(0, len(item.cot))
-        else:
+    if rng.random() < stage.probe_share:
+        if stage.boundary_share and rng.random() < stage.boundary_share:
             # At a line boundary the running value is defined: this teaches "answer with what
-            # you have so far". Uniform cuts alone left probes after the full chain of the mod
-            # family at about 50% agreement with the model's own answer.
+            # you have so far".
             cut = rng.choice([0] + [i + 1 for i, ch in enumerate(item.cot) if ch == "\n"])
+        else:
+            cut = rng.randint(0, len(item.cot))
         head, tail = item.prompt + item.cot[:cut], tasks.PROBE_SUFFIX + item.answer + "}"
         ids = lm.encode(head + tail)
         # Loss on the reasoning prefix and the answer; the suffix is injected, not generated.
@@ -82,10 +102,10 @@ def example(rng: random.Random) -> tuple[list[int], list[int]]:
     return ids, [0] * len(item.prompt) + [1] * (len(ids) - len(item.prompt))
 
 
-def batches(rng: random.Random, tokens_per_batch: int, pool: int = 512):
+def batches(rng: random.Random, stage: Stage, tokens_per_batch: int, pool: int = 512):
     """Endless padded batches of similar-length examples (sorted pools waste little padding)."""
     while True:
-        exs = sorted((example(rng) for _ in range(pool)), key=lambda e: len(e[0]))
+        exs = sorted((example(rng, stage) for _ in range(pool)), key=lambda e: len(e[0]))
         chunks, cur = [], []
         for ex in exs:
             if cur and (len(cur) + 1) * len(ex[0]) > tokens_per_batch:
@@ -131,28 +151,20 @@ def greedy_accuracy(model, n: int = 64, seed: int = 7) -> float:
     return sum(tasks.extract_boxed(o) == it.answer for it, o in zip(held, outs)) / n
 
 
-def train(spec: ModelSpec, out_dir: str | Path, log=print, eval_every: int = 500) -> dict:
-    """Train one model from scratch and save it (weights, config, tokenizer, training log)."""
-    from transformers import LlamaForCausalLM
-
-    from tracers.tokenizer import save_tokenizer
-
-    torch.manual_seed(spec.seed)
-    rng = random.Random(spec.seed)
-    model = LlamaForCausalLM(spec.config())
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = min(200, spec.steps // 10)
+def _run_stage(model, stage: Stage, rng: random.Random, tokens_per_batch: int, name: str,
+               log, eval_every: int, t0: float, history: list, step0: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=stage.lr, betas=(0.9, 0.98),
+                            weight_decay=0.01)
+    warmup = min(200, stage.steps // 10)
 
     def lr_at(step: int) -> float:
         if step < warmup:
-            return spec.lr * (step + 1) / warmup
-        progress = (step - warmup) / max(1, spec.steps - warmup)
-        return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+            return stage.lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, stage.steps - warmup)
+        return stage.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    history, t0, final_loss = [], time.perf_counter(), float("nan")
-    stream = batches(rng, spec.tokens_per_batch)
-    for step in range(spec.steps):
+    stream = batches(rng, stage, tokens_per_batch)
+    for step in range(stage.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         ids, mask = next(stream)
@@ -161,13 +173,44 @@ def train(spec: ModelSpec, out_dir: str | Path, log=print, eval_every: int = 500
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if (step + 1) % eval_every == 0 or step + 1 == spec.steps:
+        done = step0 + step + 1
+        if done % eval_every == 0 or step + 1 == stage.steps:
             acc = greedy_accuracy(model)
             elapsed = time.perf_counter() - t0
-            history.append({"step": step + 1, "loss_final_exit": round(final_loss, 4),
+            history.append({"step": done, "loss_final_exit": round(final_loss, 4),
                             "greedy_accuracy": acc, "elapsed_s": round(elapsed, 1)})
-            log(f"{spec.name} step {step + 1}/{spec.steps} loss {final_loss:.4f} "
+            log(f"{name} step {done}/{step0 + stage.steps} loss {final_loss:.4f} "
                 f"greedy acc {acc:.2f} ({elapsed:.0f} s)")
+
+
+def train(spec: ModelSpec, out_dir: str | Path, log=print, eval_every: int = 500,
+          init_dir: str | Path | None = None) -> dict:
+    """Train one model through its stages and save it (weights, config, tokenizer, log).
+
+    With `init_dir`, start from that model's weights and run only the stages after the first
+    (used to add a later stage to an already trained model).
+    """
+    from transformers import LlamaForCausalLM
+
+    from tracers.tokenizer import save_tokenizer
+
+    torch.manual_seed(spec.seed)
+    stages = list(enumerate(spec.stages))
+    if init_dir is not None:
+        model = LlamaForCausalLM.from_pretrained(str(init_dir), dtype=torch.float32)
+        stages = stages[1:]
+    else:
+        model = LlamaForCausalLM(spec.config())
+    model.train()
+    history: list = []
+    t0 = time.perf_counter()
+    step0 = sum(st.steps for st in spec.stages[:stages[0][0]]) if stages else spec.steps
+    for index, stage in stages:
+        # Stage 1 draws from Random(seed); later stages from their own stream.
+        rng = random.Random(spec.seed + 1000 * index)
+        _run_stage(model, stage, rng, spec.tokens_per_batch, spec.name, log, eval_every, t0,
+                   history, step0)
+        step0 += stage.steps
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -178,13 +221,14 @@ def train(spec: ModelSpec, out_dir: str | Path, log=print, eval_every: int = 500
     save_tokenizer(out)
     summary = {"spec": asdict(spec), "parameters": sum(p.numel() for p in model.parameters()),
                "train_s": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
+               "initialised_from": None if init_dir is None else "stage 1 weights",
                "history": history}
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def build(out_dir: str | Path, names: list[str] | None = None, steps_scale: float = 1.0,
-          log=print) -> dict:
+          log=print, init_dir: str | Path | None = None) -> dict:
     """Train the named testbed models (all by default) into `out_dir/<name>`, in a fixed order."""
     names = names or list(SPECS)
     unknown = sorted(set(names) - set(SPECS))
@@ -196,6 +240,8 @@ def build(out_dir: str | Path, names: list[str] | None = None, steps_scale: floa
         if steps_scale != 1.0:
             from dataclasses import replace
 
-            spec = replace(spec, steps=max(1, round(spec.steps * steps_scale)))
-        results[name] = train(spec, Path(out_dir) / name, log=log)
+            spec = replace(spec, stages=tuple(replace(st, steps=max(1, round(st.steps * steps_scale)))
+                                              for st in spec.stages))
+        init = None if init_dir is None else Path(init_dir) / name
+        results[name] = train(spec, Path(out_dir) / name, log=log, init_dir=init)
     return results
