@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -156,8 +157,10 @@ print(json.dumps([o.outputs[0].text for o in outs]))
 def test_vllm_serves_the_model_and_agrees_with_transformers(name):
     from tracers.testbed import lm
 
+    # In-process engine core: a `python -c` script cannot be re-imported by a spawned process.
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([sys.executable, "-c", _VLLM_GREEDY, str(TESTBED / name)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     vllm_out = json.loads(proc.stdout.strip().splitlines()[-1])
     held = tasks.items(21, 16)
