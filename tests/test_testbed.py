@@ -169,3 +169,15 @@ def test_vllm_serves_the_model_and_agrees_with_transformers(name):
     assert same >= 14, list(zip(vllm_out, hf_out))[:3]
     if name == "target-large":
         assert sum(tasks.extract_boxed(o) == it.answer for it, o in zip(held, vllm_out)) >= 6
+
+
+def test_build_smoke_run_writes_a_loadable_model(tmp_path):
+    run_cli("testbed", "build", "-o", str(tmp_path), "--models", "draft", "--steps-scale", "0.005",
+            "--quiet")
+    history = json.loads((tmp_path / "draft" / "training.json").read_text())["history"]
+    assert history[-1]["step"] == 10
+    from tracers.testbed import lm
+
+    assert lm.load_model(tmp_path / "draft").config.num_hidden_layers == 1
+    proc = run_cli("testbed", "build", "-o", str(tmp_path), "--models", "huge", check=False)
+    assert proc.returncode == 2 and "unknown testbed model" in proc.stderr
