@@ -45,8 +45,8 @@ def layer_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def generate(model, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
-             seed: int = 0, stop_at: str | None = None) -> list[str]:
-    """Continuations of `prompts` (greedy at temperature 0), cut at EOS or after `stop_at`."""
+             seed: int = 0) -> list[str]:
+    """Continuations of `prompts` (greedy at temperature 0), cut at EOS."""
     ids = [encode(p) for p in prompts]
     width = max(len(x) for x in ids)
     input_ids = torch.tensor([[PAD_ID] * (width - len(x)) + x for x in ids])
@@ -57,7 +57,4 @@ def generate(model, prompts: list[str], max_new_tokens: int, temperature: float 
         torch.manual_seed(seed)
         kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
     out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
-    texts = [decode(row[width:].tolist()) for row in out]
-    if stop_at is not None:
-        texts = [t[: t.index(stop_at) + len(stop_at)] if stop_at in t else t for t in texts]
-    return texts
+    return [decode(row[width:].tolist()) for row in out]
