@@ -17,6 +17,16 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -63,7 +73,7 @@ def _cmd_trace_probes(args: argparse.Namespace) -> int:
     wl = ProbeWorkload(questions_per_cell=args.questions, samples=args.samples,
                        stride_tokens=args.stride, budget_tokens=args.budget,
                        probe_tokens=args.probe_tokens, temperature=args.temperature,
-                       seed=args.seed)
+                       probe_temperature=args.probe_temperature, seed=args.seed)
     summary = trace_probes(args.model, args.out, wl, resume=args.resume,
                            progress=not args.quiet)
     _print_summary(summary, args.json)
@@ -132,6 +142,8 @@ def _write_sim(cfg, result, out_dir: Path) -> None:
     from traces.store import write_tables
 
     tables = {"requests": result.requests}
+    if result.programs is not None:
+        tables["programs"] = result.programs
     if result.steps is not None:
         tables["steps"] = result.steps
     write_tables(out_dir, _sim_run_row(cfg, result), tables)
@@ -262,6 +274,45 @@ def _cmd_dynasor_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dynasor_online(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from sim.online import max_sustainable_rate, plot, sweep
+
+    total = len(args.configs) * len(args.schedulers) * (len(args.rates) + len(args.slo_scales))
+    with Progress(disable=args.json, transient=True) as bar:
+        task = bar.add_task("simulating", total=total)
+        try:
+            rows = sweep(args.configs, args.schedulers, args.rates, args.slo_scales,
+                         progress=lambda: bar.advance(task))
+        except (OSError, ValueError) as e:
+            raise UserError(str(e)) from None
+    best = max_sustainable_rate(rows, args.target)
+    out = Path(args.out)
+    pngs = plot(rows, out)
+    result = {"points": rows, "max_sustainable_rate": best}
+    (out / "online.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"max sustainable program rate at {args.target:.0%} deadline attainment")
+    for col in ("policy", "scheduler", "max rate (1/s)", "accuracy", "tokens/program"):
+        table.add_column(col, justify="right")
+    for b in best:
+        pts = [r for r in rows if (r["policy"], r["scheduler"]) == (b["policy"], b["scheduler"])]
+        rate = "below the lowest rate" if b["max_rate_per_s"] is None else \
+            f"{b['max_rate_per_s']:.2f}"
+        table.add_row(b["policy"], b["scheduler"], rate,
+                      f"{sum(r['accuracy'] for r in pts) / len(pts):.3f}",
+                      f"{sum(r['tokens_per_program'] for r in pts) / len(pts):.0f}")
+    Console().print(table)
+    print("plots: " + ", ".join(str(p) for p in pngs))
+    return 0
+
+
 # ------------------------------------------------------------------------------ testbed
 
 def _cmd_testbed_build(args: argparse.Namespace) -> int:
@@ -359,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--budget", type=int, default=256, help="reasoning token budget")
     pr.add_argument("--probe-tokens", type=int, default=20, help="tokens per probe")
     pr.add_argument("--temperature", type=float, default=0.7, help="reasoning temperature")
+    pr.add_argument("--probe-temperature", type=float, default=0.6,
+                    help="probe temperature (0.6 is the public reference's; 0 is greedy)")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--resume", action="store_true", help="continue a killed trace")
     pr.add_argument("--json", action="store_true")
@@ -431,6 +484,19 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--budgets", type=_ints, default=[32, 64, 96, 128, 160, 192, 256])
     off.add_argument("--json", action="store_true")
     off.set_defaults(func=_cmd_dynasor_offline)
+    on = dysub.add_parser("online", help="deadline attainment vs rate and SLO scale per scheduler",
+                          description="Simulate program configs (same cluster, different "
+                          "allocation policies) under each scheduler, sweeping the arrival rate "
+                          "and the SLO scale; report the max rate at the target attainment.")
+    on.add_argument("configs", nargs="+", help="program workload configs (examples/dynasor-*.yaml)")
+    on.add_argument("-o", "--out", default="reports/dynasor", help="directory for plots + JSON")
+    on.add_argument("--schedulers", type=lambda t: t.split(","),
+                    default=["fcfs", "lpm", "app_fifo", "dynasor"])
+    on.add_argument("--rates", type=_floats, default=[1, 2, 3, 4, 5, 6])
+    on.add_argument("--slo-scales", type=_floats, default=[0.5, 1, 1.5, 2, 3, 4])
+    on.add_argument("--target", type=float, default=0.9, help="attainment target")
+    on.add_argument("--json", action="store_true")
+    on.set_defaults(func=_cmd_dynasor_online)
 
     tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
     tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")

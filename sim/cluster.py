@@ -33,6 +33,8 @@ class SimResult:
     """steps table, expanded from runs of iterations (None if not requested)"""
     summary: dict
     """headline metrics + wall_s, events, replicas"""
+    programs: pa.Table | None = None
+    """programs table of a program workload"""
 
 
 def _router(name: str):
@@ -62,7 +64,8 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
                            max_num_batched_tokens=g.max_num_batched_tokens
                            or cal.max_num_batched_tokens,
                            block_size=cal.block_size, kv_blocks=kv,
-                           enable_prefix_caching=g.enable_prefix_caching)
+                           enable_prefix_caching=g.enable_prefix_caching,
+                           priority_scheduling=cfg.scheduler != "fcfs")
         out.extend([(cal, rc)] * g.count)
     return out
 
@@ -73,6 +76,10 @@ def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: boo
 
     fast_forward=False simulates one event per iteration: the reference the fast path must equal.
     """
+    if workload is None and "programs" in cfg.workload:
+        from sim.programs import simulate_programs
+
+        return simulate_programs(cfg, fast_forward)
     wall0 = time.perf_counter()
     if workload is None:
         workload = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
@@ -164,9 +171,9 @@ def _requests_table(w: Workload, res: Results) -> pa.Table:
         "priority": np.zeros(n, dtype=np.int32), "arrival_s": w.arrival_s.astype(float),
         "scheduled_s": res.scheduled_s, "first_token_s": res.first_token_s,
         "finish_s": res.finish_s, "prompt_tokens": w.prompt_tokens.astype(np.int32),
-        "output_tokens": w.output_tokens.astype(np.int32),
+        "output_tokens": res.output_tokens,
         "cached_prompt_tokens": res.cached_tokens,
-        "finish_reason": pa.array(["length"] * n, pa.string()),
+        "finish_reason": pa.array(np.where(res.aborted, "abort", "length"), pa.string()),
     })
 
 

@@ -53,6 +53,8 @@ class SimConfig:
     """replica groups"""
     router: str = "least_outstanding"
     """round_robin, least_outstanding, or module:Class of a policies-style router"""
+    scheduler: str | dict = "fcfs"
+    """inter-program scheduler (program workloads): fcfs, lpm, app_fifo, dynasor or a mapping"""
     seed: int = 0
     """run seed (workload and latency noise)"""
     latency: str = "mean"
@@ -75,7 +77,7 @@ class SimConfig:
 
 
 _TOP = {"workload", "cluster", "seed", "latency", "slo", "output"}
-_CLUSTER = {"replicas", "router"}
+_CLUSTER = {"replicas", "router", "scheduler"}
 _GROUP = {f.name for f in fields(ReplicaGroup)}
 _SLO = {"ttft_s", "tpot_s"}
 _OUTPUT = {"steps"}
@@ -106,11 +108,24 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
         raise ValueError("cluster.replicas: at least one replica group is required")
     slo = _check_keys("slo", d.get("slo") or {}, _SLO)
     out = _check_keys("output", d.get("output") or {}, _OUTPUT)
+    scheduler = cl.get("scheduler", "fcfs")
+    if scheduler != "fcfs" and "programs" not in (d["workload"] or {}):
+        raise ValueError("cluster.scheduler: only program workloads (workload.programs) have "
+                         "inter-program schedulers")
+    if isinstance(d["workload"], dict) and "programs" in d["workload"]:
+        from policies.scheduling import make_scheduler
+        from sim.programs import program_workload
+
+        if set(d["workload"]) != {"programs"}:
+            raise ValueError("workload: a program workload has only the 'programs' key")
+        program_workload(d["workload"]["programs"], base)
+        make_scheduler(scheduler)
     latency = d.get("latency", "mean")
     if latency not in ("mean", "sampled"):
         raise ValueError(f"latency: must be 'mean' or 'sampled', got {latency!r}")
     return SimConfig(workload=d["workload"], replicas=groups,
-                     router=cl.get("router", "least_outstanding"), seed=int(d.get("seed", 0)),
+                     router=cl.get("router", "least_outstanding"), scheduler=scheduler,
+                     seed=int(d.get("seed", 0)),
                      latency=latency, slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"),
                      write_steps=bool(out.get("steps", True)), base_dir=base)
 

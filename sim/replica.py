@@ -14,6 +14,8 @@ boundary after it (solved in closed form), so results equal a per-iteration simu
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ class ReplicaConfig:
     """KV blocks available"""
     enable_prefix_caching: bool = False
     """reuse KV blocks of a shared prompt prefix (request prefix_group / prefix_tokens)"""
+    priority_scheduling: bool = False
+    """vLLM's scheduling_policy="priority": waiting by (priority, arrival); preempt the lowest"""
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):
@@ -50,7 +54,8 @@ class Req:
     """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
 
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
-                 "priority", "group", "prefix_tokens", "shared", "started")
+                 "priority", "group", "prefix_tokens", "shared", "started", "seq", "done",
+                 "aborted")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0):
@@ -66,6 +71,9 @@ class Req:
         self.prefix_tokens = prefix_tokens
         self.shared = 0            # KV blocks borrowed from the prefix cache
         self.started = False
+        self.seq = 0               # arrival order at the replica (priority tie-break)
+        self.done = False
+        self.aborted = False
 
 
 class Results:
@@ -77,6 +85,8 @@ class Results:
         self.finish_s = np.full(n, np.nan)
         self.replica_id = np.full(n, -1, dtype=np.int32)
         self.cached_tokens = np.zeros(n, dtype=np.int32)
+        self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
+        self.aborted = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int32)
         # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
         self.seg = {k: [] for k in ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor",
@@ -102,7 +112,9 @@ class Replica:
             self.noise_mean, self.noise_std = self.lat.residual_sampler()
         self.on_finish = on_finish
         self.fast_forward = fast_forward  # False: one event per iteration (reference mode)
-        self.waiting: deque[Req] = deque()
+        self.waiting = _PriorityWaiting() if cfg.priority_scheduling else deque()
+        self._arrivals = itertools.count()
+        self._ending = False  # inside _on_end: no iteration is in flight
         self.running: list[Req] = []
         self.free_blocks = cfg.kv_blocks
         self.prefix_cache: dict[int, list[int]] = {}  # group -> [blocks, refcount], LRU order
@@ -115,6 +127,7 @@ class Replica:
     # ------------------------------------------------------------------ public
     def submit(self, req: Req) -> None:
         """A request arrives at this replica."""
+        req.seq = next(self._arrivals)
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
         if not self.busy:
@@ -152,13 +165,44 @@ class Replica:
             self.prefix_cache[r.group][1] -= 1
             r.shared = 0
 
+    def abort(self, r: Req) -> None:
+        """Stop a request at the next iteration boundary (vLLM aborts between steps)."""
+        if r.done or r.aborted:
+            return
+        r.aborted = True
+        self.res.aborted[r.idx] = True
+        if r in self.waiting:
+            self.waiting.remove(r)
+            self._finish(r)
+            return
+        in_flight = not self._ending and self.busy and any(q is r for q, _ in self._sched)
+        if not in_flight:
+            self.running.remove(r)
+            self._finish(r)
+            return
+        if self.run is not None:  # end the run of iterations at the boundary after now
+            start, a_ms, b_ms, factor, k = self.run
+            k_new = iterations_within(a_ms, b_ms, (self.env.now - start) * 1e3 / factor)
+            if k_new < k:
+                self._truncate_to(k_new)
+        # _on_end finishes it once the iteration in flight completes
+
+    def _finish(self, r: Req) -> None:
+        r.done = True
+        self._release(r)
+        self.res.finish_s[r.idx] = self.env.now
+        self.res.output_tokens[r.idx] = r.generated
+        self.outstanding_tokens -= r.prompt + r.output
+        if self.on_finish is not None:
+            self.on_finish(r)
+
     def _preempt(self, victim: Req) -> None:
         self.running.remove(victim)
         self._release(victim)
         victim.computed = 0
         victim.target = victim.prompt + victim.generated
         self.res.preemptions[victim.idx] += 1
-        self.waiting.appendleft(victim)
+        self.waiting.appendleft(victim)  # priority mode: re-sorted by (priority, arrival)
 
     def _prefix_hit(self, r: Req) -> None:
         if not self.cfg.enable_prefix_caching or r.group < 0 or r.computed:
@@ -175,11 +219,19 @@ class Replica:
 
     def _prefix_store(self, r: Req) -> None:
         # After a prefill passes its shared prefix, its full prefix blocks join the cache.
-        if not self.cfg.enable_prefix_caching or r.group < 0 or r.shared:
-            return
-        if r.group in self.prefix_cache:
+        if not self.cfg.enable_prefix_caching or r.group < 0:
             return
         full = min(r.prefix_tokens, r.computed) // self.cfg.block_size
+        entry = self.prefix_cache.get(r.group)
+        if r.shared:
+            # A request that borrowed the group's prefix and computed a longer one (the next
+            # chunk of a growing reasoning prefix) extends the entry with its own blocks.
+            if entry is not None and r.shared == entry[0] and full > entry[0]:
+                r.blocks -= full - entry[0]
+                r.shared = entry[0] = full
+            return
+        if entry is not None:
+            return
         if full > 0:
             r.blocks -= full
             r.shared = full
@@ -198,7 +250,8 @@ class Replica:
             r = self.running[i]
             n = min(r.target - r.computed, budget) if r.computed < r.target else 1
             while not self._alloc(r, r.computed + n):
-                victim = self.running[-1]
+                victim = self.running[-1] if not cfg.priority_scheduling else \
+                    max(self.running, key=_priority_key)
                 self._preempt(victim)
                 preempted += 1
                 if victim is r:
@@ -306,6 +359,10 @@ class Replica:
         k_new = iterations_within(a_ms, b_ms, elapsed_ms)
         if k_new >= k:
             return
+        self._truncate_to(k_new)
+
+    def _truncate_to(self, k_new: int) -> None:
+        start, a_ms, b_ms, factor, _ = self.run
         self.gen += 1
         self.run = (start, a_ms, b_ms, factor, k_new)
         self.res.seg["k_iters"][self._seg_index] = k_new
@@ -315,6 +372,7 @@ class Replica:
         if gen != self.gen:
             return  # superseded by a truncation
         self.busy_s += t_end - self._seg_start
+        self._ending = True
         done = []
         for r, n in self._sched:
             tokens = n if k == 1 else k
@@ -329,16 +387,16 @@ class Replica:
                     r.generated += 1  # the prefill's last chunk samples a token
             if r.generated and np.isnan(self.res.first_token_s[r.idx]):
                 self.res.first_token_s[r.idx] = t_end
-            if r.generated >= r.output:
+            if r.generated >= r.output or r.aborted:
                 done.append(r)
         for r in done:
+            r.done = True
             self.running.remove(r)
-            self._release(r)
-            self.res.finish_s[r.idx] = t_end
-            self.outstanding_tokens -= r.prompt + r.output
-            if self.on_finish is not None:
-                self.on_finish(r)
+        for r in done:  # callbacks may submit or abort requests: state is consistent here
+            r.done = False
+            self._finish(r)
         self.run = None
+        self._ending = False
         self._plan()
 
     def _record(self, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
@@ -361,3 +419,37 @@ class Replica:
         seg["kv_blocks_used"].append(self.cfg.kv_blocks - self.free_blocks)
         seg["kv_blocks_total"].append(self.cfg.kv_blocks)
         seg["preemptions"].append(preempted)
+
+
+def _priority_key(r: Req) -> tuple[int, int]:
+    return (r.priority, r.seq)
+
+
+class _PriorityWaiting:
+    """vLLM's priority waiting queue: lowest (priority, arrival) first; deque-like interface."""
+
+    def __init__(self):
+        self._heap: list[tuple[int, int, Req]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __getitem__(self, i: int) -> Req:
+        if i != 0:
+            raise IndexError("only the head of a priority queue is addressable")
+        return self._heap[0][2]
+
+    def __contains__(self, r: Req) -> bool:
+        return any(q is r for _, _, q in self._heap)
+
+    def append(self, r: Req) -> None:
+        heapq.heappush(self._heap, (r.priority, r.seq, r))
+
+    appendleft = append  # a preempted request re-enters by its priority and arrival
+
+    def popleft(self) -> Req:
+        return heapq.heappop(self._heap)[2]
+
+    def remove(self, r: Req) -> None:
+        self._heap = [e for e in self._heap if e[2] is not r]
+        heapq.heapify(self._heap)

@@ -139,6 +139,29 @@ BRANCHES = [
     _f("request_seed", pa.int64(), "per-request sampling seed"),
 ]
 
+PROGRAMS = [
+    _RUN_ID,
+    _f("program_id", pa.string(), "program id (joins to requests.program_id)"),
+    _f("question_id", pa.string(), "question the program answers"),
+    _f("method", pa.string(), "cot (chain of thought with probes) or sc (self-consistency)"),
+    _f("policy", pa.string(), "allocation policy, as text"),
+    _f("scheduler", pa.string(), "inter-program scheduler"),
+    _f("difficulty", pa.int32(), "difficulty level", nullable=True),
+    _f("arrival_s", pa.float64(), "program arrival"),
+    _f("finish_s", pa.float64(), "answer known (program done)"),
+    _f("deadline_s", pa.float64(), "latency deadline: SLO scale x difficulty factor x base"),
+    _f("paths", pa.int32(), "reasoning paths launched"),
+    _f("reasoning_tokens", pa.int32(), "reasoning tokens generated, aborted chunks included"),
+    _f("probe_tokens", pa.int32(), "probe tokens generated"),
+    _f("tokens_generated", pa.int32(), "all tokens generated (reasoning + probes)"),
+    _f("stop_position_tokens", pa.int32(), "cot: reasoning tokens when stopped by the policy",
+       nullable=True),
+    _f("answer", pa.string(), "the program's answer", nullable=True),
+    _f("gold_answer", pa.string(), "gold answer (scoring only; never seen by a policy)"),
+    _f("is_correct", pa.bool_(), "answer equals the gold answer"),
+    _f("met_deadline", pa.bool_(), "finish - arrival <= deadline"),
+]
+
 EXITS = [
     _RUN_ID,
     _f("model_id", pa.string(), "early-exit model"),
@@ -185,7 +208,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     name: _schema(name, fields)
     for name, fields in {
         "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
-        "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES, "exits": EXITS, "spec_steps": SPEC_STEPS,
+        "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
+        "programs": PROGRAMS, "exits": EXITS, "spec_steps": SPEC_STEPS,
         "conformity": CONFORMITY,
     }.items()
 }
