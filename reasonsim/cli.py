@@ -313,6 +313,39 @@ def _cmd_dynasor_online(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dynasor_replay(args: argparse.Namespace) -> int:
+    import yaml
+
+    from sim.cluster import simulate
+    from sim.config import parse_config
+    from traces.store import read_table
+    from tracers.program_replay import compare, replay_programs
+
+    path = Path(args.config)
+    d = yaml.safe_load(path.read_text())
+    if args.count is not None:
+        d["workload"]["programs"]["count"] = args.count
+    try:
+        cfg = parse_config(d, path.parent)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    out = Path(args.out)
+    live = replay_programs(cfg, out / "live", model=args.model, progress=not args.json)
+    sim = simulate(cfg)
+    _write_sim(cfg, sim, out / "sim")
+    result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
+    result["live_wall_s"] = live["wall_s"]
+    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"decision agreement {result['decision_agreement']:.3f}, answer agreement "
+          f"{result['answer_agreement']:.3f} over {result['programs']} programs")
+    _print_summary(result["error"], False)
+    print(f"details: {out / 'compare.json'}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ testbed
 
 def _cmd_testbed_build(args: argparse.Namespace) -> int:
@@ -497,6 +530,17 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--target", type=float, default=0.9, help="attainment target")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=_cmd_dynasor_online)
+    rp = dysub.add_parser("replay", help="run a program config live on vLLM and compare with sim",
+                          description="Drive real vLLM with the config's programs and policy "
+                          "objects (probes as prefix-sharing requests, stops as aborts, "
+                          "scheduler priorities as vLLM priorities), simulate the same config, "
+                          "and report decision agreement and sim-vs-live errors.")
+    rp.add_argument("config", help="a program workload config with one replica")
+    rp.add_argument("-o", "--out", default="reports/dynasor-replay")
+    rp.add_argument("--count", type=int, default=None, help="override the number of programs")
+    rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_cmd_dynasor_replay)
 
     tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
     tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")

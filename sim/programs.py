@@ -420,6 +420,24 @@ def max_requests(q: Question, method: str, policy, stride: int) -> int:
     return sum(2 * (-(-t.reasoning_tokens // stride)) + 2 for t in samples)
 
 
+def plan_programs(wl: ProgramWorkload, bank: QuestionBank, seed) -> list[_Program]:
+    """The programs of a workload: arrival, question, cot sample and deadline (sim and live)."""
+    arrival, order, sample = draw_programs(bank, wl.count, wl.rate_per_s,
+                                           np.random.default_rng(seed))
+    programs = []
+    for i in range(wl.count):
+        q = bank.questions[order[i]]
+        deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
+            wl.base_deadline_s
+        programs.append(_Program(i, q, wl.policy, float(arrival[i]), deadline, int(sample[i])))
+    return programs
+
+
+def program_seed(cfg, replicas: int):
+    """The seed the program draw uses (after one per replica), so live replays draw the same."""
+    return np.random.SeedSequence(cfg.seed).spawn(replicas + 1)[-1]
+
+
 # ------------------------------------------------------------------ the simulation
 def simulate_programs(cfg, fast_forward: bool = True):
     """Run a program workload (config `workload.programs`) and return a SimResult."""
@@ -432,14 +450,7 @@ def simulate_programs(cfg, fast_forward: bool = True):
     scheduler = make_scheduler(cfg.scheduler)
     specs = build_replicas(cfg)
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(specs) + 1)
-    arrival, order, sample = draw_programs(bank, wl.count, wl.rate_per_s,
-                                           np.random.default_rng(seeds[-1]))
-    programs = []
-    for i in range(wl.count):
-        q = bank.questions[order[i]]
-        deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
-            wl.base_deadline_s
-        programs.append(_Program(i, q, wl.policy, float(arrival[i]), deadline, int(sample[i])))
+    programs = plan_programs(wl, bank, program_seed(cfg, len(specs)))
     capacity = sum(max_requests(p.q, wl.method, wl.policy, bank.stride_tokens) for p in programs)
     env = simpy.Environment()
     res = Results(capacity)
@@ -506,10 +517,10 @@ def simulate_programs(cfg, fast_forward: bool = True):
 def _requests_table(driver: ProgramDriver, res: Results, n: int) -> pa.Table:
     owner = driver.owner
     return pa.table({
-        "request_id": [f"{_pid(o[0].prog.idx)}-{'c' if o[1] == _MAIN else 'p'}{i}"
+        "request_id": [f"{program_id(o[0].prog.idx)}-{'c' if o[1] == _MAIN else 'p'}{i}"
                        for i, o in enumerate(owner)],
         "replica_id": res.replica_id[:n], "cell_id": pa.nulls(n, pa.string()),
-        "program_id": [_pid(o[0].prog.idx) for o in owner],
+        "program_id": [program_id(o[0].prog.idx) for o in owner],
         "role": ["main" if o[1] == _MAIN else "probe" for o in owner],
         "priority": np.clip(driver.req_priority, -2**31, 2**31 - 1).astype(np.int32),
         "arrival_s": np.asarray(driver.req_arrival, dtype=float),
@@ -520,7 +531,8 @@ def _requests_table(driver: ProgramDriver, res: Results, n: int) -> pa.Table:
     })
 
 
-def _pid(i: int) -> str:
+def program_id(i: int) -> str:
+    """The id of the i-th program of a workload."""
     return f"prog-{i:05d}"
 
 
@@ -530,7 +542,7 @@ def programs_table(programs: list, wl: ProgramWorkload, scheduler) -> pa.Table:
     latency = np.array([p.finish_s - p.arrival_s for p in programs])
     deadline = np.array([p.deadline_s for p in programs])
     return pa.table({
-        "program_id": [_pid(p.idx) for p in programs],
+        "program_id": [program_id(p.idx) for p in programs],
         "question_id": [p.q.question_id for p in programs],
         "method": [wl.method] * len(programs),
         "policy": [describe_policy(wl.policy)] * len(programs),

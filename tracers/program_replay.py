@@ -1,0 +1,305 @@
+"""Live replay of a program workload on real vLLM, driven by the same policy objects as the sim.
+
+The programs (arrivals, questions, samples, deadlines) are drawn exactly as `sim.programs` draws
+them. Each reasoning path is decoded in chunks of the probes trace's stride with the trace's
+per-chunk seeds, so a path reproduces its traced trajectory token for token unless batching
+changes the numerics. Probes are extra requests sharing the prefix (prefix caching); a stop
+aborts the path's in-flight chunk and probes; the scheduler's priorities go to vLLM's priority
+scheduling. Probe answers and final answers are read from the live text, never from the trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from policies.allocation import SelfConsistency, TokenBudget, majority_vote
+from policies.certaindex import PROBE_SUFFIX, Probe, ProbeConsistency, probe_from_text
+from policies.scheduling import ProgramView, make_scheduler
+from sim.programs import (check_policy, describe_policy, load_questions, plan_programs,
+                          program_id, program_seed, program_workload)
+from traces.provenance import run_row
+from traces.store import TraceWriter, read_run, read_table
+from tracers.engine import Engine, EngineSpec, check_model
+from tracers.probes import chunk_seed
+from tracers.testbed import tasks
+
+
+@dataclass
+class _LivePath:
+    prog: "_LiveProgram"
+    seed: int
+    limit: int
+    probe_every: int
+    ids: list = field(default_factory=list)
+    text: str = ""
+    tokens: int = 0
+    chunks: int = 0
+    probes: list = field(default_factory=list)
+    next_probe: list = field(default_factory=list)
+    returned: dict = field(default_factory=dict)
+    in_flight: set = field(default_factory=set)
+    ended: bool = False
+    answer: str | None = None
+
+
+@dataclass
+class _LiveProgram:
+    idx: int
+    plan: object          # sim.programs._Program: arrival, question, sample, deadline
+    prompt_ids: list
+    gold: str
+    paths: list = field(default_factory=list)
+    tokens: int = 0
+    reasoning: int = 0
+    probe_tokens: int = 0
+    round_left: int = 0
+    started: bool = False
+    finish_s: float = float("nan")
+    answer: str | None = None
+    stop_at: int | None = None
+
+
+def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
+                    progress: bool = True) -> dict:
+    """Run the config's program workload live on one vLLM engine; write requests/steps/programs."""
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    if len(cfg.replicas) != 1 or cfg.replicas[0].count != 1:
+        raise ValueError("live program replay drives one engine: the config needs one replica")
+    bank = load_questions(wl.trace)
+    check_policy(bank, wl.method, wl.policy)
+    scheduler = make_scheduler(cfg.scheduler)
+    trace_run = read_run(wl.trace)
+    params = json.loads(trace_run["params_json"])
+    twl, teng = params["workload"], params["engine"]
+    model_dir = check_model(model or trace_run["model_id"], "auto")
+    group = cfg.replicas[0]
+    engine = Engine(EngineSpec(
+        model=str(model_dir), seed=int(twl["seed"]), kv_cache_gb=float(teng["kv_cache_gb"]),
+        max_model_len=int(teng["max_model_len"]), enable_prefix_caching=True,
+        max_num_seqs=group.max_num_seqs,
+        scheduling_policy="fcfs" if cfg.scheduler == "fcfs" else "priority",
+        extra={"block_size": int(teng["block_size"])}))
+    run = run_row("program_replay", engine.engine_dist, engine.engine_version, engine.device,
+                  engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
+                  cfg.seed, {"config": json.loads(cfg.to_json()), "engine": engine.params(),
+                             "probes_trace": str(wl.trace)})
+    out_dir = Path(out_dir)
+    writer = TraceWriter(out_dir, run)
+    from vllm import SamplingParams
+
+    from tracers.recorder import StepRecorder
+
+    tok = engine.engine.get_tokenizer()
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    suffix_ids = encode(PROBE_SUFFIX)
+    n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
+    items = tasks.items(int(twl["seed"]), int(twl["questions_per_cell"]) * n_cells)
+    tr = read_table(wl.trace, "trajectories").to_pandas()
+    seeds = dict(zip(zip(tr.question_id, tr.sample_id), tr.request_seed))
+    plans = plan_programs(wl, bank, program_seed(cfg, 1))
+    programs = []
+    for p in plans:
+        item = items[int(p.q.question_id[1:5])]
+        programs.append(_LiveProgram(p.idx, p, encode(item.prompt), item.answer))
+    t0 = time.perf_counter()
+    rec = StepRecorder(engine, writer, t0, record_tokens=False)
+    pending: dict[str, tuple] = {}   # request id -> (path, kind, position)
+    counter = itertools.count()
+    finished_tokens: list[int] = []
+    done = 0
+
+    def submit(path: _LivePath, kind: str, ids: list, sp, position: int) -> None:
+        prog = path.prog
+        view = ProgramView(prog.idx, rec.now_s() - prog.plan.arrival_s, prog.tokens)
+        rid = f"{program_id(prog.idx)}-{kind}{next(counter)}"
+        pending[rid] = (path, kind, position)
+        path.in_flight.add(rid)
+        rec.add(rid, ids, sp, priority=scheduler.priority(view, finished_tokens),
+                program_id=program_id(prog.idx), role="main" if kind == "c" else "probe")
+
+    def send_chunk(path: _LivePath) -> None:
+        n = min(bank.stride_tokens, path.limit - path.tokens)
+        sp = SamplingParams(max_tokens=n, temperature=float(twl["temperature"]), top_p=1.0,
+                            seed=chunk_seed(path.seed, path.chunks))
+        submit(path, "c", path.prog.prompt_ids + path.ids, sp, path.tokens)
+
+    def send_probe(path: _LivePath) -> None:
+        sp = SamplingParams(max_tokens=int(twl["probe_tokens"]),
+                            temperature=float(twl["probe_temperature"]),
+                            top_p=float(twl["probe_top_p"]),
+                            seed=chunk_seed(path.seed, -1 - path.chunks))
+        path.next_probe.append(path.tokens)
+        submit(path, "p", path.prog.prompt_ids + path.ids + suffix_ids, sp, path.tokens)
+
+    def launch(prog: _LiveProgram, n: int) -> None:
+        prog.round_left = n
+        pol = wl.policy
+        for _ in range(n):
+            sample = len(prog.paths) if isinstance(pol, SelfConsistency) else prog.plan.sample
+            limit = int(twl["budget_tokens"])
+            if isinstance(pol, TokenBudget):
+                limit = min(limit, pol.budget_tokens)
+            path = _LivePath(prog, int(seeds[(prog.plan.q.question_id, sample)]), limit,
+                             pol.every_tokens if isinstance(pol, ProbeConsistency) else 0)
+            prog.paths.append(path)
+            send_chunk(path)
+
+    def end_path(path: _LivePath, answer: str | None) -> None:
+        nonlocal done
+        path.ended = True
+        path.answer = answer
+        for rid in list(path.in_flight):  # its tokens are counted from the requests table
+            rec.abort(rid)
+            pending.pop(rid)
+            path.in_flight.discard(rid)
+        prog = path.prog
+        prog.round_left -= 1
+        if prog.round_left > 0:
+            return
+        if isinstance(wl.policy, SelfConsistency):
+            answers = [p.answer for p in prog.paths]
+            more = wl.policy.next_round(answers, [p.tokens for p in prog.paths])
+            if more > 0:
+                launch(prog, more)
+                return
+            prog.answer = majority_vote(answers)
+        else:
+            prog.answer = answer
+        prog.finish_s = rec.now_s()
+        finished_tokens.append(prog.tokens)
+        done += 1
+
+    def account(rid: str, n_tokens: int) -> tuple:
+        path, kind, position = pending.pop(rid)
+        path.in_flight.discard(rid)
+        prog = path.prog
+        prog.tokens += n_tokens
+        if kind == "p":
+            prog.probe_tokens += n_tokens
+        else:
+            prog.reasoning += n_tokens
+        return path, kind, position
+
+    eos = tok.eos_token_id
+    next_arrival = 0
+    while done < len(programs):
+        now = rec.now_s()
+        while next_arrival < len(programs) and programs[next_arrival].plan.arrival_s <= now:
+            prog = programs[next_arrival]
+            prog.started = True
+            launch(prog, wl.policy.first_round() if isinstance(wl.policy, SelfConsistency)
+                   else 1)
+            next_arrival += 1
+        if not pending:  # idle until the next arrival
+            if next_arrival == len(programs):
+                raise RuntimeError("live replay: programs unfinished with nothing in flight")
+            time.sleep(max(0.0, programs[next_arrival].plan.arrival_s - rec.now_s()))
+            continue
+        for out in rec.step():
+            if not out.finished or out.request_id not in pending:
+                continue
+            ids = list(out.outputs[0].token_ids)
+            path, kind, position = account(out.request_id, len(ids))
+            if path.ended:
+                continue
+            text = out.outputs[0].text
+            if kind == "c":
+                path.tokens += len(ids)
+                if ids and ids[-1] == eos:
+                    ids.pop()
+                path.ids += ids
+                path.text += text
+                path.chunks += 1
+                if out.outputs[0].finish_reason == "stop" or path.tokens >= int(
+                        twl["budget_tokens"]):
+                    end_path(path, tasks.extract_boxed(path.text))
+                elif path.tokens >= path.limit:
+                    send_probe(path)  # the budget's answer probe
+                else:
+                    if path.probe_every and path.tokens % path.probe_every == 0:
+                        send_probe(path)
+                    send_chunk(path)
+                continue
+            probe = probe_from_text(position, text)
+            if not path.probe_every:
+                end_path(path, probe.answer or None)
+                continue
+            path.returned[position] = probe
+            while path.next_probe and path.next_probe[0] in path.returned:
+                p: Probe = path.returned.pop(path.next_probe.pop(0))
+                path.probes.append(p)
+                if wl.policy.should_stop(path.probes):
+                    path.prog.stop_at = p.position_tokens
+                    end_path(path, p.answer)
+                    break
+    # Aborted requests were emitted by the recorder with their partial output: count them.
+    writer.flush("all")
+    req = _read_requests(out_dir)
+    for prog in programs:
+        pid = program_id(prog.idx)
+        got = req[req.program_id == pid]
+        prog.tokens = int(got.output_tokens.sum())
+        prog.probe_tokens = int(got[got.role == "probe"].output_tokens.sum())
+        prog.reasoning = prog.tokens - prog.probe_tokens
+    _write_programs(writer, programs, wl, cfg.scheduler)
+    writer.flush("programs")
+    from sim.programs import program_summary
+
+    return program_summary(read_table(out_dir, "programs").to_pandas()) | {
+        "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _read_requests(out_dir: Path):
+    return read_table(out_dir, "requests").to_pandas()
+
+
+def _write_programs(writer: TraceWriter, programs: list, wl, scheduler) -> None:
+    sched = scheduler if isinstance(scheduler, str) else json.dumps(scheduler, sort_keys=True)
+    for prog in programs:
+        latency = prog.finish_s - prog.plan.arrival_s
+        writer.add("programs", program_id=program_id(prog.idx),
+                   question_id=prog.plan.q.question_id, method=wl.method,
+                   policy=describe_policy(wl.policy), scheduler=sched,
+                   difficulty=prog.plan.q.difficulty, arrival_s=prog.plan.arrival_s,
+                   finish_s=prog.finish_s, deadline_s=prog.plan.deadline_s,
+                   paths=len(prog.paths), reasoning_tokens=prog.reasoning,
+                   probe_tokens=prog.probe_tokens, tokens_generated=prog.tokens,
+                   stop_position_tokens=prog.stop_at, answer=prog.answer,
+                   gold_answer=prog.gold, is_correct=prog.answer == prog.gold,
+                   met_deadline=bool(latency <= prog.plan.deadline_s))
+
+
+def compare(sim_programs, live_programs) -> dict:
+    """Decision agreement and sim-vs-live errors of two programs tables (pandas)."""
+    from sim.programs import program_summary
+
+    s = sim_programs.set_index("program_id").sort_index()
+    v = live_programs.set_index("program_id").loc[s.index]
+    same_stop = (s.stop_position_tokens.fillna(-1).astype(int) ==
+                 v.stop_position_tokens.fillna(-1).astype(int)) & (s.paths == v.paths)
+    ss, vs = program_summary(s.reset_index()), program_summary(v.reset_index())
+
+    def err(a: float, b: float) -> float:
+        return float((a - b) / b) if b else float("nan")
+
+    return {
+        "programs": int(len(s)),
+        "decision_agreement": float(same_stop.mean()),
+        "answer_agreement": float((s.answer.fillna("") == v.answer.fillna("")).mean()),
+        "sim": ss, "live": vs,
+        "error": {"tokens_per_program": err(ss["tokens_per_program"], vs["tokens_per_program"]),
+                  "accuracy": ss["accuracy"] - vs["accuracy"],
+                  "slo_attainment": ss["slo_attainment"] - vs["slo_attainment"],
+                  **{f"program_latency_{k}": err(ss["program_latency_s"][k],
+                                                 vs["program_latency_s"][k])
+                     for k in ("mean", "p50", "p90", "p99")}},
+    }
