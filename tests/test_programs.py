@@ -1,0 +1,189 @@
+"""Reasoning programs in the simulator, Dynasor policies and schedulers, on the shipped traces."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+import yaml
+
+from conftest import REPO, run_cli
+from policies.allocation import SelfConsistency, TokenBudget, majority_vote
+from policies.certaindex import Certaindex, ProbeConsistency
+from policies.scheduling import DynasorGang, ProgramView, make_scheduler
+from sim.calibration import load_calibration
+from sim.cluster import simulate
+from sim.config import parse_config
+from sim.online import max_sustainable_rate
+from sim.programs import load_questions
+from sim.reasoning import certaindex_outcome, load_trajectories
+from sim.replica import Replica, ReplicaConfig, Req, Results
+from traces import check_trace
+
+TRACE = REPO / "traces" / "data" / "testbed-probes-cpu"
+CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+
+
+def _config(name: str, **programs) -> dict:
+    d = yaml.safe_load((REPO / "examples" / name).read_text())
+    d["workload"]["programs"].update(programs)
+    d["output"] = {"steps": False}
+    return d
+
+
+def _run(d: dict):
+    return simulate(parse_config(d, REPO / "examples"))
+
+
+def test_majority_vote_and_sc_rounds():
+    assert majority_vote(["3", "5", "5", None]) == "5"
+    assert majority_vote(["3", "5"]) == "3"  # a tie goes to the answer reached first
+    assert majority_vote([None, ""]) is None
+    sc = SelfConsistency(samples=8, per_round=2, certaindex=Certaindex(entropy_threshold=0.5))
+    assert sc.first_round() == 2
+    assert sc.next_round(["4", "4"], [60, 60]) == 0          # agree: stop
+    assert sc.next_round(["4", "7"], [60, 60]) == 2          # disagree: one more round
+    assert sc.next_round(["4"] * 8, [60] * 8) == 0           # nothing left
+    detect = SelfConsistency(samples=8, per_round=2, detect_round=1,
+                             certaindex=Certaindex(entropy_threshold=0.5))
+    assert detect.next_round(["4", "7"], [60, 60]) == 6      # detect@knob: uncertain gets all
+    length = SelfConsistency(samples=4, per_round=2, length_tokens=70)
+    assert length.next_round(["4", "7"], [60, 70]) == 0      # short reasoning: easy, stop
+    assert length.next_round(["4", "4"], [90, 90]) == 2
+    with pytest.raises(ValueError):
+        TokenBudget(0)
+
+
+def test_schedulers_order_programs():
+    views = [ProgramView(0, 1.0, 100), ProgramView(1, 0.5, 10)]
+    fin = [120, 130, 300]
+    assert [make_scheduler("fcfs").priority(v, fin) for v in views] == [0, 0]
+    fifo = make_scheduler("app_fifo")
+    assert fifo.priority(views[0], fin) < fifo.priority(views[1], fin)
+    lpm = make_scheduler("lpm")
+    assert lpm.priority(views[0], fin) < lpm.priority(views[1], fin)  # more reasoning first
+    dyn = DynasorGang(escalate_after_s=5.0)
+    # 100 tokens done: the finished programs longer than that have 20, 30, 200 left -> 30.
+    assert dyn.remaining_tokens(100, fin) == 30
+    assert dyn.priority(views[0], fin) < dyn.priority(views[1], fin)  # shorter remaining first
+    old = ProgramView(5, 6.0, 10)
+    assert dyn.priority(old, fin) < dyn.priority(views[0], fin)  # starvation escalation
+    with pytest.raises(ValueError, match="unknown"):
+        make_scheduler("sjf")
+
+
+def test_abort_frees_the_request_at_an_iteration_boundary():
+    cal = load_calibration(CALIB)
+    env = simpy.Environment()
+    res = Results(2)
+    done = []
+    rep = Replica(env, 0, cal, ReplicaConfig(8, 2048, 16, 1000), res, None,
+                  on_finish=done.append)
+    a, b = Req(0, 32, 400), Req(1, 32, 400)
+    rep.submit(a)
+    rep.submit(b)
+    env.run(until=0.2)  # inside a fast-forwarded decode run
+    rep.abort(a)
+    env.run()
+    assert res.aborted.tolist() == [True, False]
+    assert 0 < res.output_tokens[0] < 400 and res.output_tokens[1] == 400
+    assert res.finish_s[0] < res.finish_s[1]
+    assert rep.free_blocks == 1000  # every block came back
+    assert [r.idx for r in done] == [0, 1]
+
+
+def test_priority_queue_runs_lowest_priority_first():
+    cal = load_calibration(CALIB)
+    env = simpy.Environment()
+    res = Results(3)
+    rep = Replica(env, 0, cal, ReplicaConfig(1, 2048, 16, 1000, priority_scheduling=True),
+                  res, None)
+    rep.submit(Req(0, 16, 50, priority=0))
+    rep.submit(Req(1, 16, 50, priority=9))
+    rep.submit(Req(2, 16, 50, priority=1))
+    env.run()
+    assert np.argsort(res.finish_s).tolist() == [0, 2, 1]
+
+
+def test_sim_cot_decisions_equal_the_offline_replay():
+    """Every program's stop position is the counterfactual replay's, on the same trajectory."""
+    d = _config("dynasor-cot-certaindex.yaml", count=64, rate_per_s=2)
+    r = _run(d)
+    progs = r.programs.to_pandas()
+    trajs, stride = load_trajectories(TRACE)
+    by_key = {(t.question_id, t.sample_id): t for t in trajs}
+    bank = load_questions(TRACE)
+    pol = ProbeConsistency(window=3, every_tokens=32)
+    from sim.programs import plan_programs, program_seed, program_workload
+    cfg = parse_config(d, REPO / "examples")
+    plans = plan_programs(program_workload(cfg.workload["programs"], cfg.base_dir), bank,
+                          program_seed(cfg, 1))
+    same = 0
+    for plan, row in zip(plans, progs.itertuples()):
+        t = by_key[(plan.q.question_id, plan.q.samples[plan.sample].sample_id)]
+        off = certaindex_outcome(t, pol, stride)
+        if not off.stopped_early:
+            assert np.isnan(row.stop_position_tokens) and row.answer == off.answer
+        elif row.stop_position_tokens == off.reasoning_tokens:
+            assert row.answer == off.answer
+        else:
+            # A race the offline replay cannot see: the last chunk ended the reasoning before
+            # the stopping probe came back, so the trajectory's own answer stands.
+            assert np.isnan(row.stop_position_tokens)
+            assert t.reasoning_tokens - off.reasoning_tokens <= stride
+            assert row.answer == t.final_answer
+            continue
+        same += 1
+    assert same >= 0.9 * len(plans)
+    # Reasoning tokens: at least what the policy kept (aborted in-flight chunks add some).
+    assert (progs.reasoning_tokens >= 0).all() and r.summary["programs"] == 64
+
+
+def test_example_pair_certaindex_saves_tokens_at_equal_accuracy():
+    even = _run(_config("dynasor-baseline-even.yaml", count=128)).summary
+    cx = _run(_config("dynasor-certaindex.yaml", count=128)).summary
+    for s in (even, cx):
+        assert {"tokens_generated", "accuracy", "slo_attainment", "ttft_s", "tpot_s"} <= set(s)
+    assert cx["accuracy"] >= even["accuracy"] - 0.02
+    assert cx["tokens_generated"] < 0.85 * even["tokens_generated"]
+
+
+def test_simulate_json_has_program_keys_and_tables(tmp_path):
+    out = tmp_path / "sim"
+    proc = run_cli("simulate", "examples/dynasor-certaindex.yaml", "--json", "-o", str(out))
+    s = json.loads(proc.stdout)
+    assert s["programs"] == 256 and 0 < s["accuracy"] <= 1 and 0 <= s["slo_attainment"] <= 1
+    assert check_trace(out) == []
+
+
+def test_bad_program_configs_fail_clearly():
+    d = _config("dynasor-cot-certaindex.yaml")
+    bad = copy.deepcopy(d)
+    bad["workload"]["programs"]["policy"] = {"type": "certaindex", "window": 3,
+                                             "interval_tokens": 24}
+    with pytest.raises(ValueError, match="multiple of the traced stride"):
+        _run(bad)
+    bad = copy.deepcopy(d)
+    bad["workload"]["programs"]["policy"] = {"type": "sc", "samples": 4}
+    with pytest.raises(ValueError, match="not a cot policy"):
+        _run(bad)
+    bad = copy.deepcopy(d)
+    bad["cluster"]["scheduler"] = "sjf"
+    with pytest.raises(ValueError, match="unknown"):
+        _run(bad)
+    bad = _config("dynasor-certaindex.yaml")
+    bad["workload"]["programs"]["policy"]["samples"] = 64
+    with pytest.raises(ValueError, match="samples per question"):
+        _run(bad)
+
+
+def test_max_sustainable_rate_interpolates():
+    rows = [{"axis": "rate_per_s", "policy": "p", "scheduler": "s", "rate_per_s": r,
+             "slo_attainment": a} for r, a in ((1, 1.0), (2, 0.95), (3, 0.85), (4, 0.5))]
+    assert max_sustainable_rate(rows)[0]["max_rate_per_s"] == pytest.approx(2.5)
+    rows[0]["slo_attainment"] = 0.5
+    assert max_sustainable_rate(rows)[0]["max_rate_per_s"] is None
