@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from policies.certaindex import Certaindex
+from policies.certaindex import Certaindex, ProbeConsistency
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,23 @@ class SelfConsistency:
         if self.certaindex is not None:
             return self.certaindex.is_certain(answers)
         return sum(reasoning_tokens) / len(reasoning_tokens) <= self.length_tokens
+
+
+def describe_policy(policy) -> str:
+    """A policy as short text (for tables and plots)."""
+    if isinstance(policy, ProbeConsistency):
+        return f"certaindex(w={policy.window},k={policy.every_tokens})"
+    if isinstance(policy, TokenBudget):
+        return f"budget({policy.budget_tokens})"
+    if isinstance(policy, FullReasoning):
+        return "full"
+    if isinstance(policy, SelfConsistency):
+        extra = ""
+        if policy.certaindex is not None:
+            extra = f",H>={policy.certaindex.entropy_threshold:g}"
+        elif policy.length_tokens is not None:
+            extra = f",len<={policy.length_tokens:g}"
+        if policy.detect_round is not None:
+            extra += f"@{policy.detect_round}"
+        return f"sc(n={policy.samples},r={policy.per_round}{extra})"
+    return repr(policy)

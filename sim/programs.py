@@ -28,7 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import simpy
 
-from policies.allocation import FullReasoning, SelfConsistency, TokenBudget, majority_vote
+from policies.allocation import (FullReasoning, SelfConsistency, TokenBudget, describe_policy,
+                                 majority_vote)
 from policies.certaindex import Certaindex, Probe, ProbeConsistency
 from policies.routing import ClusterView, RequestView
 from policies.scheduling import ProgramView, make_scheduler
@@ -96,26 +97,6 @@ def _self_consistency(samples: int = 4, per_round: int | None = None,
     # Without a stopping signal every path launches at once (baseline-even).
     return SelfConsistency(samples=samples, per_round=per_round or samples, certaindex=cx,
                            detect_round=detect_round, length_tokens=length_tokens)
-
-
-def describe_policy(policy) -> str:
-    """A policy as short text (for tables and plots)."""
-    if isinstance(policy, ProbeConsistency):
-        return f"certaindex(w={policy.window},k={policy.every_tokens})"
-    if isinstance(policy, TokenBudget):
-        return f"budget({policy.budget_tokens})"
-    if isinstance(policy, FullReasoning):
-        return "full"
-    if isinstance(policy, SelfConsistency):
-        extra = ""
-        if policy.certaindex is not None:
-            extra = f",H>={policy.certaindex.entropy_threshold:g}"
-        elif policy.length_tokens is not None:
-            extra = f",len<={policy.length_tokens:g}"
-        if policy.detect_round is not None:
-            extra += f"@{policy.detect_round}"
-        return f"sc(n={policy.samples},r={policy.per_round}{extra})"
-    return repr(policy)
 
 
 def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
@@ -580,3 +561,28 @@ def finish_time_fairness(progs: pd.DataFrame) -> dict:
     rho = ((progs.finish_s - progs.arrival_s) / progs.deadline_s).to_numpy()
     return {"mean": float(rho.mean()), "p90": float(np.percentile(rho, 90)),
             "max": float(rho.max())}
+
+
+def compare(sim_programs, live_programs) -> dict:
+    """Decision agreement and sim-vs-live errors of two programs tables (pandas)."""
+    s = sim_programs.set_index("program_id").sort_index()
+    v = live_programs.set_index("program_id").loc[s.index]
+    same_stop = (s.stop_position_tokens.fillna(-1).astype(int) ==
+                 v.stop_position_tokens.fillna(-1).astype(int)) & (s.paths == v.paths)
+    ss, vs = program_summary(s.reset_index()), program_summary(v.reset_index())
+
+    def err(a: float, b: float) -> float:
+        return float((a - b) / b) if b else float("nan")
+
+    return {
+        "programs": int(len(s)),
+        "decision_agreement": float(same_stop.mean()),
+        "answer_agreement": float((s.answer.fillna("") == v.answer.fillna("")).mean()),
+        "sim": ss, "live": vs,
+        "error": {"tokens_per_program": err(ss["tokens_per_program"], vs["tokens_per_program"]),
+                  "accuracy": ss["accuracy"] - vs["accuracy"],
+                  "slo_attainment": ss["slo_attainment"] - vs["slo_attainment"],
+                  **{f"program_latency_{k}": err(ss["program_latency_s"][k],
+                                                 vs["program_latency_s"][k])
+                     for k in ("mean", "p50", "p90", "p99")}},
+    }

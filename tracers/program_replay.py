@@ -18,16 +18,27 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.allocation import SelfConsistency, TokenBudget, majority_vote
+from policies.allocation import SelfConsistency, TokenBudget, describe_policy, majority_vote
 from policies.certaindex import PROBE_SUFFIX, Probe, ProbeConsistency, probe_from_text
 from policies.scheduling import ProgramView, make_scheduler
-from sim.programs import (check_policy, describe_policy, load_questions, plan_programs,
-                          program_id, program_seed, program_workload)
 from traces.provenance import run_row
 from traces.store import TraceWriter, read_run, read_table
 from tracers.engine import Engine, EngineSpec, check_model
 from tracers.probes import chunk_seed
 from tracers.testbed import tasks
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """One program to run live, as the simulator drew it."""
+
+    program_id: str
+    question_id: str
+    difficulty: int | None
+    arrival_s: float
+    deadline_s: float
+    sample_ids: tuple[int, ...]
+    """traced samples its paths replay, in launch order"""
 
 
 @dataclass
@@ -51,7 +62,7 @@ class _LivePath:
 @dataclass
 class _LiveProgram:
     idx: int
-    plan: object          # sim.programs._Program: arrival, question, sample, deadline
+    plan: ProgramPlan
     prompt_ids: list
     gold: str
     paths: list = field(default_factory=list)
@@ -65,30 +76,26 @@ class _LiveProgram:
     stop_at: int | None = None
 
 
-def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
-                    progress: bool = True) -> dict:
-    """Run the config's program workload live on one vLLM engine; write requests/steps/programs."""
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    if len(cfg.replicas) != 1 or cfg.replicas[0].count != 1:
-        raise ValueError("live program replay drives one engine: the config needs one replica")
-    bank = load_questions(wl.trace)
-    check_policy(bank, wl.method, wl.policy)
-    scheduler = make_scheduler(cfg.scheduler)
-    trace_run = read_run(wl.trace)
+def replay_programs(plans: list[ProgramPlan], method: str, policy, scheduler_spec,
+                    trace_dir: str | Path, stride_tokens: int, out_dir: str | Path,
+                    max_num_seqs: int | None = None, seed: int = 0, model: str | None = None,
+                    config_json: str = "{}") -> list[dict]:
+    """Run the programs live on one vLLM engine; write requests/steps/programs; the rows."""
+    scheduler = make_scheduler(scheduler_spec)
+    trace_run = read_run(trace_dir)
     params = json.loads(trace_run["params_json"])
     twl, teng = params["workload"], params["engine"]
     model_dir = check_model(model or trace_run["model_id"], "auto")
-    group = cfg.replicas[0]
     engine = Engine(EngineSpec(
         model=str(model_dir), seed=int(twl["seed"]), kv_cache_gb=float(teng["kv_cache_gb"]),
         max_model_len=int(teng["max_model_len"]), enable_prefix_caching=True,
-        max_num_seqs=group.max_num_seqs,
-        scheduling_policy="fcfs" if cfg.scheduler == "fcfs" else "priority",
+        max_num_seqs=max_num_seqs,
+        scheduling_policy="fcfs" if scheduler_spec == "fcfs" else "priority",
         extra={"block_size": int(teng["block_size"])}))
     run = run_row("program_replay", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
-                  cfg.seed, {"config": json.loads(cfg.to_json()), "engine": engine.params(),
-                             "probes_trace": str(wl.trace)})
+                  seed, {"config": json.loads(config_json), "engine": engine.params(),
+                         "probes_trace": str(trace_dir)})
     out_dir = Path(out_dir)
     writer = TraceWriter(out_dir, run)
     from vllm import SamplingParams
@@ -103,13 +110,12 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
     suffix_ids = encode(PROBE_SUFFIX)
     n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
     items = tasks.items(int(twl["seed"]), int(twl["questions_per_cell"]) * n_cells)
-    tr = read_table(wl.trace, "trajectories").to_pandas()
+    tr = read_table(trace_dir, "trajectories").to_pandas()
     seeds = dict(zip(zip(tr.question_id, tr.sample_id), tr.request_seed))
-    plans = plan_programs(wl, bank, program_seed(cfg, 1))
     programs = []
-    for p in plans:
-        item = items[int(p.q.question_id[1:5])]
-        programs.append(_LiveProgram(p.idx, p, encode(item.prompt), item.answer))
+    for i, p in enumerate(plans):
+        item = items[int(p.question_id[1:5])]  # question ids are q{index:04d}-family-level
+        programs.append(_LiveProgram(i, p, encode(item.prompt), item.answer))
     t0 = time.perf_counter()
     rec = StepRecorder(engine, writer, t0, record_tokens=False)
     pending: dict[str, tuple] = {}   # request id -> (path, kind, position)
@@ -120,14 +126,14 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
     def submit(path: _LivePath, kind: str, ids: list, sp, position: int) -> None:
         prog = path.prog
         view = ProgramView(prog.idx, rec.now_s() - prog.plan.arrival_s, prog.tokens)
-        rid = f"{program_id(prog.idx)}-{kind}{next(counter)}"
+        rid = f"{prog.plan.program_id}-{kind}{next(counter)}"
         pending[rid] = (path, kind, position)
         path.in_flight.add(rid)
         rec.add(rid, ids, sp, priority=scheduler.priority(view, finished_tokens),
-                program_id=program_id(prog.idx), role="main" if kind == "c" else "probe")
+                program_id=prog.plan.program_id, role="main" if kind == "c" else "probe")
 
     def send_chunk(path: _LivePath) -> None:
-        n = min(bank.stride_tokens, path.limit - path.tokens)
+        n = min(stride_tokens, path.limit - path.tokens)
         sp = SamplingParams(max_tokens=n, temperature=float(twl["temperature"]), top_p=1.0,
                             seed=chunk_seed(path.seed, path.chunks))
         submit(path, "c", path.prog.prompt_ids + path.ids, sp, path.tokens)
@@ -142,13 +148,13 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
 
     def launch(prog: _LiveProgram, n: int) -> None:
         prog.round_left = n
-        pol = wl.policy
+        pol = policy
         for _ in range(n):
-            sample = len(prog.paths) if isinstance(pol, SelfConsistency) else prog.plan.sample
+            sample = prog.plan.sample_ids[len(prog.paths)]
             limit = int(twl["budget_tokens"])
             if isinstance(pol, TokenBudget):
                 limit = min(limit, pol.budget_tokens)
-            path = _LivePath(prog, int(seeds[(prog.plan.q.question_id, sample)]), limit,
+            path = _LivePath(prog, int(seeds[(prog.plan.question_id, sample)]), limit,
                              pol.every_tokens if isinstance(pol, ProbeConsistency) else 0)
             prog.paths.append(path)
             send_chunk(path)
@@ -165,9 +171,9 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
         prog.round_left -= 1
         if prog.round_left > 0:
             return
-        if isinstance(wl.policy, SelfConsistency):
+        if isinstance(policy, SelfConsistency):
             answers = [p.answer for p in prog.paths]
-            more = wl.policy.next_round(answers, [p.tokens for p in prog.paths])
+            more = policy.next_round(answers, [p.tokens for p in prog.paths])
             if more > 0:
                 launch(prog, more)
                 return
@@ -196,7 +202,7 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
         while next_arrival < len(programs) and programs[next_arrival].plan.arrival_s <= now:
             prog = programs[next_arrival]
             prog.started = True
-            launch(prog, wl.policy.first_round() if isinstance(wl.policy, SelfConsistency)
+            launch(prog, policy.first_round() if isinstance(policy, SelfConsistency)
                    else 1)
             next_arrival += 1
         if not pending:  # idle until the next arrival
@@ -237,7 +243,7 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
             while path.next_probe and path.next_probe[0] in path.returned:
                 p: Probe = path.returned.pop(path.next_probe.pop(0))
                 path.probes.append(p)
-                if wl.policy.should_stop(path.probes):
+                if policy.should_stop(path.probes):
                     path.prog.stop_at = p.position_tokens
                     end_path(path, p.answer)
                     break
@@ -245,31 +251,28 @@ def replay_programs(cfg, out_dir: str | Path, model: str | None = None,
     writer.flush("all")
     req = _read_requests(out_dir)
     for prog in programs:
-        pid = program_id(prog.idx)
+        pid = prog.plan.program_id
         got = req[req.program_id == pid]
         prog.tokens = int(got.output_tokens.sum())
         prog.probe_tokens = int(got[got.role == "probe"].output_tokens.sum())
         prog.reasoning = prog.tokens - prog.probe_tokens
-    _write_programs(writer, programs, wl, cfg.scheduler)
+    _write_programs(writer, programs, method, policy, scheduler_spec)
     writer.flush("programs")
-    from sim.programs import program_summary
-
-    return program_summary(read_table(out_dir, "programs").to_pandas()) | {
-        "wall_s": round(time.perf_counter() - t0, 2)}
+    return read_table(out_dir, "programs").to_pylist()
 
 
 def _read_requests(out_dir: Path):
     return read_table(out_dir, "requests").to_pandas()
 
 
-def _write_programs(writer: TraceWriter, programs: list, wl, scheduler) -> None:
+def _write_programs(writer: TraceWriter, programs: list, method: str, policy, scheduler) -> None:
     sched = scheduler if isinstance(scheduler, str) else json.dumps(scheduler, sort_keys=True)
     for prog in programs:
         latency = prog.finish_s - prog.plan.arrival_s
-        writer.add("programs", program_id=program_id(prog.idx),
-                   question_id=prog.plan.q.question_id, method=wl.method,
-                   policy=describe_policy(wl.policy), scheduler=sched,
-                   difficulty=prog.plan.q.difficulty, arrival_s=prog.plan.arrival_s,
+        writer.add("programs", program_id=prog.plan.program_id,
+                   question_id=prog.plan.question_id, method=method,
+                   policy=describe_policy(policy), scheduler=sched,
+                   difficulty=prog.plan.difficulty, arrival_s=prog.plan.arrival_s,
                    finish_s=prog.finish_s, deadline_s=prog.plan.deadline_s,
                    paths=len(prog.paths), reasoning_tokens=prog.reasoning,
                    probe_tokens=prog.probe_tokens, tokens_generated=prog.tokens,
@@ -277,29 +280,3 @@ def _write_programs(writer: TraceWriter, programs: list, wl, scheduler) -> None:
                    gold_answer=prog.gold, is_correct=prog.answer == prog.gold,
                    met_deadline=bool(latency <= prog.plan.deadline_s))
 
-
-def compare(sim_programs, live_programs) -> dict:
-    """Decision agreement and sim-vs-live errors of two programs tables (pandas)."""
-    from sim.programs import program_summary
-
-    s = sim_programs.set_index("program_id").sort_index()
-    v = live_programs.set_index("program_id").loc[s.index]
-    same_stop = (s.stop_position_tokens.fillna(-1).astype(int) ==
-                 v.stop_position_tokens.fillna(-1).astype(int)) & (s.paths == v.paths)
-    ss, vs = program_summary(s.reset_index()), program_summary(v.reset_index())
-
-    def err(a: float, b: float) -> float:
-        return float((a - b) / b) if b else float("nan")
-
-    return {
-        "programs": int(len(s)),
-        "decision_agreement": float(same_stop.mean()),
-        "answer_agreement": float((s.answer.fillna("") == v.answer.fillna("")).mean()),
-        "sim": ss, "live": vs,
-        "error": {"tokens_per_program": err(ss["tokens_per_program"], vs["tokens_per_program"]),
-                  "accuracy": ss["accuracy"] - vs["accuracy"],
-                  "slo_attainment": ss["slo_attainment"] - vs["slo_attainment"],
-                  **{f"program_latency_{k}": err(ss["program_latency_s"][k],
-                                                 vs["program_latency_s"][k])
-                     for k in ("mean", "p50", "p90", "p99")}},
-    }
