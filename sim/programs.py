@@ -36,7 +36,7 @@ from policies.scheduling import ProgramView, make_scheduler
 from sim.metrics import stats, summarize
 from sim.reasoning import Trajectory, load_trajectories
 from sim.replica import Replica, Req, Results
-from traces.store import read_run, read_table
+from traces.store import read_table
 
 METHODS = ("cot", "sc")
 

@@ -393,7 +393,6 @@ class Replica:
             r.done = True
             self.running.remove(r)
         for r in done:  # callbacks may submit or abort requests: state is consistent here
-            r.done = False
             self._finish(r)
         self.run = None
         self._ending = False

@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from policies.allocation import SelfConsistency, TokenBudget, describe_policy, majority_vote
 from policies.certaindex import PROBE_SUFFIX, Probe, ProbeConsistency, probe_from_text
 from policies.scheduling import ProgramView, make_scheduler
@@ -249,7 +247,7 @@ def replay_programs(plans: list[ProgramPlan], method: str, policy, scheduler_spe
                     break
     # Aborted requests were emitted by the recorder with their partial output: count them.
     writer.flush("all")
-    req = _read_requests(out_dir)
+    req = read_table(out_dir, "requests").to_pandas()
     for prog in programs:
         pid = prog.plan.program_id
         got = req[req.program_id == pid]
@@ -259,10 +257,6 @@ def replay_programs(plans: list[ProgramPlan], method: str, policy, scheduler_spe
     _write_programs(writer, programs, method, policy, scheduler_spec)
     writer.flush("programs")
     return read_table(out_dir, "programs").to_pylist()
-
-
-def _read_requests(out_dir: Path):
-    return read_table(out_dir, "requests").to_pandas()
 
 
 def _write_programs(writer: TraceWriter, programs: list, method: str, policy, scheduler) -> None:
