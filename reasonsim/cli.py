@@ -81,6 +81,23 @@ def _cmd_trace_probes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_branches(args: argparse.Namespace) -> int:
+    from tracers.search import BranchWorkload, SearchSettings, trace_branches
+
+    try:
+        wl = BranchWorkload(questions_per_cell=args.questions, sc_samples=args.samples,
+                            mcts_iterations=args.iterations, rebase_widths=tuple(args.widths),
+                            methods=tuple(args.methods), seed=args.seed,
+                            settings=SearchSettings(budget_tokens=args.budget,
+                                                    temperature=args.temperature))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    summary = trace_branches(args.model, args.out, wl, resume=args.resume,
+                             progress=not args.quiet)
+    _print_summary(summary, args.json)
+    return 0
+
+
 def _cmd_traces_check(args: argparse.Namespace) -> int:
     from traces.store import check_trace
 
@@ -467,6 +484,26 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true")
     pr.add_argument("-q", "--quiet", action="store_true")
     pr.set_defaults(func=_cmd_trace_probes)
+
+    br = tsub.add_parser("branches", help="SC, MCTS and Rebase programs on vLLM (Dynasor)",
+                         description="Run each question's self-consistency, MCTS and Rebase "
+                         "programs to their caps and record every request (the branches table) "
+                         "with its path reward: the model's own path likelihood.")
+    br.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="trained model directory; default: the testbed's target-large")
+    br.add_argument("-o", "--out", required=True, help="trace directory to write")
+    br.add_argument("--questions", type=int, default=6, help="questions per family x level")
+    br.add_argument("--methods", type=lambda t: t.split(","), default=["sc", "mcts", "rebase"])
+    br.add_argument("--samples", type=int, default=16, help="self-consistency samples")
+    br.add_argument("--iterations", type=int, default=16, help="MCTS iterations")
+    br.add_argument("--widths", type=_ints, default=[4, 8, 16], help="Rebase widths")
+    br.add_argument("--budget", type=int, default=256, help="reasoning tokens per path")
+    br.add_argument("--temperature", type=float, default=0.7)
+    br.add_argument("--seed", type=int, default=0)
+    br.add_argument("--resume", action="store_true", help="continue a killed trace")
+    br.add_argument("--json", action="store_true")
+    br.add_argument("-q", "--quiet", action="store_true")
+    br.set_defaults(func=_cmd_trace_branches)
 
     tr = sub.add_parser("traces", help="inspect and validate trace directories")
     trsub = tr.add_subparsers(dest="traces_command", required=True, metavar="ACTION")

@@ -38,7 +38,7 @@ from sim.reasoning import Trajectory, load_trajectories
 from sim.replica import Replica, Req, Results
 from traces.store import read_table
 
-METHODS = ("cot", "sc")
+METHODS = ("cot", "sc", "mcts", "rebase")
 
 
 # ------------------------------------------------------------------ workload
@@ -47,11 +47,12 @@ class ProgramWorkload:
     """Which traced questions arrive, how fast, how they are reasoned about, and deadlines."""
 
     trace: Path
-    """probes trace (reasonsim trace probes)"""
+    """probes trace (reasonsim trace probes) or branches trace (reasonsim trace branches)"""
     method: str
-    """cot or sc"""
+    """cot, sc, mcts or rebase"""
     policy: object
-    """ProbeConsistency | TokenBudget | FullReasoning (cot) or SelfConsistency (sc)"""
+    """ProbeConsistency | TokenBudget | FullReasoning (cot), SelfConsistency (sc on a probes
+    trace) or SearchBudget (sc, mcts, rebase on a branches trace)"""
     count: int
     """programs to simulate"""
     rate_per_s: float
@@ -70,6 +71,10 @@ def policy_from_spec(method: str, spec: dict | str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
         raise ValueError(f"programs.policy: expected a mapping with 'type', got {spec!r}")
+    if method in ("mcts", "rebase") or (method == "sc" and spec["type"] != "sc"):
+        from sim.search import search_policy
+
+        return search_policy(method, spec)
     args = dict(spec)
     kind = args.pop("type")
     makers = {"cot": {"certaindex": _probe_consistency, "budget": TokenBudget,
@@ -139,6 +144,11 @@ class Question:
     gold_answer: str
     samples: tuple[Trajectory, ...]
 
+    @property
+    def expected_tokens(self) -> int:
+        """Mean reasoning tokens of its samples (routing estimate)."""
+        return int(np.mean([t.reasoning_tokens for t in self.samples]))
+
 
 @dataclass(frozen=True)
 class QuestionBank:
@@ -180,6 +190,19 @@ def load_questions(trace_dir: str | Path) -> QuestionBank:
                         {int(k): float(v) for k, v in factor.items()})
 
 
+def load_bank(wl: ProgramWorkload):
+    """The traced questions a workload draws from (probes or branches trace), policy checked."""
+    from policies.search import SearchBudget
+
+    if isinstance(wl.policy, SearchBudget):
+        from sim.search import load_search
+
+        return load_search(wl.trace, wl.method, wl.policy.cap)
+    bank = load_questions(wl.trace)
+    check_policy(bank, wl.method, wl.policy)
+    return bank
+
+
 def check_policy(bank: QuestionBank, method: str, policy) -> None:
     """Raise if a policy cannot be replayed on this trace (interval, budget, samples)."""
     s = bank.stride_tokens
@@ -204,7 +227,8 @@ def draw_programs(bank: QuestionBank, count: int, rate_per_s: float,
     # Every question once per pass, in a seeded order: accuracy is not left to the draw.
     passes = -(-count // len(bank.questions))
     order = np.concatenate([rng.permutation(len(bank.questions)) for _ in range(passes)])[:count]
-    sample = np.array([rng.integers(len(bank.questions[q].samples)) for q in order])
+    sample = np.array([rng.integers(len(getattr(bank.questions[q], "samples", (0,))))
+                       for q in order])
     return arrival, order, sample
 
 
@@ -401,8 +425,10 @@ def max_requests(q: Question, method: str, policy, stride: int) -> int:
     return sum(2 * (-(-t.reasoning_tokens // stride)) + 2 for t in samples)
 
 
-def plan_programs(wl: ProgramWorkload, bank: QuestionBank, seed) -> list[_Program]:
+def plan_programs(wl: ProgramWorkload, bank, seed) -> list:
     """The programs of a workload: arrival, question, cot sample and deadline (sim and live)."""
+    from sim.search import SearchBank, SearchRun, checkpoint_groups
+
     arrival, order, sample = draw_programs(bank, wl.count, wl.rate_per_s,
                                            np.random.default_rng(seed))
     programs = []
@@ -410,7 +436,12 @@ def plan_programs(wl: ProgramWorkload, bank: QuestionBank, seed) -> list[_Progra
         q = bank.questions[order[i]]
         deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
             wl.base_deadline_s
-        programs.append(_Program(i, q, wl.policy, float(arrival[i]), deadline, int(sample[i])))
+        if isinstance(bank, SearchBank):
+            groups = checkpoint_groups(q, wl.method, wl.policy.cap, wl.policy.per_round)
+            programs.append(SearchRun(i, q, wl.policy, float(arrival[i]), deadline, groups))
+        else:
+            programs.append(_Program(i, q, wl.policy, float(arrival[i]), deadline,
+                                     int(sample[i])))
     return programs
 
 
@@ -426,13 +457,14 @@ def simulate_programs(cfg, fast_forward: bool = True):
 
     wall0 = time.perf_counter()
     wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    bank = load_questions(wl.trace)
-    check_policy(bank, wl.method, wl.policy)
+    bank = load_bank(wl)
+    search = not isinstance(bank, QuestionBank)
     scheduler = make_scheduler(cfg.scheduler)
     specs = build_replicas(cfg)
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(specs) + 1)
     programs = plan_programs(wl, bank, program_seed(cfg, len(specs)))
-    capacity = sum(max_requests(p.q, wl.method, wl.policy, bank.stride_tokens) for p in programs)
+    capacity = sum(sum(map(len, p.groups)) if search else
+                   max_requests(p.q, wl.method, wl.policy, bank.stride_tokens) for p in programs)
     env = simpy.Environment()
     res = Results(capacity)
     outstanding = np.zeros(len(specs), dtype=np.int64)
@@ -452,7 +484,12 @@ def simulate_programs(cfg, fast_forward: bool = True):
     def on_program_done(prog: _Program) -> None:
         outstanding[prog.replica] -= expected.pop(prog.idx)
 
-    driver = ProgramDriver(env, replicas, res, bank, scheduler, on_program_done)
+    if search:
+        from sim.search import SearchDriver
+
+        driver = SearchDriver(env, replicas, res, wl.method, scheduler, on_program_done)
+    else:
+        driver = ProgramDriver(env, replicas, res, bank, scheduler, on_program_done)
     router = _router(cfg.router)
     view = ClusterView(outstanding_tokens=outstanding, num_requests=in_flight)
 
@@ -461,7 +498,7 @@ def simulate_programs(cfg, fast_forward: bool = True):
             gap = prog.arrival_s - env.now
             if gap > 0:
                 yield env.timeout(gap)
-            tokens = int(np.mean([t.reasoning_tokens for t in prog.q.samples]))
+            tokens = prog.q.expected_tokens
             rid = router.route(RequestView(prog.idx, prog.q.prompt_tokens, tokens), view)
             if not 0 <= rid < len(replicas):
                 raise ValueError(f"router returned replica {rid}; cluster has {len(replicas)}")
@@ -496,13 +533,17 @@ def simulate_programs(cfg, fast_forward: bool = True):
 
 
 def _requests_table(driver: ProgramDriver, res: Results, n: int) -> pa.Table:
-    owner = driver.owner
+    if isinstance(driver, ProgramDriver):
+        prog = [program_id(path.prog.idx) for path, _, _ in driver.owner]
+        role = ["main" if kind == _MAIN else "probe" for _, kind, _ in driver.owner]
+    else:  # search programs: every request is a reasoning step or rollout
+        prog = [program_id(p.idx) for p, _ in driver.owner]
+        role = ["main"] * n
     return pa.table({
-        "request_id": [f"{program_id(o[0].prog.idx)}-{'c' if o[1] == _MAIN else 'p'}{i}"
-                       for i, o in enumerate(owner)],
+        "request_id": [f"{p}-{'c' if r == 'main' else 'p'}{i}"
+                       for i, (p, r) in enumerate(zip(prog, role))],
         "replica_id": res.replica_id[:n], "cell_id": pa.nulls(n, pa.string()),
-        "program_id": [program_id(o[0].prog.idx) for o in owner],
-        "role": ["main" if o[1] == _MAIN else "probe" for o in owner],
+        "program_id": prog, "role": role,
         "priority": np.clip(driver.req_priority, -2**31, 2**31 - 1).astype(np.int32),
         "arrival_s": np.asarray(driver.req_arrival, dtype=float),
         "scheduled_s": res.scheduled_s[:n], "first_token_s": res.first_token_s[:n],

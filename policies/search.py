@@ -1,0 +1,196 @@
+"""Multi-path reasoning programs (Dynasor's SC, MCTS and Rebase): search decisions and stops. Pure.
+
+A program produces solutions (paths that reached an answer), each with a reward from a model
+signal: the path's likelihood under the model, `exp(mean token log-probability)`, never the gold
+answer. The search algorithms decide what to generate next:
+
+- MCTS: each iteration selects a node by UCT over the tree (root included), generates a rollout
+  from it to an answer, adds the rollout's first step as a new child and backs the solution's
+  reward up its ancestors. One solution per iteration; the knob is the iteration count.
+- Rebase: level by level, every open node of the frontier gets `round(W' * softmax(r / T))`
+  children, one reasoning step each, where W' is the width not yet used by finished solutions.
+  The knob is the width W.
+
+`SearchBudget` is the intra-program allocation policy over any such program: a resource cap, and
+an optional certaindex stop (at a detection step, or a Pareto-frontier curve mapping certaindex
+to the number of solutions a program may still use).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+from policies.certaindex import Certaindex, answer_certainty, reward_certainty
+
+SEARCH_METHODS = ("sc", "mcts", "rebase")
+# How a method aggregates path rewards into certaindex and picks its answer (Dynasor).
+REWARD_AGGREGATE = {"sc": "mean", "mcts": "mean", "rebase": "max"}
+
+
+def path_reward(logprob_sum: float, tokens: int) -> float:
+    """A path's reward: its geometric-mean token likelihood under the model, in (0, 1]."""
+    if tokens < 1:
+        raise ValueError("path_reward needs at least one token")
+    return math.exp(logprob_sum / tokens)
+
+
+def rebase_children(rewards: Sequence[float], width: int, temperature: float) -> list[int]:
+    """Children per frontier node: `width` split by softmax(reward / T), largest remainder."""
+    if width < 0 or temperature <= 0:
+        raise ValueError(f"rebase_children needs width >= 0 and temperature > 0, got {width}, "
+                         f"{temperature}")
+    if not rewards or width == 0:
+        return [0] * len(rewards)
+    top = max(rewards)
+    w = [math.exp((r - top) / temperature) for r in rewards]
+    total = sum(w)
+    share = [width * x / total for x in w]
+    n = [int(s) for s in share]
+    # Largest remainders first; ties go to the earlier node (an explicit, stable tie-break).
+    order = sorted(range(len(share)), key=lambda i: (n[i] - share[i], i))
+    for i in order[: width - sum(n)]:
+        n[i] += 1
+    return n
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """What MCTS selection sees of a node."""
+
+    visits: int
+    value_sum: float
+    expandable: bool
+    """not an answer, not at the token budget"""
+
+
+def uct_select(nodes: Sequence[NodeStats], total_visits: int, exploration: float) -> int:
+    """The expandable node with the highest UCT score; unvisited nodes first; ties: lowest index."""
+    best, best_score = -1, -math.inf
+    log_n = math.log(max(total_visits, 1))
+    for i, nd in enumerate(nodes):
+        if not nd.expandable:
+            continue
+        if nd.visits == 0:
+            return i
+        score = nd.value_sum / nd.visits + exploration * math.sqrt(log_n / nd.visits)
+        if score > best_score:
+            best, best_score = i, score
+    if best < 0:
+        raise ValueError("uct_select: no expandable node")
+    return best
+
+
+def weighted_vote(answers: Sequence[str | None], weights: Sequence[float]) -> str | None:
+    """The answer with the largest total weight (Rebase); ties: the answer reached first."""
+    total: dict[str, float] = defaultdict(float)
+    for a, w in zip(answers, weights):
+        if a:
+            total[a] += w
+    if not total:
+        return None
+    return max(total, key=lambda a: (total[a], -answers.index(a)))
+
+
+def best_of_n(answers: Sequence[str | None], rewards: Sequence[float]) -> str | None:
+    """The answer of the highest-reward solution (MCTS); ties: the earlier solution."""
+    best = None
+    for a, r in zip(answers, rewards):
+        if a and (best is None or r > best[1]):
+            best = (a, r)
+    return None if best is None else best[0]
+
+
+def program_answer(method: str, answers: Sequence[str | None],
+                   rewards: Sequence[float]) -> str | None:
+    """A search program's final answer from its solutions (Dynasor's aggregation per method)."""
+    from policies.allocation import majority_vote
+
+    if method == "mcts":
+        return best_of_n(answers, rewards)
+    if method == "rebase":
+        return weighted_vote(answers, rewards)
+    return majority_vote(answers)
+
+
+@dataclass(frozen=True)
+class ParetoFrontier:
+    """Certaindex -> how many solutions a program may use: stop once it has used that many.
+
+    `rules` are (certaindex at least, solutions at most) pairs; the most permissive rule that a
+    program's current certaindex reaches applies. A fitted skyline (`sim.search.fit_frontier`).
+    """
+
+    rules: tuple[tuple[float, int], ...]
+    signal: str = "entropy"
+    """entropy (1 - H/log n of the answers) or reward (aggregated path reward)"""
+
+    def __post_init__(self) -> None:
+        if self.signal not in ("entropy", "reward"):
+            raise ValueError(f"ParetoFrontier.signal: {self.signal!r}; expected entropy or reward")
+        for t, n in self.rules:
+            if n < 1:
+                raise ValueError(f"ParetoFrontier rule ({t}, {n}): solutions must be >= 1")
+
+    def allows_stop(self, certaindex: float, solutions: int) -> bool:
+        """Whether a program with this certaindex may stop after `solutions` solutions."""
+        return any(certaindex >= t and solutions >= n for t, n in self.rules)
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """Allocation for a multi-path program: up to `cap` solutions, stopped early by certaindex.
+
+    - `certaindex` alone: checked at every checkpoint from two solutions on;
+    - with `detect`: checked once, at the first checkpoint with at least `detect` solutions
+      (detect@knob); an uncertain program then runs to the cap;
+    - `frontier`: a Pareto-frontier curve instead of one threshold, checked at every checkpoint.
+    Neither: baseline-even (every program gets the cap).
+    """
+
+    cap: int
+    certaindex: Certaindex | None = None
+    detect: int | None = None
+    frontier: ParetoFrontier | None = None
+    reward_aggregate: str = "mean"
+    per_round: int = 0
+    """sc: paths launched per round, a checkpoint after each (0: all at once)"""
+
+    def __post_init__(self) -> None:
+        if self.cap < 1 or self.per_round < 0:
+            raise ValueError(f"SearchBudget needs cap >= 1 and per_round >= 0, got cap="
+                             f"{self.cap}, per_round={self.per_round}")
+        if self.detect is not None and not 1 <= self.detect <= self.cap:
+            raise ValueError(f"SearchBudget.detect must be in 1..cap={self.cap}, got {self.detect}")
+        if self.certaindex is not None and self.frontier is not None:
+            raise ValueError("SearchBudget: choose certaindex or frontier, not both")
+
+    def should_stop(self, answers: Sequence[str | None], rewards: Sequence[float],
+                    previous: int = 0) -> bool:
+        """After a checkpoint (`previous` solutions before it): stop the program now?"""
+        n = len(answers)
+        if n >= self.cap:
+            return True
+        if self.frontier is not None:
+            if n < 2 and self.frontier.signal == "entropy":
+                return False  # entropy over one answer says nothing
+            return self.frontier.allows_stop(
+                self.signal_value(self.frontier.signal, answers, rewards), n)
+        if self.certaindex is None:
+            return False
+        if self.detect is not None:
+            # Checked once: at the checkpoint that crossed the detection step.
+            if not previous < self.detect <= n:
+                return False
+        elif n < 2:
+            return False  # entropy over one answer says nothing
+        return self.certaindex.is_certain(answers, rewards)
+
+    def signal_value(self, signal: str, answers: Sequence[str | None],
+                     rewards: Sequence[float]) -> float:
+        """The certaindex signal a frontier reads: answer certainty or aggregated reward."""
+        if signal == "entropy":
+            return answer_certainty(answers)
+        return reward_certainty(rewards, self.reward_aggregate)
