@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from policies.certaindex import Certaindex, ProbeConsistency
+from policies.search import SearchBudget
 
 
 @dataclass(frozen=True)
@@ -110,4 +111,20 @@ def describe_policy(policy) -> str:
         if policy.detect_round is not None:
             extra += f"@{policy.detect_round}"
         return f"sc(n={policy.samples},r={policy.per_round}{extra})"
+    if isinstance(policy, SearchBudget):
+        parts = [f"cap={policy.cap}"]
+        if policy.per_round:
+            parts.append(f"r={policy.per_round}")
+        cx = policy.certaindex
+        if cx is not None:
+            if cx.entropy_threshold is not None:
+                parts.append(f"H>={cx.entropy_threshold:g}")
+            if cx.reward_threshold is not None:
+                parts.append(f"R{cx.reward_aggregate}>={cx.reward_threshold:g}")
+            if policy.detect is not None:
+                parts[-1] += f"@{policy.detect}"
+        if policy.frontier is not None:
+            parts.append(f"frontier({policy.frontier.signal}:" + ";".join(
+                f"{t:g}->{n}" for t, n in policy.frontier.rules) + ")")
+        return "search(" + ",".join(parts) + ")"
     return repr(policy)

@@ -334,10 +334,11 @@ def _cmd_dynasor_online(args: argparse.Namespace) -> int:
 def _cmd_dynasor_replay(args: argparse.Namespace) -> int:
     import yaml
 
+    from policies.search import SearchBudget
     from sim.cluster import simulate
     from sim.config import parse_config
-    from sim.programs import (check_policy, compare, load_questions, plan_programs, program_id,
-                              program_seed, program_workload)
+    from sim.programs import (compare, load_bank, plan_programs, program_id, program_seed,
+                              program_workload)
     from traces.store import read_table
     from tracers.program_replay import ProgramPlan, replay_programs
 
@@ -350,20 +351,28 @@ def _cmd_dynasor_replay(args: argparse.Namespace) -> int:
         if len(cfg.replicas) != 1 or cfg.replicas[0].count != 1:
             raise ValueError("live program replay drives one engine: the config needs one replica")
         wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-        bank = load_questions(wl.trace)
-        check_policy(bank, wl.method, wl.policy)
+        bank = load_bank(wl)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
+    search = isinstance(wl.policy, SearchBudget)
     # The simulator's draw, handed to the tracer as plain plans.
     plans = [ProgramPlan(program_id(p.idx), p.q.question_id, p.q.difficulty, p.arrival_s,
-                         p.deadline_s, tuple(t.sample_id for t in p.q.samples)
-                         if wl.method == "sc" else (p.q.samples[p.sample].sample_id,))
+                         p.deadline_s, () if search else
+                         tuple(t.sample_id for t in p.q.samples) if wl.method == "sc" else
+                         (p.q.samples[p.sample].sample_id,))
              for p in plan_programs(wl, bank, program_seed(cfg, 1))]
     out = Path(args.out)
     t0 = time.perf_counter()
-    replay_programs(plans, wl.method, wl.policy, cfg.scheduler, wl.trace, bank.stride_tokens,
-                    out / "live", max_num_seqs=cfg.replicas[0].max_num_seqs, seed=cfg.seed,
-                    model=args.model, config_json=cfg.to_json())
+    if search:
+        from tracers.search import replay_search
+
+        replay_search(plans, wl.method, wl.policy, cfg.scheduler, wl.trace, out / "live",
+                      max_num_seqs=cfg.replicas[0].max_num_seqs, seed=cfg.seed,
+                      model=args.model, config_json=cfg.to_json())
+    else:
+        replay_programs(plans, wl.method, wl.policy, cfg.scheduler, wl.trace, bank.stride_tokens,
+                        out / "live", max_num_seqs=cfg.replicas[0].max_num_seqs, seed=cfg.seed,
+                        model=args.model, config_json=cfg.to_json())
     live_wall_s = time.perf_counter() - t0
     sim = simulate(cfg)
     _write_sim(cfg, sim, out / "sim")

@@ -201,6 +201,28 @@ class Engine:
         for k in [k for k, v in self._external.items() if v == request_id]:
             del self._external[k]
 
+    def warm_up(self, prompt_lengths=(16, 64, 128, 16, 64, 128, 32, 32), seed: int = 0) -> None:
+        """Run a batch of throw-away requests (random tokens: no prefix-cache hits later).
+
+        A fresh engine spends seconds on its first iterations (one-off kernel and allocator
+        setup); a live run that is compared with the simulator must not charge them to its
+        first requests.
+        """
+        import numpy as np
+        from vllm import SamplingParams
+
+        vocab = int(self.engine.vllm_config.model_config.get_vocab_size())
+        rng = np.random.default_rng(seed)
+        for i, n in enumerate(prompt_lengths):
+            # Seeded sampling with log-probabilities: their first use costs about 2 s on CPU.
+            sp = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.7, seed=seed + i,
+                                logprobs=0)
+            self.add(f"warmup-{i}", rng.integers(4, vocab, size=int(n)).tolist(), sp)
+        while self.has_unfinished():
+            self.step()
+        for i in range(len(prompt_lengths)):
+            self.forget(f"warmup-{i}")
+
     def has_unfinished(self) -> bool:
         """True while any request is in flight."""
         return self.engine.has_unfinished_requests()

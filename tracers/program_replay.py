@@ -114,6 +114,7 @@ def replay_programs(plans: list[ProgramPlan], method: str, policy, scheduler_spe
     for i, p in enumerate(plans):
         item = items[int(p.question_id[1:5])]  # question ids are q{index:04d}-family-level
         programs.append(_LiveProgram(i, p, encode(item.prompt), item.answer))
+    engine.warm_up()
     t0 = time.perf_counter()
     rec = StepRecorder(engine, writer, t0, record_tokens=False)
     pending: dict[str, tuple] = {}   # request id -> (path, kind, position)

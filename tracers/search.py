@@ -118,6 +118,7 @@ class SearchProgram:
     solutions: list = field(default_factory=list)   # (request index, answer, reward)
     rows: list = field(default_factory=list)        # one branches row per request
     requests: int = 0
+    tokens: int = 0
     pending: int = 0
     level: int = 0
     solved_before: int = 0
@@ -166,6 +167,7 @@ class SearchProgram:
         """A request finished (its tokens, their log-probabilities and texts, whether it ended
         with end-of-sequence): record it, then decide what comes next (maybe nothing)."""
         self.pending -= 1
+        self.tokens += len(token_ids)
         parent = self.nodes[gen.parent]
         text = "".join(pieces)
         keep = len(token_ids) - 1 if eos and token_ids else len(token_ids)  # EOS is not re-sent
@@ -374,3 +376,70 @@ def trace_branches(model: str, out_dir: str | Path, workload: BranchWorkload,
             bar.advance(task, len(batch))
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
+
+
+# ------------------------------------------------------------------ live replay
+def replay_search(plans: list, method: str, policy: SearchBudget, scheduler_spec,
+                  trace_dir: str | Path, out_dir: str | Path, max_num_seqs: int | None = None,
+                  seed: int = 0, model: str | None = None, config_json: str = "{}") -> list[dict]:
+    """Run search programs live on one vLLM engine with the given stop policy; the programs rows.
+
+    `plans` are `tracers.program_replay.ProgramPlan`s (the simulator's draw). Each program runs
+    with its traced seed and the trace's settings, so its requests reproduce the traced ones; its
+    rewards and answers come from the live outputs.
+    """
+    import json
+
+    from policies.scheduling import ProgramView, make_scheduler
+    from traces.store import read_run, read_table
+    from tracers.program_replay import _LiveProgram, _write_programs
+
+    scheduler = make_scheduler(scheduler_spec)
+    trace_run = read_run(trace_dir)
+    params = json.loads(trace_run["params_json"])
+    twl = params["workload"]
+    settings = SearchSettings(**twl["settings"])
+    model_dir = check_model(model or trace_run["model_id"], "auto")
+    engine = _engine(model_dir, int(twl["seed"]), float(params["engine"]["kv_cache_gb"]),
+                     max_num_seqs, "fcfs" if scheduler_spec == "fcfs" else "priority")
+    run = run_row("program_replay", engine.engine_dist, engine.engine_version, engine.device,
+                  engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
+                  seed, {"config": json.loads(config_json), "engine": engine.params(),
+                         "branches_trace": str(trace_dir)})
+    writer = TraceWriter(Path(out_dir), run)
+    from vllm import SamplingParams
+
+    from tracers.recorder import StepRecorder
+
+    tok = engine.engine.get_tokenizer()
+    n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
+    items = tasks.items(int(twl["seed"]), int(twl["questions_per_cell"]) * n_cells)
+    programs, live = [], []
+    for i, plan in enumerate(plans):
+        qi = int(plan.question_id[1:5])  # question ids are q{index:04d}-family-level
+        prompt = tok.encode(items[qi].prompt, add_special_tokens=False)
+        programs.append(SearchProgram(plan.program_id, method, policy, prompt,
+                                      program_seed(int(twl["seed"]), qi, method), settings))
+        live.append(_LiveProgram(i, plan, prompt, items[qi].answer))
+    index = {p.key: i for i, p in enumerate(programs)}
+    finished: list[int] = []
+    engine.warm_up()
+    rec = StepRecorder(engine, writer, time.perf_counter(), record_tokens=False)
+
+    def priority(prog: SearchProgram) -> int:
+        plan = live[index[prog.key]].plan
+        return scheduler.priority(ProgramView(index[prog.key], rec.now_s() - plan.arrival_s,
+                                              prog.tokens), finished)
+
+    def on_done(prog: SearchProgram, now_s: float) -> None:
+        lp = live[index[prog.key]]
+        lp.finish_s, lp.answer = now_s, prog.answer()
+        lp.tokens = lp.reasoning = prog.tokens
+        lp.paths = [None] * prog.requests
+        finished.append(prog.tokens)
+
+    run_programs(rec, programs, [p.arrival_s for p in plans], SamplingParams, priority, on_done)
+    writer.flush("all")
+    _write_programs(writer, live, method, policy, scheduler_spec)
+    writer.flush("programs")
+    return read_table(out_dir, "programs").to_pylist()
