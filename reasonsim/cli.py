@@ -266,6 +266,10 @@ def _print_summary(summary: dict, as_json: bool) -> None:
 
 def _cmd_dynasor_offline(args: argparse.Namespace) -> int:
     from sim.reasoning import load_trajectories, plot_tokens_to_accuracy, tokens_to_accuracy
+    from traces.store import read_run
+
+    if read_run(args.trace)["kind"] == "branches":
+        return _dynasor_offline_search(args)
 
     trajs, stride = load_trajectories(args.trace)
     rows = tokens_to_accuracy(trajs, stride, windows=args.windows,
@@ -289,6 +293,61 @@ def _cmd_dynasor_offline(args: argparse.Namespace) -> int:
                       f"{r['accuracy']:.3f}", f"{r['stopped_early_share']:.2f}")
     Console().print(table)
     print(f"plot: {png}")
+    return 0
+
+
+def _dynasor_offline_search(args: argparse.Namespace) -> int:
+    from sim.search import plot_search_curves, search_tokens_to_accuracy
+
+    rows = search_tokens_to_accuracy(args.trace, sc_per_round=args.per_round)
+    out = Path(args.out)
+    png = plot_search_curves(rows, out / "search_tokens_to_accuracy.png")
+    (out / "search_tokens_to_accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tokens to accuracy ({rows[0]['programs']} programs per policy)")
+    for col in ("method", "policy", "cap", "1-H/log n >=", "tokens", "requests", "accuracy"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["method"], r["policy"], str(r["cap"]),
+                      "" if r["threshold"] is None else f"{r['threshold']:g}",
+                      f"{r['tokens_mean']:.1f}", f"{r['requests_mean']:.1f}",
+                      f"{r['accuracy']:.3f}")
+    Console().print(table)
+    print(f"plot: {png}")
+    return 0
+
+
+def _cmd_dynasor_calibrate(args: argparse.Namespace) -> int:
+    from sim.search import calibrate
+
+    try:
+        result = calibrate(args.trace, args.method, args.cap, args.signal, args.thresholds,
+                           args.detect, args.per_round, args.split_seed)
+    except (OSError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{args.method} cap {args.cap}, signal {args.signal}: calibrated on "
+                  f"{result['calibration_questions']} questions, held out "
+                  f"{result['held_out_questions']}")
+    for col in ("policy", "split", "tokens", "accuracy"):
+        table.add_column(col, justify="right")
+    for split in ("calibration", "held_out"):
+        for name, r in result[split].items():
+            if r is not None:
+                table.add_row(name, split, f"{r['tokens_mean']:.1f}", f"{r['accuracy']:.3f}")
+    Console().print(table)
+    print(f"threshold: {result['threshold']}   frontier rules (certaindex >=, solutions): "
+          f"{result['frontier_rules']}")
     return 0
 
 
@@ -570,8 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
     dysub = dy.add_subparsers(dest="dynasor_command", required=True, metavar="EXPERIMENT")
     off = dysub.add_parser("offline", help="tokens-to-accuracy of certaindex vs fixed budgets",
                            description="Replay probe-consistency stopping (window x interval) "
-                           "and fixed token budgets counterfactually on a probes trace.")
-    off.add_argument("trace", help="probes trace directory (reasonsim trace probes)")
+                           "and fixed token budgets counterfactually on a probes trace; or, on a "
+                           "branches trace, certaindex stops vs baseline-even caps for SC, MCTS "
+                           "and Rebase.")
+    off.add_argument("trace", help="probes or branches trace directory (reasonsim trace ...)")
     off.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
     off.add_argument("--windows", type=_ints, default=[2, 3, 4, 5], help="e.g. 2,3,4,5")
     off.add_argument("--intervals", type=_ints, default=None,
@@ -579,7 +640,28 @@ def build_parser() -> argparse.ArgumentParser:
                      "2 x stride)")
     off.add_argument("--budgets", type=_ints, default=[32, 64, 96, 128, 160, 192, 256])
     off.add_argument("--json", action="store_true")
+    off.add_argument("--per-round", type=int, default=2,
+                     help="branches traces: self-consistency paths per round")
     off.set_defaults(func=_cmd_dynasor_offline)
+    ca = dysub.add_parser("calibrate", help="profiler-guided certaindex threshold and Pareto "
+                          "frontier on a branches trace",
+                          description="Split the questions (seeded, by difficulty); on the "
+                          "calibration half choose the most aggressive threshold, and fit a "
+                          "Pareto-frontier curve, that keep the cap's accuracy; report both on "
+                          "the held-out half against baseline-even.")
+    ca.add_argument("trace", help="branches trace directory (reasonsim trace branches)")
+    ca.add_argument("--method", choices=["sc", "mcts", "rebase"], required=True)
+    ca.add_argument("--cap", type=int, required=True,
+                    help="samples (sc), iterations (mcts) or width (rebase)")
+    ca.add_argument("--signal", choices=["entropy", "reward"], default="entropy")
+    ca.add_argument("--thresholds", type=_floats, default=None,
+                    help="candidates; default: 0.05..0.95 (entropy), the traced rewards (reward)")
+    ca.add_argument("--detect", type=int, default=None,
+                    help="detect@knob: check once at this many solutions (default: every round)")
+    ca.add_argument("--per-round", type=int, default=0, help="sc: paths per round")
+    ca.add_argument("--split-seed", type=int, default=0)
+    ca.add_argument("--json", action="store_true")
+    ca.set_defaults(func=_cmd_dynasor_calibrate)
     on = dysub.add_parser("online", help="deadline attainment vs rate and SLO scale per scheduler",
                           description="Simulate program configs (same cluster, different "
                           "allocation policies) under each scheduler, sweeping the arrival rate "

@@ -224,10 +224,10 @@ def fit_frontier(bank: SearchBank, signal: str, thresholds, calibration,
         for t in sorted(thresholds):
             if rules and t >= rules[-1][0]:
                 break  # a rule at n allowing only what an earlier rule allows adds nothing
-            cand = ParetoFrontier(tuple(rules + [(t, n)]), signal)
+            cand = ParetoFrontier(tuple(rules + [(float(t), n)]), signal)
             s = evaluate(bank, _with_frontier(bank, cand, per_round), calibration)
             if s["accuracy"] >= base["accuracy"] and s["tokens_mean"] < best_tokens:
-                rules.append((t, n))
+                rules.append((float(t), n))
                 best_tokens = s["tokens_mean"]
                 break
     return ParetoFrontier(tuple(rules), signal) if rules else None
@@ -390,3 +390,97 @@ def search_policy(method: str, spec: dict) -> SearchBudget:
 def with_cap(policy: SearchBudget, cap: int) -> SearchBudget:
     """The same stop rule with another cap."""
     return replace(policy, cap=cap)
+
+
+# ------------------------------------------------------------------ offline experiments
+def search_tokens_to_accuracy(trace_dir: str | Path, thresholds=(0.2, 0.4, 0.6, 0.8, 0.95),
+                              sc_per_round: int = 2) -> list[dict]:
+    """Rows per method: baseline-even over caps, certaindex (answer entropy) over thresholds."""
+    rows = []
+    for method, caps in traced_caps(trace_dir).items():
+        top = max(caps)
+        per_round = sc_per_round if method == "sc" else 0
+        even_caps = caps if method == "rebase" else sorted({c for c in (1, 2, 4, 8, 16, top)
+                                                            if c <= top})
+        for cap in even_caps:
+            bank = load_search(trace_dir, method, cap)
+            rows.append({"method": method, "policy": "even", "cap": cap, "threshold": None}
+                        | evaluate(bank, SearchBudget(cap)))
+        for cap in caps if method == "rebase" else [top]:
+            bank = load_search(trace_dir, method, cap)
+            for t in thresholds:
+                pol = SearchBudget(cap, certaindex_for(method, entropy_threshold=t),
+                                   per_round=per_round)
+                rows.append({"method": method, "policy": "certaindex", "cap": cap,
+                             "threshold": t} | evaluate(bank, pol))
+    return rows
+
+
+def plot_search_curves(rows: list[dict], path: str | Path) -> Path:
+    """Accuracy against tokens per program, one panel per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.6), squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        even = sorted((r for r in rows if r["method"] == method and r["policy"] == "even"),
+                      key=lambda r: r["tokens_mean"])
+        ax.plot([r["tokens_mean"] for r in even], [r["accuracy"] for r in even], "o-",
+                color="gray", label="baseline-even (cap)")
+        for cap in sorted({r["cap"] for r in rows if r["method"] == method and
+                           r["policy"] == "certaindex"}):
+            pts = sorted((r for r in rows if r["method"] == method and r["cap"] == cap and
+                          r["policy"] == "certaindex"), key=lambda r: r["tokens_mean"])
+            ax.plot([r["tokens_mean"] for r in pts], [r["accuracy"] for r in pts], "s-",
+                    label=f"certaindex 1-H/log n, cap {cap}")
+        ax.set_title(method)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens per program, mean")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("accuracy")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def calibrate(trace_dir: str | Path, method: str, cap: int, signal: str = "entropy",
+              thresholds=None, detect: int | None = None, per_round: int = 0,
+              split_seed: int = 0) -> dict:
+    """Profiler-guided threshold and Pareto-frontier calibration, reported on held-out questions.
+
+    The calibration split chooses the most aggressive threshold (and fits a frontier) that keeps
+    the cap's accuracy; both are then evaluated on the held-out split against baseline-even.
+    """
+    bank = load_search(trace_dir, method, cap)
+    if thresholds is None:
+        thresholds = [round(float(x), 2) for x in np.arange(0.05, 1.0, 0.05)] \
+            if signal == "entropy" \
+            else sorted({round(r.reward, 3) for q in bank.questions for r in q.requests
+                         if r.is_leaf})
+    calib, held = split_questions(bank, split_seed)
+    chosen = calibrate_threshold(bank, signal, thresholds, calib, detect, per_round)
+    frontier = fit_frontier(bank, signal, thresholds, calib, per_round)
+    agg = REWARD_AGGREGATE[method]
+    out = {"method": method, "cap": cap, "signal": signal, "detect": detect,
+           "per_round": per_round, "calibration_questions": len(calib),
+           "held_out_questions": len(held), "threshold": chosen["threshold"],
+           "calibration": {"baseline_even": chosen["baseline"], "threshold": chosen["calibration"]},
+           "frontier_rules": None if frontier is None else [list(r) for r in frontier.rules]}
+    held_rows = {"baseline_even": evaluate(bank, SearchBudget(cap, per_round=per_round), held)}
+    if chosen["threshold"] is not None:
+        cx = certaindex_for(method, **{f"{signal}_threshold": chosen["threshold"]})
+        held_rows["threshold"] = evaluate(bank, SearchBudget(cap, cx, detect, per_round=per_round,
+                                                             reward_aggregate=agg), held)
+    if frontier is not None:
+        held_rows["frontier"] = evaluate(bank, _with_frontier(bank, frontier, per_round), held)
+        out["calibration"]["frontier"] = evaluate(bank, _with_frontier(bank, frontier, per_round),
+                                                  calib)
+    out["held_out"] = held_rows
+    return out
