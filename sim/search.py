@@ -12,7 +12,7 @@ becomes a simulated request and the program waits for a whole group before decid
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -256,7 +256,7 @@ class SearchRun:
 
     __slots__ = ("idx", "q", "policy", "arrival_s", "deadline_s", "replica", "groups", "next",
                  "pending", "solved", "before", "requests", "tokens", "finish_s", "answer",
-                 "group_id", "sample")
+                 "group_id")
 
     def __init__(self, idx, q: SearchQuestion, policy: SearchBudget, arrival_s: float,
                  deadline_s: float, groups):
@@ -276,7 +276,6 @@ class SearchRun:
         self.finish_s = float("nan")
         self.answer = None
         self.group_id = -1
-        self.sample = 0
 
     # What programs_table reads.
     @property
@@ -359,6 +358,9 @@ def search_policy(method: str, spec: dict) -> SearchBudget:
     """A SearchBudget from a config mapping: {type: even|certaindex|frontier, cap, ...}."""
     args = dict(spec)
     kind = args.pop("type", "even")
+    if kind not in ("even", "certaindex", "frontier"):
+        raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: "
+                         "certaindex, even, frontier")
     cap = args.pop("cap", None)
     if cap is None:
         raise ValueError(f"programs.policy: a {method} policy needs 'cap'")
@@ -375,21 +377,13 @@ def search_policy(method: str, spec: dict) -> SearchBudget:
         cx = certaindex_for(method, args.get("entropy_threshold"), args.get("reward_threshold"))
         return SearchBudget(int(cap), cx, args.get("detect"), reward_aggregate=agg,
                             per_round=per_round)
-    if kind == "frontier":
-        unknown = set(args) - {"rules", "signal"}
-        if unknown or "rules" not in args:
-            raise ValueError("programs.policy frontier: expected {rules: [[certaindex, "
-                             "solutions], ...], signal: entropy|reward}")
-        rules = tuple((float(t), int(n)) for t, n in args["rules"])
-        return SearchBudget(int(cap), frontier=ParetoFrontier(rules, args.get("signal", "entropy")),
-                            reward_aggregate=agg, per_round=per_round)
-    raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: certaindex, "
-                     "even, frontier")
-
-
-def with_cap(policy: SearchBudget, cap: int) -> SearchBudget:
-    """The same stop rule with another cap."""
-    return replace(policy, cap=cap)
+    unknown = set(args) - {"rules", "signal"}
+    if unknown or "rules" not in args:
+        raise ValueError("programs.policy frontier: expected {rules: [[certaindex, solutions], "
+                         "...], signal: entropy|reward}")
+    rules = tuple((float(t), int(n)) for t, n in args["rules"])
+    return SearchBudget(int(cap), frontier=ParetoFrontier(rules, args.get("signal", "entropy")),
+                        reward_aggregate=agg, per_round=per_round)
 
 
 # ------------------------------------------------------------------ offline experiments

@@ -43,3 +43,46 @@ def test_online_sweep_writes_rates_and_plots(tmp_path):
     assert len(result["max_sustainable_rate"]) == 4
     for name in ("attainment_vs_rate", "attainment_vs_slo", "accuracy_vs_attainment"):
         assert (out / f"{name}.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("config", ["dynasor-mcts-certaindex.yaml",
+                                    "dynasor-rebase-certaindex.yaml"])
+def test_live_search_replay_reproduces_the_simulated_decisions(tmp_path, config):
+    out = tmp_path / "rp"
+    proc = run_cli("dynasor", "replay", f"examples/{config}", "--count", "4", "-o", str(out),
+                   "--json", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert check_trace(out / "live") == [] and check_trace(out / "sim") == []
+    live = read_table(out / "live", "programs").to_pandas()
+    req = read_table(out / "live", "requests").to_pandas()
+    assert len(live) == 4 and live.finish_s.notna().all()
+    assert (req.groupby("program_id").size().sort_index().to_numpy() ==
+            live.set_index("program_id").paths.sort_index().to_numpy()).all()
+    # Seeded requests reproduce the traced programs: same requests, same stop, same answer.
+    assert result["decision_agreement"] >= 3 / 4
+    assert result["answer_agreement"] >= 3 / 4
+    assert abs(result["error"]["tokens_per_program"]) < 0.1
+
+
+def test_trace_branches_records_every_request_and_reproduces_the_shipped_trace(tmp_path):
+    out = tmp_path / "br"
+    run_cli("trace", "branches", "-o", str(out), "--questions", "1", "--samples", "2",
+            "--iterations", "2", "--widths", "2", "-q", "--json",
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert check_trace(out) == []
+    d = read_table(out, "branches").to_pandas()
+    assert set(d.method) == {"sc", "mcts", "rebase"} and d.question_id.nunique() == 8
+    per = d.groupby(["method", "question_id"])
+    assert (per.size()["sc"] == 2).all() and (per.size()["mcts"] == 2).all()
+    assert (per.is_leaf.sum()["rebase"] <= 2).all()
+    assert ((d.reward > 0) & (d.reward <= 1)).all()
+    assert (d[~d.is_leaf].answer.isna()).all()
+    # Seeds do not depend on the cap: the first samples and iterations are the shipped ones.
+    shipped = read_table("traces/data/testbed-branches-cpu", "branches").to_pandas()
+    key = ["question_id", "method", "branch_id"]
+    for method in ("sc", "mcts"):
+        mine = d[d.method == method].set_index(key)
+        theirs = shipped[shipped.method == method].set_index(key).loc[mine.index]
+        same = (mine.output_tokens == theirs.output_tokens) & \
+            (mine.answer.fillna("") == theirs.answer.fillna(""))
+        assert same.mean() >= 0.8, (method, same.mean())
