@@ -134,10 +134,9 @@ def tokens_to_accuracy(trajs: list[Trajectory], stride: int, windows: list[int],
 
 def plot_tokens_to_accuracy(rows: list[dict], path: str | Path) -> Path:
     """Accuracy against mean tokens per trajectory: one line per probe interval, one for budgets."""
-    import matplotlib
+    from sim.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     budget = sorted((r for r in rows if r["policy"] == "budget"), key=lambda r: r["tokens_mean"])
@@ -154,8 +153,4 @@ def plot_tokens_to_accuracy(rows: list[dict], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -10,7 +10,8 @@ import pandas as pd
 from sim.metrics import latency_columns
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,9 +20,18 @@ def _plt():
     return plt
 
 
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Write a figure (creating its folder), close it, and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def latency_cdfs(requests: pd.DataFrame, path: Path) -> Path:
     """TTFT / TPOT / e2e CDFs of one run."""
-    plt = _plt()
+    plt = pyplot()
     lat = latency_columns(requests)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, col in zip(axes, lat.columns):
@@ -38,7 +48,7 @@ def latency_cdfs(requests: pd.DataFrame, path: Path) -> Path:
 
 def attainment_vs_rate(sweep: pd.DataFrame, path: Path) -> Path:
     """SLO attainment and P90 TTFT against arrival rate."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.plot(sweep.rate_per_s, sweep.slo_attainment, "o-")
     ax.set_xlabel("arrival rate (requests/s)")
@@ -53,7 +63,7 @@ def attainment_vs_rate(sweep: pd.DataFrame, path: Path) -> Path:
 
 def utilisation(busy_by_replica: np.ndarray, path: Path) -> Path:
     """Busy share per replica."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ax.bar(np.arange(len(busy_by_replica)), busy_by_replica)
     ax.set_xlabel("replica")

@@ -412,10 +412,9 @@ def search_tokens_to_accuracy(trace_dir: str | Path, thresholds=(0.2, 0.4, 0.6, 
 
 def plot_search_curves(rows: list[dict], path: str | Path) -> Path:
     """Accuracy against tokens per program, one panel per method."""
-    import matplotlib
+    from sim.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.6), squeeze=False)
@@ -437,11 +436,7 @@ def plot_search_curves(rows: list[dict], path: str | Path) -> Path:
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("accuracy")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def calibrate(trace_dir: str | Path, method: str, cap: int, signal: str = "entropy",

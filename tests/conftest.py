@@ -33,3 +33,13 @@ def steps_trace(tmp_path_factory) -> Path:
     run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out),
             "--batch-sizes", "1,4", "--prompt-tokens", "16,64", "--output-tokens", "8", "-q")
     return out
+
+
+def example_config(name: str, **programs) -> dict:
+    """An example config as a mapping, with `workload.programs` keys replaced, no steps table."""
+    import yaml
+
+    d = yaml.safe_load((REPO / "examples" / name).read_text())
+    d["workload"]["programs"].update(programs)
+    d["output"] = {"steps": False}
+    return d

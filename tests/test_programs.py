@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import simpy
-import yaml
 
 from conftest import REPO, run_cli
+from conftest import example_config as _config
 from policies.allocation import SelfConsistency, TokenBudget, majority_vote
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.scheduling import DynasorGang, ProgramView, make_scheduler
@@ -27,11 +27,6 @@ TRACE = REPO / "traces" / "data" / "testbed-probes-cpu"
 CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
 
-def _config(name: str, **programs) -> dict:
-    d = yaml.safe_load((REPO / "examples" / name).read_text())
-    d["workload"]["programs"].update(programs)
-    d["output"] = {"steps": False}
-    return d
 
 
 def _run(d: dict):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from conftest import REPO, run_cli
+from conftest import example_config as _config
 from policies.certaindex import Certaindex
 from policies.search import (NodeStats, ParetoFrontier, SearchBudget, best_of_n, path_reward,
                              program_answer, rebase_children, uct_select, weighted_vote)
@@ -18,11 +18,6 @@ from traces import check_trace
 TRACE = REPO / "traces" / "data" / "testbed-branches-cpu"
 
 
-def _config(name: str, **programs) -> dict:
-    d = yaml.safe_load((REPO / "examples" / name).read_text())
-    d["workload"]["programs"].update(programs)
-    d["output"] = {"steps": False}
-    return d
 
 
 # ------------------------------------------------------------------ pure decisions
@@ -134,9 +129,14 @@ def test_calibrate_cli_prints_json(tmp_path):
 
 
 # ------------------------------------------------------------------ the simulator
-@pytest.mark.parametrize("method", ["mcts", "rebase"])
+@pytest.mark.parametrize("method", ["mcts", "rebase", "sc"])
 def test_simulated_programs_decide_as_the_offline_replay(method):
-    d = _config(f"dynasor-{method}-certaindex.yaml", count=48)
+    if method == "sc":  # self-consistency on the branches trace, two paths per round
+        d = _config("dynasor-mcts-certaindex.yaml", count=48, method="sc",
+                    policy={"type": "certaindex", "cap": 16, "per_round": 2,
+                            "entropy_threshold": 0.6})
+    else:
+        d = _config(f"dynasor-{method}-certaindex.yaml", count=48)
     res = simulate(parse_config(d, REPO / "examples"))
     progs = res.programs.to_pandas()
     bank = load_search(TRACE, method, d["workload"]["programs"]["policy"]["cap"])
