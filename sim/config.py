@@ -58,7 +58,8 @@ class SimConfig:
     seed: int = 0
     """run seed (workload and latency noise)"""
     latency: str = "mean"
-    """mean (deterministic) or sampled (residuals from calibration)"""
+    """mean (deterministic: prediction x mean residual ratio) or sampled (residuals drawn from
+    the calibration)"""
     slo_ttft_s: float | None = None
     """TTFT SLO for attainment/goodput"""
     slo_tpot_s: float | None = None

@@ -81,10 +81,13 @@ def test_single_request_known_answer():
                                      "output_tokens": 11},
                         "cluster": {"replicas": [{"calibration": str(CAL)}]}})
     r = simulate(cfg).requests.to_pandas().iloc[0]
-    prefill_ms = cal.latency.step_ms(100, 0, 100)
+    # Mean mode: the prediction times the mean residual ratio (the fit's smearing correction).
+    mean_ratio = cal.latency.residual_sampler()[0]
+    assert mean_ratio > 1.0
+    prefill_ms = cal.latency.step_ms(100, 0, 100) * mean_ratio
     assert r.first_token_s - r.arrival_s == pytest.approx(prefill_ms / 1e3)
     a, b = cal.latency.decode_run(1, 100)
-    assert r.finish_s - r.first_token_s == pytest.approx(run_ms(a, b, 10) / 1e3)
+    assert r.finish_s - r.first_token_s == pytest.approx(run_ms(a, b, 10) * mean_ratio / 1e3)
 
 
 def test_iterations_within_is_exact():
