@@ -13,7 +13,6 @@ paths in rounds; after a round the policy decides how many more to launch:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,14 +34,6 @@ class TokenBudget:
     def __post_init__(self) -> None:
         if self.budget_tokens < 1:
             raise ValueError(f"TokenBudget needs budget_tokens >= 1, got {self.budget_tokens}")
-
-
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """Most frequent non-empty answer; ties go to the answer reached first; None if none."""
-    counts = Counter(a for a in answers if a)
-    if not counts:
-        return None
-    return max(counts, key=lambda a: (counts[a], -answers.index(a)))
 
 
 @dataclass(frozen=True)

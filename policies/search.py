@@ -19,7 +19,7 @@ to the number of solutions a program may still use).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -83,6 +83,14 @@ def uct_select(nodes: Sequence[NodeStats], total_visits: int, exploration: float
     return best
 
 
+def majority_vote(answers: Sequence[str | None]) -> str | None:
+    """Most frequent non-empty answer; ties go to the answer reached first; None if none."""
+    counts = Counter(a for a in answers if a)
+    if not counts:
+        return None
+    return max(counts, key=lambda a: (counts[a], -answers.index(a)))
+
+
 def weighted_vote(answers: Sequence[str | None], weights: Sequence[float]) -> str | None:
     """The answer with the largest total weight (Rebase); ties: the answer reached first."""
     total: dict[str, float] = defaultdict(float)
@@ -106,8 +114,6 @@ def best_of_n(answers: Sequence[str | None], rewards: Sequence[float]) -> str | 
 def program_answer(method: str, answers: Sequence[str | None],
                    rewards: Sequence[float]) -> str | None:
     """A search program's final answer from its solutions (Dynasor's aggregation per method)."""
-    from policies.allocation import majority_vote
-
     if method == "mcts":
         return best_of_n(answers, rewards)
     if method == "rebase":

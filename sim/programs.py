@@ -28,11 +28,11 @@ import pandas as pd
 import pyarrow as pa
 import simpy
 
-from policies.allocation import (FullReasoning, SelfConsistency, TokenBudget, describe_policy,
-                                 majority_vote)
+from policies.allocation import FullReasoning, SelfConsistency, TokenBudget, describe_policy
 from policies.certaindex import Certaindex, Probe, ProbeConsistency
 from policies.routing import ClusterView, RequestView
 from policies.scheduling import ProgramView, make_scheduler
+from policies.search import majority_vote
 from sim.metrics import stats, summarize
 from sim.reasoning import Trajectory, load_trajectories
 from sim.replica import Replica, Req, Results

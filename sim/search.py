@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.certaindex import Certaindex, answer_certainty, reward_certainty
+from policies.certaindex import Certaindex
+from policies.scheduling import ProgramView
 from policies.search import REWARD_AGGREGATE, ParetoFrontier, SearchBudget, program_answer
 from sim.replica import Req
 from traces.store import read_run, read_table
@@ -109,7 +110,8 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
     return SearchBank(method, cap, tuple(questions), factor)
 
 
-def checkpoint_groups(q: SearchQuestion, method: str, cap: int, per_round: int = 0) -> list[list[TracedRequest]]:
+def checkpoint_groups(q: SearchQuestion, method: str, cap: int,
+                      per_round: int = 0) -> list[list[TracedRequest]]:
     """The program's requests grouped by decision point, up to the cap."""
     reqs = q.requests
     if method == "sc":
@@ -136,6 +138,14 @@ class SearchOutcome:
     correct: bool
 
 
+def checkpoint(policy: SearchBudget, solved: list, before: int) -> tuple[bool, list, list]:
+    """After a group: (stop now?, answers, rewards), solutions in request order (sorted here)."""
+    solved.sort()
+    answers = [a for _, a, _ in solved]
+    rewards = [w for _, _, w in solved]
+    return len(solved) > before and policy.should_stop(answers, rewards, before), answers, rewards
+
+
 def search_outcome(q: SearchQuestion, method: str, policy: SearchBudget) -> SearchOutcome:
     """Replay a stop policy over a traced program's checkpoints."""
     answers, rewards, solved = [], [], []
@@ -147,10 +157,8 @@ def search_outcome(q: SearchQuestion, method: str, policy: SearchBudget) -> Sear
             requests += 1
             if r.is_leaf:
                 solved.append((r.index, r.answer, r.reward))
-        solved.sort()
-        answers = [a for _, a, _ in solved]
-        rewards = [w for _, _, w in solved]
-        if len(solved) > before and policy.should_stop(answers, rewards, before):
+        stop, answers, rewards = checkpoint(policy, solved, before)
+        if stop:
             break
     answer = program_answer(method, answers, rewards)
     return SearchOutcome(tokens, requests, len(solved), answer, answer == q.gold_answer)
@@ -238,25 +246,12 @@ def _with_frontier(bank: SearchBank, frontier: ParetoFrontier, per_round: int) -
                         per_round=per_round)
 
 
-def certaindex_trajectory(q: SearchQuestion, method: str, cap: int, per_round: int = 0):
-    """Per checkpoint: solutions so far, answer certainty and aggregated reward (for plots)."""
-    rows, solved = [], []
-    for group in checkpoint_groups(q, method, cap, per_round):
-        solved += [(r.index, r.answer, r.reward) for r in group if r.is_leaf]
-        solved.sort()
-        if solved:
-            rows.append((len(solved), answer_certainty([a for _, a, _ in solved]),
-                         reward_certainty([w for _, _, w in solved], REWARD_AGGREGATE[method])))
-    return rows
-
-
 # ------------------------------------------------------------------ simulator driver
 class SearchRun:
     """One search program in the simulator: its traced groups, progress and outcome."""
 
     __slots__ = ("idx", "q", "policy", "arrival_s", "deadline_s", "replica", "groups", "next",
-                 "pending", "solved", "before", "requests", "tokens", "finish_s", "answer",
-                 "group_id")
+                 "pending", "solved", "before", "requests", "tokens", "finish_s", "answer")
 
     def __init__(self, idx, q: SearchQuestion, policy: SearchBudget, arrival_s: float,
                  deadline_s: float, groups):
@@ -275,7 +270,6 @@ class SearchRun:
         self.tokens = 0
         self.finish_s = float("nan")
         self.answer = None
-        self.group_id = -1
 
     # What programs_table reads.
     @property
@@ -291,9 +285,6 @@ class SearchDriver:
     """Runs search programs on replicas: a group of requests at a time, then the stop policy."""
 
     def __init__(self, env, replicas, results, method: str, scheduler, on_program_done=None):
-        from policies.scheduling import ProgramView
-
-        self.View = ProgramView
         self.env = env
         self.replicas = replicas
         self.res = results
@@ -308,7 +299,6 @@ class SearchDriver:
 
     def start(self, prog: SearchRun) -> None:
         """A program arrives: send its first group."""
-        prog.group_id = prog.idx  # one prefix-cache group per program (the question prefix)
         self._send_group(prog)
 
     def _send_group(self, prog: SearchRun) -> None:
@@ -316,7 +306,7 @@ class SearchDriver:
         prog.next += 1
         prog.pending = len(group)
         prog.before = len(prog.solved)
-        view = self.View(prog.idx, self.env.now - prog.arrival_s, prog.tokens)
+        view = ProgramView(prog.idx, self.env.now - prog.arrival_s, prog.tokens)
         priority = self.scheduler.priority(view, self.finished_tokens)
         replica = self.replicas[prog.replica]
         for t in group:
@@ -327,8 +317,10 @@ class SearchDriver:
             self.req_priority.append(priority)
             self.res.replica_id[idx] = prog.replica
             prog.requests += 1
+            # One prefix-cache group per program, its whole prompt cacheable: this overestimates
+            # hits where sibling branches diverge.
             replica.submit(Req(idx, t.prompt_tokens, t.output_tokens, priority=priority,
-                               group=prog.group_id, prefix_tokens=t.prompt_tokens))
+                               group=prog.idx, prefix_tokens=t.prompt_tokens))
 
     def on_request_done(self, r: Req) -> None:
         """Replica callback: a request finished."""
@@ -339,11 +331,7 @@ class SearchDriver:
         prog.pending -= 1
         if prog.pending:
             return
-        before = prog.before
-        prog.solved.sort()
-        answers = [a for _, a, _ in prog.solved]
-        rewards = [w for _, _, w in prog.solved]
-        stop = len(prog.solved) > before and prog.policy.should_stop(answers, rewards, before)
+        stop, answers, rewards = checkpoint(prog.policy, prog.solved, prog.before)
         if not stop and prog.next < len(prog.groups):
             self._send_group(prog)
             return

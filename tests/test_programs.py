@@ -11,9 +11,10 @@ import simpy
 
 from conftest import REPO, run_cli
 from conftest import example_config as _config
-from policies.allocation import SelfConsistency, TokenBudget, majority_vote
+from policies.allocation import SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.scheduling import DynasorGang, ProgramView, make_scheduler
+from policies.search import majority_vote
 from sim.calibration import load_calibration
 from sim.cluster import simulate
 from sim.config import parse_config

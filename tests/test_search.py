@@ -83,8 +83,8 @@ def test_shipped_branches_trace_is_valid_and_rewards_are_model_signals():
             assert all(sum(r.is_leaf for r in q.requests) <= cap for q in bank.questions)
 
 
-@pytest.mark.parametrize("method,cap,per_round,threshold", [("sc", 16, 2, 0.6), ("mcts", 16, 0, 0.5),
-                                                            ("rebase", 8, 0, 0.5)])
+@pytest.mark.parametrize("method,cap,per_round,threshold",
+                         [("sc", 16, 2, 0.6), ("mcts", 16, 0, 0.5), ("rebase", 8, 0, 0.5)])
 def test_certaindex_saves_tokens_at_equal_accuracy(method, cap, per_round, threshold):
     bank = load_search(TRACE, method, cap)
     even = evaluate(bank, SearchBudget(cap, per_round=per_round))

@@ -236,3 +236,14 @@ class Engine:
                 "enable_prefix_caching": self.spec.enable_prefix_caching,
                 "scheduling_policy": self.spec.scheduling_policy,
                 "kv_cache_gb": self.spec.kv_cache_gb}
+
+
+def reasoning_engine(model_dir: str | Path, seed: int, kv_cache_gb: float,
+                     max_num_seqs: int | None = None, scheduling_policy: str = "fcfs",
+                     max_model_len: int = 1024, block_size: int = 32) -> Engine:
+    """The engine reasoning programs run on (probes, branches, live replays): prefix caching."""
+    # Small blocks so short reasoning prefixes are cached (CPU attention takes multiples of 32).
+    return Engine(EngineSpec(model=str(model_dir), seed=seed, kv_cache_gb=kv_cache_gb,
+                             max_model_len=max_model_len, enable_prefix_caching=True,
+                             max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
+                             extra={"block_size": block_size}))

@@ -23,7 +23,7 @@ from pathlib import Path
 from policies.certaindex import PROBE_SUFFIX, probe_from_text
 from traces.provenance import run_row
 from traces.store import TraceWriter
-from tracers.engine import Engine, EngineSpec, check_model
+from tracers.engine import check_model, reasoning_engine
 from tracers.testbed import tasks
 
 
@@ -96,11 +96,7 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
 
     from tracers.recorder import StepRecorder
 
-    engine = Engine(EngineSpec(model=str(model_dir), seed=workload.seed, kv_cache_gb=kv_cache_gb,
-                               max_model_len=1024, enable_prefix_caching=True,
-                               # Small blocks so short reasoning prefixes are cached (CPU
-                               # attention takes multiples of 32).
-                               extra={"block_size": 32}))
+    engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
     run = run_row("probes", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
                   workload.seed, {"workload": asdict(workload), "engine": engine.params(),

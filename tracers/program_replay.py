@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies.allocation import SelfConsistency, TokenBudget, describe_policy, majority_vote
+from policies.allocation import SelfConsistency, TokenBudget, describe_policy
 from policies.certaindex import PROBE_SUFFIX, Probe, ProbeConsistency, probe_from_text
 from policies.scheduling import ProgramView, make_scheduler
+from policies.search import majority_vote
 from traces.provenance import run_row
 from traces.store import TraceWriter, read_run, read_table
-from tracers.engine import Engine, EngineSpec, check_model
+from tracers.engine import check_model, reasoning_engine
 from tracers.probes import chunk_seed
 from tracers.testbed import tasks
 
@@ -84,12 +85,10 @@ def replay_programs(plans: list[ProgramPlan], method: str, policy, scheduler_spe
     params = json.loads(trace_run["params_json"])
     twl, teng = params["workload"], params["engine"]
     model_dir = check_model(model or trace_run["model_id"], "auto")
-    engine = Engine(EngineSpec(
-        model=str(model_dir), seed=int(twl["seed"]), kv_cache_gb=float(teng["kv_cache_gb"]),
-        max_model_len=int(teng["max_model_len"]), enable_prefix_caching=True,
-        max_num_seqs=max_num_seqs,
-        scheduling_policy="fcfs" if scheduler_spec == "fcfs" else "priority",
-        extra={"block_size": int(teng["block_size"])}))
+    engine = reasoning_engine(
+        model_dir, int(twl["seed"]), float(teng["kv_cache_gb"]), max_num_seqs,
+        "fcfs" if scheduler_spec == "fcfs" else "priority", int(teng["max_model_len"]),
+        int(teng["block_size"]))
     run = run_row("program_replay", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
                   seed, {"config": json.loads(config_json), "engine": engine.params(),

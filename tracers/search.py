@@ -19,6 +19,7 @@ any stop policy can be replayed counterfactually in the simulator.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from policies.search import (NodeStats, SearchBudget, path_reward, program_answe
                              rebase_children, uct_select)
 from traces.provenance import run_row
 from traces.store import TraceWriter
-from tracers.engine import Engine, EngineSpec, check_model
+from tracers.engine import check_model, reasoning_engine
 from tracers.probes import chunk_seed, request_seed
 from tracers.testbed import tasks
 
@@ -294,16 +295,6 @@ def run_programs(rec, programs: list[SearchProgram], arrival_s: list[float], Sam
                     on_done(g.program, rec.now_s())
 
 
-def _engine(model_dir: Path, seed: int, kv_cache_gb: float, max_num_seqs: int | None = None,
-            scheduling_policy: str = "fcfs") -> Engine:
-    return Engine(EngineSpec(model=str(model_dir), seed=seed, kv_cache_gb=kv_cache_gb,
-                             max_model_len=1024, enable_prefix_caching=True,
-                             max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
-                             # Small blocks so short reasoning prefixes are cached (CPU
-                             # attention takes multiples of 32).
-                             extra={"block_size": 32}))
-
-
 def program_seed(seed: int, question_index: int, method: str) -> int:
     """A search program's seed: the same whatever its cap, so smaller caps replay a prefix."""
     return request_seed(seed, question_index, 100 + METHOD_INDEX[method])
@@ -328,7 +319,7 @@ def trace_branches(model: str, out_dir: str | Path, workload: BranchWorkload,
 
     from tracers.recorder import StepRecorder
 
-    engine = _engine(model_dir, workload.seed, kv_cache_gb)
+    engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
     params = asdict(workload)
     run = run_row("branches", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
@@ -388,8 +379,6 @@ def replay_search(plans: list, method: str, policy: SearchBudget, scheduler_spec
     with its traced seed and the trace's settings, so its requests reproduce the traced ones; its
     rewards and answers come from the live outputs.
     """
-    import json
-
     from policies.scheduling import ProgramView, make_scheduler
     from traces.store import read_run, read_table
     from tracers.program_replay import _LiveProgram, _write_programs
@@ -400,8 +389,8 @@ def replay_search(plans: list, method: str, policy: SearchBudget, scheduler_spec
     twl = params["workload"]
     settings = SearchSettings(**twl["settings"])
     model_dir = check_model(model or trace_run["model_id"], "auto")
-    engine = _engine(model_dir, int(twl["seed"]), float(params["engine"]["kv_cache_gb"]),
-                     max_num_seqs, "fcfs" if scheduler_spec == "fcfs" else "priority")
+    engine = reasoning_engine(model_dir, int(twl["seed"]), float(params["engine"]["kv_cache_gb"]),
+                              max_num_seqs, "fcfs" if scheduler_spec == "fcfs" else "priority")
     run = run_row("program_replay", engine.engine_dist, engine.engine_version, engine.device,
                   engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
                   seed, {"config": json.loads(config_json), "engine": engine.params(),
