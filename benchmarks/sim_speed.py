@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.cluster import simulate  # noqa: E402
+from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workload import workload_from_config, workload_to_vidur_csv  # noqa: E402
 
@@ -36,10 +36,11 @@ def config(n: int, replicas: int, per_replica_rate: float = 15.0):
         "seed": 0,
         "workload": {"arrival": {"kind": "poisson", "rate_per_s": per_replica_rate * replicas},
                      "num_requests": n,
+                     # Maxima keep prompt + doubled output within max_model_len (1280).
                      "prompt_tokens": {"kind": "lognormal", "mean": 256, "sigma": 0.8,
-                                       "max": 1024},
+                                       "max": 512},
                      "output_tokens": {"kind": "lognormal", "mean": 128, "sigma": 0.8,
-                                       "max": 512}},
+                                       "max": 384}},
         "cluster": {"router": "least_outstanding",
                     "replicas": [{"calibration": str(CAL), "count": replicas}]},
         "output": {"steps": False}})

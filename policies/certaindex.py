@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+BOXED = "\\boxed{"
 PROBE_SUFFIX = "... Oh, I suddenly got the answer to the whole problem, Final Answer: \\boxed{"
 HESITATION_WORDS = ("wait", "hold", "but", "okay", "no", "hmm")
 # Whole words only: the reference matched substrings, so "no" also hit "not" and "know".
@@ -38,6 +39,16 @@ def probe_answer(continuation: str) -> str:
                 return continuation[:i].strip()
             depth -= 1
     return continuation.strip()
+
+
+def extract_boxed(text: str) -> str | None:
+    """The answer in the last ``\\boxed{...}`` of `text`, or None when there is none or it is open."""
+    start = text.rfind(BOXED)
+    if start < 0:
+        return None
+    body = text[start + len(BOXED):]
+    end = body.find("}")
+    return body[:end].strip() if end >= 0 else None
 
 
 def is_hesitant(text: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,3 +53,21 @@ class LeastOutstanding:
 
 
 ROUTERS = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding}
+
+
+def make_router(name: str):
+    """A router by name (policies.routing) or a user policy given as module:Class."""
+    if name in ROUTERS:
+        return ROUTERS[name]()
+    if ":" in name:  # a user policy: "package.module:Class"
+        module, cls = name.split(":", 1)
+        try:
+            factory = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"router {name!r}: cannot load ({e})") from None
+        router = factory() if isinstance(factory, type) else None
+        if not callable(getattr(router, "route", None)):
+            raise ValueError(f"cluster.router {name!r}: not a class with route(request, "
+                             "cluster)")
+        return router
+    raise ValueError(f"router {name!r} unknown; known: {sorted(ROUTERS)} or module:Class")

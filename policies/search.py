@@ -200,3 +200,9 @@ class SearchBudget:
         if signal == "entropy":
             return answer_certainty(answers)
         return reward_certainty(rewards, self.reward_aggregate)
+
+
+def certaindex_for(method: str, entropy_threshold: float | None = None,
+                   reward_threshold: float | None = None) -> Certaindex:
+    """Certaindex with the method's reward aggregate (MCTS mean, Rebase max)."""
+    return Certaindex(entropy_threshold, reward_threshold, REWARD_AGGREGATE[method])

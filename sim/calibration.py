@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.latency import FEATURES, LatencyModel, errors, fit
+from sim import step_time
+from sim.latency import LatencyModel, errors, fit
 from traces import read_run, read_table
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
+"""2: the step-time model is named (`step_time_model: {kind, version, ...}`); 1: linear only."""
 HELDOUT_FRACTION = 0.25
 
 
@@ -28,8 +30,8 @@ HELDOUT_FRACTION = 0.25
 class Calibration:
     """A fitted latency model with the engine limits and provenance of the traces it came from."""
 
-    latency: LatencyModel
-    """per-iteration latency model"""
+    latency: step_time.StepTimeModel
+    """per-iteration step-time model"""
     max_num_seqs: int
     """engine's max sequences per iteration when traced"""
     max_num_batched_tokens: int
@@ -42,16 +44,18 @@ class Calibration:
     """traces, run ids, engine, device, model"""
     heldout: dict
     """held-out error (fractions)"""
+    max_model_len: int | None = None
+    """longest prompt + output the traced engine accepts (None: not recorded)"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
         return {"version": CALIBRATION_VERSION, "kind": "reasonsim.calibration",
-                "features": list(FEATURES), "coef_ms": list(self.latency.coef_ms),
-                "residual_log_quantiles": list(self.latency.residual_log_quantiles),
+                "step_time_model": step_time.to_json(self.latency),
                 "engine_limits": {"max_num_seqs": self.max_num_seqs,
                                   "max_num_batched_tokens": self.max_num_batched_tokens,
                                   "block_size": self.block_size,
-                                  "kv_blocks_total": self.kv_blocks_total},
+                                  "kv_blocks_total": self.kv_blocks_total,
+                                  "max_model_len": self.max_model_len},
                 "provenance": self.provenance, "heldout": self.heldout}
 
 
@@ -62,15 +66,33 @@ def load_calibration(path: str | Path) -> Calibration:
         d = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable calibration file ({e})") from None
-    if d.get("kind") != "reasonsim.calibration" or d.get("version") != CALIBRATION_VERSION:
-        raise ValueError(f"{path}: not a version-{CALIBRATION_VERSION} reasonsim calibration")
-    if d.get("features") != list(FEATURES):
-        raise ValueError(f"{path}: features {d.get('features')} differ from {list(FEATURES)}")
-    lim = d["engine_limits"]
-    return Calibration(LatencyModel(tuple(d["coef_ms"]), tuple(d["residual_log_quantiles"])),
-                       int(lim["max_num_seqs"]), int(lim["max_num_batched_tokens"]),
-                       int(lim["block_size"]), int(lim["kv_blocks_total"]), d["provenance"],
-                       d["heldout"])
+    from sim.config_schema import validate_calibration
+
+    if not isinstance(d, dict) or d.get("kind") != "reasonsim.calibration" or \
+            d.get("version") not in (1, CALIBRATION_VERSION):
+        raise ValueError(f"{path}: not a version-1 or -{CALIBRATION_VERSION} reasonsim "
+                         "calibration")
+    try:
+        spec = validate_calibration(d)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if d["version"] == 1:  # version 1 held the linear model's fields at the top level
+        model_json = {"kind": LatencyModel.kind, "version": LatencyModel.version,
+                      **{k: d.get(k) for k in ("features", "coef_ms", "residual_log_quantiles")}}
+    else:
+        model_json = d.get("step_time_model") or {}
+    if not isinstance(model_json, dict):
+        raise ValueError(f"{path}: step_time_model: expected a mapping")
+    model = step_time.from_json(model_json, f"{path}: step_time_model")
+    lim = spec.engine_limits
+    return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
+                       lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len)
+
+
+def fingerprint(provenance: dict) -> dict:
+    """What a calibration's timings belong to: device and count, engine and version, model."""
+    return {k: provenance.get(k) for k in ("device", "device_count", "engine", "engine_version",
+                                           "model_config_hash", "dtype")}
 
 
 def _heldout_mask(cells: pd.Series, seed: int) -> np.ndarray:
@@ -95,10 +117,22 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
     if len(keys) != 1:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
                          "model/device separately")
+    limits = {d: {k: r["params"].get("engine", {}).get(k) for k in
+                  ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks_total")}
+              for d, r in runs}
+    if len({json.dumps(v, sort_keys=True) for v in limits.values()}) > 1:
+        (a, la), (b, lb) = list(limits.items())[:2]
+        raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
+                         "calibrate each engine configuration separately")
     steps = pd.concat(frames, ignore_index=True)
     steps = steps[~steps.is_warmup & (steps.duration_ms > 0)]
-    held = _heldout_mask(steps.cell_id, seed)
-    if held.all() or not held.any():  # a single cell: fall back to a row split
+    if steps.empty:
+        raise ValueError(f"{', '.join(str(d) for d in trace_dirs)}: every step is a warm-up "
+                         "step (or has no duration): nothing to calibrate on")
+    # Held out: whole grid cells, or whole runs for steps without cells (live replays, served
+    # runs), so the error measures new shapes or new runs, not neighbouring iterations.
+    held = _heldout_mask(steps.cell_id.fillna(steps.run_id), seed)
+    if held.all() or not held.any():  # a single cell or run: fall back to a row split
         held = np.random.default_rng(seed).random(len(steps)) < HELDOUT_FRACTION
     train, test = steps[~held], steps[held]
     cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
@@ -120,4 +154,5 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
     return Calibration(model, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
-                       provenance, heldout)
+                       provenance, heldout,
+                       int(eng["max_model_len"]) if eng.get("max_model_len") else None)

@@ -5,18 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import yaml
-
-
-def _check_keys(where: str, d: Any, allowed: set[str]) -> dict:
-    if not isinstance(d, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
-    return d
 
 
 @dataclass(frozen=True)
@@ -41,6 +31,8 @@ class ReplicaGroup:
     """share of memory_gb usable by weights + KV (vLLM's default)"""
     enable_prefix_caching: bool = False
     """reuse KV of shared prompt prefixes"""
+    pool: str = "target"
+    """the model pool the group serves: requests go to the pool named by their role"""
 
 
 @dataclass(frozen=True)
@@ -77,69 +69,79 @@ class SimConfig:
         return json.dumps(d, sort_keys=True, default=str)
 
 
-_TOP = {"workload", "cluster", "seed", "latency", "slo", "output"}
-_CLUSTER = {"replicas", "router", "scheduler"}
-_GROUP = {f.name for f in fields(ReplicaGroup)}
-_SLO = {"ttft_s", "tpot_s"}
-_OUTPUT = {"steps"}
-
-
 def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
-    """Validate a config mapping and resolve its paths."""
+    """Validate a config mapping (strict: `sim.config_schema`) and resolve its paths."""
+    from sim.config_schema import validate_config
+
     base = Path(base_dir)
-    _check_keys("config", d, _TOP)
-    if "workload" not in d or "cluster" not in d:
-        raise ValueError("config: needs 'workload' and 'cluster'")
-    cl = _check_keys("cluster", d["cluster"], _CLUSTER)
+    spec = validate_config(d)
     groups = []
-    for i, g in enumerate(cl.get("replicas") or []):
-        g = dict(_check_keys(f"cluster.replicas[{i}]", g, _GROUP))
-        if "calibration" not in g:
-            raise ValueError(f"cluster.replicas[{i}]: needs 'calibration'")
+    for g in spec.cluster.replicas:
+        grp = g.model_dump(by_alias=True)
         for key in ("calibration", "model_config"):
-            if g.get(key) is not None:
-                g[key] = (base / g[key]).resolve()
-        grp = ReplicaGroup(**g)
-        if grp.count < 1:
-            raise ValueError(f"cluster.replicas[{i}].count must be >= 1, got {grp.count}")
-        if grp.memory_gb is not None and grp.model_config is None:
+            if grp.get(key) is not None:
+                grp[key] = (base / grp[key]).resolve()
+        if grp["memory_gb"] is not None and grp["model_config"] is None:
+            i = spec.cluster.replicas.index(g)
             raise ValueError(f"cluster.replicas[{i}]: memory_gb needs model_config")
-        groups.append(grp)
-    if not groups:
-        raise ValueError("cluster.replicas: at least one replica group is required")
-    slo = _check_keys("slo", d.get("slo") or {}, _SLO)
-    out = _check_keys("output", d.get("output") or {}, _OUTPUT)
-    scheduler = cl.get("scheduler", "fcfs")
-    if scheduler != "fcfs" and "programs" not in (d["workload"] or {}):
+        groups.append(ReplicaGroup(**grp))
+    from policies.routing import make_router
+
+    make_router(spec.cluster.router)  # an unknown or unloadable router fails here, named
+    scheduler = spec.cluster.scheduler
+    if scheduler != "fcfs" and "programs" not in spec.workload:
         raise ValueError("cluster.scheduler: only program workloads (workload.programs) have "
                          "inter-program schedulers")
-    if isinstance(d["workload"], dict) and "programs" in d["workload"]:
+    if "programs" in spec.workload:
         from policies.scheduling import make_scheduler
-        from sim.programs import program_workload
+        from programs.workload import program_workload
 
-        if set(d["workload"]) != {"programs"}:
+        if set(spec.workload) != {"programs"}:
             raise ValueError("workload: a program workload has only the 'programs' key")
-        program_workload(d["workload"]["programs"], base)
+        program_workload(spec.workload["programs"], base)
         make_scheduler(scheduler)
-    latency = d.get("latency", "mean")
-    if latency not in ("mean", "sampled"):
-        raise ValueError(f"latency: must be 'mean' or 'sampled', got {latency!r}")
-    return SimConfig(workload=d["workload"], replicas=groups,
-                     router=cl.get("router", "least_outstanding"), scheduler=scheduler,
-                     seed=int(d.get("seed", 0)),
-                     latency=latency, slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"),
-                     write_steps=bool(out.get("steps", True)), base_dir=base)
+    slo = spec.slo
+    return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,
+                     scheduler=scheduler, seed=spec.seed, latency=spec.latency,
+                     slo_ttft_s=slo.ttft_s if slo else None,
+                     slo_tpot_s=slo.tpot_s if slo else None,
+                     write_steps=spec.output.steps if spec.output else True, base_dir=base)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML loader that refuses a mapping with the same key twice (the last would win)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 _construct_mapping)
 
 
 def load_config(path: str | Path) -> SimConfig:
     """Read a YAML config file."""
     path = Path(path)
     try:
-        d = yaml.safe_load(path.read_text())
+        d = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except OSError as e:
         raise ValueError(f"{path}: cannot read config ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        raise ValueError(f"{path}: not valid YAML ({e.problem}"
+                         + (f" at line {mark.line + 1}" if mark else "") + ")") from None
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     try:
         return parse_config(d, path.parent)
     except ValueError as e:

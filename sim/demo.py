@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from sim import report
-from sim.cluster import simulate
 from sim.config import load_config
+from sim.simulate import simulate
 
 
 def run_demo(config_path: Path, out_dir: Path, quick: bool = False) -> dict:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import nnls
+
+from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k")
 
@@ -27,10 +30,16 @@ def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3])
 
 
+@register
 @dataclass(frozen=True)
 class LatencyModel:
-    """Fitted coefficients (milliseconds per unit of each feature) and residual quantiles."""
+    """Fitted coefficients (milliseconds per unit of each feature) and residual quantiles.
 
+    The `linear` step-time model (`sim.step_time.StepTimeModel`), with a closed-form decode run.
+    """
+
+    kind: ClassVar[str] = "linear"
+    version: ClassVar[int] = 1
     coef_ms: tuple[float, ...]
     """coefficients in FEATURES order"""
     residual_log_quantiles: tuple[float, ...] = (0.0,)
@@ -54,6 +63,33 @@ class LatencyModel:
         """
         c0, _, cd, cc, _ = self.coef_ms
         return c0 + cd * n_seqs + cc * (context0 + n_seqs), cc * n_seqs
+
+    def to_json(self) -> dict:
+        """Features, coefficients and residual quantiles."""
+        return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
+                "residual_log_quantiles": list(self.residual_log_quantiles)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LatencyModel":
+        """The model from `to_json`'s mapping."""
+        if d.get("features") != list(FEATURES):
+            raise ValueError(f"linear model features {d.get('features')} differ from "
+                             f"{list(FEATURES)}")
+        coef, q = d.get("coef_ms"), d.get("residual_log_quantiles")
+        numbers = (int, float)
+        if not isinstance(coef, list) or len(coef) != len(FEATURES) or not all(
+                isinstance(c, numbers) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+                for c in coef):
+            raise ValueError(f"coef_ms: expected {len(FEATURES)} finite non-negative numbers, "
+                             f"got {coef!r}")
+        if not any(coef[:3]):  # constant, prefill and decode all zero: steps take no time
+            raise ValueError(f"coef_ms: {coef!r} makes iterations free (all leading "
+                             "coefficients 0)")
+        if not isinstance(q, list) or not q or not all(
+                isinstance(v, numbers) and not isinstance(v, bool) and math.isfinite(v)
+                for v in q):
+            raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
+        return cls(tuple(float(c) for c in coef), tuple(float(v) for v in q))
 
     def residual_sampler(self) -> tuple[float, float]:
         """(mean, std) of the multiplicative residual exp(log ratio)."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from sim.cluster import simulate
 from sim.config import parse_config
+from sim.simulate import simulate
 
 
 def _load(path: str | Path) -> tuple[dict, Path]:

@@ -9,28 +9,13 @@ would spend, and the tokens-to-accuracy curves of a set of policies.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from policies.certaindex import Probe, ProbeConsistency
-from traces.store import read_run, read_table
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """One traced reasoning sample with its probes in position order."""
-
-    question_id: str
-    sample_id: int
-    difficulty: int | None
-    gold_answer: str
-    final_answer: str | None
-    reasoning_tokens: int
-    probes: tuple[Probe, ...]
-    probe_tokens: tuple[int, ...]
+from programs.traced import Trajectory
 
 
 @dataclass(frozen=True)
@@ -42,32 +27,6 @@ class Outcome:
     answer: str | None
     correct: bool
     stopped_early: bool
-
-
-def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
-    """Trajectories of a probes trace and the trace's probe stride in tokens."""
-    run = read_run(trace_dir)
-    if run["kind"] != "probes":
-        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a probes trace")
-    stride = int(json.loads(run["params_json"])["workload"]["stride_tokens"])
-    probes = read_table(trace_dir, "probes").to_pandas().sort_values(
-        ["request_id", "position_tokens"], kind="stable")
-    by_request = {rid: g for rid, g in probes.groupby("request_id", sort=False)}
-    trajs = []
-    for row in read_table(trace_dir, "trajectories").to_pandas().itertuples(index=False):
-        g = by_request.get(row.request_id)
-        if g is None:
-            raise ValueError(f"{trace_dir}: trajectory {row.request_id} has no probes")
-        trajs.append(Trajectory(
-            question_id=row.question_id, sample_id=int(row.sample_id),
-            difficulty=None if row.difficulty is None else int(row.difficulty),
-            gold_answer=row.gold_answer, final_answer=row.final_answer,
-            reasoning_tokens=int(row.reasoning_tokens),
-            probes=tuple(Probe(int(p), a or "", bool(h)) for p, a, h in
-                         zip(g.position_tokens, g.answer, g.is_hesitant)),
-            probe_tokens=tuple(int(n) for n in g.probe_tokens)))
-    trajs.sort(key=lambda t: (t.question_id, t.sample_id))
-    return trajs, stride
 
 
 def certaindex_outcome(traj: Trajectory, policy: ProbeConsistency, stride: int) -> Outcome:

@@ -14,7 +14,6 @@ boundary after it (solved in closed form), so results equal a per-iteration simu
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections import deque
@@ -25,6 +24,7 @@ import numpy as np
 
 from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
+from sim.request_state import PriorityWaiting, Req, Results, priority_key
 
 
 @dataclass(frozen=True)
@@ -50,52 +50,6 @@ class ReplicaConfig:
                 raise ValueError(f"replica {name} must be >= 1, got {getattr(self, name)}")
 
 
-class Req:
-    """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
-
-    __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
-                 "priority", "group", "prefix_tokens", "shared", "started", "seq", "done",
-                 "aborted")
-
-    def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
-                 prefix_tokens: int = 0):
-        self.idx = idx
-        self.prompt = prompt
-        self.output = output
-        self.computed = 0          # tokens whose KV is computed
-        self.generated = 0         # output tokens emitted
-        self.target = prompt       # tokens to (re)compute before decoding
-        self.blocks = 0            # KV blocks held privately
-        self.priority = priority
-        self.group = group         # shared-prefix group (-1: none)
-        self.prefix_tokens = prefix_tokens
-        self.shared = 0            # KV blocks borrowed from the prefix cache
-        self.started = False
-        self.seq = 0               # arrival order at the replica (priority tie-break)
-        self.done = False
-        self.aborted = False
-
-
-class Results:
-    """Column buffers of per-request results and per-run-of-iterations step records."""
-
-    def __init__(self, n: int):
-        self.scheduled_s = np.full(n, np.nan)
-        self.first_token_s = np.full(n, np.nan)
-        self.finish_s = np.full(n, np.nan)
-        self.replica_id = np.full(n, -1, dtype=np.int32)
-        self.cached_tokens = np.zeros(n, dtype=np.int32)
-        self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
-        self.aborted = np.zeros(n, dtype=bool)
-        self.preemptions = np.zeros(n, dtype=np.int32)
-        # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
-        self.seg = {k: [] for k in ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor",
-                                    "prefill_tokens", "prefill_seqs", "decode_seqs",
-                                    "context_tokens", "num_running", "num_waiting",
-                                    "kv_blocks_used", "kv_blocks_total", "preemptions")}
-        self.events = 0
-
-
 class Replica:
     """A replica driven by SimPy timeouts: one event per run of iterations."""
 
@@ -113,7 +67,7 @@ class Replica:
         self.noise_mean, self.noise_std = self.lat.residual_sampler()
         self.on_finish = on_finish
         self.fast_forward = fast_forward  # False: one event per iteration (reference mode)
-        self.waiting = _PriorityWaiting() if cfg.priority_scheduling else deque()
+        self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._ending = False  # inside _on_end: no iteration is in flight
         self.running: list[Req] = []
@@ -214,9 +168,7 @@ class Replica:
         self.prefix_cache[r.group] = self.prefix_cache.pop(r.group)  # refresh LRU position
         entry[1] += 1
         r.shared = entry[0]
-        cached = min(entry[0] * self.cfg.block_size, r.target - 1)
-        r.computed = cached
-        self.res.cached_tokens[r.idx] += cached
+        r.computed = min(entry[0] * self.cfg.block_size, r.target - 1)
 
     def _prefix_store(self, r: Req) -> None:
         # After a prefill passes its shared prefix, its full prefix blocks join the cache.
@@ -252,7 +204,7 @@ class Replica:
             n = min(r.target - r.computed, budget) if r.computed < r.target else 1
             while not self._alloc(r, r.computed + n):
                 victim = self.running[-1] if not cfg.priority_scheduling else \
-                    max(self.running, key=_priority_key)
+                    max(self.running, key=priority_key)
                 self._preempt(victim)
                 preempted += 1
                 if victim is r:
@@ -270,7 +222,6 @@ class Replica:
             if not self._alloc(r, r.computed + n):
                 if r.shared:  # undo the borrowed prefix: not admitted this time
                     self.prefix_cache[r.group][1] -= 1
-                    self.res.cached_tokens[r.idx] -= r.computed
                     r.shared = 0
                     r.computed = 0
                 break
@@ -279,6 +230,9 @@ class Replica:
             if not r.started:
                 r.started = True
                 self.res.scheduled_s[r.idx] = now
+                # As vLLM reports it: the prompt tokens found cached when the request is first
+                # scheduled; re-prefills after a preemption do not add to it.
+                self.res.cached_tokens[r.idx] = r.computed
             sched.append((r, n))
             budget -= n
         if not sched:
@@ -296,11 +250,15 @@ class Replica:
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
+        closed = None
         if self.fast_forward and prefill_tokens == 0 and preempted == 0 \
                 and decode_seqs == len(self.running):
+            # None: the step-time model has no closed form; step one event per iteration.
+            closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
+        if closed is not None:
             k = self._stable_run_length()
             if k > 1:
-                a_ms, b_ms = self.lat.decode_run(decode_seqs, context - decode_seqs)
+                a_ms, b_ms = closed
                 factor = self._noise(k)
         self.busy = True
         self._record(now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
@@ -419,37 +377,3 @@ class Replica:
         seg["kv_blocks_used"].append(self.cfg.kv_blocks - self.free_blocks)
         seg["kv_blocks_total"].append(self.cfg.kv_blocks)
         seg["preemptions"].append(preempted)
-
-
-def _priority_key(r: Req) -> tuple[int, int]:
-    return (r.priority, r.seq)
-
-
-class _PriorityWaiting:
-    """vLLM's priority waiting queue: lowest (priority, arrival) first; deque-like interface."""
-
-    def __init__(self):
-        self._heap: list[tuple[int, int, Req]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __getitem__(self, i: int) -> Req:
-        if i != 0:
-            raise IndexError("only the head of a priority queue is addressable")
-        return self._heap[0][2]
-
-    def __contains__(self, r: Req) -> bool:
-        return any(q is r for _, _, q in self._heap)
-
-    def append(self, r: Req) -> None:
-        heapq.heappush(self._heap, (r.priority, r.seq, r))
-
-    appendleft = append  # a preempted request re-enters by its priority and arrival
-
-    def popleft(self) -> Req:
-        return heapq.heappop(self._heap)[2]
-
-    def remove(self, r: Req) -> None:
-        self._heap = [e for e in self._heap if e[2] is not r]
-        heapq.heapify(self._heap)

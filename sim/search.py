@@ -1,129 +1,24 @@
-"""Traced SC/MCTS/Rebase programs: counterfactual stops, calibration, and the simulator's driver.
+"""Traced SC/MCTS/Rebase programs offline: counterfactual stops, threshold calibration, frontiers.
 
 A branches trace (`reasonsim trace branches`) holds every request of every program run to its
 cap. A program's requests fall into checkpoint groups (an SC round, an MCTS iteration, a Rebase
 level); a stop policy (`policies.search.SearchBudget`) decides after each group. Because the
 trace never stops early, any cap at most the traced one (SC samples, MCTS iterations) or equal to
 it (Rebase width) and any stop rule can be replayed on it: offline (tokens to accuracy,
-threshold calibration, Pareto-frontier fitting) or in the simulator, where each traced request
-becomes a simulated request and the program waits for a whole group before deciding.
+threshold calibration, Pareto-frontier fitting). The simulator runs the programs themselves
+(`programs.search`, outcomes from this trace: `sim.program_driver.TracedSearch`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from policies.certaindex import Certaindex
-from policies.scheduling import ProgramView
-from policies.search import REWARD_AGGREGATE, ParetoFrontier, SearchBudget, program_answer
-from sim.replica import Req
-from traces.store import read_run, read_table
-
-
-@dataclass(frozen=True)
-class TracedRequest:
-    """One traced request of a search program."""
-
-    index: int
-    """request order within the program (branch id - 1)"""
-    group: int
-    """sc sample, mcts iteration or rebase level"""
-    prompt_tokens: int
-    output_tokens: int
-    answer: str | None
-    reward: float
-    is_leaf: bool
-
-
-@dataclass(frozen=True)
-class SearchQuestion:
-    """A traced question with its program's requests (request order)."""
-
-    question_id: str
-    difficulty: int | None
-    prompt_tokens: int
-    gold_answer: str
-    requests: tuple[TracedRequest, ...]
-
-    @property
-    def expected_tokens(self) -> int:
-        """Tokens the traced program generated (routing estimate)."""
-        return sum(r.output_tokens for r in self.requests)
-
-
-@dataclass(frozen=True)
-class SearchBank:
-    """The traced programs of one method and cap, one per question."""
-
-    method: str
-    cap: int
-    questions: tuple[SearchQuestion, ...]
-    difficulty_factor: dict
-    """difficulty level -> mean tokens per program at that level / overall mean"""
-
-
-def traced_caps(trace_dir: str | Path) -> dict[str, list[int]]:
-    """The caps a branches trace ran each method to."""
-    run = read_run(trace_dir)
-    if run["kind"] != "branches":
-        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a branches trace")
-    wl = json.loads(run["params_json"])["workload"]
-    caps = {"sc": [wl["sc_samples"]], "mcts": [wl["mcts_iterations"]],
-            "rebase": list(wl["rebase_widths"])}
-    return {m: caps[m] for m in wl["methods"]}
-
-
-def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
-    """The programs of a branches trace that a `method` policy with this cap can replay."""
-    caps = traced_caps(trace_dir)
-    if method not in caps:
-        raise ValueError(f"{trace_dir}: no {method} programs (traced: {sorted(caps)})")
-    if method == "rebase":
-        if cap not in caps[method]:
-            raise ValueError(f"rebase width {cap} was not traced; traced widths: {caps[method]}")
-        traced = cap
-    else:
-        traced = caps[method][0]
-        if cap > traced:
-            raise ValueError(f"{method} cap {cap} exceeds the traced {traced}")
-    d = read_table(trace_dir, "branches").to_pandas()
-    d = d[(d.method == method) & (d.cap == traced)].sort_values(["program_id", "branch_id"])
-    if d.empty:
-        raise ValueError(f"{trace_dir}: no {method} programs with cap {traced}")
-    questions = []
-    for qid, g in d.groupby("question_id", sort=True):
-        reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o), a, float(w), bool(leaf))
-                     for b, r, p, o, a, w, leaf in zip(g.branch_id, g["round"], g.prompt_tokens,
-                                                       g.output_tokens, g.answer, g.reward,
-                                                       g.is_leaf))
-        first = g.iloc[0]
-        questions.append(SearchQuestion(
-            qid, None if first.difficulty is None else int(first.difficulty),
-            int(g.prompt_tokens.min()), first.gold_answer, reqs))
-    tokens = np.array([q.expected_tokens for q in questions], dtype=float)
-    level = np.array([q.difficulty or 0 for q in questions])
-    factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
-    return SearchBank(method, cap, tuple(questions), factor)
-
-
-def checkpoint_groups(q: SearchQuestion, method: str, cap: int,
-                      per_round: int = 0) -> list[list[TracedRequest]]:
-    """The program's requests grouped by decision point, up to the cap."""
-    reqs = q.requests
-    if method == "sc":
-        reqs = reqs[:cap]
-        size = per_round or cap
-        return [list(reqs[i:i + size]) for i in range(0, len(reqs), size)]
-    if method == "mcts":
-        return [[r] for r in reqs[:cap]]
-    groups: dict[int, list[TracedRequest]] = {}
-    for r in reqs:
-        groups.setdefault(r.group, []).append(r)
-    return [groups[k] for k in sorted(groups)]
+from policies.search import (REWARD_AGGREGATE, ParetoFrontier, SearchBudget, certaindex_for,
+                             program_answer)
+from programs.traced import SearchBank, SearchQuestion, checkpoint_groups, load_search, traced_caps
 
 
 # ------------------------------------------------------------------ offline replay
@@ -177,12 +72,6 @@ def evaluate(bank: SearchBank, policy: SearchBudget, questions=None) -> dict:
     """A policy's summary over the bank's programs (or a subset of questions)."""
     qs = bank.questions if questions is None else questions
     return outcome_summary([search_outcome(q, bank.method, policy) for q in qs])
-
-
-def certaindex_for(method: str, entropy_threshold: float | None = None,
-                   reward_threshold: float | None = None) -> Certaindex:
-    """Certaindex with the method's reward aggregate (MCTS mean, Rebase max)."""
-    return Certaindex(entropy_threshold, reward_threshold, REWARD_AGGREGATE[method])
 
 
 def split_questions(bank: SearchBank, seed: int = 0, calibration_share: float = 0.5):
@@ -244,134 +133,6 @@ def fit_frontier(bank: SearchBank, signal: str, thresholds, calibration,
 def _with_frontier(bank: SearchBank, frontier: ParetoFrontier, per_round: int) -> SearchBudget:
     return SearchBudget(bank.cap, frontier=frontier, reward_aggregate=REWARD_AGGREGATE[bank.method],
                         per_round=per_round)
-
-
-# ------------------------------------------------------------------ simulator driver
-class SearchRun:
-    """One search program in the simulator: its traced groups, progress and outcome."""
-
-    __slots__ = ("idx", "q", "policy", "arrival_s", "deadline_s", "replica", "groups", "next",
-                 "pending", "solved", "before", "requests", "tokens", "finish_s", "answer")
-
-    def __init__(self, idx, q: SearchQuestion, policy: SearchBudget, arrival_s: float,
-                 deadline_s: float, groups):
-        self.idx = idx
-        self.q = q
-        self.policy = policy
-        self.arrival_s = arrival_s
-        self.deadline_s = deadline_s
-        self.replica = -1
-        self.groups = groups
-        self.next = 0
-        self.pending = 0
-        self.solved: list = []
-        self.before = 0
-        self.requests = 0
-        self.tokens = 0
-        self.finish_s = float("nan")
-        self.answer = None
-
-    # What programs_table reads.
-    @property
-    def paths(self) -> list:
-        return [None] * self.requests
-
-    reasoning = property(lambda self: self.tokens)
-    probe_tokens = property(lambda self: 0)
-    stop_at = property(lambda self: None)
-
-
-class SearchDriver:
-    """Runs search programs on replicas: a group of requests at a time, then the stop policy."""
-
-    def __init__(self, env, replicas, results, method: str, scheduler, on_program_done=None):
-        self.env = env
-        self.replicas = replicas
-        self.res = results
-        self.method = method
-        self.scheduler = scheduler
-        self.finished_tokens: list[int] = []
-        self.owner: list[tuple] = []            # request idx -> (program, traced request)
-        self.req_arrival: list[float] = []
-        self.req_prompt: list[int] = []
-        self.req_priority: list[int] = []
-        self.on_program_done = on_program_done
-
-    def start(self, prog: SearchRun) -> None:
-        """A program arrives: send its first group."""
-        self._send_group(prog)
-
-    def _send_group(self, prog: SearchRun) -> None:
-        group = prog.groups[prog.next]
-        prog.next += 1
-        prog.pending = len(group)
-        prog.before = len(prog.solved)
-        view = ProgramView(prog.idx, self.env.now - prog.arrival_s, prog.tokens)
-        priority = self.scheduler.priority(view, self.finished_tokens)
-        replica = self.replicas[prog.replica]
-        for t in group:
-            idx = len(self.owner)
-            self.owner.append((prog, t))
-            self.req_arrival.append(self.env.now)
-            self.req_prompt.append(t.prompt_tokens)
-            self.req_priority.append(priority)
-            self.res.replica_id[idx] = prog.replica
-            prog.requests += 1
-            # One prefix-cache group per program, its whole prompt cacheable: this overestimates
-            # hits where sibling branches diverge.
-            replica.submit(Req(idx, t.prompt_tokens, t.output_tokens, priority=priority,
-                               group=prog.idx, prefix_tokens=t.prompt_tokens))
-
-    def on_request_done(self, r: Req) -> None:
-        """Replica callback: a request finished."""
-        prog, t = self.owner[r.idx]
-        prog.tokens += r.generated
-        if t.is_leaf:
-            prog.solved.append((t.index, t.answer, t.reward))
-        prog.pending -= 1
-        if prog.pending:
-            return
-        stop, answers, rewards = checkpoint(prog.policy, prog.solved, prog.before)
-        if not stop and prog.next < len(prog.groups):
-            self._send_group(prog)
-            return
-        prog.answer = program_answer(self.method, answers, rewards)
-        prog.finish_s = self.env.now
-        self.finished_tokens.append(prog.tokens)
-        if self.on_program_done is not None:
-            self.on_program_done(prog)
-
-
-def search_policy(method: str, spec: dict) -> SearchBudget:
-    """A SearchBudget from a config mapping: {type: even|certaindex|frontier, cap, ...}."""
-    args = dict(spec)
-    kind = args.pop("type", "even")
-    if kind not in ("even", "certaindex", "frontier"):
-        raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: "
-                         "certaindex, even, frontier")
-    cap = args.pop("cap", None)
-    if cap is None:
-        raise ValueError(f"programs.policy: a {method} policy needs 'cap'")
-    agg = REWARD_AGGREGATE[method]
-    per_round = int(args.pop("per_round", 0)) if method == "sc" else 0
-    if kind == "even":
-        if args:
-            raise ValueError(f"programs.policy even: unknown keys {sorted(args)}")
-        return SearchBudget(int(cap), reward_aggregate=agg, per_round=per_round)
-    if kind == "certaindex":
-        unknown = set(args) - {"entropy_threshold", "reward_threshold", "detect"}
-        if unknown:
-            raise ValueError(f"programs.policy certaindex: unknown keys {sorted(unknown)}")
-        cx = certaindex_for(method, args.get("entropy_threshold"), args.get("reward_threshold"))
-        return SearchBudget(int(cap), cx, args.get("detect"), reward_aggregate=agg,
-                            per_round=per_round)
-    unknown = set(args) - {"rules", "signal"}
-    if unknown or "rules" not in args:
-        raise ValueError("programs.policy frontier: expected {rules: [[certaindex, solutions], "
-                         "...], signal: entropy|reward}")
-    rules = tuple((float(t), int(n)) for t, n in args["rules"])
-    return SearchBudget(int(cap), frontier=ParetoFrontier(rules, args.get("signal", "entropy")),
-                        reward_aggregate=agg, per_round=per_round)
 
 
 # ------------------------------------------------------------------ offline experiments

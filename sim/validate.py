@@ -8,7 +8,11 @@ import numpy as np
 import pandas as pd
 
 from sim.metrics import latency_columns, summarize
-from traces import read_table
+from traces import read_run, read_table
+
+# |relative error| a validation passes within (issue: fidelity targets)
+TOLERANCE = {"e2e_s.p50": 0.05, "e2e_s.p90": 0.05, "tpot_s.p50": 0.05, "tpot_s.p90": 0.05,
+             "ttft_s.p50": 0.10, "ttft_s.p90": 0.10, "throughput_tok_s": 0.03}
 
 
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
@@ -27,6 +31,33 @@ def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     rows["throughput_tok_s"] = (s["throughput_tok_s"], l_["throughput_tok_s"])
     return {k: {"sim": float(a), "live": float(b),
                 "rel_err": float((a - b) / b) if b else float("nan")} for k, (a, b) in rows.items()}
+
+
+def device_check(sim_dir: str | Path, live_dir: str | Path) -> dict:
+    """Whether the simulation's calibrations were traced on the device the live run used."""
+    sim, live = read_run(sim_dir), read_run(live_dir)
+    cals = sim["params"].get("calibrations") or []
+    calibrated = sorted({(c["device"], c["device_count"]) for c in cals})
+    if not calibrated:  # a simulation written before calibrations were recorded
+        calibrated = [(sim["device"].removeprefix("simulated "), None)]
+    here = (live["device"], live["device_count"])
+    match = all(d == here[0] and n in (None, here[1]) for d, n in calibrated)
+    return {"match": bool(match), "live": f"{here[0]} x{here[1]}",
+            "calibrated_on": "; ".join(f"{d} x{n}" if n is not None else str(d)
+                                       for d, n in calibrated)}
+
+
+def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False) -> dict:
+    """pass / fail against `TOLERANCE`, or refused when the devices differ (unless allowed)."""
+    if not device["match"] and not allow_device_mismatch:
+        return {"status": "refused", "reason": "the calibration was traced on another device; "
+                "re-trace and calibrate here, or pass --allow-device-mismatch"}
+    over = {k: rows[k]["rel_err"] for k, tol in TOLERANCE.items()
+            if k in rows and not abs(rows[k]["rel_err"]) <= tol}
+    if over:
+        return {"status": "fail", "reason": "outside tolerance: " + ", ".join(
+            f"{k} {v:+.1%} (±{TOLERANCE[k]:.0%})" for k, v in sorted(over.items()))}
+    return {"status": "pass", "reason": "every metric within tolerance"}
 
 
 def plot_cdfs(sim_dir: str | Path, live_dir: str | Path, out_dir: str | Path) -> Path:

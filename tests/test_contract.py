@@ -148,6 +148,14 @@ CASES = {
                       r"column 'arrival_s' row 1: negative time"),
     "finish before arrival": ("requests", lambda t: _set(t, "finish_s", 3, 0.5), None,
                               r"column 'finish_s' row 3: finish_s=0.5 before first_token_s"),
+    "finish before arrival, nulls between": (
+        "requests", lambda t: _set(_set(_set(t, "scheduled_s", 3, None), "first_token_s", 3, None),
+                                   "finish_s", 3, 2.5), None,
+        r"column 'finish_s' row 3: finish_s=2.5 before arrival_s=3.0"),
+    "negative count": ("requests", lambda t: _set(t, "prompt_tokens", 1, -3), None,
+                       r"column 'prompt_tokens' row 1: negative count -3"),
+    "cached over prompt": ("requests", lambda t: _set(t, "cached_prompt_tokens", 2, 50), None,
+                           r"row 2: cached_prompt_tokens 50 > prompt_tokens 10"),
     "unknown column": ("requests", lambda t: t.append_column("bogus", pa.array([1] * t.num_rows)),
                        None, r"column 'bogus': unknown column"),
     "missing column": ("steps", lambda t: t.drop_columns(["kv_blocks_used"]), None,
@@ -174,6 +182,17 @@ def test_corrupted_copy_is_rejected_naming_the_problem(tmp_path, case):
     assert re.search(pattern, text), text
     with pytest.raises(TraceError):
         read_table(tmp_path / "t", table)
+
+
+def test_duplicated_rows_across_parts_are_rejected(tmp_path):
+    import shutil
+
+    _write_sample(tmp_path / "t")
+    assert check_trace(tmp_path / "t") == []
+    part = sorted((tmp_path / "t" / "requests").glob("part-*.parquet"))[0]
+    shutil.copy(part, part.with_name("part-copy.parquet"))
+    text = "\n".join(map(str, check_trace(tmp_path / "t")))
+    assert "duplicate request_id='r0' (4 duplicate rows in requests)" in text
 
 
 def test_garbage_file_is_rejected(tmp_path):

@@ -5,14 +5,113 @@ from conftest import REPO
 
 
 def test_simulator_packages_load_no_engine():
-    code = ("import sys, sim, policies, traces; "
+    code = ("import sys, sim, policies, traces, programs; "
+            "import sim.simulate, sim.programs, programs.reasoning, programs.search; "
             "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, f"engine modules loaded by import sim, policies, traces: {proc.stdout}"
+    assert proc.returncode == 0, f"engine modules loaded by import sim, policies, traces, programs: {proc.stdout}"
 
 
 def test_cli_help_loads_no_engine():
     code = ("import sys; from reasonsim.cli import build_parser; build_parser(); "
             "sys.exit(1 if 'vllm' in sys.modules or 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+# ------------------------------------------------------------------ import rules, parsed
+OURS = ("policies", "programs", "traces", "sim", "live", "tracers", "reasonsim")
+ENGINES = ("torch", "vllm", "transformers", "safetensors")
+# package -> packages (ours or third-party) it must never import, at top level or in a function
+FORBIDDEN = {
+    "policies": set(OURS) | set(ENGINES) | {"simpy", "time"},
+    "programs": set(OURS) - {"policies", "traces", "programs"} | set(ENGINES) | {"simpy"},
+    "traces": set(OURS) - {"traces"} | set(ENGINES),
+    "sim": {"live", "tracers", "reasonsim"} | set(ENGINES),
+    "live": {"sim", "reasonsim"},
+    "tracers": {"sim", "reasonsim"},
+}
+
+
+def _module_name(root, path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(root, path) -> list[str]:
+    """Every module a file imports, anywhere in it (function bodies included)."""
+    import ast
+
+    name = _module_name(root, path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            # `from pkg import mod` imports the module pkg.mod where one exists.
+            found += [base] + [f"{base}.{a.name}" for a in node.names]
+    return found
+
+
+def import_violations(root) -> list[str]:
+    """Forbidden directions and import circles among our modules under `root`."""
+    from pathlib import Path
+
+    root = Path(root)
+    files = [p for pkg in OURS if (root / pkg).is_dir() for p in sorted((root / pkg).rglob("*.py"))]
+    modules = {_module_name(root, p): p for p in files}
+    problems, graph = [], {}
+    for mod, path in modules.items():
+        top = mod.split(".")[0]
+        graph[mod] = set()
+        for imp in _imports(root, path):
+            if imp.split(".")[0] in FORBIDDEN.get(top, ()) and imp.split(".")[0] != top:
+                problems.append(f"{mod} imports {imp}")
+            if imp in modules and imp != mod:
+                graph[mod].add(imp)
+    # Circles: a module reachable from itself (packages' __init__ count as modules).
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                problems.append("import circle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return sorted(set(problems))
+
+
+def test_import_rules_hold():
+    assert import_violations(REPO) == []
+
+
+def test_import_rules_catch_planted_violations(tmp_path):
+    import shutil
+
+    for pkg in OURS:
+        if (REPO / pkg).is_dir():
+            shutil.copytree(REPO / pkg, tmp_path / pkg)
+    assert import_violations(tmp_path) == []
+    (tmp_path / "policies" / "planted.py").write_text("def f():\n    import torch\n")
+    (tmp_path / "sim" / "planted.py").write_text("from tracers import engine\n")
+    (tmp_path / "tracers" / "planted.py").write_text("import sim.cluster\n")
+    (tmp_path / "traces" / "a.py").write_text("from . import b\n")
+    (tmp_path / "traces" / "b.py").write_text("def f():\n    from traces import a\n")
+    found = import_violations(tmp_path)
+    assert "policies.planted imports torch" in found
+    assert "sim.planted imports tracers" in found and "tracers.planted imports sim.cluster" in found
+    assert "import circle: traces.a -> traces.b -> traces.a" in found

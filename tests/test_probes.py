@@ -8,7 +8,8 @@ import pytest
 
 from conftest import run_cli
 from policies.certaindex import ProbeConsistency
-from sim.reasoning import budget_outcome, certaindex_outcome, load_trajectories
+from programs.traced import load_trajectories
+from sim.reasoning import budget_outcome, certaindex_outcome
 from traces import check_trace, read_table
 
 pytestmark = pytest.mark.engine

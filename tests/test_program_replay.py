@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from conftest import run_cli
-from traces import check_trace, read_table
+from conftest import REPO, run_cli
+from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
 
@@ -86,3 +86,26 @@ def test_trace_branches_records_every_request_and_reproduces_the_shipped_trace(t
         same = (mine.output_tokens == theirs.output_tokens) & \
             (mine.answer.fillna("") == theirs.answer.fillna(""))
         assert same.mean() >= 0.8, (method, same.mean())
+
+
+def test_live_replay_through_an_openai_server(tmp_path):
+    # The same programs through the HTTP engine: aborts (cot) close the stream, search programs
+    # read log-probabilities and stop strings from the server's answers.
+    from tracers.server import LocalServer
+
+    args = ["--block-size", "32", "--scheduling-policy", "priority", "--max-num-seqs", "8",
+            "--enable-prefix-caching"]
+    with LocalServer(REPO / "models" / "testbed" / "target-large", extra_args=args,
+                     log_path=tmp_path / "server.log") as server:
+        for config in ("dynasor-cot-certaindex.yaml", "dynasor-mcts-certaindex.yaml"):
+            out = tmp_path / config
+            proc = run_cli("dynasor", "replay", f"examples/{config}", "--count", "4", "--url",
+                           server.url, "-o", str(out), "--json")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert check_trace(out / "live") == []
+            assert read_run(out / "live")["engine"] == "vllm-openai-http"
+            assert result["decision_agreement"] >= 3 / 4, config
+            assert abs(result["error"]["tokens_per_program"]) < 0.1
+    bad = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--url",
+                  "http://127.0.0.1:9", "-o", str(tmp_path / "x"), check=False)
+    assert bad.returncode == 2 and "no OpenAI-compatible server answers" in bad.stderr

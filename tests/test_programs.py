@@ -9,19 +9,21 @@ import numpy as np
 import pytest
 import simpy
 
-from conftest import REPO, run_cli
+from conftest import REPO
 from conftest import example_config as _config
+from conftest import run_cli
 from policies.allocation import SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.scheduling import DynasorGang, ProgramView, make_scheduler
 from policies.search import majority_vote
+from programs.traced import load_questions, load_trajectories
 from sim.calibration import load_calibration
-from sim.cluster import simulate
 from sim.config import parse_config
 from sim.online import max_sustainable_rate
-from sim.programs import load_questions
-from sim.reasoning import certaindex_outcome, load_trajectories
-from sim.replica import Replica, ReplicaConfig, Req, Results
+from sim.reasoning import certaindex_outcome
+from sim.replica import Replica, ReplicaConfig
+from sim.request_state import Req, Results
+from sim.simulate import simulate
 from traces import check_trace
 
 TRACE = REPO / "traces" / "data" / "testbed-probes-cpu"
@@ -113,13 +115,13 @@ def test_sim_cot_decisions_equal_the_offline_replay():
     by_key = {(t.question_id, t.sample_id): t for t in trajs}
     bank = load_questions(TRACE)
     pol = ProbeConsistency(window=3, every_tokens=32)
-    from sim.programs import plan_programs, program_seed, program_workload
+    from programs.workload import draw_seed, plan_programs, program_workload
     cfg = parse_config(d, REPO / "examples")
     plans = plan_programs(program_workload(cfg.workload["programs"], cfg.base_dir), bank,
-                          program_seed(cfg, 1))
+                          draw_seed(cfg.seed, 1))
     same = 0
     for plan, row in zip(plans, progs.itertuples()):
-        t = by_key[(plan.q.question_id, plan.q.samples[plan.sample].sample_id)]
+        t = by_key[(plan.question_id, plan.sample_ids[0])]
         off = certaindex_outcome(t, pol, stride)
         if not off.stopped_early:
             assert np.isnan(row.stop_position_tokens) and row.answer == off.answer

@@ -13,10 +13,12 @@ from traces import check_trace, read_run, read_table
 pytestmark = pytest.mark.engine
 
 
-def test_replay_then_validate(tmp_path):
+def test_replay_then_validate(tmp_path, local_calibration):
+    # Simulate with a calibration of this machine: the shipped one belongs to another CPU.
     cfg = tmp_path / "small.yaml"
     cfg.write_text((REPO / "examples" / "replay-small.yaml").read_text()
-                   .replace("../sim/data", str(REPO / "sim" / "data")))
+                   .replace("../sim/data/testbed-large-cpu.calib.json", str(local_calibration)))
+    assert str(local_calibration) in cfg.read_text()
     live, sim = tmp_path / "live", tmp_path / "sim"
     run_cli("replay", str(cfg), "-o", str(live), "-q")
     run_cli("simulate", str(cfg), "-o", str(sim), "--json")
@@ -29,14 +31,33 @@ def test_replay_then_validate(tmp_path):
     assert (m.prompt_tokens_live == m.prompt_tokens_sim).all()
     assert (m.output_tokens_live == m.output_tokens_sim).all()
     assert (m.arrival_s_live - m.arrival_s_sim).abs().max() < 1e-6
-    rows = json.loads(run_cli("validate", str(sim), str(live), "-o", str(tmp_path / "v"),
-                              "--json").stdout)
+    result = json.loads(run_cli("validate", str(sim), str(live), "-o", str(tmp_path / "v"),
+                                "--json").stdout)
+    rows = result["metrics"]
     assert {"ttft_s.p50", "tpot_s.p90", "e2e_s.p99", "throughput_tok_s"} <= set(rows)
     for v in rows.values():
         assert math.isfinite(v["sim"]) and math.isfinite(v["live"]) and v["live"] > 0
     # Throughput is set by the arrivals at moderate load, so it must agree even on a noisy box.
     assert abs(rows["throughput_tok_s"]["rel_err"]) < 0.3
     assert (tmp_path / "v" / "validate_cdf.png").stat().st_size > 0
+    # Calibrated here: the devices match and validate gives a verdict.
+    assert result["device"]["match"] and result["verdict"]["status"] in ("pass", "fail")
+
+    # A calibration traced on another device: flagged, and no verdict unless allowed.
+    other = json.loads(local_calibration.read_text())
+    other["provenance"]["device"] = "Another CPU 9000"
+    (tmp_path / "other.calib.json").write_text(json.dumps(other))
+    cfg.write_text(cfg.read_text().replace(str(local_calibration),
+                                           str(tmp_path / "other.calib.json")))
+    run_cli("simulate", str(cfg), "-o", str(tmp_path / "sim-other"), "--json")
+    args = ("validate", str(tmp_path / "sim-other"), str(live), "-o", str(tmp_path / "v2"))
+    flagged = json.loads(run_cli(*args, "--json").stdout)
+    assert not flagged["device"]["match"] and "Another CPU 9000" in \
+        flagged["device"]["calibrated_on"]
+    assert flagged["verdict"]["status"] == "refused"
+    assert "DEVICE MISMATCH" in run_cli(*args).stdout
+    allowed = json.loads(run_cli(*args, "--json", "--allow-device-mismatch").stdout)
+    assert allowed["verdict"]["status"] in ("pass", "fail")
 
 
 def test_replay_refuses_multi_replica_config(tmp_path):

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO
 from conftest import example_config as _config
+from conftest import run_cli
 from policies.certaindex import Certaindex
-from policies.search import (NodeStats, ParetoFrontier, SearchBudget, best_of_n, path_reward,
-                             program_answer, rebase_children, uct_select, weighted_vote)
-from sim.cluster import simulate
+from policies.search import (NodeStats, ParetoFrontier, SearchBudget, best_of_n, certaindex_for,
+                             path_reward, program_answer, rebase_children, uct_select,
+                             weighted_vote)
+from programs.traced import load_search
 from sim.config import parse_config
-from sim.search import (calibrate, certaindex_for, evaluate, fit_frontier, load_search,
-                        search_outcome, split_questions)
+from sim.search import calibrate, evaluate, fit_frontier, search_outcome, split_questions
+from sim.simulate import simulate
 from traces import check_trace
 
 TRACE = REPO / "traces" / "data" / "testbed-branches-cpu"
@@ -141,7 +143,7 @@ def test_simulated_programs_decide_as_the_offline_replay(method):
     progs = res.programs.to_pandas()
     bank = load_search(TRACE, method, d["workload"]["programs"]["policy"]["cap"])
     cfg = parse_config(d, REPO / "examples")
-    from sim.programs import program_workload
+    from programs.workload import program_workload
 
     policy = program_workload(cfg.workload["programs"], cfg.base_dir).policy
     by_q = {q.question_id: q for q in bank.questions}

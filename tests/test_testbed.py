@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -143,10 +142,13 @@ def test_fresh_eval_holds_the_bounds_and_matches_the_committed_one(eval_result):
 
 _VLLM_GREEDY = """
 import json, sys
+from tracers.engine import prepare_env, vllm_memory_args
+prepare_env()
 from vllm import LLM, SamplingParams
 from tracers.testbed import tasks
 held = tasks.items(21, 16)
-llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=512, seed=0)
+llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=512, seed=0,
+          **vllm_memory_args(kv_cache_gb=0.5))
 outs = llm.generate([it.prompt for it in held], SamplingParams(temperature=0, max_tokens=256))
 print(json.dumps([o.outputs[0].text for o in outs]))
 """
@@ -157,10 +159,10 @@ print(json.dumps([o.outputs[0].text for o in outs]))
 def test_vllm_serves_the_model_and_agrees_with_transformers(name):
     from tracers.testbed import lm
 
-    # In-process engine core: a `python -c` script cannot be re-imported by a spawned process.
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # prepare_env runs the engine core in-process: a `python -c` script cannot be re-imported by
+    # a spawned process.
     proc = subprocess.run([sys.executable, "-c", _VLLM_GREEDY, str(TESTBED / name)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     vllm_out = json.loads(proc.stdout.strip().splitlines()[-1])
     held = tasks.items(21, 16)

@@ -1,8 +1,11 @@
 """vLLM offline engine adapter: builds an in-process LLMEngine and observes every iteration.
 
-The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the tracer can read the
-scheduler's own decision of each step (`SchedulerOutput`) and the KV block pool, instead of
-inferring them. vLLM is imported only inside functions: `import tracers` stays light.
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the tracer can read
+the scheduler's own decision of each step (`SchedulerOutput`) and the KV block pool, instead of
+inferring them. Every vLLM start in the project (this engine, the local server, test scripts)
+takes its memory settings from `prepare_env` and `vllm_memory_args` here, so no start depends on
+how much of a NUMA node happens to be free. vLLM is imported only inside functions: `import
+tracers` stays light.
 """
 
 from __future__ import annotations
@@ -14,15 +17,49 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from traces.provenance import config_hash, cpu_count, cpu_model
+from traces.provenance import config_hash, cpu_count, cpu_model, run_row
 
 
-def _prepare_env(kv_cache_gb: float) -> None:
-    # Must be set before vLLM is imported; in-process core so the scheduler is reachable.
+GIB = 1 << 30
+CPU_MEMORY_FRACTION = 0.5
+"""vLLM's `gpu_memory_utilization` on the CPU backend (a fraction of the NUMA node's memory).
+
+Unused while the KV cache size is explicit, which it always is here; set anyway so that no
+start ever falls back to vLLM's default (0.92 of the node free at start-up), which fails on a
+machine whose node 0 holds ~8 GiB with anything else running."""
+
+
+def prepare_env() -> None:
+    """Process-wide vLLM settings; call before vLLM is imported (every engine start does)."""
+    # In-process engine core so the scheduler is reachable.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    check_kv_env()
+
+
+def check_kv_env() -> None:
+    """Refuse VLLM_CPU_KVCACHE_SPACE: it would override every engine's explicit KV size."""
+    # vLLM lets the legacy variable (whole GiB, one value per process) win over
+    # kv_cache_memory_bytes: better a clear error than a KV cache nobody asked for.
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", ""):
+        raise ValueError("VLLM_CPU_KVCACHE_SPACE is set; reasonsim sizes each engine's KV cache "
+                         "itself (kv_cache_gb / --kv-cache-gb): unset the variable")
+
+
+def vllm_memory_args(kv_cache_gb: float, on_gpu: bool = False) -> dict[str, Any]:
+    """The memory EngineArgs every vLLM start uses: explicit KV bytes on CPU, defaults on GPU."""
+    if kv_cache_gb <= 0:
+        raise ValueError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
+    if on_gpu:
+        return {}
+    return {"kv_cache_memory_bytes": int(kv_cache_gb * GIB),
+            "gpu_memory_utilization": CPU_MEMORY_FRACTION}
+
+
+def vllm_memory_flags(kv_cache_gb: float) -> list[str]:
+    """`vllm_memory_args` as OpenAI-server command-line flags (CPU)."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in vllm_memory_args(kv_cache_gb).items()]
 
 
 def engine_name() -> tuple[str, str]:
@@ -84,7 +121,7 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     """max tokens per iteration (vLLM default if None)"""
     kv_cache_gb: float = 1.0
-    """CPU KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPU"""
+    """CPU KV cache space in GiB (vLLM's kv_cache_memory_bytes); ignored on GPU"""
     enable_prefix_caching: bool = False
     """prefix caching (off for latency profiling so every prefill is real)"""
     scheduling_policy: str = "fcfs"
@@ -107,7 +144,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec):
         model = check_model(spec.model, spec.load_format)
-        _prepare_env(spec.kv_cache_gb)
+        prepare_env()
         import torch
         from vllm import EngineArgs, LLMEngine
 
@@ -118,7 +155,8 @@ class Engine:
             enforce_eager=not on_gpu, max_model_len=spec.max_model_len,
             enable_prefix_caching=spec.enable_prefix_caching,
             scheduling_policy=spec.scheduling_policy,
-            skip_tokenizer_init=not has_tokenizer(model), **spec.extra)
+            skip_tokenizer_init=not has_tokenizer(model),
+            **vllm_memory_args(spec.kv_cache_gb, on_gpu), **spec.extra)
         if spec.max_num_seqs:
             kwargs["max_num_seqs"] = spec.max_num_seqs
         if spec.max_num_batched_tokens:
@@ -226,6 +264,12 @@ class Engine:
     def has_unfinished(self) -> bool:
         """True while any request is in flight."""
         return self.engine.has_unfinished_requests()
+
+    def run_row(self, kind: str, seed: int, params: dict[str, Any]) -> dict[str, Any]:
+        """A `runs` row for a run of this engine (its model, load format, device, version)."""
+        return run_row(kind, self.engine_dist, self.engine_version, self.device, self.device_count,
+                       self.spec.model, self.config_hash, self.dtype, self.spec.load_format, seed,
+                       params)
 
     def params(self) -> dict[str, Any]:
         """Engine parameters for the run's params_json."""

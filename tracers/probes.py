@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from policies.certaindex import PROBE_SUFFIX, probe_from_text
-from traces.provenance import run_row
-from traces.store import TraceWriter
 from tracers.engine import check_model, reasoning_engine
 from tracers.testbed import tasks
+from traces import ids
+from traces.seeds import chunk_seed, request_seed
+from traces.store import TraceWriter, check_out_dir
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,6 @@ class ProbeWorkload:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def request_seed(seed: int, question_index: int, sample_id: int) -> int:
-    """The per-request sampling seed of one question x sample."""
-    return (seed * 1_000_003 + question_index) * 1_009 + sample_id
-
-
-def chunk_seed(req_seed: int, chunk_index: int) -> int:
-    """The sampling seed of one chunk of a request (probes use the negative chunk index)."""
-    return (req_seed * 7_919 + chunk_index) % (2**63 - 1)
-
-
 @dataclass
 class _Trajectory:
     question_id: str
@@ -81,25 +72,20 @@ class _Trajectory:
 
     @property
     def request_id(self) -> str:
-        return f"{self.question_id}-s{self.sample_id}"
+        return ids.trajectory_id(self.question_id, self.sample_id)
 
 
 def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resume: bool = False,
                  kv_cache_gb: float = 1.0, progress: bool = True) -> dict:
     """Record probes and trajectories of every question x sample; return a summary."""
     model_dir = check_model(model, "auto")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not resume:
-        raise ValueError(f"{out_dir}: not empty; pass --resume to continue it or choose a new "
-                         "directory")
+    out_dir = check_out_dir(out_dir, resume)
     from vllm import SamplingParams
 
     from tracers.recorder import StepRecorder
 
     engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
-    run = run_row("probes", engine.engine_dist, engine.engine_version, engine.device,
-                  engine.device_count, str(model_dir), engine.config_hash, engine.dtype, "auto",
-                  workload.seed, {"workload": asdict(workload), "engine": engine.params(),
+    run = engine.run_row("probes", workload.seed, {"workload": asdict(workload), "engine": engine.params(),
                                   "probe_suffix": PROBE_SUFFIX})
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
@@ -121,7 +107,7 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("tracing probes", total=len(held))
         for qi, item in enumerate(held):
-            qid = f"q{qi:04d}-{item.family}-{item.level}"
+            qid = ids.question_id(qi, item.family, item.level)
             if qid in done:
                 bar.advance(task)
                 continue
@@ -154,14 +140,14 @@ def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingPara
         n = min(wl.stride_tokens, wl.budget_tokens - tr.tokens)
         sp = SamplingParams(max_tokens=n, temperature=wl.temperature, top_p=1.0,
                             seed=chunk_seed(tr.seed, tr.chunks))
-        rid = f"{tr.request_id}-c{tr.chunks}"
+        rid = ids.chunk_id(tr.request_id, tr.chunks)
         rec.add(rid, tr.prompt_ids + tr.ids, sp, program_id=tr.request_id, role="main")
         pending[rid] = ("chunk", tr, rec.now_s(), tr.tokens, len(tr.text))
 
     def send_probe(tr: _Trajectory) -> None:
         sp = SamplingParams(max_tokens=wl.probe_tokens, temperature=wl.probe_temperature,
                             top_p=wl.probe_top_p, seed=chunk_seed(tr.seed, -1 - tr.chunks))
-        rid = f"{tr.request_id}-p{tr.chunks}"
+        rid = ids.probe_id(tr.request_id, tr.chunks)
         rec.add(rid, tr.prompt_ids + tr.ids + suffix_ids, sp,
                 program_id=tr.request_id, role="probe")
         pending[rid] = ("probe", tr, rec.now_s(), tr.tokens, len(tr.text))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.provenance import run_row
-from traces.store import TraceWriter
 from tracers.engine import Engine, EngineSpec, check_model
 from tracers.step_profile import FIRST_TOKEN_ID
+from traces import ids
+from traces.store import TraceWriter
 
 
 def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, output_tokens,
@@ -38,9 +38,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
-    run = run_row("replay", engine.engine_dist, engine.engine_version, engine.device,
-                  engine.device_count, model, engine.config_hash, engine.dtype, "auto", seed,
-                  {**params, "engine": engine.params()})
+    run = engine.run_row("replay", seed, {**params, "engine": engine.params()})
     writer = TraceWriter(out_dir, run)
     # Warm the engine on the workload's shapes first (not recorded): one-off kernel setup costs
     # would otherwise land on the first live requests.
@@ -59,7 +57,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 sp = SamplingParams(max_tokens=int(output_tokens[i]),
                                     min_tokens=int(output_tokens[i]), ignore_eos=True,
                                     temperature=0.0, detokenize=False)
-                rec.add(f"req-{i:06d}", prompts[i], sp, arrival_s=float(arrival_s[i]))
+                rec.add(ids.request_id(i), prompts[i], sp, arrival_s=float(arrival_s[i]))
                 i += 1
             if engine.has_unfinished():
                 before = len(rec.finished)

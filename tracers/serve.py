@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from traces import ids
 from traces.provenance import cpu_count, cpu_model, run_row
 from traces.store import TraceWriter, read_table
 
@@ -57,7 +58,7 @@ class ServeWorkload:
         arrivals = np.cumsum(gaps) - gaps[0]
         prompts = rng.choice(self.prompt_tokens, n)
         outputs = rng.choice(self.output_tokens, n)
-        return [{"request_id": f"req-{i:06d}", "index": i, "arrival_s": float(arrivals[i]),
+        return [{"request_id": ids.request_id(i), "index": i, "arrival_s": float(arrivals[i]),
                  "prompt_ids": rng.integers(*TOKEN_ID_RANGE, size=int(prompts[i])).tolist(),
                  "output_tokens": int(outputs[i])} for i in range(n)]
 
@@ -165,7 +166,8 @@ async def _run(url: str, model: str, todo: list[dict], writer: TraceWriter, conc
         await launcher
 
 
-def _server_model(url: str) -> tuple[str, str]:
+def server_model(url: str) -> tuple[str, str]:
+    """(served model id, server version) of an OpenAI-compatible server."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
@@ -181,23 +183,29 @@ def _server_model(url: str) -> tuple[str, str]:
     return models[0]["id"], version
 
 
-def trace_serve(url: str, out_dir: str | Path, workload: ServeWorkload, model: str | None = None,
-                resume: bool = False, progress: bool = True) -> dict:
-    """Run the workload against the server and write requests and token_times; return a summary."""
-    url = url.rstrip("/")
+def http_run_row(url: str, kind: str, seed: int, params: dict,
+                 model: str | None = None) -> tuple[str, dict]:
+    """(served model id, `runs` row) of a run against an OpenAI-compatible server."""
     host = urlparse(url).hostname or ""
     if not urlparse(url).scheme.startswith("http") or not host:
         raise ValueError(f"--url must be http(s)://host:port, got {url!r}")
     try:
-        served, version = _server_model(url)
+        served, version = server_model(url)
     except OSError as e:
         raise ValueError(f"{url}: no OpenAI-compatible server answers ({e})") from None
-    model = model or served
     local = host in ("127.0.0.1", "localhost", "::1")
-    params = {"workload": asdict(workload), "url": url}
-    run = run_row("serve", "vllm-openai-http", version, cpu_model() if local else f"remote {host}",
-                  cpu_count() if local else 0, model, "remote", "server", "server",
-                  workload.seed, params)
+    return served, run_row(kind, "vllm-openai-http", version,
+                           cpu_model() if local else f"remote {host}", cpu_count() if local else 0,
+                           model or served, "remote", "server", "server", seed, params)
+
+
+def trace_serve(url: str, out_dir: str | Path, workload: ServeWorkload, model: str | None = None,
+                resume: bool = False, progress: bool = True) -> dict:
+    """Run the workload against the server and write requests and token_times; return a summary."""
+    url = url.rstrip("/")
+    served, run = http_run_row(url, "serve", workload.seed,
+                               {"workload": asdict(workload), "url": url}, model)
+    model = model or served
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
     todo = [r for r in workload.requests() if f"u{r['index'] // UNIT_SIZE:05d}" not in done]

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tracers.engine import check_model_dir
+from tracers.engine import check_kv_env, check_model_dir, vllm_memory_flags
 
 
 def free_port() -> int:
@@ -27,7 +27,7 @@ class LocalServer:
     so the module entry point is used. The server is killed (process group) on exit.
     """
 
-    def __init__(self, model: str | Path, port: int | None = None, kv_cache_gb: int = 1,
+    def __init__(self, model: str | Path, port: int | None = None, kv_cache_gb: float = 1.0,
                  extra_args: list[str] | None = None, log_path: str | Path | None = None,
                  startup_timeout_s: float = 300.0):
         self.model = check_model_dir(model)
@@ -43,9 +43,9 @@ class LocalServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-               *self.extra_args]
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
-                   TOKENIZERS_PARALLELISM="false")
+               *vllm_memory_flags(self.kv_cache_gb), *self.extra_args]
+        check_kv_env()
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)

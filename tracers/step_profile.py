@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.provenance import run_row
-from traces.store import TraceWriter, read_table
 from tracers.engine import Engine, EngineSpec, check_model
+from traces import ids
+from traces.store import TraceWriter, read_table
 
 FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
 
@@ -41,7 +41,7 @@ class StepGrid:
 
     def cells(self) -> list[tuple[str, int, int, int]]:
         """(cell_id, batch, prompt, output) in profiling order."""
-        return [(f"b{b}-p{p}-o{o}-r{r}", b, p, o)
+        return [(ids.cell_id(b, p, o, r), b, p, o)
                 for r in range(self.repeats) for b in self.batch_sizes
                 for p in self.prompt_tokens for o in self.output_tokens]
 
@@ -72,7 +72,8 @@ class WarmupFlagger:
 def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: str = "auto",
                   dtype: str = "auto", seed: int = 0, resume: bool = False,
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                  kv_cache_gb: float = 1.0, progress: bool = True) -> dict:
+                  max_model_len: int | None = None, kv_cache_gb: float = 1.0,
+                  progress: bool = True) -> dict:
     """Profile every grid cell, flushing each as a unit; return a summary of the trace."""
     model_dir = check_model(model, load_format)
     from vllm import SamplingParams
@@ -80,8 +81,11 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     from tracers.recorder import StepRecorder
 
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
+    if max_model_len is not None and max_model_len < max_len:
+        raise ValueError(f"max_model_len {max_model_len} < the grid's longest request "
+                         f"({max_len} tokens)")
     spec = EngineSpec(model=str(model_dir), load_format=load_format, dtype=dtype, seed=seed,
-                      max_model_len=max(max_len, 256),
+                      max_model_len=max_model_len or max(max_len, 256),
                       max_num_seqs=max_num_seqs or max(max(grid.batch_sizes), 1),
                       max_num_batched_tokens=max_num_batched_tokens, kv_cache_gb=kv_cache_gb)
     # Validate the output location before the (slow) engine start.
@@ -92,9 +96,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     engine = Engine(spec)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     params = {"grid": asdict(grid), "engine": engine.params()}
-    run = run_row("steps", engine.engine_dist, engine.engine_version, engine.device,
-                  engine.device_count, str(model_dir), engine.config_hash, engine.dtype,
-                  load_format, seed, params)
+    run = engine.run_row("steps", seed, params)
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
     todo = [c for c in grid.cells() if c[0] not in done]
@@ -116,8 +118,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
             sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
                                 temperature=0.0, detokenize=False)
             for i in range(batch):
-                ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
-                rec.add(f"{cell_id}-{i}", ids, sp, cell_id=cell_id)
+                prompt_ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
+                rec.add(ids.cell_request_id(cell_id, i), prompt_ids, sp, cell_id=cell_id)
             while engine.has_unfinished():
                 rec.step(cell_id=cell_id, warmup=warmup)
             writer.flush(cell_id)

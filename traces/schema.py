@@ -231,7 +231,22 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     for name, schema in SCHEMAS.items()
 }
 
-# Ordered timestamps within a row: each must be >= the one before it when both are present.
+# Counts: must be >= 0 when present.
+COUNT_COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in schema if pa.types.is_integer(f.type) and f.name.endswith(
+        ("_tokens", "_seqs", "blocks_used", "blocks_total", "preemptions", "num_running",
+         "num_waiting", "paths")))
+    for name, schema in SCHEMAS.items()
+}
+
+# Columns that identify a row: unique within a trace directory (across its parts).
+UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
+    "requests": ("request_id",), "steps": ("replica_id", "step_id"),
+    "programs": ("program_id",), "trajectories": ("request_id",),
+    "branches": ("program_id", "branch_id"),
+}
+
+# Ordered timestamps within a row: each must be >= every earlier one that is present.
 ORDERED_TIMES: dict[str, tuple[str, ...]] = {
     "requests": ("arrival_s", "scheduled_s", "first_token_s", "finish_s"),
 }

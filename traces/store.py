@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.schema import META_TABLE, META_VERSION, ORDERED_TIMES, SCHEMA_VERSION, SCHEMAS, \
-    TIME_COLUMNS, schema_of
+from traces.schema import (COUNT_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES, SCHEMA_VERSION,
+                           SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of)
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
 MAX_REPORTED = 20
@@ -80,16 +80,22 @@ def to_table(name: str, columns: dict[str, list[Any]] | pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def check_out_dir(trace_dir: str | Path, resume: bool, can_resume: bool = True) -> Path:
+    """A trace directory to write: empty or new, or any when resuming (tracers call this before
+    they start an engine, so the error comes at once)."""
+    path = Path(trace_dir)
+    if path.exists() and any(path.iterdir()) and not resume:
+        hint = "pass --resume to continue it or choose" if can_resume else "choose"
+        raise TraceError(f"{path}: not empty; {hint} a new directory")
+    return path
+
+
 class TraceWriter:
     """Buffered, crash-safe, resumable writer of one run into a trace directory."""
 
     def __init__(self, trace_dir: str | Path, run: dict[str, Any], resume: bool = False):
-        self.dir = Path(trace_dir)
-        existing = self.dir.exists() and any(self.dir.iterdir())
+        self.dir = check_out_dir(trace_dir, resume)
         runs_part = self.dir / "runs" / "part-run.parquet"
-        if existing and not resume:
-            raise TraceError(f"{self.dir}: not empty; pass --resume to continue it or choose "
-                             "a new directory")
         if resume and runs_part.exists():
             old = pq.read_table(runs_part).to_pylist()[0]
             for key in ("kind", "model_config_hash", "load_format", "dtype", "params_json"):
@@ -210,18 +216,35 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
             out.append(Violation(p, f"negative time {v[bad_neg[0]]} ({bad_neg.size} rows)",
                                  column=c, row=int(bad_neg[0])))
     order = ORDERED_TIMES.get(name, ())
-    for i, later in enumerate(order[1:], start=1):
-        lv = data.column(later).to_numpy(zero_copy_only=False).astype(float)
-        # compare against the latest earlier timestamp that is present
-        for earlier in reversed(order[:i]):
-            ev = data.column(earlier).to_numpy(zero_copy_only=False).astype(float)
+    if order:
+        # Each timestamp against the latest earlier one present in its row (nulls skipped).
+        latest = np.full(data.num_rows, np.nan)
+        latest_col = np.full(data.num_rows, "", dtype=object)
+        for col in order:
+            v = data.column(col).to_numpy(zero_copy_only=False).astype(float)
             with np.errstate(invalid="ignore"):
-                bad = np.flatnonzero(lv < ev - 1e-9)
+                bad = np.flatnonzero(v < latest - 1e-9)
             if bad.size:
                 r = int(bad[0])
-                out.append(Violation(p, f"{later}={lv[r]} before {earlier}={ev[r]} "
-                                        f"({bad.size} rows)", column=later, row=r))
-            break
+                out.append(Violation(p, f"{col}={v[r]} before {latest_col[r]}={latest[r]} "
+                                        f"({bad.size} rows)", column=col, row=r))
+            present = ~np.isnan(v)
+            latest = np.where(present, np.fmax(v, np.nan_to_num(latest, nan=-np.inf)), latest)
+            latest_col = np.where(present, col, latest_col)
+    for col in COUNT_COLUMNS.get(name, ()):
+        v = data.column(col).to_numpy(zero_copy_only=False).astype(float)
+        bad = np.flatnonzero(v < 0)
+        if bad.size:
+            out.append(Violation(p, f"negative count {v[bad[0]]:g} ({bad.size} rows)",
+                                 column=col, row=int(bad[0])))
+    if name == "requests":
+        cached = data.column("cached_prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
+        prompt = data.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
+        bad = np.flatnonzero(cached > prompt)
+        if bad.size:
+            out.append(Violation(p, f"cached_prompt_tokens {cached[bad[0]]:g} > prompt_tokens "
+                                    f"{prompt[bad[0]]:g} ({bad.size} rows)",
+                                 column="cached_prompt_tokens", row=int(bad[0])))
     if name == "runs" and data.num_rows != 1:
         out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
     return out
@@ -253,6 +276,29 @@ def check_trace(path: str | Path) -> list[Violation]:
             out.extend(check_file(part, sub.name))
     if not out:
         out.extend(_check_joins(path))
+        out.extend(_check_unique(path))
+    return out
+
+
+def _check_unique(trace_dir: Path) -> list[Violation]:
+    import pandas as pd
+
+    out = []
+    for name, key in UNIQUE_KEYS.items():
+        files = parts(trace_dir, name)
+        if not files:
+            continue
+        cols = [pq.read_table(f, columns=list(key)).to_pandas().assign(_part=f.name,
+                                                                       _row=lambda d: d.index)
+                for f in files]
+        rows = pd.concat(cols, ignore_index=True)
+        dup = rows[rows.duplicated(list(key), keep="first")]
+        if len(dup):
+            first = dup.iloc[0]
+            ident = ", ".join(f"{k}={first[k]!r}" for k in key)
+            out.append(Violation(str(trace_dir / name / first["_part"]),
+                                 f"duplicate {ident} ({len(dup)} duplicate rows in {name})",
+                                 column=key[-1], row=int(first["_row"])))
     return out
 
 

@@ -25,14 +25,13 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from policies.certaindex import PROBE_SUFFIX, probe_answer  # noqa: F401  (the testbed's probe)
+from policies.certaindex import BOXED, PROBE_SUFFIX, extract_boxed, probe_answer  # noqa: F401
 
 FAMILIES = ("mod", "count")
 LEVELS = (1, 2, 3, 4)
 MOD_OPS_BY_LEVEL = {1: 2, 2: 4, 3: 6, 4: 8}
 COUNT_ITEMS_BY_LEVEL = {1: 3, 2: 5, 3: 7, 4: 9}
 TAGS = "abcdefghijklmnop"
-BOXED = "\\boxed{"
 MAX_CHATTER = 3
 HELD_OUT_MODULUS = 10  # one question in ten is reserved for evaluation and never trained on
 
@@ -136,13 +135,3 @@ def items(seed: int, n: int, families: tuple[str, ...] = FAMILIES,
     rng = random.Random(seed)
     cells = [(f, lv) for f in families for lv in levels]
     return [draw(rng, *cells[i % len(cells)], held_out=held_out) for i in range(n)]
-
-
-def extract_boxed(text: str) -> str | None:
-    """The answer in the last ``\\boxed{...}`` of `text`, or None when there is none or it is open."""
-    start = text.rfind(BOXED)
-    if start < 0:
-        return None
-    body = text[start + len(BOXED):]
-    end = body.find("}")
-    return body[:end].strip() if end >= 0 else None

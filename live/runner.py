@@ -1,0 +1,104 @@
+"""The live runner: drives program objects on engines (one per model role) until all are done.
+
+The same objects the simulator drives (`programs/`): the runner submits their `RequestSpec`s at
+arrival and as they ask, with the inter-program scheduler's priority, aborts what they abort, and
+hands each program the engine's outcome, read in the program's terms (`program.interpret`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from policies.scheduling import ProgramView
+from programs.base import Abort, RequestSpec
+from traces import ids
+
+
+@dataclass(eq=False)
+class LiveRun:
+    """One program object in a live run: its plan, id, and when it finished."""
+
+    plan: object
+    program: object
+    key: str
+    """program id in the requests table"""
+    finish_s: float = math.nan
+
+
+def _request_id(run: LiveRun, spec: RequestSpec, n: int) -> str:
+    if spec.kind == "chunk":
+        return ids.chunk_id(run.key, n)
+    if spec.kind == "probe":
+        return ids.probe_id(run.key, n)
+    return ids.search_request_id(run.key, spec.index)
+
+
+def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
+                 answer_of: Callable | None = None,
+                 on_done: Callable[[LiveRun], None] | None = None) -> None:
+    """Run every program from its plan's arrival until it is done, on `engines[spec.role]`."""
+    clock = next(iter(engines.values()))
+    pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
+    rid_of: dict[RequestSpec, str] = {}
+    counter = itertools.count()
+    finished_tokens: list[int] = []
+    index = {id(r): i for i, r in enumerate(runs)}
+    done = 0
+
+    def submit(run: LiveRun, spec: RequestSpec) -> None:
+        prio = 0
+        if scheduler is not None:
+            view = ProgramView(index[id(run)], clock.now_s() - run.plan.arrival_s,
+                               run.program.tokens)
+            prio = scheduler.priority(view, finished_tokens)
+        rid = _request_id(run, spec, next(counter))
+        pending[rid] = (run, spec)
+        rid_of[spec] = rid
+        engines[spec.role].add(rid, spec.prompt_ids, spec.sampling, prio, run.key,
+                               spec.table_role)
+
+    def act(run: LiveRun, actions: list) -> None:
+        nonlocal done
+        for a in actions:
+            if isinstance(a, Abort):
+                rid = rid_of.pop(a.spec)
+                pending.pop(rid)
+                engines[a.spec.role].abort(rid)  # its tokens are counted from the requests table
+            else:
+                submit(run, a)
+        if run.program.done and math.isnan(run.finish_s):
+            run.finish_s = clock.now_s()
+            finished_tokens.append(run.program.tokens)
+            done += 1
+            if on_done is not None:
+                on_done(run)
+
+    next_arrival = 0
+    while done < len(runs):
+        while next_arrival < len(runs) and runs[next_arrival].plan.arrival_s <= clock.now_s():
+            run = runs[next_arrival]
+            act(run, run.program.start())
+            next_arrival += 1
+        if not pending:  # idle until the next arrival
+            if next_arrival == len(runs):
+                raise RuntimeError("live run: programs unfinished with nothing in flight (a bug)")
+            time.sleep(max(0.0, runs[next_arrival].plan.arrival_s - clock.now_s()))
+            continue
+        stepped = False
+        for engine in engines.values():
+            if not engine.has_unfinished():
+                continue
+            stepped = True
+            for rid, raw in engine.step():
+                if rid not in pending:
+                    continue
+                run, spec = pending.pop(rid)
+                rid_of.pop(spec, None)
+                outcome = run.program.interpret(spec, raw, answer_of)
+                act(run, run.program.on_done(spec, outcome))
+        if not stepped:
+            raise RuntimeError(f"live run: {len(pending)} requests pending on idle engines (a bug)")

@@ -1,0 +1,100 @@
+"""One registry from config names to policy classes, and one factory for every program family.
+
+A program workload names its allocation policy as `{type: NAME, ...parameters}`; the method
+(cot, sc, mcts, rebase, ...) picks the table the name is looked up in. A new family registers
+its names here (`register`); nothing else parses policy specs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from policies.allocation import FullReasoning, SelfConsistency, TokenBudget
+from policies.certaindex import Certaindex, ProbeConsistency
+from policies.search import REWARD_AGGREGATE, ParetoFrontier, SearchBudget, certaindex_for
+
+
+def _probe_consistency(window: int = 3, interval_tokens: int = 32, effort: str | None = None):
+    if effort is not None:
+        return ProbeConsistency.preset(effort)
+    return ProbeConsistency(window=window, every_tokens=interval_tokens)
+
+
+def _self_consistency(samples: int = 4, per_round: int | None = None,
+                      entropy_threshold: float | None = None,
+                      detect_round: int | None = None, length_tokens: float | None = None):
+    cx = Certaindex(entropy_threshold=entropy_threshold) if entropy_threshold is not None else None
+    # Without a stopping signal every path launches at once (baseline-even).
+    return SelfConsistency(samples=samples, per_round=per_round or samples, certaindex=cx,
+                           detect_round=detect_round, length_tokens=length_tokens)
+
+
+def _search(kind: str) -> Callable:
+    def make(method: str, cap: int | None = None, per_round: int = 0, **args) -> SearchBudget:
+        if cap is None:
+            raise ValueError(f"a {method} policy needs 'cap'")
+        agg = REWARD_AGGREGATE[method]
+        per_round = int(per_round) if method == "sc" else 0
+        if kind == "even":
+            if args:
+                raise ValueError(f"even: unknown keys {sorted(args)}")
+            return SearchBudget(int(cap), reward_aggregate=agg, per_round=per_round)
+        if kind == "certaindex":
+            unknown = set(args) - {"entropy_threshold", "reward_threshold", "detect"}
+            if unknown:
+                raise ValueError(f"certaindex: unknown keys {sorted(unknown)}")
+            cx = certaindex_for(method, args.get("entropy_threshold"),
+                                args.get("reward_threshold"))
+            return SearchBudget(int(cap), cx, args.get("detect"), reward_aggregate=agg,
+                                per_round=per_round)
+        if set(args) - {"rules", "signal"} or "rules" not in args:
+            raise ValueError("frontier: expected {rules: [[certaindex, solutions], ...], "
+                             "signal: entropy|reward}")
+        rules = tuple((float(t), int(n)) for t, n in args["rules"])
+        return SearchBudget(int(cap), frontier=ParetoFrontier(rules, args.get("signal", "entropy")),
+                            reward_aggregate=agg, per_round=per_round)
+    return make
+
+
+def _plain(cls) -> Callable:
+    return lambda method, **args: cls(**args)
+
+
+# method -> policy type -> factory(method, **parameters)
+POLICIES: dict[str, dict[str, Callable]] = {
+    "cot": {"certaindex": lambda method, **a: _probe_consistency(**a),
+            "budget": _plain(TokenBudget), "full": _plain(FullReasoning)},
+    "sc": {"sc": lambda method, **a: _self_consistency(**a)},
+    "mcts": {},
+    "rebase": {},
+}
+for _method in ("sc", "mcts", "rebase"):
+    for _kind in ("even", "certaindex", "frontier"):
+        POLICIES[_method][_kind] = _search(_kind)
+
+
+def register(method: str, name: str, factory: Callable) -> None:
+    """Make `{type: name}` a policy of `method` (factory(method, **parameters) -> policy)."""
+    POLICIES.setdefault(method, {})[name] = factory
+
+
+def make_policy(method: str, spec: dict | str):
+    """The allocation policy a `programs.policy` config names, for a program method."""
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ValueError(f"programs.policy: expected a mapping with 'type', got {spec!r}")
+    if method not in POLICIES:
+        raise ValueError(f"programs.method {method!r} has no policies; known: {sorted(POLICIES)}")
+    args = dict(spec)
+    kind = args.pop("type")
+    makers = POLICIES[method]
+    if kind not in makers:
+        raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: "
+                         f"{', '.join(sorted(makers))}")
+    try:
+        return makers[kind](method, **args)
+    except TypeError as e:
+        raise ValueError(f"programs.policy {kind!r}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"programs.policy {e}") from None

@@ -1,0 +1,92 @@
+"""The protocol between a program and whoever drives it: request specs, outcomes, aborts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request samples (a live engine maps it to its own parameters)."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """stop strings (kept in the output)"""
+    logprobs: bool = False
+    """return each sampled token's log-probability"""
+
+
+@dataclass(eq=False)
+class RequestSpec:
+    """One request a program wants sent. Identity is the object: drivers key their maps by it."""
+
+    kind: str
+    """what it is to the program: chunk, probe (CoT/SC), step or rollout (search)"""
+    index: int
+    """request order within the program"""
+    prompt_tokens: int
+    """prompt length"""
+    sampling: Sampling
+    path: int = 0
+    """the program's path (or node parent) it extends"""
+    position: int = 0
+    """reasoning tokens of the path before this request"""
+    prefix_tokens: int = 0
+    """leading prompt tokens shared with the path's earlier requests (prefix caching)"""
+    prompt_ids: list | None = None
+    """prompt token ids (live); None when the driver needs only lengths (simulator)"""
+    role: str = "target"
+    """model role or pool the request goes to"""
+    table_role: str = "main"
+    """`role` column of the requests table: main or probe"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished (or aborted) request returned, in the program's terms."""
+
+    tokens: int
+    """output tokens generated"""
+    aborted: bool = False
+    ended: bool = False
+    """the reasoning path reached its end (end of sequence or the token budget)"""
+    answer: str | None = None
+    """the answer the output gives, if any (final answer, probe answer)"""
+    hesitant: bool = False
+    """a probe's text hesitated"""
+    reward: float = 0.0
+    """the path's reward (search programs: its likelihood under the model)"""
+    step: tuple | None = None
+    """the part of the output that becomes a search node (ids, text, log-prob sum, tokens,
+    terminal); None: the whole output (the simulator)"""
+    token_ids: tuple = ()
+    """output token ids (live; empty in the simulator)"""
+    text: str = ""
+    """output text (live)"""
+    logprobs: tuple = ()
+    """per-token log-probabilities (live, when asked)"""
+    pieces: tuple = ()
+    """per-token text (live, when log-probabilities were asked)"""
+    eos: bool = False
+    """ended with the end-of-sequence token (not a stop string or the length limit)"""
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Abort a request of the program that is still in flight."""
+
+    spec: RequestSpec
+
+
+class Program(Protocol):
+    """A reasoning program: the driver calls start once, then on_done per finished request."""
+
+    done: bool
+
+    def start(self) -> list: ...
+
+    def on_done(self, spec: RequestSpec, outcome: Outcome) -> list: ...

@@ -1,0 +1,22 @@
+"""A program's row of the `programs` table, the same for the simulator and the live runner."""
+
+from __future__ import annotations
+
+import json
+
+from policies.allocation import describe_policy
+
+
+def program_row(plan, program, finish_s: float, method: str, policy, scheduler,
+                gold_answer: str) -> dict:
+    """The `programs` row of a finished program (without run_id)."""
+    sched = scheduler if isinstance(scheduler, str) else json.dumps(scheduler, sort_keys=True)
+    return {"program_id": plan.program_id, "question_id": plan.question_id, "method": method,
+            "policy": describe_policy(policy), "scheduler": sched,
+            "difficulty": plan.difficulty, "arrival_s": plan.arrival_s, "finish_s": finish_s,
+            "deadline_s": plan.deadline_s, "paths": program.paths_used,
+            "reasoning_tokens": program.reasoning, "probe_tokens": program.probe_tokens,
+            "tokens_generated": program.tokens, "stop_position_tokens": program.stop_at,
+            "answer": program.answer, "gold_answer": gold_answer,
+            "is_correct": program.answer == gold_answer,
+            "met_deadline": bool(finish_s - plan.arrival_s <= plan.deadline_s)}

@@ -1,0 +1,231 @@
+"""Traced questions a program workload draws from: probes traces (cot, sc) and branches traces.
+
+A probes trace (`reasonsim trace probes`) gives, per question x sample, a trajectory with its
+probe answers every stride; a branches trace (`reasonsim trace branches`) gives every request of
+every search program run to its cap. Both load into banks of questions with the figures a
+workload needs (difficulty, expected tokens, difficulty factor) and the traced content the
+simulator answers outcomes from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policies.certaindex import Probe
+from traces import ids
+from traces.store import read_run, read_table
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One traced reasoning sample with its probes in position order."""
+
+    question_id: str
+    sample_id: int
+    difficulty: int | None
+    gold_answer: str
+    final_answer: str | None
+    reasoning_tokens: int
+    probes: tuple[Probe, ...]
+    probe_tokens: tuple[int, ...]
+    request_seed: int = 0
+    """the sample's sampling seed (its chunks' seeds derive from it)"""
+
+
+def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
+    """Trajectories of a probes trace and the trace's probe stride in tokens."""
+    run = read_run(trace_dir)
+    if run["kind"] != "probes":
+        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a probes trace")
+    stride = int(json.loads(run["params_json"])["workload"]["stride_tokens"])
+    probes = read_table(trace_dir, "probes").to_pandas().sort_values(
+        ["request_id", "position_tokens"], kind="stable")
+    by_request = {rid: g for rid, g in probes.groupby("request_id", sort=False)}
+    trajs = []
+    for row in read_table(trace_dir, "trajectories").to_pandas().itertuples(index=False):
+        g = by_request.get(row.request_id)
+        if g is None:
+            raise ValueError(f"{trace_dir}: trajectory {row.request_id} has no probes")
+        trajs.append(Trajectory(
+            question_id=row.question_id, sample_id=int(row.sample_id),
+            difficulty=None if row.difficulty is None else int(row.difficulty),
+            gold_answer=row.gold_answer, final_answer=row.final_answer,
+            reasoning_tokens=int(row.reasoning_tokens), request_seed=int(row.request_seed),
+            probes=tuple(Probe(int(p), a or "", bool(h)) for p, a, h in
+                         zip(g.position_tokens, g.answer, g.is_hesitant)),
+            probe_tokens=tuple(int(n) for n in g.probe_tokens)))
+    trajs.sort(key=lambda t: (t.question_id, t.sample_id))
+    return trajs, stride
+
+
+@dataclass(frozen=True)
+class Question:
+    """A traced question with its sampled trajectories (sample order)."""
+
+    question_id: str
+    difficulty: int | None
+    prompt_tokens: int
+    gold_answer: str
+    samples: tuple[Trajectory, ...]
+
+    @property
+    def expected_tokens(self) -> int:
+        """Mean reasoning tokens of its samples (routing estimate)."""
+        return int(np.mean([t.reasoning_tokens for t in self.samples]))
+
+
+@dataclass(frozen=True)
+class QuestionBank:
+    """Every question of a probes trace, and what a request of it costs."""
+
+    questions: tuple[Question, ...]
+    stride_tokens: int
+    budget_tokens: int
+    """a path's token budget when traced"""
+    suffix_tokens: int
+    """tokens the probe suffix adds to a probe's prompt"""
+    difficulty_factor: dict
+    """difficulty level -> mean reasoning tokens at that level / overall mean"""
+
+
+def load_questions(trace_dir: str | Path) -> QuestionBank:
+    """The questions of a probes trace, grouped with their samples."""
+    trajs, stride = load_trajectories(trace_dir)
+    tr = read_table(trace_dir, "trajectories").to_pandas()
+    prompt = dict(zip(tr.request_id, tr.prompt_tokens))
+    req = read_table(trace_dir, "requests").to_pandas()
+    probes = req[req.role == "probe"]
+    if probes.empty:
+        raise ValueError(f"{trace_dir}: no probe requests in the requests table")
+    # The probe after the first chunk has prompt = question + stride + suffix.
+    first = probes[probes.request_id.map(ids.probe_number) == 1]
+    sizes = pd.Series(first.prompt_tokens.to_numpy(np.int64)
+                      - first.program_id.map(prompt).to_numpy(np.int64) - stride)
+    if sizes.nunique() != 1:
+        raise ValueError(f"{trace_dir}: probe prompts disagree on the suffix length "
+                         f"({sorted(sizes.unique())[:5]})")
+    by_q: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_q.setdefault(t.question_id, []).append(t)
+    questions = tuple(Question(q, ts[0].difficulty, int(prompt[ids.trajectory_id(q, ts[0].sample_id)]),
+                               ts[0].gold_answer, tuple(ts)) for q, ts in sorted(by_q.items()))
+    lengths = pd.Series({(t.question_id, t.sample_id): t.reasoning_tokens for t in trajs})
+    level = pd.Series({(t.question_id, t.sample_id): t.difficulty or 0 for t in trajs})
+    factor = (lengths.groupby(level).mean() / lengths.mean()).to_dict()
+    budget = int(json.loads(read_run(trace_dir)["params_json"])["workload"]["budget_tokens"])
+    return QuestionBank(questions, stride, budget, int(sizes.iloc[0]),
+                        {int(k): float(v) for k, v in factor.items()})
+
+
+@dataclass(frozen=True)
+class TracedRequest:
+    """One traced request of a search program."""
+
+    index: int
+    """request order within the program (branch id - 1)"""
+    group: int
+    """sc sample, mcts iteration or rebase level"""
+    prompt_tokens: int
+    output_tokens: int
+    answer: str | None
+    reward: float
+    is_leaf: bool
+
+
+@dataclass(frozen=True)
+class SearchQuestion:
+    """A traced question with its program's requests (request order)."""
+
+    question_id: str
+    difficulty: int | None
+    prompt_tokens: int
+    gold_answer: str
+    requests: tuple[TracedRequest, ...]
+
+    @property
+    def expected_tokens(self) -> int:
+        """Tokens the traced program generated (routing estimate)."""
+        return sum(r.output_tokens for r in self.requests)
+
+
+@dataclass(frozen=True)
+class SearchBank:
+    """The traced programs of one method and cap, one per question."""
+
+    method: str
+    cap: int
+    questions: tuple[SearchQuestion, ...]
+    difficulty_factor: dict
+    """difficulty level -> mean tokens per program at that level / overall mean"""
+    settings: dict
+    """how the traced programs generated (`programs.search.SearchSettings` fields)"""
+    seed: int = 0
+    """the trace's seed (programs' seeds derive from it)"""
+
+
+def traced_caps(trace_dir: str | Path) -> dict[str, list[int]]:
+    """The caps a branches trace ran each method to."""
+    run = read_run(trace_dir)
+    if run["kind"] != "branches":
+        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a branches trace")
+    wl = json.loads(run["params_json"])["workload"]
+    caps = {"sc": [wl["sc_samples"]], "mcts": [wl["mcts_iterations"]],
+            "rebase": list(wl["rebase_widths"])}
+    return {m: caps[m] for m in wl["methods"]}
+
+
+def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
+    """The programs of a branches trace that a `method` policy with this cap can replay."""
+    caps = traced_caps(trace_dir)
+    if method not in caps:
+        raise ValueError(f"{trace_dir}: no {method} programs (traced: {sorted(caps)})")
+    if method == "rebase":
+        if cap not in caps[method]:
+            raise ValueError(f"rebase width {cap} was not traced; traced widths: {caps[method]}")
+        traced = cap
+    else:
+        traced = caps[method][0]
+        if cap > traced:
+            raise ValueError(f"{method} cap {cap} exceeds the traced {traced}")
+    d = read_table(trace_dir, "branches").to_pandas()
+    d = d[(d.method == method) & (d.cap == traced)].sort_values(["program_id", "branch_id"])
+    if d.empty:
+        raise ValueError(f"{trace_dir}: no {method} programs with cap {traced}")
+    questions = []
+    for qid, g in d.groupby("question_id", sort=True):
+        reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o), a, float(w), bool(leaf))
+                     for b, r, p, o, a, w, leaf in zip(g.branch_id, g["round"], g.prompt_tokens,
+                                                       g.output_tokens, g.answer, g.reward,
+                                                       g.is_leaf))
+        first = g.iloc[0]
+        questions.append(SearchQuestion(
+            qid, None if first.difficulty is None else int(first.difficulty),
+            int(g.prompt_tokens.min()), first.gold_answer, reqs))
+    tokens = np.array([q.expected_tokens for q in questions], dtype=float)
+    level = np.array([q.difficulty or 0 for q in questions])
+    factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
+    twl = json.loads(read_run(trace_dir)["params_json"])["workload"]
+    return SearchBank(method, cap, tuple(questions), factor, twl["settings"], int(twl["seed"]))
+
+
+def checkpoint_groups(q: SearchQuestion, method: str, cap: int,
+                      per_round: int = 0) -> list[list[TracedRequest]]:
+    """The program's requests grouped by decision point, up to the cap."""
+    reqs = q.requests
+    if method == "sc":
+        reqs = reqs[:cap]
+        size = per_round or cap
+        return [list(reqs[i:i + size]) for i in range(0, len(reqs), size)]
+    if method == "mcts":
+        return [[r] for r in reqs[:cap]]
+    groups: dict[int, list[TracedRequest]] = {}
+    for r in reqs:
+        groups.setdefault(r.group, []).append(r)
+    return [groups[k] for k in sorted(groups)]
+
+

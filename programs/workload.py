@@ -1,0 +1,160 @@
+"""A program workload: which traced questions arrive, how fast, under which policy, by when.
+
+Parsed once from a config's `workload.programs`; drawn into plain `ProgramPlan`s (arrival,
+question, traced samples, deadline) that the simulator and the live runner both run, so the
+same config and seed give the same programs in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from policies.allocation import TokenBudget
+from policies.certaindex import ProbeConsistency
+from policies.registry import make_policy
+from policies.search import SearchBudget
+from programs.traced import QuestionBank, SearchBank, load_questions, load_search
+from traces import ids
+
+METHODS = ("cot", "sc", "mcts", "rebase")
+
+
+@dataclass(frozen=True)
+class ProgramWorkload:
+    """Which traced questions arrive, how fast, how they are reasoned about, and deadlines."""
+
+    trace: Path
+    """probes trace (reasonsim trace probes) or branches trace (reasonsim trace branches)"""
+    method: str
+    """cot, sc, mcts or rebase"""
+    policy: object
+    """ProbeConsistency | TokenBudget | FullReasoning (cot), SelfConsistency (sc on a probes
+    trace) or SearchBudget (sc, mcts, rebase on a branches trace)"""
+    count: int
+    """programs to simulate"""
+    rate_per_s: float
+    """Poisson program arrival rate"""
+    base_deadline_s: float
+    """deadline of a program of average difficulty at SLO scale 1"""
+    slo_scale: float = 1.0
+
+
+_WORKLOAD_KEYS = {"trace", "method", "policy", "count", "rate_per_s", "deadline"}
+
+
+_WORKLOAD_KEYS = {"trace", "method", "policy", "count", "rate_per_s", "deadline"}
+
+
+def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
+    """Validate a `workload.programs` mapping."""
+    if not isinstance(d, dict):
+        raise ValueError(f"workload.programs: expected a mapping, got {d!r}")
+    unknown = sorted(set(d) - _WORKLOAD_KEYS)
+    if unknown:
+        raise ValueError(f"workload.programs: unknown key {unknown[0]!r}; allowed: "
+                         f"{sorted(_WORKLOAD_KEYS)}")
+    for key in ("trace", "policy", "rate_per_s", "deadline"):
+        if key not in d:
+            raise ValueError(f"workload.programs: needs {key!r}")
+    method = d.get("method", "cot")
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"workload.programs.method: {method!r}; expected one of {METHODS}")
+    deadline = d["deadline"]
+    if not isinstance(deadline, dict) or "base_s" not in deadline or \
+            set(deadline) - {"base_s", "slo_scale"}:
+        raise ValueError("workload.programs.deadline: expected {base_s: .., slo_scale: ..}")
+    wl = ProgramWorkload(trace=(Path(base_dir) / d["trace"]).resolve(), method=method,
+                         policy=make_policy(method, d["policy"]),
+                         count=int(d.get("count", 64)), rate_per_s=float(d["rate_per_s"]),
+                         base_deadline_s=float(deadline["base_s"]),
+                         slo_scale=float(deadline.get("slo_scale", 1.0)))
+    if wl.count < 1 or wl.rate_per_s <= 0 or wl.base_deadline_s <= 0 or wl.slo_scale <= 0:
+        raise ValueError("workload.programs: count, rate_per_s, deadline.base_s and slo_scale "
+                         "must be positive")
+    return wl
+
+
+def load_bank(wl: ProgramWorkload):
+    """The traced questions a workload draws from (probes or branches trace), policy checked."""
+    if isinstance(wl.policy, SearchBudget):
+        return load_search(wl.trace, wl.method, wl.policy.cap)
+    bank = load_questions(wl.trace)
+    check_policy(bank, wl.method, wl.policy)
+    return bank
+
+
+
+def check_policy(bank: QuestionBank, method: str, policy) -> None:
+    """Raise if a policy cannot be replayed on this trace (interval, budget, samples)."""
+    s = bank.stride_tokens
+    if isinstance(policy, ProbeConsistency) and policy.every_tokens % s:
+        raise ValueError(f"probe interval {policy.every_tokens} is not a multiple of the traced "
+                         f"stride {s}")
+    if isinstance(policy, TokenBudget) and policy.budget_tokens % s:
+        raise ValueError(f"budget {policy.budget_tokens} is not a multiple of the traced stride "
+                         f"{s}")
+    if method == "sc":
+        have = min(len(q.samples) for q in bank.questions)
+        if policy.samples > have:
+            raise ValueError(f"sc needs {policy.samples} samples per question; the trace has "
+                             f"{have}")
+
+
+def draw_programs(bank: QuestionBank, count: int, rate_per_s: float,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival times, question indices and cot sample indices of `count` programs."""
+    arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
+    arrival -= arrival[0]
+    # Every question once per pass, in a seeded order: accuracy is not left to the draw.
+    passes = -(-count // len(bank.questions))
+    order = np.concatenate([rng.permutation(len(bank.questions)) for _ in range(passes)])[:count]
+    sample = np.array([rng.integers(len(getattr(bank.questions[q], "samples", (0,))))
+                       for q in order])
+    return arrival, order, sample
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """One program of a workload, as drawn: plain values, the same for sim and live."""
+
+    index: int
+    """order of arrival within the workload"""
+    question_id: str
+    difficulty: int | None
+    arrival_s: float
+    deadline_s: float
+    sample_ids: tuple[int, ...]
+    """traced samples its paths replay, in launch order (cot, sc on a probes trace)"""
+
+    @property
+    def program_id(self) -> str:
+        """The program's id in every table."""
+        return ids.program_id(self.index)
+
+
+def plan_programs(wl: ProgramWorkload, bank, seed) -> list[ProgramPlan]:
+    """The programs of a workload: arrival, question, samples and deadline (sim and live)."""
+    arrival, order, sample = draw_programs(bank, wl.count, wl.rate_per_s,
+                                           np.random.default_rng(seed))
+    plans = []
+    for i in range(wl.count):
+        q = bank.questions[order[i]]
+        deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
+            wl.base_deadline_s
+        if isinstance(bank, SearchBank):
+            samples = ()
+        elif wl.method == "sc":
+            samples = tuple(t.sample_id for t in q.samples)
+        else:
+            samples = (q.samples[sample[i]].sample_id,)
+        plans.append(ProgramPlan(i, q.question_id, q.difficulty, float(arrival[i]), deadline,
+                                 samples))
+    return plans
+
+
+def draw_seed(seed: int, replicas: int):
+    """The seed the program draw uses (after one per replica), so live replays draw the same."""
+    return np.random.SeedSequence(seed).spawn(replicas + 1)[-1]

@@ -1,0 +1,188 @@
+"""`reasonsim calibrate | simulate | demo | replay | validate`: the simulator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reasonsim.common import REPO, UserError, print_summary
+
+DEMO_CONFIG = REPO / "examples" / "demo.yaml"
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """`reasonsim calibrate`."""
+    from sim.calibration import calibrate
+
+    cal = calibrate(args.trace_dirs, seed=args.seed)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+    h = cal.heldout
+    summary = {"heldout_mape": h["mape"], "heldout_p50_ape": h["p50_ape"],
+               "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
+               "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
+               "output": str(out)}
+    for phase in ("decode", "prefill"):
+        if phase in h:
+            summary[f"heldout_mape_{phase}"] = h[phase]["mape"]
+    print_summary(summary, args.json)
+    return 0
+
+
+def sim_run_row(cfg, result) -> dict:
+    """The `runs` row of a simulation (the calibration's device, simulated)."""
+    from importlib import metadata
+
+    from sim.calibration import load_calibration
+    from traces.provenance import run_row
+
+    cal = load_calibration(cfg.replicas[0].calibration)
+    p = cal.provenance
+    return run_row("sim", "reasonsim-sim", metadata.version("reasonsim"),
+                   f"simulated {p['device']}", sum(g.count for g in cfg.replicas),
+                   p["model_id"], p["model_config_hash"], p["dtype"], "calibrated", cfg.seed,
+                   {"config": json.loads(cfg.to_json()), "summary": result.summary,
+                    "calibrations": calibration_fingerprints(cfg)})
+
+
+def calibration_fingerprints(cfg) -> list[dict]:
+    """Per replica group: its pool, calibration file and the device its timings came from."""
+    from sim.calibration import fingerprint, load_calibration
+
+    return [{"pool": g.pool, "calibration": str(g.calibration),
+             **fingerprint(load_calibration(g.calibration).provenance)} for g in cfg.replicas]
+
+
+def write_sim(cfg, result, out_dir: Path) -> None:
+    """A simulation's tables and summary under `out_dir`, complete or absent: written into a
+    hidden sibling and renamed into place at the end."""
+    import os
+    import shutil
+
+    from traces.store import check_out_dir, write_tables
+
+    check_out_dir(out_dir, resume=False, can_resume=False)
+    tables = {"requests": result.requests}
+    if result.programs is not None:
+        tables["programs"] = result.programs
+    if result.steps is not None:
+        tables["steps"] = result.steps
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_tables(tmp, sim_run_row(cfg, result), tables)
+        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above): rename replaces nothing else
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """`reasonsim simulate`."""
+    from sim.config import load_config
+    from sim.simulate import simulate
+
+    if args.help_config:
+        from sim.config_schema import describe
+
+        print("\n".join(describe()))
+        print("workload: see README (synthetic: arrival, num_requests | duration_s, "
+              "prompt_tokens, output_tokens, prefix; trace: {format, path, ...}; programs)")
+        return 0
+    if args.config is None:
+        raise UserError("simulate needs CONFIG.yaml (or --help-config)")
+    cfg = load_config(args.config)
+    if args.out:  # refuse a used output directory before simulating, not after
+        from traces.store import check_out_dir
+
+        check_out_dir(args.out, resume=False, can_resume=False)
+    if not args.json:  # which device's timings this simulation stands on
+        for c in calibration_fingerprints(cfg):
+            print(f"pool {c['pool']}: {c['calibration']} (traced on {c['device']}, "
+                  f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})")
+    result = simulate(cfg)
+    if args.out:
+        write_sim(cfg, result, Path(args.out))
+    print_summary(result.summary, args.json)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """`reasonsim demo`."""
+    from sim.demo import run_demo
+
+    summary = run_demo(DEMO_CONFIG, Path(args.out), quick=args.quick)
+    print_summary(summary, args.json)
+    if not args.json:
+        print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def resolve_model(model_id: str) -> str:
+    """A calibration's model path, found again in this checkout if it was traced in another."""
+    if Path(model_id).is_dir():
+        return model_id
+    cut = model_id.find("models/")
+    if cut >= 0 and (REPO / model_id[cut:]).is_dir():
+        return str(REPO / model_id[cut:])
+    raise UserError(f"model {model_id} of the calibration is not here; pass --model DIR")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """`reasonsim replay`."""
+    from sim.calibration import load_calibration
+    from sim.config import load_config
+    from sim.workload import workload_from_config
+    from tracers.replay import replay_live
+
+    cfg = load_config(args.config)
+    if sum(g.count for g in cfg.replicas) != 1:
+        raise UserError(f"{args.config}: live replay drives one engine; the config has "
+                        f"{sum(g.count for g in cfg.replicas)} replicas")
+    group = cfg.replicas[0]
+    cal = load_calibration(group.calibration)
+    w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
+    model = args.model or resolve_model(cal.provenance["model_id"])
+    kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
+    summary = replay_live(model, args.out, w.arrival_s, w.prompt_tokens, w.output_tokens,
+                          seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
+                          max_num_batched_tokens=group.max_num_batched_tokens
+                          or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
+                          params={"config": json.loads(cfg.to_json())}, progress=not args.quiet)
+    print_summary(summary, args.json)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """`reasonsim validate`."""
+    from sim.validate import compare, device_check, plot_cdfs, verdict
+
+    rows = compare(args.sim_dir, args.live_dir)
+    device = device_check(args.sim_dir, args.live_dir)
+    result = {"metrics": rows, "device": device,
+              "verdict": verdict(rows, device, args.allow_device_mismatch)}
+    png = plot_cdfs(args.sim_dir, args.live_dir, args.out)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not device["match"]:
+        console.print(f"[bold red]DEVICE MISMATCH[/]: simulated with timings from "
+                      f"{device['calibrated_on']}; the live run ran on {device['live']}")
+    table = Table(title="simulated vs live")
+    for col in ("metric", "sim", "live", "rel_err"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for k, v in rows.items():
+        table.add_row(k, f"{v['sim']:.4g}", f"{v['live']:.4g}", f"{v['rel_err']:+.1%}")
+    console.print(table)
+    console.print(f"verdict: {result['verdict']['status']} ({result['verdict']['reason']})")
+    print(f"CDF plot: {png}")
+    return 0

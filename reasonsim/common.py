@@ -1,0 +1,55 @@
+"""What every `reasonsim` command shares: paths, the user-error type, argument parsers, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TESTBED = REPO / "models" / "testbed"
+DEFAULT_MODEL = TESTBED / "target-large"  # the trained testbed target: real latency and behaviour
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def floats(text: str) -> list[float]:
+    """argparse type: comma-separated positive numbers."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def ints(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def print_summary(summary: dict, as_json: bool) -> None:
+    """A summary as one JSON line or a table."""
+    if as_json:
+        print(json.dumps(summary, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        if isinstance(value, dict):  # {mean, p50, p90, p99}
+            value = "  ".join(f"{k}={v:.4g}" for k, v in value.items())
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console().print(table)

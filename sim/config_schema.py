@@ -1,0 +1,169 @@
+"""The simulate config's cluster, SLO and output sections as strict models (pydantic v2).
+
+Strict: unknown keys, wrong types (`count: "2"`, `count: true`, `seed: 1.7`), NaN/inf, zero or
+negative limits and non-boolean flags (`enable_prefix_caching: "no"`) are errors, rendered as one
+line naming the key: `cluster.replicas[0].count: Input should be greater than or equal to 1`.
+Workload sections keep their own checks (`sim.workload`, `programs.workload`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+INT32_MAX = 2**31 - 1
+Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
+Positive = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
+                              protected_namespaces=())
+
+
+class GroupSpec(_Strict):
+    """One replica group (see `sim.config.ReplicaGroup` for each field's meaning)."""
+
+    calibration: str
+    count: Count = 1
+    max_num_seqs: Count | None = None
+    max_num_batched_tokens: Count | None = None
+    kv_blocks: Count | None = None
+    memory_gb: Positive | None = None
+    model_config_path: str | None = Field(None, alias="model_config")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    enable_prefix_caching: bool = False
+    pool: Annotated[str, Field(min_length=1)] = "target"
+
+    @field_validator("calibration", "model_config_path", mode="before")
+    @classmethod
+    def _path_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, Path) else v
+
+
+class ClusterSpec(_Strict):
+    """The `cluster:` section."""
+
+    replicas: Annotated[list[GroupSpec], Field(min_length=1)]
+    router: str = "least_outstanding"
+    scheduler: str | dict = "fcfs"
+
+
+class SloSpec(_Strict):
+    """The `slo:` section."""
+
+    ttft_s: Positive | None = None
+    tpot_s: Positive | None = None
+
+
+class OutputSpec(_Strict):
+    """The `output:` section."""
+
+    steps: bool = True
+
+
+class ConfigSpec(_Strict):
+    """A whole simulate config; `workload` is checked by its own layer."""
+
+    workload: dict
+    cluster: ClusterSpec
+    seed: Annotated[int, Field(ge=0)] = 0
+    latency: Literal["mean", "sampled"] = "mean"
+    slo: SloSpec | None = None
+    output: OutputSpec | None = None
+
+
+class EngineLimitsSpec(_Strict):
+    """A calibration's `engine_limits`: the traced engine's."""
+
+    max_num_seqs: Count
+    max_num_batched_tokens: Count
+    block_size: Count
+    kv_blocks_total: Count
+    max_model_len: Count | None = None
+
+
+class CalibrationSpec(_Strict):
+    """A calibration artifact's envelope (its step-time model is checked by its own kind)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, frozen=True,
+                              protected_namespaces=())
+    kind: Literal["reasonsim.calibration"]
+    version: Literal[1, 2]
+    engine_limits: EngineLimitsSpec
+    provenance: dict
+    heldout: dict
+
+
+def validate_calibration(d: Any) -> CalibrationSpec:
+    """The artifact's envelope as a strict model; ValueError naming the key on any problem."""
+    try:
+        return CalibrationSpec.model_validate(d)
+    except ValidationError as e:
+        raise ValueError(one_line(e)) from None
+
+
+def describe(model: type[BaseModel] = ConfigSpec) -> list[str]:
+    """One line per config key (type, default, bounds), from the schema configs are checked by."""
+    schema = model.model_json_schema(by_alias=True)
+    defs = schema.get("$defs", {})
+
+    def resolve(node: dict) -> dict:
+        return defs[node["$ref"].split("/")[-1]] if "$ref" in node else node
+
+    def walk(node: dict, prefix: str) -> list[str]:
+        lines = []
+        required = set(node.get("required", ()))
+        for key, prop in node.get("properties", {}).items():
+            options = [resolve(o) for o in prop.get("anyOf", [prop])]
+            kinds, bounds, subs = [], [], []
+            for o in options:
+                if o.get("type") == "array":
+                    item = resolve(o.get("items", {}))
+                    kinds.append(f"list of {item.get('title', item.get('type', 'any'))}")
+                    subs.append((item, f"{prefix}{key}[]."))
+                elif "properties" in o:
+                    kinds.append("mapping")
+                    subs.append((o, f"{prefix}{key}."))
+                elif "enum" in o or "const" in o:
+                    kinds.append(" | ".join(map(repr, o.get("enum", [o.get("const")]))))
+                else:
+                    kinds.append(o.get("type", "any"))
+                for k, sym in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+                               ("exclusiveMaximum", "<"), ("minItems", "items >=")):
+                    if k in o:
+                        bounds.append(f"{sym} {o[k]}")
+            default = "required" if key in required else f"default {prop.get('default')!r}"
+            lines.append(f"{prefix}{key}: {' or '.join(dict.fromkeys(kinds))}; {default}"
+                         + (f"; {', '.join(bounds)}" if bounds else ""))
+            for sub, sub_prefix in subs:
+                lines += walk(sub, sub_prefix)
+        return lines
+
+    return walk(schema, "")
+
+
+def validate_config(d: Any) -> ConfigSpec:
+    """The config as a strict model; ValueError with one line naming the key on any problem."""
+    try:
+        return ConfigSpec.model_validate(d)
+    except ValidationError as e:
+        raise ValueError(one_line(e)) from None
+
+
+def one_line(e: ValidationError) -> str:
+    """The first problem of a validation error as `path.to.key: problem`."""
+    errors = e.errors()
+    # An unknown key is usually the typo behind a "required" one: name it first.
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    loc = [p for p in err["loc"] if p not in ("str", "dict", "function-after")]
+    path = ""
+    for p in loc[:-1] if err["type"] == "extra_forbidden" else loc:
+        path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))
+    if err["type"] == "extra_forbidden":
+        return f"{path or 'config'}: unknown key {loc[-1]!r}"
+    if err["type"] == "missing":
+        return f"{path}: required"
+    return f"{path or 'config'}: {err['msg']} (got {err.get('input')!r})"

@@ -1,0 +1,184 @@
+"""Drives program objects (`programs/`) on simulated replicas, answering outcomes from a trace.
+
+The driver turns each `RequestSpec` a program sends into a replica request (priority from the
+inter-program scheduler, prefix-cache group per program path, output length from the trace) and,
+when the replica finishes or aborts it, hands the program the traced `Outcome`. The program
+decides; the driver only delivers, and never re-implements a program's logic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.routing import RequestView
+from policies.scheduling import ProgramView
+from programs.base import Abort, Outcome, RequestSpec
+from programs.traced import Question, Trajectory
+from sim.request_state import Req
+
+
+class SimProgram:
+    """A program object in the simulator: its plan, where it runs and when it finished."""
+
+    __slots__ = ("plan", "program", "question", "replicas", "booked", "finish_s")
+
+    def __init__(self, plan, program, question):
+        self.plan = plan
+        self.program = program
+        self.question = question
+        self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
+        self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
+        self.finish_s = math.nan
+
+    @property
+    def idx(self) -> int:
+        """The program's index in the workload."""
+        return self.plan.index
+
+
+class TracedReasoning:
+    """Outcomes of cot/sc requests from a probes trace: the traced trajectory at that position."""
+
+    def __init__(self):
+        self._paths: dict[tuple[str, int], tuple[Trajectory, dict]] = {}
+
+    def _path(self, q: Question, sample: int) -> tuple[Trajectory, dict]:
+        key = (q.question_id, sample)
+        if key not in self._paths:
+            traj = next(t for t in q.samples if t.sample_id == sample)
+            probes = dict(zip((p.position_tokens for p in traj.probes),
+                              zip(traj.probes, traj.probe_tokens)))
+            self._paths[key] = (traj, probes)
+        return self._paths[key]
+
+    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
+        return spec.prompt_tokens, spec.prefix_tokens, spec.path
+
+    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
+        """Tokens the request generates if it runs to its end."""
+        traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
+        if spec.kind == "probe":
+            return probes[spec.position][1]
+        return min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        if aborted:
+            return Outcome(tokens, aborted=True)
+        traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
+        if spec.kind == "probe":
+            probe = probes[spec.position][0]
+            return Outcome(tokens, answer=probe.answer, hesitant=probe.hesitant)
+        ended = spec.position + tokens >= traj.reasoning_tokens
+        return Outcome(tokens, ended=ended, answer=traj.final_answer if ended else None)
+
+
+class TracedSearch:
+    """Outcomes of search requests from a branches trace: the traced request of the same index.
+
+    A search program is deterministic given its outcomes, so its i-th request is the traced
+    i-th request; its prompt length comes from the trace (the program holds no token ids here).
+    """
+
+    def _traced(self, run: SimProgram, spec: RequestSpec):
+        reqs = run.question.requests
+        if spec.index >= len(reqs):
+            raise ValueError(f"{run.question.question_id}: the program asks for request "
+                             f"{spec.index}; the trace has {len(reqs)}")
+        return reqs[spec.index]
+
+    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
+        t = self._traced(run, spec)
+        # One prefix-cache group per program, its whole prompt cacheable: this overestimates
+        # hits where sibling branches diverge.
+        return t.prompt_tokens, t.prompt_tokens, 0
+
+    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
+        """Tokens the request generates."""
+        return self._traced(run, spec).output_tokens
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        t = self._traced(run, spec)
+        return Outcome(tokens, aborted=aborted, ended=t.is_leaf,
+                       answer=t.answer if t.is_leaf else None, reward=t.reward)
+
+
+class ProgramDriver:
+    """Runs program objects on replicas: submits their requests, delivers outcomes, records."""
+
+    def __init__(self, cluster, oracle, scheduler, on_program_done=None):
+        self.cluster = cluster
+        self.env = cluster.env
+        self.replicas = cluster.replicas
+        self.res = cluster.res
+        self.oracle = oracle
+        self.scheduler = scheduler
+        self.finished_tokens: list[int] = []   # per finished program, for SJF estimates
+        self.owner: list[tuple[SimProgram, RequestSpec]] = []  # request idx -> (program, spec)
+        self.req_arrival: list[float] = []
+        self.req_prompt: list[int] = []
+        self.req_priority: list[int] = []
+        self.on_program_done = on_program_done
+        self._reqs: dict[RequestSpec, tuple[int, Req]] = {}
+        self._groups: dict[tuple[int, int], int] = {}  # (program, path) -> prefix-cache group
+
+    def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
+        """The replica of a pool a program runs on (its prefix cache lives there): routed once,
+        at its first request of that role, booking `tokens` outstanding tokens."""
+        pool = self.cluster.pool_for(role)
+        rid = run.replicas.get(pool)
+        if rid is None:
+            rid = self.cluster.route(RequestView(run.idx, prompt_tokens, tokens - prompt_tokens),
+                                     tokens, pool)
+            run.replicas[pool] = rid
+            run.booked[rid] = tokens
+        return rid
+
+    def start(self, run: SimProgram) -> None:
+        """A program arrives: send its first requests."""
+        self._act(run, run.program.start())
+
+    def on_request_done(self, r: Req) -> None:
+        """Replica callback: a request finished (or was aborted)."""
+        run, spec = self.owner[r.idx]
+        self._reqs.pop(spec, None)
+        outcome = self.oracle.outcome(run, spec, r.generated, r.aborted)
+        actions = run.program.on_done(spec, outcome)
+        if not r.aborted:  # an abort lands inside the action that caused it: finish there
+            self._act(run, actions)
+
+    def _act(self, run: SimProgram, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Abort):
+                entry = self._reqs.pop(a.spec, None)
+                if entry is not None:
+                    rid, req = entry
+                    self.replicas[rid].abort(req)
+            else:
+                self._submit(run, a)
+        if run.program.done and math.isnan(run.finish_s):
+            run.finish_s = self.env.now
+            # Aborted requests report their tokens after this: the SJF history takes what is known.
+            self.finished_tokens.append(run.program.tokens)
+            if self.on_program_done is not None:
+                self.on_program_done(run)
+
+    def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
+        view = ProgramView(run.idx, self.env.now - run.plan.arrival_s, run.program.tokens)
+        idx = len(self.owner)
+        prompt, prefix, key = self.oracle.prompt(run, spec)
+        output = self.oracle.output_tokens(run, spec)
+        rid = self.pin(run, spec.role, prompt, prompt + output)
+        group = self._groups.setdefault((run.idx, key), len(self._groups))
+        r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
+                group=group, prefix_tokens=prefix)
+        self.owner.append((run, spec))
+        self.req_arrival.append(self.env.now)
+        self.req_prompt.append(prompt)
+        self.req_priority.append(r.priority)
+        self.res.replica_id[idx] = rid
+        self._reqs[spec] = (rid, r)
+        self.replicas[rid].submit(r)

@@ -1,0 +1,88 @@
+"""Per-request scheduling state, the run's result buffers, and vLLM's priority waiting queue."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+class Req:
+    """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
+
+    __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
+                 "priority", "group", "prefix_tokens", "shared", "started", "seq", "done",
+                 "aborted")
+
+    def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
+                 prefix_tokens: int = 0):
+        self.idx = idx
+        self.prompt = prompt
+        self.output = output
+        self.computed = 0          # tokens whose KV is computed
+        self.generated = 0         # output tokens emitted
+        self.target = prompt       # tokens to (re)compute before decoding
+        self.blocks = 0            # KV blocks held privately
+        self.priority = priority
+        self.group = group         # shared-prefix group (-1: none)
+        self.prefix_tokens = prefix_tokens
+        self.shared = 0            # KV blocks borrowed from the prefix cache
+        self.started = False
+        self.seq = 0               # arrival order at the replica (priority tie-break)
+        self.done = False
+        self.aborted = False
+
+
+class Results:
+    """Column buffers of per-request results and per-run-of-iterations step records."""
+
+    def __init__(self, n: int):
+        self.scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.replica_id = np.full(n, -1, dtype=np.int32)
+        self.cached_tokens = np.zeros(n, dtype=np.int32)
+        self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
+        self.aborted = np.zeros(n, dtype=bool)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
+        self.seg = {k: [] for k in ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor",
+                                    "prefill_tokens", "prefill_seqs", "decode_seqs",
+                                    "context_tokens", "num_running", "num_waiting",
+                                    "kv_blocks_used", "kv_blocks_total", "preemptions")}
+        self.events = 0
+
+
+def priority_key(r: Req) -> tuple[int, int]:
+    """vLLM's priority order: priority, then arrival at the replica."""
+    return (r.priority, r.seq)
+
+
+class PriorityWaiting:
+    """vLLM's priority waiting queue: lowest (priority, arrival) first; deque-like interface."""
+
+    def __init__(self):
+        self._heap: list[tuple[int, int, Req]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __getitem__(self, i: int) -> Req:
+        if i != 0:
+            raise IndexError("only the head of a priority queue is addressable")
+        return self._heap[0][2]
+
+    def __contains__(self, r: Req) -> bool:
+        return any(q is r for _, _, q in self._heap)
+
+    def append(self, r: Req) -> None:
+        heapq.heappush(self._heap, (r.priority, r.seq, r))
+
+    appendleft = append  # a preempted request re-enters by its priority and arrival
+
+    def popleft(self) -> Req:
+        return heapq.heappop(self._heap)[2]
+
+    def remove(self, r: Req) -> None:
+        self._heap = [e for e in self._heap if e[2] is not r]
+        heapq.heapify(self._heap)

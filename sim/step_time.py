@@ -1,0 +1,70 @@
+"""Step-time models: what a replica asks for the duration of its iterations.
+
+A replica asks a `StepTimeModel` how long one iteration of a batch takes and, where the model
+has one, the closed form of a run of decode-only iterations (so it can fast-forward over the
+run in one event). Calibration artifacts name their model's kind and version; `STEP_TIME_MODELS`
+maps kinds to classes, so a new kind (per-layer for early exits, draft/verify for speculation)
+plugs in by registering, without touching the replica.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+
+class StepTimeModel(Protocol):
+    """Iteration durations of one replica's engine on one device."""
+
+    kind: ClassVar[str]
+    version: ClassVar[int]
+    residual_log_quantiles: tuple[float, ...]
+    """quantiles of log(actual / predicted) (multiplicative noise; (0.0,) for none)"""
+
+    def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        """Predicted duration of one iteration."""
+        ...
+
+    def decode_run(self, n_seqs: int, context0: int) -> tuple[float, float] | None:
+        """(a_ms, b_ms) with iteration k of a decode-only run lasting a_ms + b_ms * k, or None
+        when the model has no such closed form (the replica then steps one event per
+        iteration)."""
+        ...
+
+    def residual_sampler(self) -> tuple[float, float]:
+        """(mean, std) of the multiplicative residual."""
+        ...
+
+    def to_json(self) -> dict:
+        """The model's parameters, JSON-ready (kind and version are added by the caller)."""
+        ...
+
+
+STEP_TIME_MODELS: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make a step-time model loadable by its `kind`."""
+    STEP_TIME_MODELS[cls.kind] = cls
+    return cls
+
+
+def to_json(model: StepTimeModel) -> dict:
+    """A model as it is stored in a calibration artifact: kind, version, parameters."""
+    return {"kind": model.kind, "version": model.version, **model.to_json()}
+
+
+def from_json(d: dict, where: str = "step_time_model") -> StepTimeModel:
+    """The model a calibration artifact names; a clear error for an unknown kind or version."""
+    kind, version = d.get("kind"), d.get("version")
+    if not isinstance(kind, str) or kind not in STEP_TIME_MODELS:
+        raise ValueError(f"{where}: unknown step-time model kind {kind!r}; known: "
+                         f"{sorted(STEP_TIME_MODELS)}")
+    cls = STEP_TIME_MODELS[kind]
+    if version != cls.version:
+        raise ValueError(f"{where}: {kind} model version {version} is not the supported "
+                         f"{cls.version}; re-run reasonsim calibrate")
+    params = {k: v for k, v in d.items() if k not in ("kind", "version")}
+    try:
+        return cls.from_json(params)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None

@@ -1,0 +1,128 @@
+"""Fuzzing configs and calibrations: a one-line ValueError naming the problem, or a valid run.
+
+Random configs mix valid and invalid values (wrong types, NaN, zero, negative, huge, strings,
+booleans) in every cluster, SLO and workload key; random calibrations break one field of the
+shipped artifact. Nothing may raise anything but ValueError, and a run's tables must pass
+`traces check`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO
+from sim.calibration import load_calibration
+from sim.config import parse_config
+from sim.simulate import simulate
+from traces import check_trace, write_tables
+
+CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+KEYS = ("workload", "cluster", "seed", "slo", "latency", "output", "router", "calibration",
+        "replicas", "arrival", "prompt_tokens", "output_tokens", "prefix", "num_requests",
+        "KV blocks", "config")
+
+ODD = st.sampled_from([0, -1, 1.5, 3_000_000_000, math.nan, math.inf, "2", "no", True, None,
+                       [], {}])
+
+
+GROUP = st.fixed_dictionaries(
+    {"calibration": st.just(str(CAL))},
+    optional={"count": st.integers(1, 3), "max_num_seqs": st.integers(1, 64),
+              "max_num_batched_tokens": st.integers(16, 4096),
+              "kv_blocks": st.integers(1, 4000), "enable_prefix_caching": st.booleans(),
+              "gpu_memory_utilization": st.floats(0.1, 1.0)})
+LENGTH = st.one_of(st.integers(1, 300), st.builds(
+    lambda lo, span: {"kind": "uniform", "low": lo, "high": lo + span},
+    st.integers(1, 50), st.integers(0, 250)))
+WORKLOAD = st.fixed_dictionaries(
+    {"arrival": st.fixed_dictionaries({"kind": st.sampled_from(["poisson", "gamma", "constant"]),
+                                       "rate_per_s": st.floats(0.5, 50)}),
+     "num_requests": st.integers(1, 30), "prompt_tokens": LENGTH, "output_tokens": LENGTH},
+    optional={"prefix": st.fixed_dictionaries({"groups": st.integers(1, 4),
+                                               "tokens": st.integers(1, 64)})})
+CONFIG = st.fixed_dictionaries(
+    {"workload": WORKLOAD,
+     "cluster": st.fixed_dictionaries({"replicas": st.lists(GROUP, min_size=1, max_size=2)},
+                                      optional={"router": st.sampled_from(
+                                          ["round_robin", "least_outstanding"])})},
+    optional={"seed": st.integers(0, 5), "latency": st.sampled_from(["mean", "sampled"]),
+              "slo": st.fixed_dictionaries({}, optional={"ttft_s": st.floats(0.01, 5),
+                                                         "tpot_s": st.floats(0.01, 1)}),
+              "output": st.just({"steps": True})})
+# Where one bad value may land (missing levels are created).
+PATHS = [("cluster", "replicas", 0, k) for k in (
+    "count", "max_num_seqs", "max_num_batched_tokens", "kv_blocks", "enable_prefix_caching",
+    "pool", "gpu_memory_utilization", "memory_gb", "calibration", "bogus")] + [
+    ("cluster", "router"), ("cluster", "replicas"), ("cluster", "scheduler"), ("seed",),
+    ("latency",), ("slo", "ttft_s"), ("slo", "tpot_s"), ("output", "steps"), ("workload",),
+    ("workload", "num_requests"), ("workload", "prompt_tokens"), ("workload", "output_tokens"),
+    ("workload", "arrival", "rate_per_s"), ("workload", "arrival", "kind"),
+    ("workload", "arrival", "cv"), ("workload", "prefix"), ("bogus",)]
+
+
+def _corrupt(d: dict, path: tuple, value) -> dict:
+    node = d
+    for key in path[:-1]:
+        if isinstance(key, int):
+            node = node[key]
+        else:
+            if not isinstance(node.get(key), (dict, list)):
+                node[key] = {}
+            node = node[key]
+    node[path[-1]] = value
+    return d
+
+
+@given(CONFIG, st.one_of(st.none(), st.tuples(st.sampled_from(PATHS), ODD)))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_configs_fail_in_one_line_or_run_validly(tmp_path_factory, d, bad):
+    if bad is not None:
+        d = _corrupt(d, *bad)
+    try:
+        result = simulate(parse_config(d))
+    except ValueError as e:
+        text = str(e)
+        assert text and "\n" not in text, text
+        assert any(k in text for k in KEYS), text  # it names what is wrong
+        event("refused")
+        return
+    event("ran")
+    out = tmp_path_factory.mktemp("run")
+    tables = {"requests": result.requests, "steps": result.steps}
+    write_tables(out, {"kind": "sim", "engine": "fuzz", "engine_version": "0", "device": "x",
+                       "device_count": 1, "model_id": "m", "model_config_hash": "h",
+                       "dtype": "f", "load_format": "x", "seed": 0, "git_rev": "x",
+                       "command": "c", "created_at": __import__("datetime").datetime.now(
+                           __import__("datetime").timezone.utc), "params_json": "{}"}, tables)
+    assert check_trace(out) == []
+
+
+FIELDS = [("engine_limits",), ("engine_limits", "block_size"), ("engine_limits", "max_num_seqs"),
+          ("provenance",), ("heldout",), ("step_time_model",), ("step_time_model", "coef_ms"),
+          ("step_time_model", "residual_log_quantiles"), ("step_time_model", "kind"),
+          ("step_time_model", "version"), ("version",), ("kind",)]
+
+
+@given(st.sampled_from(FIELDS), st.sampled_from([None, "x", -1, 0, 1.5, math.nan, [], {},
+                                                 [1, 2], [0.0] * 5, "__delete__"]))
+@settings(max_examples=60, deadline=None)
+def test_random_broken_calibrations_fail_in_one_line(tmp_path_factory, field, value):
+    d = json.loads(CAL.read_text())
+    node = d
+    for key in field[:-1]:
+        node = node[key]
+    if value == "__delete__":
+        node.pop(field[-1], None)
+    else:
+        node[field[-1]] = value
+    path = tmp_path_factory.mktemp("cal") / "c.json"
+    path.write_text(json.dumps(d))
+    try:
+        load_calibration(path)
+    except ValueError as e:
+        text = str(e)
+        assert text.startswith(str(path)) and "\n" not in text, text

@@ -1,0 +1,48 @@
+"""Every shipped example simulates to the summary it gave before the program-core rebuild.
+
+`tests/golden/NAME.json` is `reasonsim simulate examples/NAME.yaml --json` as of the commit before
+programs became shared objects, 8b85ee2 (wall-clock keys aside). Equal to 1e-9 relative where
+float summation order may change; counts exactly. One intentional change since: `demo.yaml`'s
+prompt lengths are capped at 768 (was 1024) so that prompt + output fits the traced engine's
+max_model_len of 1280, which simulate now enforces; its golden was regenerated then.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import REPO
+from sim.config import load_config
+from sim.simulate import simulate
+
+WALL_CLOCK = {"wall_s", "event_loop_s"}
+EXAMPLES = sorted(p.stem for p in (REPO / "tests" / "golden").glob("*.json"))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif k not in WALL_CLOCK:
+            out[prefix + k] = v
+    return out
+
+
+def test_every_example_has_a_golden_summary():
+    assert EXAMPLES == sorted(p.stem for p in (REPO / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_matches_its_golden_summary(name):
+    want = _flat(json.loads((REPO / "tests" / "golden" / f"{name}.json").read_text()))
+    got = _flat(json.loads(json.dumps(simulate(load_config(REPO / "examples" /
+                                                           f"{name}.yaml")).summary)))
+    assert set(got) == set(want)
+    bad = {k: (got[k], want[k]) for k in want
+           if not (got[k] == want[k] or (isinstance(want[k], float) and
+                                         math.isclose(got[k], want[k], rel_tol=1e-9)))}
+    assert not bad, bad

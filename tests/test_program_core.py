@@ -1,0 +1,74 @@
+"""The program core: one program object per method, driven by the simulator and the live runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO
+from conftest import example_config as _config
+from live.replay import build_runs as live_runs
+from programs.base import Abort, Outcome, RequestSpec
+from programs.workload import draw_seed, load_bank, plan_programs, program_workload
+from sim.config import parse_config
+from sim.programs import build_runs as sim_runs
+from traces import ids
+from traces.store import read_run
+
+
+@pytest.mark.parametrize("config,method", [
+    ("dynasor-cot-certaindex.yaml", "cot"), ("dynasor-certaindex.yaml", "sc"),
+    ("dynasor-mcts-certaindex.yaml", "mcts"), ("dynasor-rebase-certaindex.yaml", "rebase")])
+def test_simulator_and_live_runner_build_the_same_program_classes(config, method):
+    cfg = parse_config(_config(config, count=4), REPO / "examples")
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    assert wl.method == method
+    bank = load_bank(wl)
+    plans = plan_programs(wl, bank, draw_seed(cfg.seed, 1))
+    sim, _, _ = sim_runs(wl, bank, plans)
+    twl = json.loads(read_run(wl.trace)["params_json"])["workload"]
+    live, gold = live_runs(wl, bank, plans, twl, lambda text: [ord(c) % 128 for c in text])
+    assert [type(r.program) for r in sim] == [type(r.program) for r in live]
+    assert [r.plan for r in sim] == [r.plan for r in live] and len(gold) == 4
+    # The same object answers the same first requests, the live one with token ids.
+    first_sim, first_live = sim[0].program.start(), live[0].program.start()
+    assert [(s.kind, s.index, s.sampling) for s in first_sim] == \
+        [(s.kind, s.index, s.sampling) for s in first_live]
+    assert all(s.prompt_ids is None for s in first_sim)
+    assert all(len(s.prompt_ids) == s.prompt_tokens for s in first_live)
+
+
+def test_a_stopping_probe_aborts_what_is_in_flight_and_ends_the_program():
+    cfg = parse_config(_config("dynasor-cot-certaindex.yaml", count=1), REPO / "examples")
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    bank = load_bank(wl)
+    (run,), _, _ = sim_runs(wl, bank, plan_programs(wl, bank, draw_seed(0, 1)))
+    prog = run.program
+    (chunk,) = prog.start()
+    actions = []
+    # Answer every chunk in full and every probe with the same confident answer.
+    while not prog.done:
+        assert isinstance(chunk, RequestSpec) and chunk.kind == "chunk"
+        actions = prog.on_done(chunk, Outcome(chunk.sampling.max_tokens))
+        specs = [a for a in actions if isinstance(a, RequestSpec)]
+        probes = [s for s in specs if s.kind == "probe"]
+        chunk = next(s for s in specs if s.kind == "chunk")
+        for p in probes:
+            actions = prog.on_done(p, Outcome(3, answer="7"))
+    window = wl.policy.window
+    assert prog.answer == "7" and prog.stop_at == window * wl.policy.every_tokens
+    # The chunk sent with the last probe was still in flight: the stop aborts it.
+    assert [a.spec for a in actions if isinstance(a, Abort)] == [chunk]
+    assert prog.probe_tokens == 3 * window
+
+
+def test_ids_round_trip_and_reject_what_they_did_not_make():
+    qid = ids.question_id(17, "mod", 3)
+    assert qid == "q0017-mod-3" and ids.question_index(qid) == 17
+    assert ids.probe_number(ids.probe_id(ids.trajectory_id(qid, 2), 5)) == 5
+    assert ids.probe_number(ids.chunk_id("prog-00001", 5)) is None
+    assert ids.search_request_id(ids.search_program_id(qid, "mcts", 16), 3) == \
+        "q0017-mod-3-mcts16-r3"
+    with pytest.raises(ValueError, match="not a question id"):
+        ids.question_index("prog-00001")

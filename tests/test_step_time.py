@@ -1,0 +1,160 @@
+"""Step-time models plug into the replica by kind; calibration artifacts name theirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sim import step_time
+from sim.calibration import load_calibration
+from sim.config import parse_config
+from sim.latency import LatencyModel
+from sim.simulate import simulate
+
+CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PerStepOnly:
+    """The linear model's arithmetic without its closed form: the replica must step each
+    iteration as its own event (what a per-layer or draft/verify model may need)."""
+
+    kind: ClassVar[str] = "test-per-step"
+    version: ClassVar[int] = 1
+    coef_ms: tuple
+    residual_log_quantiles: tuple = (0.0,)
+
+    def step_ms(self, prefill_tokens, decode_seqs, context_tokens) -> float:
+        return LatencyModel(self.coef_ms).step_ms(prefill_tokens, decode_seqs, context_tokens)
+
+    def decode_run(self, n_seqs, context0):
+        return None
+
+    def residual_sampler(self):
+        return LatencyModel(self.coef_ms, self.residual_log_quantiles).residual_sampler()
+
+    def to_json(self) -> dict:
+        return {"coef_ms": list(self.coef_ms),
+                "residual_log_quantiles": list(self.residual_log_quantiles)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PerStepOnly":
+        return cls(tuple(d["coef_ms"]), tuple(d["residual_log_quantiles"]))
+
+
+def _config(calibration) -> dict:
+    wl = {"arrival": {"kind": "poisson", "rate_per_s": 8}, "num_requests": 120,
+          "prompt_tokens": {"kind": "uniform", "low": 32, "high": 256},
+          "output_tokens": {"kind": "uniform", "low": 16, "high": 128}}
+    return parse_config({"seed": 3, "workload": wl, "output": {"steps": False},
+                         "cluster": {"replicas": [{"calibration": str(calibration)}]}})
+
+
+def test_a_model_without_closed_form_runs_per_iteration_and_agrees(tmp_path):
+    step_time.register(PerStepOnly)
+    cal = load_calibration(CAL)
+    d = cal.to_json()
+    d["step_time_model"] = step_time.to_json(PerStepOnly(cal.latency.coef_ms,
+                                                          cal.latency.residual_log_quantiles))
+    (tmp_path / "per_step.json").write_text(json.dumps(d))
+    linear = simulate(_config(CAL))
+    per_step = simulate(_config(tmp_path / "per_step.json"))
+    assert per_step.summary["events"] > linear.summary["events"]  # no fast-forward
+    a = linear.requests.to_pandas()
+    b = per_step.requests.to_pandas()
+    assert np.allclose(a.finish_s, b.finish_s, rtol=1e-9, atol=1e-9)
+
+
+def test_version_1_artifacts_load_as_the_linear_model_and_unknown_kinds_fail(tmp_path):
+    cal = load_calibration(CAL)
+    d = cal.to_json()
+    v1 = {k: v for k, v in d.items() if k != "step_time_model"}
+    v1.update(version=1, features=d["step_time_model"]["features"],
+              coef_ms=d["step_time_model"]["coef_ms"],
+              residual_log_quantiles=d["step_time_model"]["residual_log_quantiles"])
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    assert load_calibration(tmp_path / "v1.json").latency == cal.latency
+    d["step_time_model"]["kind"] = "per-layer"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="unknown step-time model kind 'per-layer'"):
+        load_calibration(tmp_path / "bad.json")
+    d["step_time_model"].update(kind="linear", version=7)
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="re-run reasonsim calibrate"):
+        load_calibration(tmp_path / "bad.json")
+
+
+def _broken(tmp_path, edit) -> str:
+    d = load_calibration(CAL).to_json()
+    edit(d)
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError) as e:
+        load_calibration(tmp_path / "c.json")
+    text = str(e.value)
+    assert text.startswith(str(tmp_path / "c.json")) and "\n" not in text
+    return text
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.pop("engine_limits"), "engine_limits: required"),
+    (lambda d: d["engine_limits"].pop("block_size"), "engine_limits.block_size: required"),
+    (lambda d: d["engine_limits"].update(block_size=0), "engine_limits.block_size: Input should"),
+    (lambda d: d.pop("provenance"), "provenance: required"),
+    (lambda d: d.pop("heldout"), "heldout: required"),
+    (lambda d: d["step_time_model"].update(coef_ms=None), "coef_ms: expected 5 finite"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, "fast"), "coef_ms: expected 5"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(1, float("nan")), "coef_ms: expected"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(2, -0.1), "coef_ms: expected 5"),
+    (lambda d: d["step_time_model"].update(coef_ms=[1.0, 2.0, 3.0, 4.0]), "coef_ms: expected 5"),
+    (lambda d: d["step_time_model"].update(coef_ms=[0.0] * 5), "makes iterations free"),
+    (lambda d: d["step_time_model"].pop("residual_log_quantiles"), "residual_log_quantiles"),
+])
+def test_broken_calibrations_are_one_line_errors_naming_the_key(tmp_path, edit, message):
+    assert message in _broken(tmp_path, edit)
+
+
+def test_a_calibration_that_is_a_list_is_refused(tmp_path):
+    (tmp_path / "c.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a version-1 or -2 reasonsim calibration"):
+        load_calibration(tmp_path / "c.json")
+
+
+def _steps_trace(path, max_num_seqs: int, warmup: bool = False):
+    from datetime import datetime, timezone
+
+    from traces import TraceWriter
+
+    run = {"kind": "steps", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+           "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+           "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
+           "created_at": datetime.now(timezone.utc),
+           "params_json": json.dumps({"engine": {"max_num_seqs": max_num_seqs,
+                                                 "max_num_batched_tokens": 2048,
+                                                 "block_size": 16, "kv_blocks_total": 100}})}
+    w = TraceWriter(path, run)
+    for i in range(40):
+        w.add("steps", replica_id=0, step_id=i, cell_id=f"c{i % 8}", start_s=float(i),
+              duration_ms=5.0 + i % 7 + 0.01 * (i % 5) * 64, prefill_tokens=(i % 5) * 64,
+              prefill_seqs=int(i % 5 > 0), decode_seqs=i % 4, num_running=1, num_waiting=0,
+              context_tokens=100 + 10 * i, kv_blocks_used=1, kv_blocks_total=100,
+              preemptions=0, is_warmup=warmup)
+    w.flush("all")
+    return path
+
+
+def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
+    from sim.calibration import calibrate
+
+    a = _steps_trace(tmp_path / "a", 64)
+    assert calibrate([a]).max_num_seqs == 64
+    b = _steps_trace(tmp_path / "b", 8)
+    with pytest.raises(ValueError, match="different engine limits"):
+        calibrate([a, b])
+    warm = _steps_trace(tmp_path / "w", 64, warmup=True)
+    with pytest.raises(ValueError, match="every step is a warm-up step"):
+        calibrate([warm])
