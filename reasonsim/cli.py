@@ -9,10 +9,11 @@ import sys
 
 from reasonsim.cmd_dynasor import (cmd_dynasor_calibrate, cmd_dynasor_offline, cmd_dynasor_online,
                                    cmd_dynasor_replay)
+from reasonsim.cmd_helios import cmd_helios_offline, cmd_helios_replay
 from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate, cmd_validate
 from reasonsim.cmd_testbed import cmd_testbed_build, cmd_testbed_eval
-from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_probes, cmd_trace_serve,
-                                 cmd_trace_steps, cmd_traces_check)
+from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_exits, cmd_trace_probes,
+                                 cmd_trace_serve, cmd_trace_steps, cmd_traces_check)
 from reasonsim.common import DEFAULT_MODEL, TESTBED, UserError, floats, ints
 
 
@@ -117,6 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("-q", "--quiet", action="store_true")
     br.set_defaults(func=cmd_trace_branches)
 
+    ex = tsub.add_parser("exits", help="every exit's view of every token on the PyTorch engine "
+                         "(HELIOS)", description="Run a stream of held-out testbed prompts in "
+                         "phases of one task family each on the PyTorch engine at full depth "
+                         "(greedy) and record, per output token, the max probability and argmax "
+                         "at every exit; per step, each layer's time; per layer, weight and KV "
+                         "bytes and the measured load time.")
+    ex.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="Llama model directory; default: the testbed's target-large")
+    ex.add_argument("-o", "--out", required=True, help="trace directory to write")
+    ex.add_argument("--phases", type=lambda t: tuple(t.split(",")),
+                    default=("mod", "count", "mod", "count"), help="task family per phase")
+    ex.add_argument("--prompts-per-phase", type=int, default=30)
+    ex.add_argument("--max-tokens", type=int, default=96)
+    ex.add_argument("--max-num-seqs", type=int, default=32)
+    ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--json", action="store_true")
+    ex.add_argument("-q", "--quiet", action="store_true")
+    ex.set_defaults(func=cmd_trace_exits)
+
     tr = sub.add_parser("traces", help="inspect and validate trace directories")
     trsub = tr.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
     c = trsub.add_parser("check", help="validate trace directories or part files",
@@ -175,6 +196,32 @@ def build_parser() -> argparse.ArgumentParser:
                     "another device than the live run")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
+    he = sub.add_parser("helios", help="HELIOS early-exit experiments on exits traces")
+    hesub = he.add_subparsers(dest="helios_command", required=True, metavar="EXPERIMENT")
+    ho = hesub.add_parser("offline", help="exit distribution per model and threshold",
+                          description="Counterfactually, from exits traces (reasonsim trace "
+                          "exits): the share of tokens exiting at each layer per threshold, how "
+                          "often an early token equals the full model's (HELIOS's insight), and "
+                          "per loaded depth the confidence-breach rate.")
+    ho.add_argument("traces", nargs="+", help="exits trace directories")
+    ho.add_argument("--thresholds", type=floats, default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
+    ho.add_argument("--breach-threshold", type=float, default=0.9,
+                    help="a token at the last loaded layer below it is a confidence breach")
+    ho.add_argument("-o", "--out", help="write exits.json and exit_shares.png here")
+    ho.add_argument("--json", action="store_true")
+    ho.set_defaults(func=cmd_helios_offline)
+    hr = hesub.add_parser("replay", help="each policy live on the PyTorch engine vs simulated",
+                          description="Serve a helios config's prompt stream live with each "
+                          "policy (the same policy objects and round program as the simulator) "
+                          "and compare: decision agreement, throughput, TTFT, TPOT, batch, "
+                          "perplexity, with the live-vs-live spread over --repeats runs.")
+    hr.add_argument("config", help="a config with a helios: section (examples/helios-*.yaml)")
+    hr.add_argument("--policies", type=lambda t: t.split(","),
+                    help="policy names to replay (default: all)")
+    hr.add_argument("--repeats", type=int, default=2, help="live runs per policy")
+    hr.add_argument("--json", action="store_true")
+    hr.set_defaults(func=cmd_helios_replay)
+
     dy = sub.add_parser("dynasor", help="Dynasor experiments on probes traces")
     dysub = dy.add_subparsers(dest="dynasor_command", required=True, metavar="EXPERIMENT")
     off = dysub.add_parser("offline", help="tokens-to-accuracy of certaindex vs fixed budgets",

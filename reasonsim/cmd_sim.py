@@ -96,6 +96,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     if args.config is None:
         raise UserError("simulate needs CONFIG.yaml (or --help-config)")
+    from sim.config import read_yaml
+    from sim.helios_config import is_helios_config
+
+    if is_helios_config(read_yaml(args.config)):
+        from reasonsim.cmd_helios import run_helios_simulate
+
+        return run_helios_simulate(args.config, args.out, args.json)
     cfg = load_config(args.config)
     if args.out:  # refuse a used output directory before simulating, not after
         from traces.store import check_out_dir

@@ -71,6 +71,24 @@ def cmd_trace_branches(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace_exits(args: argparse.Namespace) -> int:
+    """`reasonsim trace exits`."""
+    from tracers.exits import ExitsWorkload, trace_exits
+    from tracers.testbed.tasks import FAMILIES
+
+    bad = [p for p in args.phases if p not in FAMILIES]
+    if bad:
+        raise UserError(f"--phases: unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
+    if min(args.prompts_per_phase, args.max_tokens, args.max_num_seqs) < 1:
+        raise UserError("--prompts-per-phase, --max-tokens and --max-num-seqs must be >= 1")
+    wl = ExitsWorkload(phases=args.phases, prompts_per_phase=args.prompts_per_phase,
+                       max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs, seed=args.seed)
+    summary = trace_exits(args.model, args.out, wl, load_format=args.load_format,
+                          progress=not args.quiet)
+    print_summary(summary, args.json)
+    return 0
+
+
 def cmd_traces_check(args: argparse.Namespace) -> int:
     """`reasonsim traces check`."""
     from traces.store import check_trace

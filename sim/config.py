@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -127,11 +128,11 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  _construct_mapping)
 
 
-def load_config(path: str | Path) -> SimConfig:
-    """Read a YAML config file."""
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content; one-line errors naming the file (duplicate keys refused)."""
     path = Path(path)
     try:
-        d = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except OSError as e:
         raise ValueError(f"{path}: cannot read config ({e.strerror})") from None
     except UnicodeDecodeError as e:
@@ -142,6 +143,12 @@ def load_config(path: str | Path) -> SimConfig:
                          + (f" at line {mark.line + 1}" if mark else "") + ")") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def load_config(path: str | Path) -> SimConfig:
+    """Read a YAML config file."""
+    path = Path(path)
+    d = read_yaml(path)
     try:
         return parse_config(d, path.parent)
     except ValueError as e:

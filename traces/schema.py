@@ -176,11 +176,31 @@ PROGRAMS = [
 EXITS = [
     _RUN_ID,
     _f("model_id", pa.string(), "early-exit model"),
+    _f("loaded_layers", pa.int32(), "layers in memory when the token was generated (its stream "
+       "continues from the token of the last loaded layer)"),
     _f("request_id", pa.string(), "request id"),
     _f("token_index", pa.int32(), "output token index"),
     _f("layer", pa.int32(), "exit layer (1-based; the last layer is the full model)"),
     _f("max_prob", pa.float32(), "max softmax probability at this exit"),
     _f("token_id", pa.int32(), "argmax token at this exit"),
+]
+
+LAYERS = [
+    _RUN_ID,
+    _f("model_id", pa.string(), "model"),
+    _f("layer", pa.int32(), "decoder layer (1-based)"),
+    _f("weight_bytes", pa.int64(), "bytes of the layer's weights"),
+    _f("kv_bytes_per_token", pa.int64(), "KV cache bytes one token takes in this layer"),
+    _f("load_ms", pa.float64(), "measured time to bring the layer's weights into device memory "
+       "(median of repeats)"),
+]
+
+LAYER_TIMES = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "replica that ran the iteration"),
+    _f("step_id", pa.int64(), "iteration (joins to steps)"),
+    _f("layer", pa.int32(), "decoder layer (1-based)"),
+    _f("duration_ms", pa.float64(), "time in this layer during the iteration (all its forwards)"),
 ]
 
 SPEC_STEPS = [
@@ -220,7 +240,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     for name, fields in {
         "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
-        "programs": PROGRAMS, "exits": EXITS, "spec_steps": SPEC_STEPS,
+        "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
+        "spec_steps": SPEC_STEPS,
         "conformity": CONFORMITY,
     }.items()
 }
@@ -244,6 +265,8 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "requests": ("request_id",), "steps": ("replica_id", "step_id"),
     "programs": ("program_id",), "trajectories": ("request_id",),
     "branches": ("program_id", "branch_id"),
+    "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
+    "layer_times": ("replica_id", "step_id", "layer"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.

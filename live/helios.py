@@ -1,0 +1,125 @@
+"""HELIOS and its baselines live on the PyTorch engine, with the simulator's program and policy.
+
+The same `programs.helios.HeliosProgram` plans the rounds and the same policy objects decide;
+here each round runs on a real `TorchEngine` per model. Loading deeper layers is
+`load_layers` (timed); a switch empties the current model to its embedding and head and loads
+the other model's layers (timed), as the simulator charges it. The prompt stream is regenerated
+from the exits trace's workload parameters, so live and simulated serve the same prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from programs.helios import HeliosProgram
+from tracers.exits import ExitsWorkload
+from tracers.testbed import lm
+from tracers.torch_engine import TorchEngine, TorchSpec
+
+
+def stream_prompts(workload: dict, prompt_tokens: list[int]) -> list[list[int]]:
+    """The traced prompt stream's token ids, regenerated from the trace's workload parameters."""
+    wl = ExitsWorkload(**{k: tuple(v) if isinstance(v, list) else v for k, v in workload.items()})
+    ids = [lm.encode(item.prompt) for _, item in wl.prompts()]
+    if [len(x) for x in ids] != prompt_tokens:
+        raise ValueError("the regenerated prompt stream differs from the traced one (another "
+                         "task generator version?)")
+    return ids
+
+
+class LiveModels:
+    """One engine per candidate model; at most one holds layers at a time."""
+
+    def __init__(self, model_dirs: dict[str, str], seq_tokens: int, seed: int = 0):
+        self.engines = {name: TorchEngine(TorchSpec(model=path, loaded_layers=1,
+                                                    max_num_seqs=1, seed=seed,
+                                                    max_model_len=seq_tokens,
+                                                    record_exits=True))
+                        for name, path in model_dirs.items()}
+        for eng in self.engines.values():
+            _warm_up(eng)
+            eng.unload_layers(0)  # the repository holds every model's embedding and head only
+        self.loaded: tuple[str, int] | None = None
+
+    def configure(self, model: str, depth: int, batch: int) -> tuple[TorchEngine, float]:
+        """The engine for `model` at `depth` with `batch` slots; the load time it took (ms)."""
+        eng = self.engines[model]
+        load_ms = 0.0
+        if self.loaded is not None and self.loaded[0] != model:
+            self.engines[self.loaded[0]].unload_layers(0)
+        if eng.loaded_layers < depth:
+            load_ms = eng.load_layers(depth)
+        elif eng.loaded_layers > depth:
+            eng.unload_layers(depth)
+        if eng.spec.max_num_seqs != batch:
+            eng.set_max_num_seqs(batch)
+        self.loaded = (model, depth)
+        return eng, load_ms
+
+
+def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[list[int]],
+             seq_tokens: int, max_tokens: int, seed: int = 0
+             ) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """Serve the program's rounds on real engines: (requests, rounds, events), the same rows as
+    the simulator's `simulate_stream`."""
+    models = LiveModels(model_dirs, seq_tokens, seed)
+    req_rows: list[dict] = []
+    round_rows: list[dict] = []
+    t0 = time.perf_counter()
+    while (rnd := program.next_round()) is not None:
+        s = rnd.serve
+        eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts))
+        start = time.perf_counter() - t0
+        index = {f"q{i}": i for i in rnd.prompts}
+        for rid, i in index.items():
+            eng.add(rid, prompts[i], max_tokens=max_tokens)
+        probs: dict[int, list] = {i: [] for i in rnd.prompts}
+        first: dict[int, float] = {}
+        finish: dict[int, float] = {}
+        steps, busy_ms = 0, 0.0
+        while eng.has_unfinished():
+            res = eng.step()
+            now = time.perf_counter() - t0
+            steps += 1
+            busy_ms += res.duration_ms
+            for t in res.tokens:
+                i = index[t.request_id]
+                probs[i].append(t.max_probs)
+                first.setdefault(i, now)
+            for rid in res.finished:
+                finish[index[rid]] = now
+                eng.output_ids(rid)
+        toks = [probs[i] for i in rnd.prompts]
+        for k, i in enumerate(rnd.prompts):
+            req_rows.append({"prompt": i, "model": s.model, "depth": s.depth,
+                             "arrival_s": start, "first_token_s": first[i],
+                             "finish_s": finish[i], "prompt_tokens": len(prompts[i]),
+                             "output_tokens": len(toks[k]),
+                             "nll_sum": float(-sum(_log(t[-1]) for t in toks[k]))})
+        round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
+                           "batch": len(rnd.prompts), "steps": steps, "load_ms": load_ms,
+                           "busy_ms": busy_ms,
+                           "event": s.event or "",
+                           "layer_tokens": s.depth * (sum(len(prompts[i]) for i in rnd.prompts)
+                                                      + sum(len(t) for t in toks))})
+        program.finish_round(toks)
+    return pd.DataFrame(req_rows), pd.DataFrame(round_rows), list(program.policy.events)
+
+
+def _warm_up(engine: TorchEngine) -> None:
+    """Throw-away requests at full depth: a fresh engine's first iterations pay one-off setup."""
+    if engine.loaded_layers < engine.num_layers:
+        engine.load_layers(engine.num_layers)
+    engine.set_max_num_seqs(4)
+    for i in range(4):
+        engine.add(f"warmup-{i}", [5 + i] * (16 + 8 * i), max_tokens=8, stop_at_eos=False)
+    while engine.has_unfinished():
+        for rid in engine.step().finished:
+            engine.output_ids(rid)
+
+
+def _log(p: float) -> float:
+    return math.log(max(p, 1e-12))

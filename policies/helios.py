@@ -1,0 +1,249 @@
+"""HELIOS: early-exit model selection, greedy loaded depth, confidence breaches. Pure.
+
+The policy sees a prompt stream and the tokens each prompt produced; it answers, before each
+prompt, which model serves it at which loaded depth (decisions as data), and learns from
+evaluation prompts a Performance History Table (PHT). The steps (HELIOS, Algorithm 1):
+
+1. **Evaluate** each shortlisted candidate on `eval_prompts` prompts in turn, full depth, and
+   record its PHT row: exit distribution under the threshold and per-depth cost figures.
+2. **Select** the candidate that best serves the SLO strategy at its greedy depth: the smallest
+   depth at which at least `coverage` of its evaluated tokens exit (HELIOS loads "up to the exit
+   layer most tokens take").
+3. **Confidence breaches**: a token whose max probability at the last loaded layer is below the
+   threshold is a breach. When more than `cbc_max` of the last `window` tokens breached, compare
+   loading the current model's remaining layers with switching to the best other candidate at its
+   greedy depth, by estimated overhead (load time + serving cost over `horizon_tokens`), and take
+   the cheaper. The counter is reset after a decision. Decisions apply at the next prompt.
+4. **Re-assess** every `reassess_every` prompts: evaluate the candidates again, select again.
+
+Baselines are policies too: `Static` (one model, full depth) and `EarlyExitFull` (one model, full
+depth loaded, tokens exit at the threshold: EE-LLM style).
+
+Costs come from the PHT, measured in evaluation: per step, a fixed time plus a time per loaded
+layer (linear in depth, as the layers are identical); memory sets the batch a depth allows.
+Energy is a proxy (layer-token executions x a per-layer energy), labelled so wherever shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model HELIOS may serve with: its depth and per-layer costs (measured or from config)."""
+
+    name: str
+    layers: int
+    layer_ms: float
+    """time per loaded layer per step (at the evaluation batch)"""
+    fixed_ms: float
+    """time per step outside the layers (embedding, head, scheduling)"""
+    load_ms_per_layer: float
+    """measured time to bring one layer's weights into memory"""
+    batch_at_depth: tuple[int, ...]
+    """largest batch that fits with d layers loaded, for d = 1..layers (memory model)"""
+    energy_per_layer_token: float = 1.0
+    """energy of one layer on one token (a proxy unless a power reading calibrated it)"""
+
+
+@dataclass
+class PHTRow:
+    """Performance History Table row: what evaluating one candidate measured."""
+
+    model: str
+    tokens: int = 0
+    exit_counts: list[int] = field(default_factory=list)
+    """tokens whose first confident exit is layer d (index d-1); the last counts the rest"""
+    nll_at_depth: list[float] = field(default_factory=list)
+    """summed -log(max probability) of the tokens at each depth (perplexity per depth)"""
+
+    def exit_share_upto(self, depth: int) -> float:
+        """Share of evaluated tokens that exit at or before `depth`."""
+        return sum(self.exit_counts[:depth]) / self.tokens if self.tokens else 0.0
+
+    def perplexity(self, depth: int) -> float:
+        """exp(mean NLL) of the evaluated tokens' own probability at `depth`."""
+        return math.exp(self.nll_at_depth[depth - 1] / self.tokens) if self.tokens else math.inf
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Decision for one prompt: the model and loaded depth serving it, and why it changed."""
+
+    model: str
+    depth: int
+    event: str | None = None
+    """None, 'evaluate', 'select', 'load' (LD: more layers of the model) or 'switch' (SW)"""
+    evaluating: bool = False
+    exit_threshold: float | None = None
+    """tokens exit at this threshold within the loaded depth (EE-full baseline); None: at depth"""
+
+
+class Helios:
+    """HELIOS's state machine over a prompt stream."""
+
+    def __init__(self, candidates: list[Candidate], threshold: float = 0.9,
+                 strategy: str = "throughput", eval_prompts: int = 5, cbc_max: int = 50,
+                 window: int = 100, reassess_every: int = 150, coverage: float = 0.5,
+                 horizon_tokens: int = 1000):
+        if not candidates:
+            raise ValueError("helios: needs at least one candidate model")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"helios: strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        if not 0 < threshold <= 1 or not 0 < coverage <= 1:
+            raise ValueError("helios: threshold and coverage must be in (0, 1]")
+        if min(eval_prompts, window, horizon_tokens) < 1 or not 0 <= cbc_max < window:
+            raise ValueError("helios: eval_prompts, window and horizon_tokens must be >= 1, and "
+                             "0 <= cbc_max < window")
+        if reassess_every <= eval_prompts * len(candidates):
+            raise ValueError(f"helios: reassess_every ({reassess_every}) must exceed the "
+                             f"evaluation phase ({eval_prompts} prompts x {len(candidates)} "
+                             "candidates)")
+        self.candidates = {c.name: c for c in candidates}
+        self.order = [c.name for c in candidates]
+        self.threshold, self.strategy, self.eval_prompts = threshold, strategy, eval_prompts
+        self.cbc_max, self.window, self.reassess_every = cbc_max, window, reassess_every
+        self.coverage, self.horizon_tokens = coverage, horizon_tokens
+        self.pht: dict[str, PHTRow] = {}
+        self.prompt_index = 0
+        self.current: Serve | None = None
+        self.breaches: deque[bool] = deque(maxlen=window)
+        self.pending: Serve | None = None
+        self.events: list[tuple[int, Serve]] = []
+
+    # -- the stream -----------------------------------------------------------------------
+
+    def next_prompt(self) -> Serve:
+        """The model and depth that serve the next prompt (call once per prompt, in order)."""
+        i = self.prompt_index
+        self.prompt_index += 1
+        j = i % self.reassess_every  # every interval starts with an evaluation phase
+        if j < self.eval_prompts * len(self.order):
+            if j == 0:
+                self.pht = {}
+            name = self.order[j // self.eval_prompts]
+            serve = Serve(name, self.candidates[name].layers,
+                          "evaluate" if j % self.eval_prompts == 0 else None, evaluating=True)
+        elif self.current is None or self.current.evaluating:
+            serve = self._select("select")
+            self.breaches.clear()
+            self.pending = None
+        elif self.pending is not None:
+            serve, self.pending = self.pending, None
+        else:
+            serve = Serve(self.current.model, self.current.depth)
+        if serve.event is not None:
+            self.events.append((i, serve))
+        self.current = serve
+        return serve
+
+    def same_after(self) -> int:
+        """Prompts after the last one that get the same decision unless tokens change it."""
+        i = self.prompt_index - 1
+        j = i % self.reassess_every
+        if j < self.eval_prompts * len(self.order):
+            return self.eval_prompts - 1 - j % self.eval_prompts
+        return self.reassess_every - 1 - j
+
+    def observe(self, serve: Serve, max_probs: list[float]) -> None:
+        """One token generated under `serve`: its max probability at each loaded exit."""
+        if serve.evaluating:
+            row = self.pht.setdefault(serve.model, PHTRow(serve.model, 0, [0] * len(max_probs),
+                                                          [0.0] * len(max_probs)))
+            exit_at = next((d for d, p in enumerate(max_probs) if p >= self.threshold),
+                           len(max_probs) - 1)
+            row.tokens += 1
+            row.exit_counts[exit_at] += 1
+            for d, p in enumerate(max_probs):
+                row.nll_at_depth[d] += -math.log(max(p, 1e-12))
+            return
+        self.breaches.append(max_probs[-1] < self.threshold)
+        if self.pending is None and sum(self.breaches) > self.cbc_max:
+            self.pending = self._on_breaches(serve)
+            self.breaches.clear()
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def greedy_depth(self, model: str) -> int:
+        """Smallest depth at which `coverage` of the model's evaluated tokens exit."""
+        row, c = self.pht.get(model), self.candidates[model]
+        if row is None or not row.tokens:
+            return c.layers
+        return next(d for d in range(1, c.layers + 1)
+                    if d == c.layers or row.exit_share_upto(d) >= self.coverage)
+
+    def cost(self, model: str, depth: int) -> float:
+        """The strategy's cost of serving at `depth` (lower is better)."""
+        c = self.candidates[model]
+        step_ms = c.fixed_ms + depth * c.layer_ms
+        if self.strategy == "throughput":
+            return step_ms / c.batch_at_depth[depth - 1]  # ms per token at the batch that fits
+        if self.strategy == "response_time":
+            return step_ms
+        if self.strategy == "accuracy":
+            row = self.pht.get(model)
+            return row.perplexity(depth) if row else math.inf
+        return depth * c.energy_per_layer_token
+
+    def _select(self, event: str) -> Serve:
+        best = min(self.order, key=lambda m: (self.cost(m, self.greedy_depth(m)),
+                                              self.order.index(m)))
+        return Serve(best, self.greedy_depth(best), event)
+
+    def _on_breaches(self, serve: Serve) -> Serve | None:
+        """Load the serving model's remaining layers, or switch: whichever costs less."""
+        cur = self.candidates[serve.model]
+        options = []
+        if serve.depth < cur.layers:
+            load = (cur.layers - serve.depth) * cur.load_ms_per_layer
+            options.append((load + self._serving(cur.name, cur.layers), 0,
+                            Serve(cur.name, cur.layers, "load")))
+        for k, name in enumerate(self.order):
+            if name == cur.name:
+                continue
+            d = self.greedy_depth(name)
+            load = d * self.candidates[name].load_ms_per_layer
+            options.append((load + self._serving(name, d), k + 1, Serve(name, d, "switch")))
+        return min(options, key=lambda o: o[:2])[2] if options else None
+
+    def _serving(self, model: str, depth: int) -> float:
+        """Estimated time to serve `horizon_tokens` at `depth` (the batch it allows)."""
+        c = self.candidates[model]
+        return self.horizon_tokens * (c.fixed_ms + depth * c.layer_ms) / c.batch_at_depth[depth - 1]
+
+
+class Static:
+    """Baseline: one model at full depth, every token from the last layer."""
+
+    def __init__(self, candidate: Candidate):
+        self.candidate = candidate
+        self.events: list[tuple[int, Serve]] = []
+
+    def next_prompt(self) -> Serve:
+        """Always the same model, full depth."""
+        return Serve(self.candidate.name, self.candidate.layers)
+
+    def same_after(self) -> int:
+        """Every later prompt gets the same decision."""
+        return 1 << 30
+
+    def observe(self, serve: Serve, max_probs: list[float]) -> None:
+        """Static selection learns nothing."""
+
+
+class EarlyExitFull(Static):
+    """Baseline: an early-exit model with every layer loaded; tokens exit at the threshold."""
+
+    def __init__(self, candidate: Candidate, threshold: float = 0.9):
+        super().__init__(candidate)
+        self.threshold = threshold
+
+    def next_prompt(self) -> Serve:
+        """The whole model loaded; exits decided per token at the threshold."""
+        return Serve(self.candidate.name, self.candidate.layers,
+                     exit_threshold=self.threshold)

@@ -1,0 +1,164 @@
+"""`reasonsim helios ...`: HELIOS early-exit analysis on exits traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reasonsim.common import UserError
+
+
+def cmd_helios_offline(args: argparse.Namespace) -> int:
+    """`reasonsim helios offline`: exit distribution per model and threshold, breach rates."""
+    from rich.table import Table
+
+    from sim.exits import depth_summary, exit_summary, load_exits, plot_exit_shares
+
+    if any(not 0 < t <= 1 for t in args.thresholds):
+        raise UserError("--thresholds: each must be in (0, 1]")
+    result, shares = {}, {}
+    for trace in args.traces:
+        try:
+            m = load_exits(trace)
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+        name = Path(m.model_id).name
+        rows = exit_summary(m, args.thresholds)
+        result[name] = {"trace": str(trace), "tokens": int(len(m.max_prob)),
+                        "thresholds": rows, "depths": depth_summary(m, args.breach_threshold)}
+        shares[name] = rows
+    if args.out:
+        plot_exit_shares(shares, Path(args.out) / "exit_shares.png")
+        (Path(args.out) / "exits.json").write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    console = _console()
+    for name, res in result.items():
+        t = Table(title=f"{name}: {res['tokens']} tokens ({res['trace']})")
+        layers = len(res["thresholds"][0]["exit_share"])
+        for col in ["threshold", *[f"L{i + 1}" for i in range(layers)], "mean exit",
+                    "early = final", "agree"]:
+            t.add_column(col, justify="right")
+        for r in res["thresholds"]:
+            t.add_row(f"{r['threshold']:g}", *[f"{x:.1%}" for x in r["exit_share"]],
+                      f"{r['mean_exit_layer']:.2f}", f"{r['early_equals_final']:.1%}",
+                      f"{r['agree_with_final']:.1%}")
+        console.print(t)
+        d = Table(title=f"{name}: loaded depth, breach threshold {args.breach_threshold:g}")
+        for col in ("depth", "breach rate", "agree with full depth"):
+            d.add_column(col, justify="right")
+        for r in res["depths"]:
+            d.add_row(str(r["depth"]), f"{r['breach_rate']:.1%}", f"{r['agree_with_final']:.1%}")
+        console.print(d)
+    return 0
+
+
+def _console():
+    """A rich console as wide as the terminal, or 160 columns when output is not a terminal."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _experiment(path: str):
+    from sim.config import read_yaml
+    from sim.helios_config import Experiment
+
+    try:
+        return Experiment(read_yaml(path), Path(path).parent)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
+    """`reasonsim simulate` of a config with a `helios:` section: every policy, one stream."""
+    from rich.table import Table
+
+    from sim.helios_report import plot_policies, plot_timeline
+
+    exp = _experiment(config)
+    if out:
+        from traces.store import check_out_dir
+
+        check_out_dir(out, resume=False, can_resume=False)
+    results = exp.simulate()
+    summary = {name: r.summary() for name, r in results.items()}
+    devices = sorted({p.device for p in exp.profiles.values()})
+    if out:
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        plot_policies(results, d / "helios_policies.png")
+        plot_timeline(results, d / "helios_timeline.png")
+        (d / "summary.json").write_text(json.dumps({"devices": devices, "policies": summary},
+                                                   indent=1))
+    if as_json:
+        print(json.dumps({"devices": devices, "policies": summary}))
+        return 0
+    t = Table(title=f"{config}: {exp.num_prompts} prompts; profiles traced on "
+              f"{', '.join(devices)}")
+    for col in ("policy", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "mean batch", "perplexity",
+                "layer-tokens*", "LD/SW at prompt"):
+        t.add_column(col, justify="right", no_wrap=col == "policy")
+    t.caption = "* layer-token executions: the energy proxy (no power reading calibrates it)"
+    for name, s in summary.items():
+        t.add_row(name, f"{s['throughput_tok_s']:.0f}", f"{s['ttft_p50_s'] * 1e3:.1f}",
+                  f"{s['tpot_p50_s'] * 1e3:.2f}", f"{s['mean_batch']:.1f}",
+                  f"{s['perplexity']:.3f}", f"{s['layer_token_executions']}",
+                  " ".join(e for e in s["events"] if ":load:" in e or ":switch:" in e) or "-")
+    _console().print(t)
+    return 0
+
+
+def cmd_helios_replay(args: argparse.Namespace) -> int:
+    """`reasonsim helios replay`: each policy live on the PyTorch engine vs simulated."""
+    from rich.table import Table
+
+    from live.helios import run_live, stream_prompts
+    from sim.helios import HeliosResult, simulate_stream
+    from sim.helios_report import METRICS, compare
+
+    exp = _experiment(args.config)
+    if args.repeats < 1:
+        raise UserError("--repeats must be >= 1")
+    specs = exp.spec.helios.policies
+    if args.policies:
+        known = {exp.policy_name(p): p for p in specs}
+        unknown = [n for n in args.policies if n not in known]
+        if unknown:
+            raise UserError(f"--policies: unknown {unknown[0]!r}; known: {', '.join(known)}")
+        specs = [known[n] for n in args.policies]
+    first = next(iter(exp.profiles.values()))
+    try:
+        prompts = stream_prompts(first.workload, first.prompt_tokens)
+    except ValueError as e:
+        raise UserError(f"{args.config}: {e}") from None
+    dirs = {name: p.model_dir for name, p in exp.profiles.items()}
+    max_tokens = int(first.workload.get("max_tokens", 96))
+    report = {}
+    for p in specs:
+        sim = simulate_stream(exp.program(p), exp.profiles, exp.memory)
+        lives = [HeliosResult(*run_live(exp.program(p), dirs, prompts, exp.memory.seq_tokens,
+                                        max_tokens, seed=exp.spec.seed))
+                 for _ in range(args.repeats)]
+        report[exp.policy_name(p)] = compare(sim, lives)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    console = _console()
+    for name, r in report.items():
+        d = r["decisions"]
+        t = Table(title=f"{name}: same model/depth {d['prompts']:.0%} of prompts, events "
+                  f"{'equal' if d['events_equal'] else 'DIFFER'} ({d['events']}), same "
+                  f"output lengths {d['same_output_tokens']:.0%}")
+        for col in ("metric", "sim", "live (median)", "error", "live-vs-live spread"):
+            t.add_column(col, justify="right")
+        for m in METRICS:
+            x = r["metrics"][m]
+            t.add_row(m, f"{x['sim']:.4g}", f"{x['live']:.4g}", f"{x['error']:+.1%}",
+                      f"{x['live_spread']:.1%}")
+        console.print(t)
+    return 0

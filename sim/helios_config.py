@@ -1,0 +1,149 @@
+"""A HELIOS experiment config (`helios:` section) and its simulated run of every policy.
+
+    seed: 0
+    helios:
+      models: [{exits: TRACE_DIR}, ...]     # candidate models, each from its exits trace
+      memory_mb: 8                          # device memory for weights + KV
+      max_num_seqs: 32                      # engine slots cap
+      policies:                             # each served over the same prompt stream
+        - {type: static, model: target-large}
+        - {type: helios, strategy: throughput, threshold: 0.9, reassess_every: 60}
+
+Strict like the simulate config: unknown keys, wrong types and out-of-range values are one-line
+errors naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policies.helios import STRATEGIES, Helios, Static
+from programs.helios import HeliosProgram
+from sim.config_schema import one_line
+from sim.helios import HeliosResult, Memory, ModelProfile, candidate, load_profile, simulate_stream
+
+Share = Annotated[float, Field(gt=0, le=1)]
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class ModelSpec(_Strict):
+    """One candidate model."""
+
+    exits: str
+    name: str | None = None
+
+
+class StaticSpec(_Strict):
+    """Baseline: one model at full depth."""
+
+    type: Literal["static"]
+    model: str
+    label: str | None = None
+
+
+class HeliosSpec(_Strict):
+    """HELIOS over every candidate model."""
+
+    type: Literal["helios"]
+    label: str | None = None
+    strategy: Literal[STRATEGIES] = "throughput"  # type: ignore[valid-type]
+    threshold: Share = 0.9
+    eval_prompts: Count = 5
+    cbc_max: Annotated[int, Field(ge=0)] = 50
+    window: Count = 100
+    reassess_every: Count = 150
+    coverage: Share = 0.5
+    horizon_tokens: Count = 1000
+
+
+class HeliosSection(_Strict):
+    """The `helios:` section."""
+
+    models: Annotated[list[ModelSpec], Field(min_length=1)]
+    memory_mb: Annotated[float, Field(gt=0)]
+    max_num_seqs: Count = 256
+    policies: Annotated[list[Annotated[Union[StaticSpec, HeliosSpec],
+                                       Field(discriminator="type")]], Field(min_length=1)]
+
+
+class HeliosConfig(_Strict):
+    """A whole HELIOS experiment config."""
+
+    seed: Annotated[int, Field(ge=0)] = 0
+    helios: HeliosSection
+
+
+class Experiment:
+    """A validated config with its profiles loaded: policies to run over one prompt stream."""
+
+    def __init__(self, d: Any, base_dir: str | Path = "."):
+        try:
+            self.spec = HeliosConfig.model_validate(d)
+        except ValidationError as e:
+            raise ValueError(one_line(e)) from None
+        h = self.spec.helios
+        base = Path(base_dir)
+        self.profiles: dict[str, ModelProfile] = {}
+        for k, m in enumerate(h.models):
+            path = Path(m.exits) if Path(m.exits).is_absolute() else base / m.exits
+            try:
+                p = load_profile(path, m.name)
+            except (FileNotFoundError, ValueError) as e:
+                raise ValueError(f"helios.models[{k}].exits: {e}") from None
+            if p.name in self.profiles:
+                raise ValueError(f"helios.models[{k}]: a second model named {p.name!r}")
+            self.profiles[p.name] = p
+        streams = {tuple(p.prompt_tokens) for p in self.profiles.values()}
+        if len(streams) > 1:
+            raise ValueError("helios.models: the exits traces served different prompt streams "
+                             "(trace them with the same workload)")
+        self.num_prompts = len(next(iter(self.profiles.values())).prompt_tokens)
+        longest = max(max(p.prompt_tokens) for p in self.profiles.values())
+        max_tokens = max(int(p.workload.get("max_tokens", 0)) for p in self.profiles.values())
+        self.memory = Memory(h.memory_mb, longest + max_tokens, h.max_num_seqs)
+        for name, p in self.profiles.items():
+            if self.memory.batch(p, 1) < 1:
+                raise ValueError(f"helios.memory_mb: {h.memory_mb} MB cannot hold one layer of "
+                                 f"{name} and one sequence's KV")
+        self.candidates = {n: candidate(p, self.memory) for n, p in self.profiles.items()}
+        for k, pol in enumerate(h.policies):
+            if isinstance(pol, StaticSpec) and pol.model not in self.profiles:
+                raise ValueError(f"helios.policies[{k}].model: {pol.model!r} is not one of "
+                                 f"{', '.join(self.profiles)}")
+        names = [self.policy_name(p) for p in h.policies]
+        if len(set(names)) != len(names):
+            raise ValueError("helios.policies: two policies with one name (give one a 'label')")
+
+    @staticmethod
+    def policy_name(p: StaticSpec | HeliosSpec) -> str:
+        """A policy's label in tables and figures."""
+        if p.label:
+            return p.label
+        return f"static:{p.model}" if isinstance(p, StaticSpec) else f"helios:{p.strategy}"
+
+    def program(self, p: StaticSpec | HeliosSpec) -> HeliosProgram:
+        """A fresh program (and policy) for one policy spec."""
+        if isinstance(p, StaticSpec):
+            policy = Static(self.candidates[p.model])
+        else:
+            args = p.model_dump(exclude={"type", "label"})
+            policy = Helios(list(self.candidates.values()), **args)
+        return HeliosProgram(policy, self.num_prompts,
+                             lambda s: self.memory.batch(self.profiles[s.model], s.depth))
+
+    def simulate(self) -> dict[str, HeliosResult]:
+        """Every policy simulated over the stream."""
+        return {self.policy_name(p): simulate_stream(self.program(p), self.profiles, self.memory)
+                for p in self.spec.helios.policies}
+
+
+def is_helios_config(d: Any) -> bool:
+    """True for a config with a `helios:` section (routed here by `reasonsim simulate`)."""
+    return isinstance(d, dict) and "helios" in d

@@ -1,0 +1,137 @@
+"""HELIOS end to end: the exits tracer, counterfactual exits, simulate, live replay on the
+PyTorch engine, and config errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, TESTBED, run_cli
+from sim.config import read_yaml
+from sim.exits import load_exits
+from sim.helios_config import Experiment
+from sim.layered import LayeredModel, fit_layered
+from traces import check_trace, read_run, read_table
+
+EXAMPLE = REPO / "examples" / "helios-testbed.yaml"
+SHIPPED = [REPO / "traces" / "data" / f"testbed-exits-{m}-cpu"
+           for m in ("target-large", "target-small")]
+
+
+def test_trace_exits_records_every_exit_at_every_depth(tmp_path):
+    out = tmp_path / "exits"
+    summary = json.loads(run_cli(
+        "trace", "exits", "--model", str(TESTBED / "target-small"), "-o", str(out),
+        "--phases", "count,mod", "--prompts-per-phase", "3", "--max-tokens", "12", "--json",
+        "-q").stdout)
+    assert check_trace(out) == [] and read_run(out)["kind"] == "exits"
+    assert read_run(out)["engine"] == "torch"
+    exits = read_table(out, "exits").to_pandas()
+    reqs = read_table(out, "requests").to_pandas()
+    # 6 prompts x 2 depths; a token at depth d has exits 1..d.
+    assert len(reqs) == 12 == summary["requests"]
+    per_depth = reqs.assign(depth=reqs.request_id.map(
+        exits.groupby("request_id").loaded_layers.first()))
+    tokens = per_depth.groupby("depth").output_tokens.sum()
+    assert len(exits) == tokens[1] * 1 + tokens[2] * 2
+    layers = read_table(out, "layers").to_pandas()
+    assert list(layers.layer) == [1, 2] and (layers.load_ms > 0).all()
+    assert (layers.kv_bytes_per_token == 2 * 3 * 32 * 4).all()  # K and V x 3 heads x 32 x fp32
+    times = read_table(out, "layer_times").to_pandas()
+    steps = read_table(out, "steps").to_pandas()
+    assert set(times.step_id) == set(steps.step_id)
+    proc = run_cli("trace", "exits", "--model", str(TESTBED / "draft"), "-o", str(tmp_path / "x"),
+                   "--phases", "poetry", check=False)
+    assert proc.returncode == 2 and "--phases: unknown family 'poetry'" in proc.stderr
+
+
+def test_shipped_exits_traces_and_the_offline_analysis():
+    for trace in SHIPPED:
+        assert check_trace(trace) == []
+    result = json.loads(run_cli("helios", "offline", *map(str, SHIPPED), "--thresholds",
+                                "0.5,0.9", "--json").stdout)
+    large = result["target-large"]
+    for row in large["thresholds"]:
+        assert abs(sum(row["exit_share"]) - 1) < 1e-9 and len(row["exit_share"]) == 4
+    # The testbed's insight #1: most tokens leave early, and early tokens equal the final ones.
+    at_09 = large["thresholds"][1]
+    assert at_09["early_share"] > 0.5 and at_09["early_equals_final"] > 0.95
+    depths = large["depths"]
+    assert depths[0]["breach_rate"] >= depths[-1]["breach_rate"]
+    m = load_exits(SHIPPED[0], depth=2)
+    assert m.layers == 2 and (m.exit_layers(0.9) <= 2).all()
+    proc = run_cli("helios", "offline", str(REPO / "traces" / "data" / "testbed-large-cpu"),
+                   check=False)
+    assert proc.returncode == 2 and "expected an exits trace" in proc.stderr
+
+
+def test_layered_step_time_is_linear_in_depth_and_validated():
+    rng = np.random.default_rng(0)
+    n = 400
+    p, d, c = rng.integers(0, 200, n), rng.integers(1, 32, n), rng.integers(0, 4000, n)
+    depth = rng.integers(1, 5, n)
+    y = 0.3 + 0.01 * d + depth * (0.5 + 0.002 * p + 0.02 * d + 1e-4 * c)
+    m = fit_layered(p, d, c, depth, y, layers=4)
+    assert abs(m.at_depth(3).step_ms(100, 8, 1000) - (0.3 + 0.08 + 3 * (0.5 + 0.2 + 0.16 + 0.1))) \
+        < 1e-6
+    again = LayeredModel.from_json(json.loads(json.dumps(m.to_json())))
+    assert again == m
+    with pytest.raises(ValueError, match="two or more loaded depths"):
+        fit_layered(p, d, c, np.ones(n), y, layers=4)
+    with pytest.raises(ValueError, match="depth 5: the model has 4 layers"):
+        m.at_depth(5)
+    bad = dict(m.to_json(), layer_ms=[0.0] * 5)
+    with pytest.raises(ValueError, match="layers that take no time"):
+        LayeredModel.from_json(bad)
+
+
+def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
+    out = tmp_path / "sim"
+    summary = json.loads(run_cli("simulate", str(EXAMPLE), "-o", str(out), "--json").stdout)
+    pol = summary["policies"]
+    assert set(pol) >= {"static:target-large", "static:target-small", "helios:throughput"}
+    # Partial loading buys larger batches than the full model's.
+    assert pol["helios:throughput"]["mean_batch"] > pol["static:target-large"]["mean_batch"]
+    assert pol["helios:throughput"]["throughput_tok_s"] > \
+        pol["static:target-large"]["throughput_tok_s"]
+    assert any(":switch:" in e or ":load:" in e for e in pol["helios:throughput:cbc20"]["events"])
+    for name in ("helios_policies.png", "helios_timeline.png", "summary.json"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda h: h.update(bogus=1), "helios: unknown key 'bogus'"),
+    (lambda h: h.update(memory_mb=-1), "helios.memory_mb: Input should be greater than 0"),
+    (lambda h: h.update(memory_mb=0.5), "cannot hold one layer"),
+    (lambda h: h["policies"].append({"type": "static", "model": "gpt"}),
+     "helios.policies[6].model: 'gpt' is not one of target-large, target-small"),
+    (lambda h: h["policies"].append({"type": "helios", "strategy": "speed"}),
+     "helios.policies[6].helios.strategy"),
+    (lambda h: h["policies"].append({"type": "static", "model": "target-small"}),
+     "two policies with one name"),
+    (lambda h: h["models"].append({"exits": "missing-dir"}), "helios.models[2].exits"),
+])
+def test_config_errors_name_the_key(edit, message):
+    d = read_yaml(EXAMPLE)
+    edit(d["helios"])
+    with pytest.raises(ValueError) as e:
+        Experiment(d, EXAMPLE.parent)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.engine
+def test_live_replay_makes_the_simulated_decisions():
+    proc = run_cli("helios", "replay", str(EXAMPLE), "--policies",
+                   "static:target-small,helios:throughput:cbc20", "--repeats", "1", "--json")
+    report = json.loads(proc.stdout)
+    for name, r in report.items():
+        d = r["decisions"]
+        assert d["prompts"] == 1.0 and d["events_equal"], (name, d)
+        assert d["same_output_tokens"] >= 0.95, (name, d)
+        m = r["metrics"]
+        assert m["mean_batch"]["error"] == 0 and abs(m["perplexity"]["error"]) < 0.01
+        # Loose: the shared CI machine's live-vs-live spread alone reaches tens of percent.
+        assert abs(m["throughput_tok_s"]["error"]) < 0.6, (name, m)
+    assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7

@@ -1,0 +1,114 @@
+"""The HELIOS policy (pure) and the round program: evaluation, greedy depth, CBC, re-assessment."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.helios import Candidate, EarlyExitFull, Helios, Static
+from programs.helios import HeliosProgram
+
+BIG = Candidate("big", layers=4, layer_ms=1.0, fixed_ms=0.5, load_ms_per_layer=10.0,
+                batch_at_depth=(32, 16, 10, 8))
+SMALL = Candidate("small", layers=2, layer_ms=1.2, fixed_ms=0.2, load_ms_per_layer=5.0,
+                  batch_at_depth=(16, 12))
+
+
+def _evaluate(h: Helios, exits: dict[str, list[int]], confident: float = 0.95):
+    """Run the evaluation phase; each model's tokens first reach the threshold at `exits`."""
+    for _ in range(h.eval_prompts * len(h.order)):
+        s = h.next_prompt()
+        assert s.evaluating and s.depth == h.candidates[s.model].layers
+        for first in exits[s.model]:
+            h.observe(s, [confident if d + 1 >= first else 0.2 for d in range(s.depth)])
+
+
+def test_evaluation_phase_then_greedy_selection_and_reassessment():
+    h = Helios([BIG, SMALL], eval_prompts=2, reassess_every=10)
+    _evaluate(h, {"big": [1, 1, 1, 4], "small": [2, 2, 2, 2]})
+    assert [(i, s.event, s.model) for i, s in h.events] == [(0, "evaluate", "big"),
+                                                            (2, "evaluate", "small")]
+    # big: 75% of tokens exit at layer 1 -> greedy depth 1 (coverage 0.5); small needs 2.
+    assert h.greedy_depth("big") == 1 and h.greedy_depth("small") == 2
+    s = h.next_prompt()
+    # throughput: big@1 costs (0.5 + 1.0) / 32 per token, small@2 (0.2 + 2.4) / 12.
+    assert (s.model, s.depth, s.event) == ("big", 1, "select")
+    assert h.same_after() == 10 - 1 - 4  # until the next re-assessment
+    for _ in range(5):
+        h.next_prompt()
+    again = h.next_prompt()
+    assert again.evaluating and again.event == "evaluate" and h.prompt_index == 11
+
+
+def test_breaches_beyond_cbc_max_load_more_or_switch_by_estimated_cost():
+    h = Helios([BIG, SMALL], eval_prompts=1, reassess_every=1000, cbc_max=3, window=10,
+               horizon_tokens=100)
+    _evaluate(h, {"big": [1, 1, 4], "small": [1, 1, 1]})
+    s = h.next_prompt()
+    assert (s.model, s.depth) == ("big", 1)
+    for _ in range(3):  # at the limit: no decision yet
+        h.observe(s, [0.1])
+    assert h.next_prompt() == type(s)("big", 1)
+    h.observe(s, [0.1])  # the 4th breach in the window
+    nxt = h.next_prompt()
+    # load big to 4: 3 x 10 ms + 100 x (0.5 + 4) / 8 = 86 ms; switch to small@1: 5 + 100 x 1.4 / 16
+    assert (nxt.event, nxt.model, nxt.depth) == ("switch", "small", 1)
+    assert h.events[-1] == (h.prompt_index - 1, nxt)
+    # With small loading slowly, loading big's remaining layers is cheaper.
+    slow = Candidate("small", 2, 1.2, 0.2, load_ms_per_layer=500.0, batch_at_depth=(16, 12))
+    h = Helios([BIG, slow], eval_prompts=1, reassess_every=1000, cbc_max=3, window=10,
+               horizon_tokens=100)
+    _evaluate(h, {"big": [1, 1, 4], "small": [1, 1, 1]})
+    s = h.next_prompt()
+    for _ in range(4):
+        h.observe(s, [0.1])
+    nxt = h.next_prompt()
+    assert (nxt.event, nxt.model, nxt.depth) == ("load", "big", 4)
+
+
+def test_strategies_pick_by_their_own_cost():
+    exits = {"big": [1, 1, 1, 1], "small": [1, 1, 1, 1]}
+    for strategy, want in (("throughput", "big"), ("response_time", "small"),
+                           ("energy", "big")):
+        h = Helios([BIG, SMALL], strategy=strategy, eval_prompts=1, reassess_every=100)
+        _evaluate(h, exits)
+        assert h.next_prompt().model == want, strategy
+    h = Helios([BIG, SMALL], strategy="accuracy", eval_prompts=1, reassess_every=100)
+    for _ in range(2):  # big's tokens are more confident at depth 1: lower perplexity
+        s = h.next_prompt()
+        p = 0.99 if s.model == "big" else 0.92
+        h.observe(s, [p] * s.depth)
+    assert h.next_prompt().model == "big"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"strategy": "fast"}, "strategy 'fast'"),
+    ({"threshold": 0.0}, "threshold and coverage"),
+    ({"cbc_max": 100, "window": 100}, "0 <= cbc_max < window"),
+    ({"reassess_every": 10, "eval_prompts": 5}, "must exceed the evaluation phase"),
+])
+def test_bad_parameters_are_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Helios([BIG, SMALL], **kwargs)
+
+
+def test_rounds_never_mix_decisions_and_respect_the_batch():
+    h = Helios([BIG, SMALL], eval_prompts=3, reassess_every=40)
+    prog = HeliosProgram(h, 50, lambda s: h.candidates[s.model].batch_at_depth[s.depth - 1])
+    sizes = []
+    while (r := prog.next_round()) is not None:
+        assert len(r.prompts) <= h.candidates[r.serve.model].batch_at_depth[r.serve.depth - 1]
+        sizes.append((r.serve.model, r.serve.evaluating, len(r.prompts)))
+        prog.finish_round([[[0.95] * r.serve.depth] * 4 for _ in r.prompts])
+    # 3 + 3 evaluation prompts, then big@1 in rounds of <= 32 up to prompt 40, then again.
+    assert sizes[:4] == [("big", True, 3), ("small", True, 3), ("big", False, 32),
+                         ("big", False, 2)]
+    assert sum(n for *_, n in sizes) == 50
+    with pytest.raises(ValueError, match="round of"):
+        prog.finish_round([])
+
+
+def test_baselines():
+    s = Static(SMALL)
+    assert s.next_prompt() == s.next_prompt() and s.next_prompt().depth == 2 and not s.events
+    e = EarlyExitFull(BIG, threshold=0.8).next_prompt()
+    assert (e.depth, e.exit_threshold) == (4, 0.8)

@@ -1,0 +1,99 @@
+"""The PyTorch engine on the trained testbed models: outputs, exits, loaded depth, layer loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TESTBED
+from tracers.testbed import lm, tasks
+from tracers.torch_engine import TorchEngine, TorchSpec
+
+TARGET = TESTBED / "target-large"
+
+
+def _run(engine: TorchEngine, prompts: list[list[int]], max_tokens: int, stagger: int = 0):
+    """Submit prompts (every `stagger` steps one more, else all at once); outputs and tokens."""
+    tokens, pending, step = [], list(enumerate(prompts)), 0
+    while pending or engine.has_unfinished():
+        while pending and (not stagger or step % stagger == 0 or not engine.has_unfinished()):
+            i, p = pending.pop(0)
+            engine.add(f"r{i}", p, max_tokens)
+            if stagger:
+                break
+        res = engine.step()
+        tokens += res.tokens
+        step += 1
+    return [engine.output_ids(f"r{i}") for i in range(len(prompts))], tokens
+
+
+def _prompts(n: int, seed: int = 5) -> list[list[int]]:
+    return [lm.encode(it.prompt) for it in tasks.items(seed, n)]
+
+
+def test_greedy_outputs_at_full_depth_equal_transformers():
+    prompts = _prompts(6)
+    model = lm.load_model(TARGET)
+    want = []
+    with torch.inference_mode():
+        for p in prompts:  # one at a time: no padding in the reference
+            out = model.generate(input_ids=torch.tensor([p]), do_sample=False, max_new_tokens=40,
+                                 eos_token_id=lm.EOS_ID, pad_token_id=lm.PAD_ID)
+            want.append(out[0, len(p):].tolist())
+    engine = TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=4, max_model_len=512))
+    got, _ = _run(engine, prompts, 40, stagger=3)  # continuous batching, slots reused
+    assert got == want
+    assert engine.loaded_layers == 4 and not engine.has_unfinished()
+
+
+def test_exit_under_a_threshold_in_the_trace_equals_the_live_exit():
+    prompts = _prompts(4, seed=9)
+    full = TorchEngine(TorchSpec(model=str(TARGET), record_exits=True, max_model_len=512))
+    _, traced = _run(full, prompts, 48)
+    threshold = 0.9
+    live = TorchEngine(TorchSpec(model=str(TARGET), exit_threshold=threshold, max_model_len=512))
+    _, exited = _run(live, prompts, 48)
+    by_key = {(t.request_id, t.token_index): t for t in exited}
+    compared = early = 0
+    for req in {t.request_id for t in traced}:
+        for t in sorted((t for t in traced if t.request_id == req), key=lambda t: t.token_index):
+            # The counterfactual exit: the first exit whose max probability reaches the threshold.
+            want = next((i + 1 for i, p in enumerate(t.max_probs) if p >= threshold), 4)
+            got = by_key[(req, t.token_index)]
+            assert got.exit_layer == want and got.token_id == t.argmax_ids[want - 1]
+            compared += 1
+            early += want < 4
+            if t.argmax_ids[want - 1] != t.token_id:
+                break  # the live stream now continues from another token than the trace
+    assert compared >= 40 and early >= 10  # the testbed exits early on most tokens
+
+
+def test_loaded_depth_runs_only_its_layers_and_loading_more_restores_full_outputs():
+    prompts = _prompts(3, seed=2)
+    shallow = TorchEngine(TorchSpec(model=str(TARGET), loaded_layers=2, max_model_len=512))
+    assert shallow.loaded_layers == 2 and len(shallow.k_cache) == 2
+    _, toks = _run(shallow, prompts, 16)
+    assert {t.exit_layer for t in toks} == {2}
+    full_ref, _ = _run(TorchEngine(TorchSpec(model=str(TARGET), max_model_len=512)), prompts, 16)
+    load_ms = shallow.load_layers(4)
+    assert load_ms > 0 and shallow.loaded_layers == 4
+    again, toks = _run(shallow, prompts, 16)
+    assert again == full_ref and {t.exit_layer for t in toks} == {4}
+    assert shallow.layer_weight_bytes() > 0 and shallow.kv_bytes_per_token_layer() == 2 * 4 * 32 * 4
+
+
+def test_steps_report_prefill_decode_and_per_layer_time():
+    engine = TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=2, max_model_len=512))
+    for i, p in enumerate(_prompts(3)):
+        engine.add(f"r{i}", p, 5)
+    first = engine.step()
+    assert (first.prefill_seqs, first.decode_seqs) == (2, 0)  # two slots
+    assert first.prefill_tokens == sum(len(p) for p in _prompts(3)[:2])
+    assert len(first.layer_ms) == 4 and all(x > 0 for x in first.layer_ms)
+    assert sum(first.layer_ms) <= first.duration_ms
+    second = engine.step()
+    assert (second.prefill_seqs, second.decode_seqs) == (0, 2)
+    with pytest.raises(ValueError, match="exceeds max_model_len 512"):
+        engine.add("long", [5] * 500, 20)
+    with pytest.raises(ValueError, match="loaded_layers 9: must be in 1..4"):
+        TorchEngine(TorchSpec(model=str(TARGET), loaded_layers=9))

@@ -1,0 +1,176 @@
+"""`reasonsim trace exits`: every exit's view of every token, per-layer times, load times, memory.
+
+On the PyTorch engine at full depth, greedy, for a stream of held-out testbed prompts in phases
+whose task mix shifts (HELIOS relies on prompt locality and on task change): for each output token
+the max softmax probability and argmax token at every exit (`exits`), each step's per-layer time
+(`layer_times`), and per layer its weight bytes, KV bytes per token and measured load time
+(`layers`). With it any exit threshold and loaded depth can be replayed counterfactually: the
+exit under threshold t is the first layer whose max probability reaches t.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from tracers.engine import device_info
+from tracers.testbed import lm, tasks
+from tracers.torch_engine import TorchEngine, TorchSpec
+from traces.provenance import config_hash, run_row
+from traces.store import TraceWriter, check_out_dir
+
+BLOCK_SIZE = 16
+"""tokens per reported KV block (the engine's cache is slot-based; blocks are for the steps table)"""
+
+
+@dataclass(frozen=True)
+class ExitsWorkload:
+    """The prompt stream: phases of one task family each, levels cycling, held-out items."""
+
+    phases: tuple[str, ...] = ("mod", "count", "mod", "count")
+    prompts_per_phase: int = 30
+    max_tokens: int = 96
+    max_num_seqs: int = 32
+    load_repeats: int = 5
+    seed: int = 0
+
+    def prompts(self) -> list[tuple[str, tasks.Item]]:
+        """(cell_id, item) in stream order: cell_id = phase index, family and level."""
+        return [p for phase in self.phase_prompts() for p in phase]
+
+    def phase_prompts(self) -> list[list[tuple[str, tasks.Item]]]:
+        """The stream cut into its phases."""
+        return [[(f"p{k}-{family}-l{item.level}", item)
+                 for item in tasks.items(self.seed * 1000 + k, self.prompts_per_phase,
+                                         families=(family,))]
+                for k, family in enumerate(self.phases)]
+
+
+def measure_load_ms(model: str, load_format: str, repeats: int) -> list[float]:
+    """Median wall ms to load each layer (layer 1 from an engine at depth 1, deeper one by one)."""
+    per_layer: list[list[float]] = []
+    for _ in range(repeats):
+        eng = TorchEngine(TorchSpec(model=model, load_format=load_format, loaded_layers=1,
+                                    max_num_seqs=1, max_model_len=64))
+        times = [float("nan")]
+        for depth in range(2, eng.num_layers + 1):
+            times.append(eng.load_layers(depth))
+        per_layer.append(times)
+    medians = [statistics.median(r[i] for r in per_layer) for i in range(1, len(per_layer[0]))]
+    return [medians[0]] + medians  # layer 1 is loaded like the others: its cost ~ layer 2's
+
+
+def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
+                load_format: str = "auto", progress: bool = True) -> dict:
+    """Trace one model's exits over the prompt stream at every loaded depth; return a summary.
+
+    The stream is run once per loaded depth D (1..L): with D layers loaded every token comes
+    from exit D, so the stream after the first differing token is D's own, and a simulator
+    replaying depth D replays exactly what the engine generates at D.
+    """
+    out_dir = check_out_dir(out_dir, resume=False, can_resume=False)
+    probe = TorchEngine(TorchSpec(model=model, load_format=load_format, max_num_seqs=1,
+                                  max_model_len=64))
+    layers, dtype = probe.num_layers, str(probe.dtype).removeprefix("torch.")
+    weight_bytes, kv_bytes = probe.layer_weight_bytes(), probe.kv_bytes_per_token_layer()
+    del probe
+    base = TorchSpec(model=model, load_format=load_format, record_exits=True,
+                     max_num_seqs=workload.max_num_seqs, max_model_len=1024, seed=workload.seed)
+    params = {"workload": asdict(workload), "engine": {**asdict(base), "block_size": BLOCK_SIZE},
+              "depths": list(range(1, layers + 1))}
+    device, count = device_info()
+    run = run_row("exits", "torch", _torch_version(), device, count, model, config_hash(model),
+                  dtype, load_format, workload.seed, params)
+    writer = TraceWriter(out_dir, run)
+    load_ms = measure_load_ms(model, load_format, workload.load_repeats)
+    for i in range(layers):
+        writer.add("layers", model_id=model, layer=i + 1, weight_bytes=weight_bytes,
+                   kv_bytes_per_token=kv_bytes, load_ms=load_ms[i])
+    writer.flush("layers")
+    # One engine per depth, phases interleaved across depths: a slow spell of a shared machine
+    # then lands on every depth alike instead of on whichever depth ran during it.
+    engines = {d: TorchEngine(replace(base, loaded_layers=d)) for d in range(1, layers + 1)}
+    for engine in engines.values():
+        _warm_up(engine)
+    step_id = tokens = first = 0
+    t0 = time.perf_counter()
+    for k, phase in enumerate(workload.phase_prompts()):
+        chunk = [(first + j, cell, item) for j, (cell, item) in enumerate(phase)]
+        first += len(phase)
+        for depth, engine in engines.items():
+            step_id, n = _run_stream(engine, writer, chunk, model, depth, step_id, t0,
+                                     workload.max_tokens)
+            tokens += n
+            writer.flush(f"phase{k}-depth{depth}")
+        if progress:
+            print(f"exits: phase {k + 1}/{len(workload.phases)}: {tokens} tokens", flush=True)
+    return {"out": str(out_dir), "model": model, "requests": first * layers,
+            "tokens": tokens, "steps": step_id, "layers": layers, "device": device,
+            "load_ms": [round(x, 3) for x in load_ms]}
+
+
+def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: str,
+                depth: int, step_id: int, t0: float, max_tokens: int) -> tuple[int, int]:
+    """Serve (index, cell, item) prompts at one loaded depth; write their rows; (next step id,
+    tokens)."""
+    meta: dict[str, dict] = {}
+    for n, cell, item in chunk:
+        rid = f"d{depth}-q{n}"
+        ids = lm.encode(item.prompt)
+        engine.add(rid, ids, max_tokens)
+        meta[rid] = {"cell_id": cell, "arrival_s": time.perf_counter() - t0,
+                     "prompt_tokens": len(ids)}
+    tokens = 0
+    kv_total = engine.spec.max_num_seqs * engine.spec.max_model_len // BLOCK_SIZE
+    while engine.has_unfinished():
+        res = engine.step()
+        start_s = engine.t0 + res.start_s - t0  # the engine's clock started before ours
+        end_s = start_s + res.duration_ms / 1e3
+        writer.add("steps", replica_id=0, step_id=step_id, cell_id=f"depth{depth}",
+                   start_s=start_s, duration_ms=res.duration_ms,
+                   prefill_tokens=res.prefill_tokens, prefill_seqs=res.prefill_seqs,
+                   decode_seqs=res.decode_seqs, num_running=len(engine.running),
+                   num_waiting=len(engine.waiting), context_tokens=res.context_tokens,
+                   kv_blocks_used=sum(-(-s.length // BLOCK_SIZE)
+                                      for s in engine.running.values()),
+                   kv_blocks_total=kv_total, preemptions=0, is_warmup=False)
+        for layer, ms in enumerate(res.layer_ms):
+            writer.add("layer_times", replica_id=0, step_id=step_id, layer=layer + 1,
+                       duration_ms=ms)
+        for t in res.tokens:
+            m = meta[t.request_id]
+            m.setdefault("scheduled_s", start_s)
+            m.setdefault("first_token_s", end_s)
+            for layer, (p, tok) in enumerate(zip(t.max_probs, t.argmax_ids)):
+                writer.add("exits", model_id=model, loaded_layers=depth,
+                           request_id=t.request_id, token_index=t.token_index, layer=layer + 1,
+                           max_prob=p, token_id=tok)
+            tokens += 1
+        for rid in res.finished:
+            m, out = meta.pop(rid), engine.output_ids(rid)
+            writer.add("requests", request_id=rid, replica_id=0, cell_id=m["cell_id"],
+                       program_id=None, role="main", priority=0, arrival_s=m["arrival_s"],
+                       scheduled_s=m["scheduled_s"], first_token_s=m["first_token_s"],
+                       finish_s=end_s, prompt_tokens=m["prompt_tokens"],
+                       output_tokens=len(out), cached_prompt_tokens=0,
+                       finish_reason="stop" if out[-1] == engine.config.eos_token_id
+                       else "length")
+        step_id += 1
+    return step_id, tokens
+
+
+def _warm_up(engine: TorchEngine) -> None:
+    """Throw-away requests: the first iterations of a fresh engine pay one-off setup."""
+    for i, item in enumerate(tasks.items(10_000, 4)):
+        engine.add(f"warmup-{i}", lm.encode(item.prompt), 8)
+    while engine.has_unfinished():
+        for rid in engine.step().finished:
+            engine.output_ids(rid)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__

@@ -1,0 +1,409 @@
+"""A PyTorch engine for Llama-architecture models with early exits and a loaded-depth limit.
+
+vLLM cannot run a partial model or exit early, and the GPU machines we reach have torch and
+transformers but not vLLM; this engine covers both. It runs batched continuous decoding with a
+per-layer KV cache in fixed slots (one per running sequence), on CPU or CUDA.
+
+- **Loaded depth** `loaded_layers = D`: only layers 1..D are in memory; deeper layers are never
+  built, and `load_layers(n)` brings more in, timed.
+- **Exits**: every layer can exit through the shared final norm and head (as the testbed models
+  were trained). A token's exit is the first loaded layer whose max softmax probability reaches
+  `exit_threshold`, else layer D; its token comes from that exit.
+- **KV of deeper layers**: every token of a step runs every loaded layer whatever its exit
+  (batch-synchronous, HELIOS's fixed loaded depth), so each loaded layer holds the real KV of
+  every token and no layer's KV is ever missing. An exit picks the head, it does not save compute;
+  the compute saving comes from the loaded depth. The simulator uses the same rule.
+
+Each `step()` admits waiting requests (up to `max_num_seqs` running and `max_num_batched_tokens`
+prompt tokens), prefills each admitted prompt, then decodes every running sequence in one
+batched forward, and returns what happened (`StepResult`), including per-layer time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tracers.engine import check_model
+
+
+@dataclass
+class TorchSpec:
+    """How to start the PyTorch engine; every field lands in the run's params_json."""
+
+    model: str
+    """model directory (config.json, optional safetensors weights)"""
+    load_format: str = "auto"
+    """auto = weights from the directory; dummy = random weights from config.json (seeded)"""
+    dtype: str = "auto"
+    """auto = float32 on CPU, bfloat16 on CUDA"""
+    device: str = "auto"
+    """auto = cuda when available, else cpu"""
+    seed: int = 0
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+    max_num_batched_tokens: int = 2048
+    """prompt tokens admitted per step"""
+    loaded_layers: int | None = None
+    """layers in memory (None: all)"""
+    exit_threshold: float | None = None
+    """exit at the first loaded layer whose max probability reaches it (None: the last loaded)"""
+    record_exits: bool = False
+    """report max probability and argmax at every loaded exit for every token"""
+
+
+@dataclass
+class Token:
+    """One generated token: where it exited and, with `record_exits`, every exit's view."""
+
+    request_id: str
+    token_index: int
+    token_id: int
+    exit_layer: int
+    exit_prob: float
+    max_probs: list[float] = field(default_factory=list)
+    argmax_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    """What one engine iteration did."""
+
+    start_s: float
+    duration_ms: float
+    prefill_tokens: int
+    prefill_seqs: int
+    decode_seqs: int
+    context_tokens: int
+    layer_ms: list[float]
+    tokens: list[Token]
+    finished: list[str]
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    stop_at_eos: bool
+    generator: torch.Generator | None
+    temperature: float
+    slot: int = -1
+    length: int = 0  # tokens whose KV is in the cache
+    output_ids: list[int] = field(default_factory=list)
+
+
+def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device("cuda" if spec.device == "auto" and torch.cuda.is_available()
+                       else "cpu" if spec.device == "auto" else spec.device)
+    if spec.dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, spec.dtype)
+
+
+class TorchEngine:
+    """Batched decoding of a Llama model with early exits and a loaded-depth limit."""
+
+    def __init__(self, spec: TorchSpec):
+        from transformers import AutoConfig, LlamaForCausalLM
+
+        self.spec = spec
+        self.path = check_model(spec.model, spec.load_format)
+        self.device, self.dtype = _resolve(spec)
+        self.config = AutoConfig.from_pretrained(str(self.path))
+        if self.config.model_type != "llama":
+            raise ValueError(f"{self.path}: model_type {self.config.model_type!r}; the torch "
+                             "engine runs Llama-architecture models")
+        self.num_layers = int(self.config.num_hidden_layers)
+        depth = self.num_layers if spec.loaded_layers is None else spec.loaded_layers
+        if not 1 <= depth <= self.num_layers:
+            raise ValueError(f"loaded_layers {spec.loaded_layers}: must be in 1..{self.num_layers}")
+        torch.manual_seed(spec.seed)
+        # Build the full module skeleton without touching memory, then keep `depth` layers.
+        self.config.num_hidden_layers = depth
+        if spec.load_format == "dummy":
+            model = LlamaForCausalLM(self.config)
+        else:
+            model = _quiet_load(LlamaForCausalLM, self.path, self.config, self.dtype)
+        self.config.num_hidden_layers = self.num_layers
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        cfg = self.config
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.kv_heads = int(cfg.num_key_value_heads)
+        self.heads = int(cfg.num_attention_heads)
+        self._alloc_cache()
+        self.waiting: deque[_Seq] = deque()
+        self.running: dict[int, _Seq] = {}
+        self.outputs: dict[str, list[int]] = {}
+        self.t0 = time.perf_counter()
+
+    # -- memory ---------------------------------------------------------------------------
+
+    @property
+    def loaded_layers(self) -> int:
+        """Layers in memory now."""
+        return len(self.model.model.layers)
+
+    def _alloc_cache(self) -> None:
+        shape = (self.spec.max_num_seqs, self.kv_heads, self.spec.max_model_len, self.head_dim)
+        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype)
+                        for _ in range(self.loaded_layers)]
+        self.v_cache = [torch.zeros_like(k) for k in self.k_cache]
+
+    def layer_weight_bytes(self) -> int:
+        """Bytes of one decoder layer's weights."""
+        layer = self.model.model.layers[0]
+        return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+    def kv_bytes_per_token_layer(self) -> int:
+        """KV cache bytes one token takes in one layer."""
+        return 2 * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def load_layers(self, depth: int) -> float:
+        """Bring layers up to `depth` into memory (weights from the model's files); wall ms."""
+        if not self.loaded_layers < depth <= self.num_layers:
+            raise ValueError(f"load_layers({depth}): loaded {self.loaded_layers} of "
+                             f"{self.num_layers}")
+        if self.running or self.waiting:
+            raise RuntimeError("load_layers needs an idle engine (the KV of new layers is empty)")
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        self._sync()
+        t0 = time.perf_counter()
+        new = [LlamaDecoderLayer(self.config, i) for i in range(self.loaded_layers, depth)]
+        if self.spec.load_format != "dummy":
+            state = _read_layers(self.path, range(self.loaded_layers, depth))
+            for layer, i in zip(new, range(self.loaded_layers, depth)):
+                prefix = f"model.layers.{i}."
+                layer.load_state_dict({k[len(prefix):]: v for k, v in state.items()
+                                       if k.startswith(prefix)})
+        for layer in new:
+            self.model.model.layers.append(layer.to(device=self.device, dtype=self.dtype).eval())
+        self._sync()
+        load_ms = (time.perf_counter() - t0) * 1e3
+        self._alloc_cache()
+        return load_ms
+
+    def unload_layers(self, depth: int) -> None:
+        """Drop layers beyond `depth` from memory (engine idle; 0 keeps only embedding and head,
+        as a switched-out model does, and the engine cannot step until layers are loaded)."""
+        if not 0 <= depth <= self.loaded_layers:
+            raise ValueError(f"unload_layers({depth}): loaded {self.loaded_layers}")
+        if self.running or self.waiting:
+            raise RuntimeError("unload_layers needs an idle engine")
+        del self.model.model.layers[depth:]
+        self._alloc_cache()
+
+    def set_max_num_seqs(self, n: int) -> None:
+        """Change the number of sequence slots (engine idle): the KV cache is reallocated."""
+        if n < 1:
+            raise ValueError(f"max_num_seqs {n}: must be >= 1")
+        if self.running or self.waiting:
+            raise RuntimeError("set_max_num_seqs needs an idle engine")
+        self.spec = replace(self.spec, max_num_seqs=n)
+        self._alloc_cache()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def now_s(self) -> float:
+        """Seconds since the engine started."""
+        return time.perf_counter() - self.t0
+
+    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+            temperature: float = 0.0, seed: int | None = None, stop_at_eos: bool = True) -> None:
+        """Queue a request given as token ids (greedy at temperature 0)."""
+        if not prompt_ids or max_tokens < 1:
+            raise ValueError(f"request {request_id}: needs a prompt and max_tokens >= 1")
+        if len(prompt_ids) + max_tokens > self.spec.max_model_len:
+            raise ValueError(f"request {request_id}: prompt {len(prompt_ids)} + output "
+                             f"{max_tokens} exceeds max_model_len {self.spec.max_model_len}")
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(self.spec.seed if seed is None else seed)
+        self.waiting.append(_Seq(request_id, list(prompt_ids), max_tokens, stop_at_eos, gen,
+                                 temperature))
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def step(self) -> StepResult:
+        """One iteration: admit and prefill waiting requests, then decode the running ones."""
+        if not self.loaded_layers:
+            raise RuntimeError("no layers loaded: load_layers() first")
+        self._sync()
+        t0 = time.perf_counter()
+        layer_s = [0.0] * self.loaded_layers
+        decoding = list(self.running.values())
+        admitted, budget = [], self.spec.max_num_batched_tokens
+        free = [s for s in range(self.spec.max_num_seqs) if s not in self.running]
+        while self.waiting and free and (len(self.waiting[0].prompt_ids) <= budget or
+                                         not admitted):
+            seq = self.waiting.popleft()
+            seq.slot = free.pop(0)
+            budget -= len(seq.prompt_ids)
+            self.running[seq.slot] = seq
+            admitted.append(seq)
+        tokens: list[Token] = []
+        # Computed tokens of the scheduled sequences after the step (vLLM's definition).
+        context = sum(s.length + 1 for s in decoding) + sum(len(s.prompt_ids) for s in admitted)
+        for seq in admitted:
+            ids = torch.tensor([seq.prompt_ids], device=self.device)
+            pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
+            logits = self._forward(ids, pos, [seq], layer_s, prefill=True)
+            tokens += self._choose(logits, [seq])
+        if decoding:
+            ids = torch.tensor([[s.output_ids[-1]] for s in decoding], device=self.device)
+            pos = torch.tensor([[s.length] for s in decoding], device=self.device)
+            logits = self._forward(ids, pos, decoding, layer_s, prefill=False)
+            tokens += self._choose(logits, decoding)
+        finished = self._finish()
+        self._sync()
+        dt = time.perf_counter() - t0
+        return StepResult(start_s=t0 - self.t0, duration_ms=dt * 1e3,
+                          prefill_tokens=sum(len(s.prompt_ids) for s in admitted),
+                          prefill_seqs=len(admitted), decode_seqs=len(decoding),
+                          context_tokens=context, layer_ms=[x * 1e3 for x in layer_s],
+                          tokens=tokens, finished=finished)
+
+    def _forward(self, ids, pos, seqs: list[_Seq], layer_s: list[float], prefill: bool):
+        """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position."""
+        m = self.model.model
+        h = m.embed_tokens(ids)
+        cos, sin = m.rotary_emb(h, pos)
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        if prefill:
+            span, mask = ids.shape[1], None
+        else:
+            span = max(s.length for s in seqs) + 1
+            lengths = torch.tensor([s.length for s in seqs], device=self.device)
+            mask = (torch.arange(span, device=self.device)[None] <= lengths[:, None])[:, None, None]
+        exits = []
+        for i, layer in enumerate(m.layers):
+            t = time.perf_counter()
+            h = self._layer(layer, i, h, cos, sin, slots, pos, span, mask)
+            exits.append(h[:, -1])
+            if self.device.type == "cuda":
+                self._sync()
+            layer_s[i] += time.perf_counter() - t
+        for s in seqs:
+            s.length += ids.shape[1]
+        if self.spec.exit_threshold is None and not self.spec.record_exits:
+            exits = exits[-1:]  # only the last loaded exit decides
+        return self.model.lm_head(m.norm(torch.stack(exits))).float()
+
+    def _layer(self, layer, i, h, cos, sin, slots, pos, span, mask):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        b, n, _ = x.shape
+        q = attn.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        c, s = cos[:, None], sin[:, None]
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        if mask is None:  # a prefill of one sequence: causal over its prompt
+            self.k_cache[i][slots[0], :, :n] = k[0]
+            self.v_cache[i][slots[0], :, :n] = v[0]
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        else:  # one new token per sequence, attending to its cached prefix
+            self.k_cache[i][slots, :, pos[:, 0]] = k[:, :, 0]
+            self.v_cache[i][slots, :, pos[:, 0]] = v[:, :, 0]
+            keys = self.k_cache[i][slots, :, :span]
+            values = self.v_cache[i][slots, :, :span]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _choose(self, logits, seqs: list[_Seq]) -> list[Token]:
+        """Each sequence's exit and token from the per-exit logits [layers, batch, vocab]."""
+        probs = torch.softmax(logits, dim=-1)
+        max_p, argmax = probs.max(dim=-1)  # [layers, batch]
+        depth = logits.shape[0]
+        if self.spec.exit_threshold is None:
+            exit_idx = torch.full((len(seqs),), depth - 1)
+        else:
+            reached = (max_p >= self.spec.exit_threshold).cpu()
+            reached[-1] = True
+            exit_idx = reached.float().argmax(0)
+        max_p, argmax = max_p.cpu(), argmax.cpu()
+        out = []
+        for j, seq in enumerate(seqs):
+            e = int(exit_idx[j])
+            if seq.temperature > 0:
+                p = torch.softmax(logits[e, j] / seq.temperature, dim=-1)
+                tok = int(torch.multinomial(p, 1, generator=seq.generator))
+            else:
+                tok = int(argmax[e, j])
+            seq.output_ids.append(tok)
+            layer = self.loaded_layers if depth == 1 else e + 1
+            t = Token(seq.request_id, len(seq.output_ids) - 1, tok, layer, float(max_p[e, j]))
+            if self.spec.record_exits:
+                t.max_probs = max_p[:, j].tolist()
+                t.argmax_ids = argmax[:, j].tolist()
+            out.append(t)
+        return out
+
+    def _finish(self) -> list[str]:
+        eos = self.config.eos_token_id
+        done = []
+        for slot, seq in list(self.running.items()):
+            if (len(seq.output_ids) >= seq.max_tokens or
+                    (seq.stop_at_eos and seq.output_ids and seq.output_ids[-1] == eos)):
+                del self.running[slot]
+                done.append(seq.request_id)
+                self.outputs[seq.request_id] = seq.output_ids
+        return done
+
+    def output_ids(self, request_id: str) -> list[int]:
+        """Generated token ids of a finished request (and forget it)."""
+        return self.outputs.pop(request_id)
+
+
+def _quiet_load(cls, path: Path, config, dtype):
+    """from_pretrained without the progress bar and the report of the deeper layers' weights
+    it skips on purpose (a partial load)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        return cls.from_pretrained(str(path), config=config, dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _read_layers(path: Path, layers: range) -> dict[str, torch.Tensor]:
+    """The weights of `layers` read from the model's safetensors files."""
+    from safetensors import safe_open
+
+    prefixes = tuple(f"model.layers.{i}." for i in layers)
+    state = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                if key.startswith(prefixes):
+                    state[key] = st.get_tensor(key)
+    return state
