@@ -146,6 +146,16 @@ class Certaindex:
     def __post_init__(self) -> None:
         if self.entropy_threshold is None and self.reward_threshold is None:
             raise ValueError("Certaindex needs at least one threshold (entropy or reward)")
+        for name in ("entropy_threshold", "reward_threshold"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        # Answer certainty is 1 - normalised entropy: a threshold outside [0, 1] is never (or
+        # always) met, which is a typo, not a policy.
+        if self.entropy_threshold is not None and not 0 <= self.entropy_threshold <= 1:
+            raise ValueError(f"entropy_threshold: {self.entropy_threshold} is outside [0, 1] "
+                             "(answer certainty = 1 - normalised entropy)")
 
     def is_certain(self, answers: Sequence[str | None] = (),
                    rewards: Sequence[float] = ()) -> bool:

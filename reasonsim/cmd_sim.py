@@ -112,7 +112,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for c in calibration_fingerprints(cfg):
             print(f"pool {c['pool']}: {c['calibration']} (traced on {c['device']}, "
                   f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})")
-    result = simulate(cfg)
+    try:
+        result = simulate(cfg)
+    except ValueError as e:  # workload generation and limits: name the config they came from
+        raise UserError(f"{args.config}: {e}") from None
     if args.out:
         write_sim(cfg, result, Path(args.out))
     print_summary(result.summary, args.json)

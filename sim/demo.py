@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,12 +16,45 @@ from sim.config import load_config
 from sim.simulate import simulate
 
 
+DEMO_FILES = frozenset({"report.md", "latency_cdf.png", "attainment_vs_rate.png",
+                        "utilisation.png", "summary.json", "sweep.csv"})
+
+
 def run_demo(config_path: Path, out_dir: Path, quick: bool = False) -> dict:
-    """Simulate the demo config, sweep its arrival rate, write report.md + PNGs; return summary."""
+    """Simulate the demo config, sweep its arrival rate, write report.md + PNGs; return summary.
+
+    The report is written into a hidden sibling and swapped in whole at the end, so `out_dir`
+    holds one complete report (a previous one is replaced, never mixed); a directory with other
+    files is refused before simulating.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ValueError(f"{out_dir}: exists and is not a directory")
+        other = sorted(p.name for p in out_dir.iterdir() if p.name not in DEMO_FILES)
+        if other:
+            raise ValueError(f"{out_dir}: holds files that are not a demo report ({other[0]}); "
+                             "choose a new directory")
     cfg = load_config(config_path)
     if quick:
         cfg = replace(cfg, workload={**cfg.workload, "num_requests": 2000})
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        summary = _write_demo(cfg, tmp)
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return summary
+
+
+def _write_demo(cfg, out_dir: Path) -> dict:
     main = simulate(cfg)
     base_rate = float(cfg.workload["arrival"]["rate_per_s"])
     rows = []

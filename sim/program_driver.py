@@ -172,6 +172,12 @@ class ProgramDriver:
         prompt, prefix, key = self.oracle.prompt(run, spec)
         output = self.oracle.output_tokens(run, spec)
         rid = self.pin(run, spec.role, prompt, prompt + output)
+        limit = self.cluster.specs[rid][0].max_model_len
+        if limit is not None and prompt + output > limit:
+            raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "
+                             f"(prompt {prompt} + output {output} tokens) exceeds the model's "
+                             f"max_model_len {limit} (replica {rid}'s calibration); the engine "
+                             "would reject it")
         group = self._groups.setdefault((run.idx, key), len(self._groups))
         r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
                 group=group, prefix_tokens=prefix)

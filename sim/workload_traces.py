@@ -23,6 +23,8 @@ MOONCAKE_BLOCK_TOKENS = 512
 TRACE_FORMATS = ("requests", "azure", "mooncake", "burstgpt", "vidur")
 """trace formats `workload.trace.format` accepts"""
 _TRACE_KEYS = ("format", "path", "time_scale", "limit")
+_MAX_TOKENS = 2**31 - 1
+"""token counts are int32 in the requests table"""
 
 
 def _trace_path(path: Any, base_dir: Path, fmt: str) -> Path:
@@ -81,12 +83,18 @@ def _csv_numbers(df, col: str, path: Path, whole: bool) -> np.ndarray:
 
 def _check_lengths(prompt: np.ndarray, output: np.ndarray, names: tuple[str, str], path: Path,
                    row_of: Callable[[int], str]) -> None:
-    """Lengths must be >= 1: a 0-token prompt or output cannot be served; raise naming the row."""
+    """Lengths must be >= 1 (a 0-token prompt or output cannot be served) and fit the tables'
+    32-bit token counts; raise naming the row."""
     for values, name in zip((prompt, output), names):
         bad = values < 1
         if np.any(bad):
             r = first_index(bad)
-            raise ValueError(f"{path}: {row_of(r)}: {name} is {int(values[r])}, must be >= 1")
+            raise ValueError(f"{path}: {row_of(r)}: {name} is {values[r]:g}, must be >= 1")
+        bad = values > _MAX_TOKENS
+        if np.any(bad):
+            r = first_index(bad)
+            raise ValueError(f"{path}: {row_of(r)}: {name} is {values[r]:g}, more than "
+                             f"{_MAX_TOKENS} tokens")
 
 
 def _csv_row(r: int) -> str:
@@ -99,8 +107,17 @@ def _read_azure(path: Path, opts: dict) -> tuple:
 
     df = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
     # ISO8601 mode reads the trace's 7 fractional digits (pandas keeps nanoseconds).
-    stamps = pd.to_datetime(df["TIMESTAMP"].astype(str).str.strip(), format="ISO8601",
-                            errors="coerce")
+    text = df["TIMESTAMP"].astype(str).str.strip()
+    # One timezone for the whole file: a zone suffix (Z, +01:00) on some rows but not others, or
+    # different zones, would be compared as if they were one clock.
+    zone = text.str.extract(r"(Z|[+-]\d\d:?\d\d)$", expand=False).fillna("")
+    first_zone = zone.iloc[0] if len(zone) else ""
+    if zone.nunique() > 1:
+        r = first_index((zone != first_zone).to_numpy())
+        raise ValueError(f"{path}: {_csv_row(r)}: column 'TIMESTAMP' value "
+                         f"{df['TIMESTAMP'].iloc[r]!r} has another timezone than row 1 "
+                         f"({first_zone or 'none'})")
+    stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=bool(first_zone))
     bad = stamps.isna().to_numpy()
     if np.any(bad):
         r = first_index(bad)
@@ -160,11 +177,15 @@ def _read_mooncake(path: Path, opts: dict) -> tuple:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
     fields = ("timestamp", "input_length", "output_length", "hash_ids")
     arrival, prompt, output, hashes = [], [], [], []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{path}: line {line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 text (byte {e.start})") from None
             if not line.strip():
                 continue  # a blank (e.g. trailing) line holds no request
-            where = f"{path}: line {line_no}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -190,6 +211,9 @@ def _read_mooncake(path: Path, opts: dict) -> tuple:
             for key in ("input_length", "output_length"):
                 if row[key] < 1:
                     raise ValueError(f"{where}: {key} is {row[key]}, must be >= 1")
+                if row[key] > _MAX_TOKENS:
+                    raise ValueError(f"{where}: {key} is {row[key]}, more than {_MAX_TOKENS} "
+                                     "tokens")
             arrival.append(row["timestamp"] / 1000.0)
             prompt.append(row["input_length"])
             output.append(row["output_length"])

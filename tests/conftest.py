@@ -12,6 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Deterministic property tests: CI reruns the same examples (explore with --hypothesis-seed=N or
+# HYPOTHESIS_PROFILE=explore).
+settings.register_profile("reasonsim", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "reasonsim"))
 
 from traces.provenance import cpu_count, cpu_model
 

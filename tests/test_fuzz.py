@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -126,3 +127,69 @@ def test_random_broken_calibrations_fail_in_one_line(tmp_path_factory, field, va
     except ValueError as e:
         text = str(e)
         assert text.startswith(str(path)) and "\n" not in text, text
+
+
+# Arrival files: a valid header and rows mixing valid and broken cells, or arbitrary bytes.
+CELL = st.one_of(st.integers(-5, 5000).map(str), st.floats(allow_nan=True).map(repr),
+                 st.sampled_from(["", "x", "1e3", "nan", "inf", "-0", "2023-11-16 18:15:46",
+                                  "2023-11-16 18:15:46+01:00", "\"1,2\"", "\u00e9"]))
+HEADERS = {"azure": "TIMESTAMP,ContextTokens,GeneratedTokens",
+           "vidur": "arrived_at,num_prefill_tokens,num_decode_tokens",
+           "burstgpt": "Timestamp,Request tokens,Response tokens"}
+STAMP = st.builds(lambda s: f"2023-11-16 18:{s // 60:02d}:{s % 60:02d}", st.integers(0, 3599))
+
+
+LENGTH_CELL = st.one_of(st.integers(1, 2000).map(str), st.integers(1, 2000).map(str), CELL)
+TIME_CELL = {"azure": st.one_of(STAMP, STAMP, CELL),
+             "vidur": st.one_of(st.floats(0, 1e4).map(repr), st.floats(0, 1e4).map(repr), CELL),
+             "burstgpt": st.one_of(st.integers(0, 10**5).map(str), CELL)}
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_arrival_files_fail_in_one_line_or_give_a_valid_workload(tmp_path_factory, data):
+    fmt = data.draw(st.sampled_from(sorted(HEADERS)))
+    rows = data.draw(st.lists(st.tuples(TIME_CELL[fmt], LENGTH_CELL, LENGTH_CELL), max_size=6))
+    raw = data.draw(st.one_of(st.none(), st.none(), st.binary(max_size=40)))
+    from sim.workload import workload_from_config
+
+    d = tmp_path_factory.mktemp("arr")
+    path = d / "trace.csv"
+    if raw is not None:
+        path.write_bytes(HEADERS[fmt].encode() + b"\n" + raw)
+    else:
+        path.write_text(HEADERS[fmt] + "\n" + "".join(",".join(r) + "\n" for r in rows),
+                        encoding="utf-8")
+    try:
+        wl = workload_from_config({"trace": {"format": fmt, "path": "trace.csv"}}, 0, d)
+    except ValueError as e:
+        text = str(e)
+        assert "\n" not in text and ("trace.csv" in text or "workload.trace" in text), text
+        event("refused")
+        return
+    event("ran")
+    assert len(wl) >= 1
+    assert np.all(np.isfinite(wl.arrival_s)) and np.all(np.diff(wl.arrival_s) >= 0)
+    assert wl.arrival_s.min() >= 0
+    assert np.all(wl.prompt_tokens >= 1) and np.all(wl.output_tokens >= 1)
+
+
+@given(st.lists(st.one_of(
+    st.fixed_dictionaries({"timestamp": st.one_of(st.integers(-1, 10**6), st.floats()),
+                           "input_length": st.one_of(st.integers(-1, 5000), st.text(max_size=3)),
+                           "output_length": st.integers(-1, 500),
+                           "hash_ids": st.lists(st.integers(0, 9), max_size=4)}).map(json.dumps),
+    st.text(max_size=20)), max_size=5))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_mooncake_files_fail_in_one_line_or_give_a_valid_workload(tmp_path_factory,
+                                                                         lines):
+    from sim.workload import workload_from_config
+
+    d = tmp_path_factory.mktemp("moon")
+    (d / "m.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        wl = workload_from_config({"trace": {"format": "mooncake", "path": "m.jsonl"}}, 0, d)
+    except ValueError as e:
+        assert "\n" not in str(e) and "m.jsonl" in str(e), str(e)
+        return
+    assert np.all(np.diff(wl.arrival_s) >= 0) and np.all(wl.prompt_tokens >= 1)

