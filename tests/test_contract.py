@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import pyarrow as pa
