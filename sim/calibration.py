@@ -108,6 +108,9 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
     frames, runs = [], []
     for d in trace_dirs:
         run = read_run(d)
+        if run["kind"] == "exits":  # steps at several loaded depths: one linear fit is wrong
+            raise ValueError(f"{d}: an exits trace (steps at several loaded depths); a helios: "
+                             "config fits its per-layer step time (sim/layered.py)")
         steps = read_table(d, "steps").to_pandas()
         if steps.empty:
             raise ValueError(f"{d}: steps table is empty; nothing to calibrate")

@@ -50,6 +50,8 @@ class ModelProfile:
     load_ms_per_layer: float
     device: str
     workload: dict = field(default_factory=dict)
+    resident_bytes: int = 0
+    """weights outside the decoder layers (embedding, head): always in memory"""
     """the trace's prompt-stream parameters (live replay regenerates the prompts from them)"""
 
 
@@ -107,7 +109,7 @@ class Memory:
 
     def batch(self, p: ModelProfile, depth: int) -> int:
         """Largest batch that fits with `depth` layers of `p` loaded (0: the weights do not)."""
-        free = self.memory_mb * 2**20 - depth * p.weight_bytes
+        free = self.memory_mb * 2**20 - p.resident_bytes - depth * p.weight_bytes
         per_seq = depth * p.kv_bytes_per_token * self.seq_tokens
         return max(0, min(self.max_num_seqs, int(free // per_seq)))
 

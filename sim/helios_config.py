@@ -24,6 +24,7 @@ from policies.helios import STRATEGIES, Helios, Static
 from programs.helios import HeliosProgram
 from sim.config_schema import one_line
 from sim.helios import HeliosResult, Memory, ModelProfile, candidate, load_profile, simulate_stream
+from sim.helios_whatif import Device, Phase, what_if_profile
 
 Share = Annotated[float, Field(gt=0, le=1)]
 Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
@@ -34,10 +35,40 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    """One candidate model."""
+    """One candidate model: from its exits trace, or a what-if from its config.json."""
 
-    exits: str
+    exits: str | None = None
     name: str | None = None
+    config: str | None = None
+    """what-if: the model's config.json (shape only)"""
+    exit_layers: list[Annotated[int, Field(ge=1)]] | None = None
+    """what-if: layers with an exit head, the last layer included"""
+    exit_shares: list[list[Annotated[float, Field(ge=0, le=1)]]] | None = None
+    """what-if: per stream phase, the share of tokens whose first confident exit is each exit"""
+
+
+class DeviceSpec(_Strict):
+    """What-if accelerator figures (datasheet, not measured)."""
+
+    memory_bw_gb_s: Annotated[float, Field(gt=0)]
+    peak_tflops: Annotated[float, Field(gt=0)]
+    load_gb_s: Annotated[float, Field(gt=0)]
+    step_overhead_ms: Annotated[float, Field(ge=0)] = 0.0
+
+
+class PhaseSpec(_Strict):
+    """A stretch of the what-if prompt stream."""
+
+    prompts: Count
+    prompt_tokens: Count
+    output_tokens: Count
+
+
+class WhatIfSpec(_Strict):
+    """Inputs of what-if models: the device and the prompt stream."""
+
+    device: DeviceSpec
+    phases: Annotated[list[PhaseSpec], Field(min_length=1)]
 
 
 class StaticSpec(_Strict):
@@ -67,6 +98,7 @@ class HeliosSection(_Strict):
     """The `helios:` section."""
 
     models: Annotated[list[ModelSpec], Field(min_length=1)]
+    what_if: WhatIfSpec | None = None
     memory_mb: Annotated[float, Field(gt=0)]
     max_num_seqs: Count = 256
     policies: Annotated[list[Annotated[Union[StaticSpec, HeliosSpec],
@@ -92,11 +124,11 @@ class Experiment:
         base = Path(base_dir)
         self.profiles: dict[str, ModelProfile] = {}
         for k, m in enumerate(h.models):
-            path = Path(m.exits) if Path(m.exits).is_absolute() else base / m.exits
             try:
-                p = load_profile(path, m.name)
-            except (FileNotFoundError, ValueError) as e:
-                raise ValueError(f"helios.models[{k}].exits: {e}") from None
+                p = self._profile(m, base, self.spec.seed + k)
+            except (FileNotFoundError, ValueError, KeyError) as e:
+                key = "exits" if m.exits is not None else "config"
+                raise ValueError(f"helios.models[{k}].{key}: {e}") from None
             if p.name in self.profiles:
                 raise ValueError(f"helios.models[{k}]: a second model named {p.name!r}")
             self.profiles[p.name] = p
@@ -121,6 +153,22 @@ class Experiment:
         if len(set(names)) != len(names):
             raise ValueError("helios.policies: two policies with one name (give one a 'label')")
 
+    def _profile(self, m: ModelSpec, base: Path, seed: int) -> ModelProfile:
+        whatif = (m.config, m.exit_layers, m.exit_shares)
+        if (m.exits is None) == all(x is None for x in whatif):
+            raise ValueError("give either exits (a trace) or config, exit_layers and "
+                             "exit_shares (a what-if)")
+        if m.exits is not None:
+            return load_profile(_resolve(m.exits, base), m.name)
+        w = self.spec.helios.what_if
+        if w is None or any(x is None for x in whatif) or not m.name:
+            raise ValueError("a what-if model needs name, config, exit_layers, exit_shares and "
+                             "the helios.what_if section (device, phases)")
+        return what_if_profile(m.name, _resolve(m.config, base), list(m.exit_layers),
+                               [list(x) for x in m.exit_shares],
+                               [Phase(**p.model_dump()) for p in w.phases],
+                               Device(**w.device.model_dump()), seed)
+
     @staticmethod
     def policy_name(p: StaticSpec | HeliosSpec) -> str:
         """A policy's label in tables and figures."""
@@ -142,6 +190,10 @@ class Experiment:
         """Every policy simulated over the stream."""
         return {self.policy_name(p): simulate_stream(self.program(p), self.profiles, self.memory)
                 for p in self.spec.helios.policies}
+
+
+def _resolve(path: str, base: Path) -> Path:
+    return Path(path) if Path(path).is_absolute() else base / path
 
 
 def is_helios_config(d: Any) -> bool:

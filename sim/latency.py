@@ -75,26 +75,37 @@ class LatencyModel:
         if d.get("features") != list(FEATURES):
             raise ValueError(f"linear model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")
-        coef, q = d.get("coef_ms"), d.get("residual_log_quantiles")
-        numbers = (int, float)
-        if not isinstance(coef, list) or len(coef) != len(FEATURES) or not all(
-                isinstance(c, numbers) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
-                for c in coef):
-            raise ValueError(f"coef_ms: expected {len(FEATURES)} finite non-negative numbers, "
-                             f"got {coef!r}")
+        coef = coefficients(d, "coef_ms")
         if not any(coef[:3]):  # constant, prefill and decode all zero: steps take no time
-            raise ValueError(f"coef_ms: {coef!r} makes iterations free (all leading "
+            raise ValueError(f"coef_ms: {list(coef)!r} makes iterations free (all leading "
                              "coefficients 0)")
-        if not isinstance(q, list) or not q or not all(
-                isinstance(v, numbers) and not isinstance(v, bool) and math.isfinite(v)
-                for v in q):
-            raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
-        return cls(tuple(float(c) for c in coef), tuple(float(v) for v in q))
+        return cls(coef, residual_quantiles(d))
 
     def residual_sampler(self) -> tuple[float, float]:
         """(mean, std) of the multiplicative residual exp(log ratio)."""
         q = np.exp(np.asarray(self.residual_log_quantiles))
         return float(q.mean()), float(q.std())
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def coefficients(d: dict, key: str) -> tuple[float, ...]:
+    """`d[key]` as one finite non-negative coefficient per feature; a one-line error if not."""
+    v = d.get(key)
+    if not isinstance(v, list) or len(v) != len(FEATURES) or \
+            not all(_is_number(c) and c >= 0 for c in v):
+        raise ValueError(f"{key}: expected {len(FEATURES)} finite non-negative numbers, got {v!r}")
+    return tuple(float(c) for c in v)
+
+
+def residual_quantiles(d: dict) -> tuple[float, ...]:
+    """`d["residual_log_quantiles"]` as finite numbers; a one-line error if not."""
+    q = d.get("residual_log_quantiles")
+    if not isinstance(q, list) or not q or not all(_is_number(v) for v in q):
+        raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
+    return tuple(float(v) for v in q)
 
 
 def run_ms(a_ms: float, b_ms: float, k: int) -> float:

@@ -10,14 +10,13 @@ every loaded depth (`reasonsim trace exits`), where a step's depth is its number
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import nnls
 
-from sim.latency import FEATURES, LatencyModel, feature_matrix
+from sim.latency import FEATURES, LatencyModel, coefficients, feature_matrix, residual_quantiles
 from sim.step_time import register
 
 
@@ -68,22 +67,10 @@ class LayeredModel:
         layers = d.get("layers")
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
             raise ValueError(f"layers: expected a positive integer, got {layers!r}")
-        parts = []
-        for key in ("fixed_ms", "layer_ms"):
-            v = d.get(key)
-            if not isinstance(v, list) or len(v) != len(FEATURES) or not all(
-                    isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
-                    and c >= 0 for c in v):
-                raise ValueError(f"{key}: expected {len(FEATURES)} finite non-negative numbers, "
-                                 f"got {v!r}")
-            parts.append(tuple(float(c) for c in v))
-        if not any(parts[1][:3]):
+        fixed, layer = coefficients(d, "fixed_ms"), coefficients(d, "layer_ms")
+        if not any(layer[:3]):
             raise ValueError("layer_ms: layers that take no time (all leading coefficients 0)")
-        q = d.get("residual_log_quantiles")
-        if not isinstance(q, list) or not q or not all(
-                isinstance(x, (int, float)) and math.isfinite(x) for x in q):
-            raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
-        return cls(parts[0], parts[1], layers, tuple(float(x) for x in q))
+        return cls(fixed, layer, layers, residual_quantiles(d))
 
 
 def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms, layers: int,

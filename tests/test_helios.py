@@ -65,6 +65,9 @@ def test_shipped_exits_traces_and_the_offline_analysis():
     proc = run_cli("helios", "offline", str(REPO / "traces" / "data" / "testbed-large-cpu"),
                    check=False)
     assert proc.returncode == 2 and "expected an exits trace" in proc.stderr
+    proc = run_cli("calibrate", str(SHIPPED[0]), "-o", "/nonexistent/c.json", check=False)
+    assert proc.returncode == 2 and "an exits trace (steps at several loaded depths)" in \
+        proc.stderr
 
 
 def test_layered_step_time_is_linear_in_depth_and_validated():
@@ -135,3 +138,31 @@ def test_live_replay_makes_the_simulated_decisions():
         # Loose: the shared CI machine's live-vs-live spread alone reaches tens of percent.
         assert abs(m["throughput_tok_s"]["error"]) < 0.6, (name, m)
     assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7
+
+
+def test_real_shapes_what_if_reproduce_the_papers_direction():
+    d = read_yaml(REPO / "examples" / "helios-opt-whatif.yaml")
+    d["helios"]["policies"] = d["helios"]["policies"][:3]  # both static models and HELIOS
+    exp = Experiment(d, REPO / "examples")
+    small = exp.profiles["opt-1.3b"]
+    # Shapes from config.json: OPT-1.3B layer = 4h^2 + 2 h ffn fp16 parameters; KV 2 h fp16.
+    assert small.weight_bytes == (4 * 2048**2 + 2 * 2048 * 8192) * 2
+    assert small.kv_bytes_per_token == 2 * 2048 * 2 and small.device == "what-if"
+    res = {name: r.summary() for name, r in exp.simulate().items()}
+    helios, s13, s67 = (res[k] for k in ("helios:throughput", "static:opt-1.3b",
+                                         "static:opt-6.7b"))
+    # Partial loading buys larger batches, and HELIOS out-serves either static model.
+    depth = exp.candidates["opt-1.3b"].batch_at_depth
+    assert depth[5] > 3 * depth[-1]
+    assert helios["throughput_tok_s"] > s13["throughput_tok_s"] > s67["throughput_tok_s"]
+    assert helios["layer_token_executions"] < s13["layer_token_executions"]
+    bad = read_yaml(REPO / "examples" / "helios-opt-whatif.yaml")
+    bad["helios"]["models"][0]["exit_shares"][0] = [0.5, 0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match=r"helios.models\[0\].config: exit_shares\[0\]: 4 "
+                                         r"non-negative shares summing to 1"):
+        Experiment(bad, REPO / "examples")
+    del bad["helios"]["what_if"]
+    bad["helios"]["models"][0]["exit_shares"][0] = [0.7, 0.1, 0.1, 0.1]
+    with pytest.raises(ValueError, match="needs name, config, exit_layers, exit_shares and the "
+                                         "helios.what_if section"):
+        Experiment(bad, REPO / "examples")
