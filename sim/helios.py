@@ -95,7 +95,7 @@ def fit_steps(trace_dir: str | Path, layers: int) -> LayeredModel:
     steps["depth"] = steps.step_id.map(depth)
     steps = steps[~steps.is_warmup & steps.depth.notna()]
     return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
-                       steps.depth, steps.duration_ms, layers)
+                       steps.depth, steps.duration_ms, layers, prefill_seqs=steps.prefill_seqs)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,8 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
             start = env.now
             toks = [p.streams[s.depth][i] for i in rnd.prompts]
             times = round_times(p.step.at_depth(s.depth), [p.prompt_tokens[i] for i in rnd.prompts],
-                                [len(t) for t in toks], scale=p.step.residual_sampler()[0])
+                                [len(t) for t in toks], scale=p.step.residual_sampler()[0],
+                                per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1))
             yield env.timeout(times["end_s"])
             for k, i in enumerate(rnd.prompts):
                 req_rows.append({"prompt": i, "model": s.model, "depth": s.depth,
@@ -211,11 +212,12 @@ def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],
 
 
 def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
-                scale: float = 1.0) -> dict:
+                scale: float = 1.0, per_seq_ms: float = 0.0) -> dict:
     """A round's timing: one prefill step for all prompts, then decode steps until each sequence
     has its tokens (batch shrinking as they finish); closed form between finishes. `scale` is
     the mean multiplicative residual (the relative-error fit predicts below the mean)."""
-    first_s = model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens)) / 1e3
+    first_s = (model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens))
+               + per_seq_ms * len(prompt_tokens)) / 1e3
     finish = np.zeros(len(output_tokens))
     order = np.argsort(output_tokens, kind="stable")
     t_ms, done_steps, steps = first_s * 1e3, 1, 1

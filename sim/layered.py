@@ -1,11 +1,13 @@
 """Step time of a partially loaded (early-exit) model: a fixed part plus a part per loaded layer.
 
-step_ms(depth) = fixed(x) + depth * per_layer(x), with x the `linear` model's features (prefill
-tokens, decode sequences, context tokens, prefill x context). The decoder layers are identical,
-so one per-layer term serves every depth; at a given depth the model is an ordinary `linear`
-model (`at_depth`), with its closed-form decode runs. Fitted on the PyTorch engine's steps at
-every loaded depth (`reasonsim trace exits`), where a step's depth is its number of
-`layer_times` rows.
+step_ms(depth) = fixed(x) + depth * per_layer(x) + prefill_seqs * (a + depth * b), with x the
+`linear` model's features (prefill tokens, decode sequences, context tokens, prefill x context).
+The decoder layers are identical, so one per-layer term serves every depth; at a given depth the
+model is an ordinary `linear` model (`at_depth`), with its closed-form decode runs, plus a cost
+per prefilled sequence (`prefill_seq_ms`: the PyTorch engine prefills each admitted prompt in its
+own forward, so a step that admits many short prompts costs more than one long prompt of the same
+tokens). Fitted on the PyTorch engine's steps at every loaded depth (`reasonsim trace exits`),
+where a step's depth is its number of `layer_times` rows.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class LayeredModel:
     layers: int
     """the model's full depth"""
     residual_log_quantiles: tuple[float, ...] = (0.0,)
+    prefill_seq_ms: tuple[float, float] = (0.0, 0.0)
+    """per prefilled sequence: (fixed ms, ms per loaded layer)"""
+
+    def prefill_seqs_ms(self, depth: int, seqs: int) -> float:
+        """The per-sequence prefill cost of a step that admits `seqs` prompts at `depth`."""
+        a, b = self.prefill_seq_ms
+        return seqs * (a + depth * b)
 
     def at_depth(self, depth: int) -> LatencyModel:
         """The linear step-time model with `depth` layers loaded."""
@@ -56,6 +65,7 @@ class LayeredModel:
         """Features, both coefficient vectors, depth and residual quantiles."""
         return {"features": list(FEATURES), "fixed_ms": list(self.fixed_ms),
                 "layer_ms": list(self.layer_ms), "layers": self.layers,
+                "prefill_seq_ms": list(self.prefill_seq_ms),
                 "residual_log_quantiles": list(self.residual_log_quantiles)}
 
     @classmethod
@@ -70,12 +80,18 @@ class LayeredModel:
         fixed, layer = coefficients(d, "fixed_ms"), coefficients(d, "layer_ms")
         if not any(layer[:3]):
             raise ValueError("layer_ms: layers that take no time (all leading coefficients 0)")
-        return cls(fixed, layer, layers, residual_quantiles(d))
+        seq = d.get("prefill_seq_ms", [0.0, 0.0])
+        if not isinstance(seq, list) or len(seq) != 2 or not all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < float("inf")
+                for c in seq):
+            raise ValueError(f"prefill_seq_ms: expected 2 finite non-negative numbers, got {seq!r}")
+        return cls(fixed, layer, layers, residual_quantiles(d), (float(seq[0]), float(seq[1])))
 
 
 def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms, layers: int,
-                quantiles: int = 101) -> LayeredModel:
-    """NNLS on relative error over steps of every depth: [x, depth * x] -> duration."""
+                prefill_seqs=None, quantiles: int = 101) -> LayeredModel:
+    """NNLS on relative error over steps of every depth: [x, depth * x, s, depth * s] -> duration
+    (s: prefilled sequences; without them the per-sequence term is 0)."""
     y = np.asarray(duration_ms, dtype=float)
     d = np.asarray(depth, dtype=float)
     n = 2 * len(FEATURES)
@@ -84,7 +100,8 @@ def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms,
     if len(np.unique(d)) < 2:
         raise ValueError("need steps at two or more loaded depths to separate the per-layer time")
     x = feature_matrix(prefill_tokens, decode_seqs, context_tokens)
-    xx = np.hstack([x, x * d[:, None]])
+    seqs = np.zeros_like(y) if prefill_seqs is None else np.asarray(prefill_seqs, dtype=float)
+    xx = np.hstack([x, x * d[:, None], seqs[:, None], (seqs * d)[:, None]])
     scale = xx.max(axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls((xx / scale) / y[:, None], np.ones_like(y))
@@ -92,5 +109,5 @@ def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms,
     log_ratio = np.log(y / np.maximum(xx @ coef, 1e-9))
     q = np.quantile(log_ratio, np.linspace(0, 1, quantiles))
     k = len(FEATURES)
-    return LayeredModel(tuple(map(float, coef[:k])), tuple(map(float, coef[k:])), int(layers),
-                        tuple(map(float, q)))
+    return LayeredModel(tuple(map(float, coef[:k])), tuple(map(float, coef[k:2 * k])), int(layers),
+                        tuple(map(float, q)), (float(coef[-2]), float(coef[-1])))

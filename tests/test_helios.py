@@ -75,10 +75,13 @@ def test_layered_step_time_is_linear_in_depth_and_validated():
     n = 400
     p, d, c = rng.integers(0, 200, n), rng.integers(1, 32, n), rng.integers(0, 4000, n)
     depth = rng.integers(1, 5, n)
-    y = 0.3 + 0.01 * d + depth * (0.5 + 0.002 * p + 0.02 * d + 1e-4 * c)
-    m = fit_layered(p, d, c, depth, y, layers=4)
+    seqs = np.where(p > 0, rng.integers(1, 12, n), 0)  # prompts prefilled in the step
+    y = 0.3 + 0.01 * d + depth * (0.5 + 0.002 * p + 0.02 * d + 1e-4 * c) \
+        + seqs * (0.2 + 0.1 * depth)
+    m = fit_layered(p, d, c, depth, y, layers=4, prefill_seqs=seqs)
     assert abs(m.at_depth(3).step_ms(100, 8, 1000) - (0.3 + 0.08 + 3 * (0.5 + 0.2 + 0.16 + 0.1))) \
         < 1e-6
+    assert abs(m.prefill_seqs_ms(3, 5) - 5 * (0.2 + 0.3)) < 1e-6
     again = LayeredModel.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
     with pytest.raises(ValueError, match="two or more loaded depths"):

@@ -10,6 +10,7 @@ exit under threshold t is the first layer whose max probability reaches t.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -21,6 +22,10 @@ from tracers.torch_engine import TorchEngine, TorchSpec
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
 
+WAVES = (1, 4, 2, 8, 3, 12)
+"""prompts per arrival wave (cycled) within a phase"""
+WAVE_EVERY_STEPS = 6
+"""steps between waves (a wave also comes at once when the engine runs dry)"""
 BLOCK_SIZE = 16
 """tokens per reported KV block (the engine's cache is slot-based; blocks are for the steps table)"""
 
@@ -113,18 +118,24 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
 
 def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: str,
                 depth: int, step_id: int, t0: float, max_tokens: int) -> tuple[int, int]:
-    """Serve (index, cell, item) prompts at one loaded depth; write their rows; (next step id,
-    tokens)."""
+    """Serve (index, cell, item) prompts at one loaded depth, arriving in waves of varying size
+    (so steps prefill 1 to 12 prompts beside varying decode batches: the step model sees both);
+    write their rows; (next step id, tokens)."""
     meta: dict[str, dict] = {}
-    for n, cell, item in chunk:
-        rid = f"d{depth}-q{n}"
-        ids = lm.encode(item.prompt)
-        engine.add(rid, ids, max_tokens)
-        meta[rid] = {"cell_id": cell, "arrival_s": time.perf_counter() - t0,
-                     "prompt_tokens": len(ids)}
+    pending, waves, k = list(chunk), itertools.cycle(WAVES), 0
     tokens = 0
     kv_total = engine.spec.max_num_seqs * engine.spec.max_model_len // BLOCK_SIZE
-    while engine.has_unfinished():
+    while pending or engine.has_unfinished():
+        if pending and (k % WAVE_EVERY_STEPS == 0 or not engine.has_unfinished()):
+            wave = next(waves)
+            for n, cell, item in pending[:wave]:
+                rid = f"d{depth}-q{n}"
+                ids = lm.encode(item.prompt)
+                engine.add(rid, ids, max_tokens)
+                meta[rid] = {"cell_id": cell, "arrival_s": time.perf_counter() - t0,
+                             "prompt_tokens": len(ids)}
+            pending = pending[wave:]
+        k += 1
         res = engine.step()
         start_s = engine.t0 + res.start_s - t0  # the engine's clock started before ours
         end_s = start_s + res.duration_ms / 1e3
