@@ -48,11 +48,18 @@ def sim_run_row(cfg, result) -> dict:
 
 
 def calibration_fingerprints(cfg) -> list[dict]:
-    """Per replica group: its pool, calibration file and the device its timings came from."""
+    """Per replica group: its pool, calibration file, the device its timings came from and its
+    step-time model (so `validate` can check the live run's step speed against it)."""
+    from sim import step_time
     from sim.calibration import fingerprint, load_calibration
 
-    return [{"pool": g.pool, "calibration": str(g.calibration),
-             **fingerprint(load_calibration(g.calibration).provenance)} for g in cfg.replicas]
+    out = []
+    for g in cfg.replicas:
+        cal = load_calibration(g.calibration)
+        out.append({"pool": g.pool, "calibration": str(g.calibration),
+                    **fingerprint(cal.provenance),
+                    "step_time_model": step_time.to_json(cal.latency)})
+    return out
 
 
 def write_sim(cfg, result, out_dir: Path) -> None:
@@ -170,12 +177,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`reasonsim validate`."""
-    from sim.validate import compare, device_check, plot_cdfs, verdict
+    from sim.validate import compare, device_check, plot_cdfs, speed_check, verdict
 
     rows = compare(args.sim_dir, args.live_dir)
     device = device_check(args.sim_dir, args.live_dir)
-    result = {"metrics": rows, "device": device,
-              "verdict": verdict(rows, device, args.allow_device_mismatch)}
+    speed = speed_check(args.sim_dir, args.live_dir)
+    result = {"metrics": rows, "device": device, "speed": speed,
+              "verdict": verdict(rows, device, args.allow_device_mismatch, speed)}
     png = plot_cdfs(args.sim_dir, args.live_dir, args.out)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -187,6 +195,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not device["match"]:
         console.print(f"[bold red]DEVICE MISMATCH[/]: simulated with timings from "
                       f"{device['calibrated_on']}; the live run ran on {device['live']}")
+    if speed is not None and not speed["match"]:
+        console.print(f"[bold red]SPEED MISMATCH[/]: the live run's decode steps took "
+                      f"{speed['decode_step_ratio']:.2f}x what the calibration predicts "
+                      f"(median of {speed['steps']}); its timings are not this device's")
     table = Table(title="simulated vs live")
     for col in ("metric", "sim", "live", "rel_err"):
         table.add_column(col, justify="right" if col != "metric" else "left")

@@ -79,13 +79,25 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
             raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
     step = fit_steps(trace_dir, layers)
     return ModelProfile(name=name or Path(str(run["model_id"])).name,
-                        model_dir=str(run["model_id"]), layers=layers,
+                        model_dir=_model_dir(str(run["model_id"]), trace_dir), layers=layers,
                         prompt_tokens=prompt_tokens, streams=streams, step=step,
                         weight_bytes=int(layers_df.weight_bytes.iloc[0]),
                         kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
                         load_ms_per_layer=float(layers_df.load_ms.median()),
                         device=str(run["device"]), workload=params.get("workload", {}))
 
+
+
+def _model_dir(model_id: str, trace_dir: str | Path) -> str:
+    """The traced model's directory: as recorded, or (a relative path recorded from a checkout's
+    root) found from the trace directory upwards, so live replay works from any directory."""
+    p = Path(model_id)
+    if p.is_absolute() or p.exists():
+        return str(p)
+    for parent in Path(trace_dir).resolve().parents:
+        if (parent / p).is_dir():
+            return str(parent / p)
+    return str(p)
 
 
 def fit_steps(trace_dir: str | Path, layers: int) -> LayeredModel:

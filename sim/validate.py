@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +48,45 @@ def device_check(sim_dir: str | Path, live_dir: str | Path) -> dict:
                                        for d, n in calibrated)}
 
 
-def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False) -> dict:
-    """pass / fail against `TOLERANCE`, or refused when the devices differ (unless allowed)."""
+SPEED_TOLERANCE = 1.5
+"""live decode steps this many times slower or faster than the calibration predicts: another
+device in speed, whatever its name says (virtual machines report coarse CPU names)"""
+
+
+def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
+    """Median of live decode-only step time / the calibration's prediction for the same step;
+    None when the simulation did not record its step-time model or the live run has no steps."""
+    from sim import latency, layered, step_time  # noqa: F401  (the kinds register on import)
+
+    cals = read_run(sim_dir)["params"].get("calibrations") or []
+    models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
+              if "step_time_model" in c}
+    if len(models) != 1:  # none recorded, or several pools: no single prediction to compare
+        return None
+    model = step_time.from_json(json.loads(models.pop()))
+    steps = read_table(live_dir, "steps").to_pandas()
+    steps = steps[(steps.prefill_tokens == 0) & (steps.decode_seqs > 0) & ~steps.is_warmup]
+    if steps.empty:
+        return None
+    pred = np.array([model.step_ms(0, d, c) for d, c in zip(steps.decode_seqs,
+                                                            steps.context_tokens)])
+    ratio = float(np.median(steps.duration_ms.to_numpy() / pred))
+    return {"decode_step_ratio": ratio, "steps": int(len(steps)),
+            "match": bool(1 / SPEED_TOLERANCE <= ratio <= SPEED_TOLERANCE)}
+
+
+def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,
+            speed: dict | None = None) -> dict:
+    """pass / fail against `TOLERANCE`, or refused when the devices differ by name or by the live
+    run's step speed (unless allowed)."""
     if not device["match"] and not allow_device_mismatch:
         return {"status": "refused", "reason": "the calibration was traced on another device; "
                 "re-trace and calibrate here, or pass --allow-device-mismatch"}
+    if speed is not None and not speed["match"] and not allow_device_mismatch:
+        return {"status": "refused", "reason": f"live decode steps ran at "
+                f"{speed['decode_step_ratio']:.2f}x the calibration's prediction: it does not "
+                "describe this device's speed; re-trace and calibrate here, or pass "
+                "--allow-device-mismatch"}
     over = {k: rows[k]["rel_err"] for k, tol in TOLERANCE.items()
             if k in rows and not abs(rows[k]["rel_err"]) <= tol}
     if over:

@@ -40,8 +40,9 @@ def test_replay_then_validate(tmp_path, local_calibration):
     # Throughput is set by the arrivals at moderate load, so it must agree even on a noisy box.
     assert abs(rows["throughput_tok_s"]["rel_err"]) < 0.3
     assert (tmp_path / "v" / "validate_cdf.png").stat().st_size > 0
-    # Calibrated here: the devices match and validate gives a verdict.
-    assert result["device"]["match"] and result["verdict"]["status"] in ("pass", "fail")
+    # Calibrated here: the devices match, by name and by step speed, and validate gives a verdict.
+    assert result["device"]["match"] and result["speed"]["match"], result["speed"]
+    assert result["verdict"]["status"] in ("pass", "fail")
 
     # A calibration traced on another device: flagged, and no verdict unless allowed.
     other = json.loads(local_calibration.read_text())
@@ -58,6 +59,20 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert "DEVICE MISMATCH" in run_cli(*args).stdout
     allowed = json.loads(run_cli(*args, "--json", "--allow-device-mismatch").stdout)
     assert allowed["verdict"]["status"] in ("pass", "fail")
+
+    # Same device name, another speed (a VM's CPU name says little): the live decode steps
+    # against a calibration three times slower are flagged by their speed.
+    slow = json.loads(local_calibration.read_text())
+    slow["step_time_model"]["coef_ms"] = [3 * c for c in slow["step_time_model"]["coef_ms"]]
+    (tmp_path / "slow.calib.json").write_text(json.dumps(slow))
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "other.calib.json"),
+                                           str(tmp_path / "slow.calib.json")))
+    run_cli("simulate", str(cfg), "-o", str(tmp_path / "sim-slow"), "--json")
+    args = ("validate", str(tmp_path / "sim-slow"), str(live), "-o", str(tmp_path / "v3"))
+    slowed = json.loads(run_cli(*args, "--json").stdout)
+    assert slowed["device"]["match"] and not slowed["speed"]["match"]
+    assert slowed["speed"]["decode_step_ratio"] < 1 / 1.5
+    assert slowed["verdict"]["status"] == "refused" and "SPEED MISMATCH" in run_cli(*args).stdout
 
 
 def test_replay_refuses_multi_replica_config(tmp_path):
