@@ -24,12 +24,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from tracers.engine import check_model
+from tracers.torch_weights import load_partial, read_layer_weights
 
 
 @dataclass
@@ -129,7 +129,7 @@ class TorchEngine:
         if spec.load_format == "dummy":
             model = LlamaForCausalLM(self.config)
         else:
-            model = _quiet_load(LlamaForCausalLM, self.path, self.config, self.dtype)
+            model = load_partial(LlamaForCausalLM, self.path, self.config, self.dtype)
         self.config.num_hidden_layers = self.num_layers
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         cfg = self.config
@@ -177,7 +177,7 @@ class TorchEngine:
         t0 = time.perf_counter()
         new = [LlamaDecoderLayer(self.config, i) for i in range(self.loaded_layers, depth)]
         if self.spec.load_format != "dummy":
-            state = _read_layers(self.path, range(self.loaded_layers, depth))
+            state = read_layer_weights(self.path, range(self.loaded_layers, depth))
             for layer, i in zip(new, range(self.loaded_layers, depth)):
                 prefix = f"model.layers.{i}."
                 layer.load_state_dict({k[len(prefix):]: v for k, v in state.items()
@@ -375,35 +375,6 @@ class TorchEngine:
         return self.outputs.pop(request_id)
 
 
-def _quiet_load(cls, path: Path, config, dtype):
-    """from_pretrained without the progress bar and the report of the deeper layers' weights
-    it skips on purpose (a partial load)."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        return cls.from_pretrained(str(path), config=config, dtype=dtype)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _read_layers(path: Path, layers: range) -> dict[str, torch.Tensor]:
-    """The weights of `layers` read from the model's safetensors files."""
-    from safetensors import safe_open
-
-    prefixes = tuple(f"model.layers.{i}." for i in layers)
-    state = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():
-                if key.startswith(prefixes):
-                    state[key] = st.get_tensor(key)
-    return state
