@@ -15,26 +15,24 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def _positive_list(text: str, cast, kind: str) -> list:
+    try:
+        values = [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive {kind}, got {text!r}")
+    return values
+
+
 def floats(text: str) -> list[float]:
     """argparse type: comma-separated positive numbers."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
+    return _positive_list(text, float, "numbers")
 
 
 def ints(text: str) -> list[int]:
     """argparse type: comma-separated positive integers."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+    return _positive_list(text, int, "integers")
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

@@ -97,6 +97,14 @@ def _check_lengths(prompt: np.ndarray, output: np.ndarray, names: tuple[str, str
                              f"{_MAX_TOKENS} tokens")
 
 
+def _csv_lengths(df, path: Path, prompt_col: str, output_col: str) -> tuple:
+    """(prompt, output) lengths from two CSV columns, every cell checked."""
+    prompt = _csv_numbers(df, prompt_col, path, whole=True)
+    output = _csv_numbers(df, output_col, path, whole=True)
+    _check_lengths(prompt, output, (prompt_col, output_col), path, _csv_row)
+    return prompt, output
+
+
 def _csv_row(r: int) -> str:
     return f"row {r + 1} (after the header)"
 
@@ -124,20 +132,14 @@ def _read_azure(path: Path, opts: dict) -> tuple:
         raise ValueError(f"{path}: {_csv_row(r)}: column 'TIMESTAMP' value "
                          f"{df['TIMESTAMP'].iloc[r]!r} is not a datetime")
     arrival = ((stamps - stamps.min()) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
-    prompt = _csv_numbers(df, "ContextTokens", path, whole=True)
-    output = _csv_numbers(df, "GeneratedTokens", path, whole=True)
-    _check_lengths(prompt, output, ("ContextTokens", "GeneratedTokens"), path, _csv_row)
-    return arrival, prompt, output, None
+    return (arrival, *_csv_lengths(df, path, "ContextTokens", "GeneratedTokens"), None)
 
 
 def _read_vidur(path: Path, opts: dict) -> tuple:
     """Vidur trace CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens."""
     df = _read_csv(path, ("arrived_at", "num_prefill_tokens", "num_decode_tokens"))
     arrival = _csv_numbers(df, "arrived_at", path, whole=False)
-    prompt = _csv_numbers(df, "num_prefill_tokens", path, whole=True)
-    output = _csv_numbers(df, "num_decode_tokens", path, whole=True)
-    _check_lengths(prompt, output, ("num_prefill_tokens", "num_decode_tokens"), path, _csv_row)
-    return arrival, prompt, output, None
+    return (arrival, *_csv_lengths(df, path, "num_prefill_tokens", "num_decode_tokens"), None)
 
 
 def _read_burstgpt(path: Path, opts: dict) -> tuple:
