@@ -71,6 +71,9 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
     t0 = time.perf_counter()
     while (rnd := program.next_round()) is not None:
         s = rnd.serve
+        if s.exit_threshold is not None:  # the simulator cannot compare it yet (sim/helios.py)
+            raise ValueError("per-token exits at a threshold (the EE-full baseline) are not "
+                             "replayed yet: serve at a loaded depth")
         eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts))
         start = time.perf_counter() - t0
         index = {f"q{i}": i for i in rnd.prompts}

@@ -24,7 +24,6 @@ class ExitMatrix:
 
     model_id: str
     request_ids: np.ndarray
-    cell_ids: np.ndarray
     max_prob: np.ndarray
     argmax: np.ndarray
 
@@ -65,10 +64,8 @@ def load_exits(trace_dir: str | Path, depth: int | None = None) -> ExitMatrix:
     if df.order.isna().any():
         raise ValueError(f"{trace_dir}: exits name requests missing from the requests table")
     df = df.sort_values(["order", "token_index", "layer"])
-    cells = dict(zip(reqs.request_id, reqs.cell_id))
     first = df[df.layer == 1]
     return ExitMatrix(model_id=str(run["model_id"]), request_ids=first.request_id.to_numpy(),
-                      cell_ids=first.request_id.map(cells).to_numpy(),
                       max_prob=df.max_prob.to_numpy(np.float64).reshape(-1, layers),
                       argmax=df.token_id.to_numpy(np.int64).reshape(-1, layers))
 

@@ -177,6 +177,9 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
         loaded: tuple[str, int] | None = None
         while (rnd := program.next_round()) is not None:
             s = rnd.serve
+            if s.exit_threshold is not None:  # per-token exits need threshold streams and times
+                raise ValueError("per-token exits at a threshold (the EE-full baseline) are not "
+                                 "simulated yet: serve at a loaded depth")
             p = profiles[s.model]
             load_ms = reload_ms(loaded, (s.model, s.depth), profiles)
             if load_ms:

@@ -169,3 +169,15 @@ def test_real_shapes_what_if_reproduce_the_papers_direction():
     with pytest.raises(ValueError, match="needs name, config, exit_layers, exit_shares and the "
                                          "helios.what_if section"):
         Experiment(bad, REPO / "examples")
+
+
+def test_the_ee_full_baseline_is_refused_until_it_is_simulated():
+    from policies.helios import EarlyExitFull
+    from programs.helios import HeliosProgram
+    from sim.helios import simulate_stream
+
+    exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
+    prog = HeliosProgram(EarlyExitFull(exp.candidates["target-large"]), exp.num_prompts,
+                         lambda s: 1)
+    with pytest.raises(ValueError, match="EE-full baseline\\) are not simulated yet"):
+        simulate_stream(prog, exp.profiles, exp.memory)
