@@ -14,7 +14,7 @@ from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate,
 from reasonsim.cmd_testbed import cmd_testbed_build, cmd_testbed_eval
 from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_exits, cmd_trace_probes,
                                  cmd_trace_serve, cmd_trace_steps, cmd_traces_check)
-from reasonsim.common import DEFAULT_MODEL, TESTBED, UserError, floats, ints
+from reasonsim.common import DEFAULT_MODEL, TESTBED, UserError, counts, floats, ints
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup-steps", type=int, default=3,
                    help="first N iterations of the run flagged is_warmup; the first iteration "
                    "of each new shape is flagged too")
+    s.add_argument("--idle-ms", type=counts, default=[0], help="idle time before each cell, "
+                   "cycling (e.g. 0,20,100: steps after idle, as live traffic has them)")
     s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy = random weights from config.json alone")
     s.add_argument("--dtype", default="auto", help="auto = float32 on CPU, bfloat16 on GPU")
@@ -153,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("trace_dirs", nargs="+", metavar="TRACE_DIR")
     cal.add_argument("-o", "--out", required=True, help="calibration JSON to write")
     cal.add_argument("--seed", type=int, default=0, help="held-out split seed")
+    cal.add_argument("--model", choices=["serving", "linear"], default="serving",
+                     help="step-time model: serving (linear + first-of-shape, idle and prefill-"
+                     "step terms) or linear")
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=cmd_calibrate)
 

@@ -15,7 +15,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim calibrate`."""
     from sim.calibration import calibrate
 
-    cal = calibrate(args.trace_dirs, seed=args.seed)
+    cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
@@ -23,10 +23,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     summary = {"heldout_mape": h["mape"], "heldout_p50_ape": h["p50_ape"],
                "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
                "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
-               "output": str(out)}
-    for phase in ("decode", "prefill"):
-        if phase in h:
-            summary[f"heldout_mape_{phase}"] = h[phase]["mape"]
+               "step_time_model": cal.latency.kind, "output": str(out)}
+    for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus"):
+        if part in h:
+            summary[f"heldout_mape_{part}"] = h[part]["mape"]
     print_summary(summary, args.json)
     return 0
 

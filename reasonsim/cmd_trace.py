@@ -14,7 +14,7 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
 
     grid = StepGrid(batch_sizes=args.batch_sizes, prompt_tokens=args.prompt_tokens,
                     output_tokens=args.output_tokens, repeats=args.repeats,
-                    warmup_steps=args.warmup_steps)
+                    warmup_steps=args.warmup_steps, idle_ms=tuple(args.idle_ms))
     summary = profile_steps(model=args.model, out_dir=args.out, grid=grid,
                             load_format=args.load_format, dtype=args.dtype, seed=args.seed,
                             resume=args.resume, max_num_seqs=args.max_num_seqs,

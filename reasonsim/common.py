@@ -15,13 +15,14 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
-def _positive_list(text: str, cast, kind: str) -> list:
+def _positive_list(text: str, cast, kind: str, zero_ok: bool = False) -> list:
     try:
         values = [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive {kind}, got {text!r}")
+    if not values or any(v < 0 or (v == 0 and not zero_ok) for v in values):
+        sign = "non-negative" if zero_ok else "positive"
+        raise argparse.ArgumentTypeError(f"expected {sign} {kind}, got {text!r}")
     return values
 
 
@@ -33,6 +34,11 @@ def floats(text: str) -> list[float]:
 def ints(text: str) -> list[int]:
     """argparse type: comma-separated positive integers."""
     return _positive_list(text, int, "integers")
+
+
+def counts(text: str) -> list[int]:
+    """argparse type: comma-separated non-negative integers."""
+    return _positive_list(text, int, "integers", zero_ok=True)
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

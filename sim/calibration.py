@@ -19,6 +19,7 @@ import pandas as pd
 
 from sim import step_time
 from sim.latency import LatencyModel, errors, fit
+from sim.serving_latency import engine_features, fit_serving, serving_errors
 from traces import read_run, read_table
 
 CALIBRATION_VERSION = 2
@@ -102,8 +103,18 @@ def _heldout_mask(cells: pd.Series, seed: int) -> np.ndarray:
     return cells.fillna("none").map(bucket).to_numpy() < HELDOUT_FRACTION
 
 
-def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
-    """Fit on the non-warm-up steps of the traces; evaluate on held-out cells."""
+def breakdown(steps: pd.DataFrame) -> dict[str, pd.Series]:
+    """Row masks by regime (decode-only, prefill-only, mixed) and by sequences per step."""
+    p, d = steps.prefill_tokens, steps.decode_seqs
+    seqs = steps.prefill_seqs + d
+    return {"decode": p == 0, "prefill": (p > 0) & (d == 0), "mixed": (p > 0) & (d > 0),
+            "seqs_1": seqs <= 1, "seqs_2_4": (seqs >= 2) & (seqs <= 4),
+            "seqs_5_16": (seqs >= 5) & (seqs <= 16), "seqs_17_plus": seqs >= 17}
+
+
+def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving") -> Calibration:
+    """Fit a step-time model (`serving` or `linear`) on the traces' steps; evaluate on held-out
+    cells or runs."""
     t0 = time.perf_counter()
     frames, runs = [], []
     for d in trace_dirs:
@@ -128,7 +139,13 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
     steps = pd.concat(frames, ignore_index=True)
-    steps = steps[~steps.is_warmup & (steps.duration_ms > 0)]
+    if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
+        steps = engine_features(steps)
+        steps = steps[steps.duration_ms > 0]
+    elif model == "linear":
+        steps = steps[~steps.is_warmup & (steps.duration_ms > 0)]
+    else:
+        raise ValueError(f"unknown step-time model {model!r}; calibrate fits linear or serving")
     if steps.empty:
         raise ValueError(f"{', '.join(str(d) for d in trace_dirs)}: every step is a warm-up "
                          "step (or has no duration): nothing to calibrate on")
@@ -138,14 +155,21 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
     if held.all() or not held.any():  # a single cell or run: fall back to a row split
         held = np.random.default_rng(seed).random(len(steps)) < HELDOUT_FRACTION
     train, test = steps[~held], steps[held]
-    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
-    model = fit(*(train[c] for c in cols), train.duration_ms)
-    heldout = errors(model, *(test[c] for c in cols), test.duration_ms)
-    heldout["train_rows"] = int(len(train))
-    for phase, mask in (("decode", test.prefill_tokens == 0), ("prefill", test.prefill_tokens > 0)):
+    if model == "serving":
+        fitted = fit_serving(train)
+
+        def err(rows):
+            return serving_errors(fitted, rows)
+    else:
+        cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
+        fitted = fit(*(train[c] for c in cols), train.duration_ms)
+
+        def err(rows):
+            return errors(fitted, *(rows[c] for c in cols), rows.duration_ms)
+    heldout = err(test) | {"train_rows": int(len(train))}
+    for name, mask in breakdown(test).items():
         if mask.any():
-            heldout[phase] = errors(model, *(test[mask][c] for c in cols),
-                                    test[mask].duration_ms)
+            heldout[name] = err(test[mask])
     run0 = runs[0][1]
     eng = run0["params"].get("engine", {})
     provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
@@ -154,7 +178,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0) -> Calibration:
                   "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
                   "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
                   "fit_s": round(time.perf_counter() - t0, 3)}
-    return Calibration(model, int(eng.get("max_num_seqs", 256)),
+    return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
                        provenance, heldout,

@@ -78,6 +78,11 @@ class Replica:
         self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
         self.outstanding_tokens = 0
         self.busy_s = 0.0
+        # Engine state some step-time models charge for (sim/serving_latency.py): token counts
+        # this engine has run a step with, and when its last step ended (-inf: never).
+        self.engine_state = getattr(self.lat, "engine_state", False)
+        self.seen_shapes: set[int] = set()
+        self.last_end_s = -math.inf
 
     # ------------------------------------------------------------------ public
     def submit(self, req: Req) -> None:
@@ -246,12 +251,25 @@ class Replica:
             else:
                 decode_seqs += 1
             context += r.computed + n
-        step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
+        plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
+        if self.engine_state:
+            tokens = prefill_tokens + decode_seqs
+            new_shape = tokens not in self.seen_shapes
+            idle_ms = (now - self.last_end_s) * 1e3
+            if idle_ms < 1e-3:  # the step follows the last one (float rounding of event times)
+                idle_ms = 0.0
+            if new_shape:
+                self.seen_shapes.add(tokens)
+            plain = not new_shape and idle_ms <= 0.0
+            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
+                                       idle_ms=idle_ms)
+        else:
+            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
         closed = None
-        if self.fast_forward and prefill_tokens == 0 and preempted == 0 \
+        if self.fast_forward and plain and prefill_tokens == 0 and preempted == 0 \
                 and decode_seqs == len(self.running):
             # None: the step-time model has no closed form; step one event per iteration.
             closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
@@ -331,6 +349,7 @@ class Replica:
         if gen != self.gen:
             return  # superseded by a truncation
         self.busy_s += t_end - self._seg_start
+        self.last_end_s = t_end
         self._ending = True
         done = []
         for r, n in self._sched:

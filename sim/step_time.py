@@ -19,6 +19,9 @@ class StepTimeModel(Protocol):
     version: ClassVar[int]
     residual_log_quantiles: tuple[float, ...]
     """quantiles of log(actual / predicted) (multiplicative noise; (0.0,) for none)"""
+    engine_state: ClassVar[bool]
+    """optional (default False): step_ms also takes new_shape (the engine's first step with this
+    many scheduled tokens) and idle_ms (since its last step ended), which the replica tracks"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
         """Predicted duration of one iteration."""

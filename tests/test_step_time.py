@@ -157,4 +157,6 @@ def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
         calibrate([a, b])
     warm = _steps_trace(tmp_path / "w", 64, warmup=True)
     with pytest.raises(ValueError, match="every step is a warm-up step"):
-        calibrate([warm])
+        calibrate([warm], model="linear")
+    # The serving model keeps first-of-shape steps (they are its data); only run start-up goes.
+    assert calibrate([warm]).heldout["train_rows"] + calibrate([warm]).heldout["rows"] == 37

@@ -30,6 +30,9 @@ class StepGrid:
     warmup_steps: int = 3
     """first iterations of the run flagged is_warmup (kept, not dropped); the first iteration
     of every new shape is flagged too"""
+    idle_ms: tuple[int, ...] = (0,)
+    """the engine sits idle this long before cell i (cycling through the values), so the
+    steps after idle that live traffic has are in the grid too"""
 
     def __post_init__(self):
         for name in ("batch_sizes", "prompt_tokens", "output_tokens"):
@@ -38,6 +41,8 @@ class StepGrid:
                 raise ValueError(f"grid {name} must be positive integers, got {values}")
         if self.repeats < 1 or self.warmup_steps < 0:
             raise ValueError("grid repeats must be >= 1 and warmup_steps >= 0")
+        if not self.idle_ms or any(int(v) < 0 or int(v) > 10_000 for v in self.idle_ms):
+            raise ValueError(f"grid idle_ms must be integers in [0, 10000], got {self.idle_ms}")
 
     def cells(self) -> list[tuple[str, int, int, int]]:
         """(cell_id, batch, prompt, output) in profiling order."""
@@ -115,6 +120,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
             if cell_id in done:
                 continue
             rng = np.random.default_rng([seed, cell_index])
+            time.sleep(grid.idle_ms[cell_index % len(grid.idle_ms)] / 1e3)
             sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
                                 temperature=0.0, detokenize=False)
             for i in range(batch):

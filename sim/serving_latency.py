@@ -1,0 +1,154 @@
+"""The `serving` step-time model: the linear model plus what a live engine adds to a step.
+
+step_ms = linear terms (const, prefill tokens, decode sequences, context, prefill x context)
+          + c_prefill_step * [the step prefills]
+          + new_shape * (c_new + c_new_tok * tokens / 100)
+          + c_idle * min(idle_ms, IDLE_CAP_MS) / 100
+
+Measured on vLLM's CPU build (the fidelity issue; `benchmarks/step_shapes.py`):
+- the first step that schedules a given number of tokens costs more (+31% on a one-prompt
+  prefill of 100-400 tokens): kernels are built and cached per shape. Live traffic with varied
+  prompt lengths keeps meeting new shapes; a grid repeats its few shapes, and the linear model's
+  calibration drops those first steps as warm-up, so it predicted live prefill steps at half
+  their time. `tokens` = prefill tokens + decode sequences of the step.
+- a step after the engine sat idle is slower (+1 ms after 20-50 ms, +3-5 ms after 100 ms or
+  more, on a 5-14 ms prefill): caches and idle cores go cold. Capped at IDLE_CAP_MS.
+Both extra terms are zero inside a run of decode-only steps (same shape, no idle), so decode
+runs keep the linear model's closed form and fast-forwarding is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from sim.latency import LatencyModel, _is_number, residual_quantiles
+from sim.step_time import register
+
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
+            "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms")
+LINEAR = 5
+"""the first LINEAR features are the `linear` model's"""
+IDLE_CAP_MS = 200.0
+"""idle time beyond this adds nothing more (measured: flat from ~100 ms)"""
+RUN_WARMUP_STEPS = 3
+"""first steps of every traced run left out of a fit: engine start-up, not serving"""
+
+
+def feature_matrix(steps: pd.DataFrame) -> np.ndarray:
+    """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns."""
+    p = steps.prefill_tokens.to_numpy(float)
+    d = steps.decode_seqs.to_numpy(float)
+    c = steps.context_tokens.to_numpy(float)
+    new = steps.new_shape.to_numpy(float)
+    idle = np.minimum(steps.idle_ms.to_numpy(float), IDLE_CAP_MS) / 100.0
+    return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
+                            new, new * (p + d) / 100.0, idle])
+
+
+def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
+    """Steps with `idle_ms` (since the previous step ended) and `new_shape` (first step of the
+    engine's life with this many scheduled tokens), per run and replica in step order; the first
+    RUN_WARMUP_STEPS of each are dropped (their features are known, their cost is start-up)."""
+    out = []
+    for _, s in steps.sort_values(["run_id", "replica_id", "step_id"]).groupby(
+            ["run_id", "replica_id"], sort=False):
+        end_s = s.start_s + s.duration_ms / 1e3
+        s = s.assign(idle_ms=((s.start_s - end_s.shift(1)).fillna(0.0) * 1e3).clip(lower=0.0),
+                     new_shape=(~(s.prefill_tokens + s.decode_seqs).duplicated()).astype(float))
+        out.append(s.iloc[RUN_WARMUP_STEPS:])
+    return pd.concat(out) if out else steps.assign(idle_ms=[], new_shape=[])
+
+
+@register
+@dataclass(frozen=True)
+class ServingModel:
+    """Coefficients (ms per unit of each of FEATURES) and residual quantiles."""
+
+    kind: ClassVar[str] = "serving"
+    version: ClassVar[int] = 1
+    engine_state: ClassVar[bool] = True
+    """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
+    coef_ms: tuple[float, ...]
+    residual_log_quantiles: tuple[float, ...] = (0.0,)
+
+    def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
+                new_shape: bool = False, idle_ms: float = 0.0) -> float:
+        """Predicted duration of one iteration."""
+        c = self.coef_ms
+        ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
+            + c[4] * prefill_tokens * context_tokens / 1e3
+        if prefill_tokens:
+            ms += c[5]
+        if new_shape:
+            ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
+        if idle_ms > 0.0:
+            ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0
+        return ms
+
+    def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
+        """Vectorised step_ms over steps with engine features."""
+        return feature_matrix(steps) @ np.asarray(self.coef_ms)
+
+    def linear(self) -> LatencyModel:
+        """The linear part: what a decode run (same shape, no idle) costs per step."""
+        return LatencyModel(self.coef_ms[:LINEAR], self.residual_log_quantiles)
+
+    def decode_run(self, n_seqs: int, context0: int) -> tuple[float, float]:
+        """Closed-form run of decode-only steps (extra terms are zero inside a run)."""
+        return self.linear().decode_run(n_seqs, context0)
+
+    def residual_sampler(self) -> tuple[float, float]:
+        """(mean, std) of the multiplicative residual."""
+        return self.linear().residual_sampler()
+
+    def to_json(self) -> dict:
+        """Features, coefficients, idle cap and residual quantiles."""
+        return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
+                "idle_cap_ms": IDLE_CAP_MS,
+                "residual_log_quantiles": list(self.residual_log_quantiles)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ServingModel":
+        """The model from `to_json`'s mapping, every number checked."""
+        if d.get("features") != list(FEATURES):
+            raise ValueError(f"serving model features {d.get('features')} differ from "
+                             f"{list(FEATURES)}")
+        if d.get("idle_cap_ms") != IDLE_CAP_MS:
+            raise ValueError(f"idle_cap_ms: {d.get('idle_cap_ms')!r} is not this version's "
+                             f"{IDLE_CAP_MS}")
+        v = d.get("coef_ms")
+        if not isinstance(v, list) or len(v) != len(FEATURES) or \
+                not all(_is_number(c) and c >= 0 for c in v):
+            raise ValueError(f"coef_ms: expected {len(FEATURES)} finite non-negative numbers, "
+                             f"got {v!r}")
+        if not any(v[:3]):
+            raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
+        return cls(tuple(float(c) for c in v), residual_quantiles(d))
+
+
+def fit_serving(steps: pd.DataFrame, quantiles: int = 101) -> ServingModel:
+    """NNLS on relative error over steps with engine features (`engine_features`)."""
+    y = steps.duration_ms.to_numpy(float)
+    if y.size < len(FEATURES) or not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError(f"need >= {len(FEATURES)} finite positive step durations, got {y.size}")
+    x = feature_matrix(steps)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    coef = coef / scale
+    log_ratio = np.log(y / np.maximum(x @ coef, 1e-9))
+    q = np.quantile(log_ratio, np.linspace(0, 1, quantiles))
+    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q))
+
+
+def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:
+    """MAPE, median and P90 absolute percentage error (fractions) on rows with engine features."""
+    y = steps.duration_ms.to_numpy(float)
+    ape = np.abs(model.predict_ms(steps) - y) / y
+    return {"mape": float(ape.mean()), "p50_ape": float(np.median(ape)),
+            "p90_ape": float(np.quantile(ape, 0.9)), "rows": int(y.size)}

@@ -1,0 +1,132 @@
+"""The `serving` step-time model: first-of-shape and idle terms, fitted, fast-forwarded exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from sim.calibration import load_calibration
+from sim.config import parse_config
+from sim.latency import run_ms
+from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_serving
+from sim.simulate import simulate
+
+LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9]  # prefill step, new shape, new shape per 100 tokens, idle
+
+
+def serving_calibration(tmp_path, extra=EXTRA_MS):
+    """The shipped calibration with its linear coefficients extended to a serving model."""
+    d = json.loads(LINEAR_CAL.read_text())
+    m = d["step_time_model"]
+    d["step_time_model"] = {"kind": "serving", "version": 1, "features": list(FEATURES),
+                            "coef_ms": m["coef_ms"] + list(extra), "idle_cap_ms": 200.0,
+                            "residual_log_quantiles": m["residual_log_quantiles"]}
+    path = tmp_path / "serving.calib.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _cfg(cal, rate=20.0, n=150, seed=0, kv_blocks=None, max_num_seqs=None):
+    group = {"calibration": str(cal), "count": 2}
+    if kv_blocks:
+        group["kv_blocks"] = kv_blocks
+    if max_num_seqs:
+        group["max_num_seqs"] = max_num_seqs
+    return parse_config({"seed": seed, "workload": {
+        "arrival": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0}, "num_requests": n,
+        "prompt_tokens": {"kind": "uniform", "low": 16, "high": 400},
+        "output_tokens": {"kind": "uniform", "low": 4, "high": 120}},
+        "cluster": {"replicas": [group]}})
+
+
+@pytest.mark.parametrize("rate,kv,seqs,seed", [(2.0, None, None, 0), (20.0, 60, 8, 1),
+                                               (200.0, None, 4, 2), (50.0, 120, None, 3)])
+def test_fast_forward_equals_per_iteration_with_engine_state(tmp_path, rate, kv, seqs, seed):
+    cfg = _cfg(serving_calibration(tmp_path), rate=rate, seed=seed, kv_blocks=kv,
+               max_num_seqs=seqs)
+    fast, slow = simulate(cfg), simulate(cfg, fast_forward=False)
+    for col in ("scheduled_s", "first_token_s", "finish_s", "replica_id"):
+        assert np.allclose(fast.requests.column(col).to_numpy(),
+                           slow.requests.column(col).to_numpy(), rtol=1e-9, atol=1e-9), col
+    assert fast.summary["iterations"] == slow.summary["iterations"]
+    assert fast.summary["events"] < slow.summary["events"]
+
+
+def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
+    path = serving_calibration(tmp_path)
+    cal = load_calibration(path)
+    cfg = parse_config({"workload": {"arrival": {"kind": "constant", "rate_per_s": 1.0},
+                                     "num_requests": 2, "prompt_tokens": 100, "output_tokens": 11},
+                        "cluster": {"replicas": [{"calibration": str(path)}]}})
+    reqs = simulate(cfg).requests.to_pandas()
+    mean_ratio = cal.latency.residual_sampler()[0]
+    lat = cal.latency
+    # The first step: a prefill, a shape never run, after the engine idled (beyond the cap).
+    first = lat.step_ms(100, 0, 100, new_shape=True, idle_ms=1e3)
+    assert first == pytest.approx(lat.linear().step_ms(100, 0, 100) + 0.8 + 2.0 + 1.4 * 1.0
+                                  + 0.9 * 2.0)
+    r0, r1 = reqs.iloc[0], reqs.iloc[1]
+    assert r0.first_token_s - r0.arrival_s == pytest.approx(first * mean_ratio / 1e3)
+    # Decode: the first step of batch 1 is a new shape (1 token), then a closed-form run.
+    a, b = lat.decode_run(1, 100)
+    decode_ms = lat.step_ms(0, 1, 101, new_shape=True) + run_ms(a + b, b, 9)
+    assert r0.finish_s - r0.first_token_s == pytest.approx(decode_ms * mean_ratio / 1e3)
+    # The second request, a second later: same shapes (no new-shape term), idle beyond the cap.
+    assert r1.first_token_s - r1.arrival_s == pytest.approx(
+        lat.step_ms(100, 0, 100, idle_ms=1e3) * mean_ratio / 1e3)
+
+
+def test_fit_recovers_the_engine_terms_from_a_step_sequence():
+    rng = np.random.default_rng(0)
+    true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9])
+    rows, t = [], 0.0
+    for i in range(3000):  # decode runs with prefills of random lengths between them
+        prefill = int(rng.integers(16, 500)) if i % 10 == 0 else 0
+        decode = int(rng.integers(0, 8)) if prefill else int(rng.integers(1, 8))
+        idle_ms = float(rng.choice([0.0, 0.0, 20.0, 150.0])) if prefill else 0.0
+        t += idle_ms / 1e3
+        rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
+                     "prefill_tokens": prefill, "decode_seqs": decode,
+                     "context_tokens": prefill + decode * 200, "duration_ms": 1.0})
+        t += 0.1
+    steps = engine_features(pd.DataFrame(rows))
+    x = np.column_stack([np.ones(len(steps)), steps.prefill_tokens, steps.decode_seqs,
+                         steps.context_tokens, steps.prefill_tokens * steps.context_tokens / 1e3,
+                         steps.prefill_tokens > 0, steps.new_shape,
+                         steps.new_shape * (steps.prefill_tokens + steps.decode_seqs) / 100,
+                         np.minimum(steps.idle_ms, 200) / 100])
+    noise = np.exp(rng.normal(0, 0.02, len(steps)))
+    steps = steps.assign(duration_ms=x @ true * noise)
+    assert steps.new_shape.sum() > 100 and (steps.idle_ms > 100).sum() > 30
+    fitted = fit_serving(steps)
+    got = np.array(fitted.coef_ms)
+    for i in (0, 5, 6, 7, 8):  # the terms this model adds, and the constant
+        assert got[i] == pytest.approx(true[i], rel=0.15), FEATURES[i]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m.update(features=m["features"][:5]), "features"),
+    (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
+    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 9 finite non-negative"),
+    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 9 finite non-negative"),
+])
+def test_broken_serving_models_are_refused_naming_the_key(tmp_path, edit, message):
+    path = serving_calibration(tmp_path)
+    d = json.loads(path.read_text())
+    edit(d["step_time_model"])
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=message):
+        load_calibration(path)
+
+
+def test_linear_calibrations_still_load_and_ignore_engine_state():
+    lat = load_calibration(LINEAR_CAL).latency
+    assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
+    assert isinstance(ServingModel.from_json(
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 8, "idle_cap_ms": 200.0,
+         "residual_log_quantiles": [0.0]}), ServingModel)
