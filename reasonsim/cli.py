@@ -10,7 +10,8 @@ import sys
 from reasonsim.cmd_dynasor import (cmd_dynasor_calibrate, cmd_dynasor_offline, cmd_dynasor_online,
                                    cmd_dynasor_replay)
 from reasonsim.cmd_helios import cmd_helios_offline, cmd_helios_replay
-from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate, cmd_validate
+from reasonsim.cmd_sim import (cmd_calibrate, cmd_demo, cmd_fidelity, cmd_replay, cmd_simulate,
+                               cmd_validate)
 from reasonsim.cmd_testbed import cmd_testbed_build, cmd_testbed_eval
 from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_exits, cmd_trace_probes,
                                  cmd_trace_serve, cmd_trace_steps, cmd_traces_check)
@@ -201,6 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "another device than the live run")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
+
+    fi = sub.add_parser("fidelity", help="trace, calibrate, simulate and replay live a suite "
+                        "of workloads on this machine; one sim-vs-live table",
+                        description="Traces a step grid here, calibrates (serving model), then "
+                        "simulates each workload of the suite and replays it live twice; each "
+                        "metric passes within its tolerance or the live-vs-live spread.")
+    fi.add_argument("--quick", action="store_true", help="the quick grid and suite (~3 min)")
+    fi.add_argument("-o", "--out", default="reports/fidelity", help="directory to write (new)")
+    fi.add_argument("--suite", default=None, help="suite YAML (default "
+                    "examples/fidelity-suite.yaml)")
+    fi.add_argument("--json", action="store_true")
+    fi.add_argument("-q", "--quiet", action="store_true")
+    fi.set_defaults(func=cmd_fidelity)
     he = sub.add_parser("helios", help="HELIOS early-exit experiments on exits traces")
     hesub = he.add_subparsers(dest="helios_command", required=True, metavar="EXPERIMENT")
     ho = hesub.add_parser("offline", help="exit distribution per model and threshold",

@@ -152,27 +152,36 @@ def resolve_model(model_id: str) -> str:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """`reasonsim replay`."""
-    from sim.calibration import load_calibration
     from sim.config import load_config
-    from sim.workload import workload_from_config
-    from tracers.replay import replay_live
 
     cfg = load_config(args.config)
     if sum(g.count for g in cfg.replicas) != 1:
         raise UserError(f"{args.config}: live replay drives one engine; the config has "
                         f"{sum(g.count for g in cfg.replicas)} replicas")
+    summary = replay_config(cfg, args.out, args.model, progress=not args.quiet)
+    print_summary(summary, args.json)
+    return 0
+
+
+def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False) -> dict:
+    """Serve a one-replica config's workload live on vLLM, with the engine limits and KV space
+    its calibration was traced with; the replay's summary."""
+    from sim.calibration import load_calibration
+    from sim.workload import workload_from_config
+    from tracers.replay import replay_live
+
     group = cfg.replicas[0]
     cal = load_calibration(group.calibration)
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
-    model = args.model or resolve_model(cal.provenance["model_id"])
+    model = model or resolve_model(cal.provenance["model_id"])
     kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
-    summary = replay_live(model, args.out, w.arrival_s, w.prompt_tokens, w.output_tokens,
-                          seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
-                          max_num_batched_tokens=group.max_num_batched_tokens
-                          or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
-                          params={"config": json.loads(cfg.to_json())}, progress=not args.quiet)
-    print_summary(summary, args.json)
-    return 0
+    return replay_live(model, out_dir, w.arrival_s, w.prompt_tokens, w.output_tokens,
+                       seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
+                       max_num_batched_tokens=group.max_num_batched_tokens
+                       or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
+                       params={"config": json.loads(cfg.to_json())}, progress=progress,
+                       prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
+                       enable_prefix_caching=group.enable_prefix_caching)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -207,4 +216,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"verdict: {result['verdict']['status']} ({result['verdict']['reason']})")
     print(f"CDF plot: {png}")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    """`reasonsim fidelity`."""
+    from reasonsim.fidelity import SUITE, run_fidelity
+
+    result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
+                          progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"simulated vs live on {result['device']} (error vs the mean of "
+                  "the live runs; ok: within tolerance or the live-vs-live spread)")
+    for col in ("workload", "metric", "sim", "live", "error", "spread", "ok"):
+        table.add_column(col, justify="left" if col in ("workload", "metric") else "right")
+    for r in result["workloads"]:
+        for m, v in r["metrics"].items():
+            table.add_row(r["workload"], m, f"{v['sim']:.4g}",
+                          " ".join(f"{x:.4g}" for x in v["live"]), f"{v['error']:+.1%}",
+                          f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]")
+        if "decision_agreement" in r:
+            table.add_row(r["workload"], "decision agreement", "", "",
+                          f"{r['decision_agreement']:.3f}", "", "")
+    Console().print(table)
+    print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
     return 0

@@ -27,14 +27,15 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
     for g in cfg.replicas:
         cal = cache.get(g.calibration) or load_calibration(g.calibration)
         cache[g.calibration] = cal
-        kv = g.kv_blocks or cal.kv_blocks_total
+        block = g.block_size or cal.block_size
+        kv = g.kv_blocks or cal.kv_blocks_total * cal.block_size // block
         if g.memory_gb is not None:
-            kv = kv_blocks_from_memory(g.model_config, g.memory_gb, cal.block_size,
+            kv = kv_blocks_from_memory(g.model_config, g.memory_gb, block,
                                        g.gpu_memory_utilization)
         rc = ReplicaConfig(max_num_seqs=g.max_num_seqs or cal.max_num_seqs,
                            max_num_batched_tokens=g.max_num_batched_tokens
                            or cal.max_num_batched_tokens,
-                           block_size=cal.block_size, kv_blocks=kv,
+                           block_size=block, kv_blocks=kv,
                            enable_prefix_caching=g.enable_prefix_caching,
                            priority_scheduling=cfg.scheduler != "fcfs")
         out.extend([(cal, rc)] * g.count)

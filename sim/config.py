@@ -24,6 +24,10 @@ class ReplicaGroup:
     """override the traced engine's token budget per iteration"""
     kv_blocks: int | None = None
     """override the traced engine's KV blocks"""
+    block_size: int | None = None
+    """override the traced engine's KV block size in tokens (the engine being simulated pages
+    its KV, and caches prefixes, in blocks of this size); KV blocks are rescaled to the same
+    tokens unless kv_blocks is given"""
     memory_gb: float | None = None
     """derive KV blocks from device memory instead (needs model_config)"""
     model_config: Path | None = None

@@ -31,6 +31,7 @@ class GroupSpec(_Strict):
     max_num_seqs: Count | None = None
     max_num_batched_tokens: Count | None = None
     kv_blocks: Count | None = None
+    block_size: Count | None = None
     memory_gb: Positive | None = None
     model_config_path: str | None = Field(None, alias="model_config")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9

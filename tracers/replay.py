@@ -20,8 +20,13 @@ from traces.store import TraceWriter
 
 def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, output_tokens,
                 seed: int, max_num_seqs: int, max_num_batched_tokens: int, kv_cache_gb: float,
-                params: dict, warmup_requests: int = 4, progress: bool = True) -> dict:
-    """Serve the workload live on an in-process vLLM engine; write requests/steps/token_times."""
+                params: dict, warmup_requests: int = 4, progress: bool = True,
+                prefix_group=None, prefix_tokens=None, enable_prefix_caching: bool = False,
+                ) -> dict:
+    """Serve the workload live on an in-process vLLM engine; write requests/steps/token_times.
+
+    With `prefix_group`/`prefix_tokens`, requests of a group start with the same tokens (the
+    simulator's shared prefixes)."""
     from rich.progress import Progress
     from vllm import SamplingParams
 
@@ -34,17 +39,25 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     engine = Engine(EngineSpec(model=model, seed=seed, max_model_len=max(longest, 256),
                                max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens,
-                               kv_cache_gb=kv_cache_gb))
+                               kv_cache_gb=kv_cache_gb,
+                               enable_prefix_caching=enable_prefix_caching))
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
+    if prefix_group is not None:
+        shared = {int(g): rng.integers(FIRST_TOKEN_ID, vocab, size=int(max(
+            np.asarray(prefix_tokens)[np.asarray(prefix_group) == g]))).tolist()
+            for g in np.unique(prefix_group)}
+        prompts = [shared[int(g)][:int(t)] + p[int(t):]
+                   for g, t, p in zip(prefix_group, prefix_tokens, prompts)]
     run = engine.run_row("replay", seed, {**params, "engine": engine.params()})
     writer = TraceWriter(out_dir, run)
     # Warm the engine on the workload's shapes first (not recorded): one-off kernel setup costs
     # would otherwise land on the first live requests.
     for i in range(min(warmup_requests, n)):
         sp = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=False)
-        engine.add(f"warmup-{i}", prompts[i], sp)
+        engine.add(f"warmup-{i}", rng.integers(FIRST_TOKEN_ID, vocab,
+                                                size=len(prompts[i])).tolist(), sp)
     while engine.has_unfinished():
         engine.step()
     rec = StepRecorder(engine, writer, t0=time.perf_counter())

@@ -1,0 +1,203 @@
+"""`reasonsim fidelity`: trace this machine, calibrate, then simulate and replay a suite live.
+
+The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
+as live traffic has them), a `serving` calibration of it, then for every workload of the suite
+(examples/fidelity-suite.yaml) a simulation and two live replays on vLLM. Each metric is judged
+against the simulator's tolerance or, where the two live runs differ by more, against that
+live-vs-live spread (the noise floor of a shared machine), printed beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from reasonsim.common import REPO, UserError
+
+SUITE = REPO / "examples" / "fidelity-suite.yaml"
+LIVE_RUNS = 2
+REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
+                   "ttft_s.p90", "throughput_tok_s")
+PROGRAM_TOLERANCE = {"program_latency_p50": 0.05, "program_latency_p90": 0.05,
+                     "tokens_per_program": 0.01}
+
+
+def load_suite(path: Path) -> dict:
+    """The suite file, checked enough to fail before any engine starts."""
+    try:
+        suite = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"{path}: not a readable suite ({e})") from None
+    if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
+            not suite["workloads"]:
+        raise UserError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
+    for key in ("grid", "quick_grid"):
+        if not isinstance(suite.get(key), dict):
+            raise UserError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
+    for name, spec in suite["workloads"].items():
+        if not isinstance(spec, dict) or ("workload" in spec) == ("program" in spec):
+            raise UserError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
+                            "(requests) or `program:` (an example program config)")
+    return suite
+
+
+def judge(sim: float, live: list[float], tolerance: float) -> dict:
+    """Error of sim against the mean of the live runs, the live-vs-live spread, and whether the
+    error is within the tolerance or (where larger) the spread."""
+    mean = float(np.mean(live))
+    err = (sim - mean) / mean if mean else float("nan")
+    spread = (max(live) - min(live)) / mean if mean else float("nan")
+    return {"sim": float(sim), "live": [float(v) for v in live], "error": float(err),
+            "spread": float(spread), "tolerance": tolerance,
+            "ok": bool(abs(err) <= max(tolerance, spread))}
+
+
+def trace_and_calibrate(out: Path, grid: dict, max_model_len: int, progress: bool) -> Path:
+    """Trace the grid on this machine's vLLM and fit a serving calibration; its path."""
+    from sim.calibration import calibrate
+    from tracers.step_profile import StepGrid, profile_steps
+
+    from reasonsim.common import DEFAULT_MODEL
+
+    spec = StepGrid(**{k: (tuple(v) if k == "idle_ms" else v) for k, v in grid.items()})
+    profile_steps(str(DEFAULT_MODEL), out / "grid", spec, max_model_len=max_model_len,
+                  progress=progress)
+    cal = calibrate([out / "grid"], model="serving")
+    path = out / "calibration.json"
+    path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+    return path
+
+
+def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
+    """Simulate one request workload and replay it live LIVE_RUNS times; its table row."""
+    from sim.config import parse_config
+    from sim.simulate import simulate
+    from sim.validate import TOLERANCE, compare, plot_cdfs
+
+    from reasonsim.cmd_sim import replay_config, write_sim
+
+    workload = dict(spec["workload"])
+    if quick and "quick_requests" in spec:
+        workload["num_requests"] = spec["quick_requests"]
+    d = {"seed": spec.get("seed", 0), "workload": workload,
+         "cluster": {"replicas": [{"calibration": str(cal), "count": 1,
+                                   **spec.get("replica", {})}]}}
+    (out / name).mkdir(parents=True)
+    (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    cfg = parse_config(d, out / name)
+    write_sim(cfg, simulate(cfg), out / name / "sim")
+    lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
+    for live in lives:
+        replay_config(cfg, live)
+    rows = [compare(out / name / "sim", live) for live in lives]
+    plot_cdfs(out / name / "sim", lives[0], out / name)
+    metrics = {}
+    for m in REQUEST_METRICS:
+        live_values = [r[m]["live"] for r in rows]
+        metrics[m] = judge(rows[0][m]["sim"], live_values, TOLERANCE[m])
+    return {"workload": name, "kind": "requests", "metrics": metrics}
+
+
+def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
+    """Simulate one program workload (an example config with this machine's calibration) and
+    replay it live LIVE_RUNS times; its table row with decision agreement."""
+    from live.replay import replay_workload
+    from programs.workload import program_workload as build
+    from sim.config import parse_config
+    from sim.program_metrics import compare
+    from sim.simulate import simulate
+    from traces.store import read_run, read_table
+
+    from reasonsim.cmd_sim import write_sim
+
+    example = REPO / "examples" / spec["program"]
+    d = yaml.safe_load(example.read_text())
+    d["workload"]["programs"]["count"] = spec.get("quick_count" if quick else "count",
+                                                  spec.get("count", 16))
+    d["cluster"]["replicas"][0]["calibration"] = str(cal)
+    # The live program engine pages KV (and caches the shared reasoning prefixes) in the
+    # blocks its trace ran with, not the grid engine's: simulate that engine.
+    trace = (example.parent / d["workload"]["programs"]["trace"]).resolve()
+    d["cluster"]["replicas"][0]["block_size"] = int(
+        read_run(trace)["params"]["engine"].get("block_size", 32))
+    d["output"] = {"steps": True}
+    (out / name).mkdir(parents=True)
+    (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    cfg = parse_config(d, example.parent)
+    sim = simulate(cfg)
+    write_sim(cfg, sim, out / name / "sim")
+    wl = build(cfg.workload["programs"], cfg.base_dir)
+    results = []
+    for i in range(LIVE_RUNS):
+        live = out / name / f"live{i + 1}"
+        replay_workload(wl, cfg.scheduler, live, seed=cfg.seed,
+                        max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json())
+        results.append(compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas()))
+    metrics = {}
+    for m, stat in (("program_latency_p50", "p50"), ("program_latency_p90", "p90")):
+        metrics[m] = judge(results[0]["sim"]["program_latency_s"][stat],
+                           [r["live"]["program_latency_s"][stat] for r in results],
+                           PROGRAM_TOLERANCE[m])
+    metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
+                                          [r["live"]["tokens_per_program"] for r in results],
+                                          PROGRAM_TOLERANCE["tokens_per_program"])
+    agreement = min(r["decision_agreement"] for r in results)
+    return {"workload": name, "kind": "programs", "metrics": metrics,
+            "decision_agreement": agreement}
+
+
+def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
+                 progress: bool = True) -> dict:
+    """The whole loop; writes DIR/fidelity.json and DIR/report.md and returns the result."""
+    suite = load_suite(suite_path)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out}: not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    cal = trace_and_calibrate(out, suite["quick_grid" if quick else "grid"],
+                              int(suite.get("max_model_len", 2048)), progress)
+    from sim.calibration import load_calibration
+
+    calibration = load_calibration(cal)
+    rows = []
+    for name, spec in suite["workloads"].items():
+        if quick and not spec.get("quick"):
+            continue
+        run = program_workload if "program" in spec else request_workload
+        rows.append(run(name, spec, cal, out, quick))
+    result = {"quick": quick, "calibration": str(cal), "device": calibration.provenance["device"],
+              "calibration_heldout": {k: v for k, v in calibration.heldout.items()
+                                      if k in ("mape", "p90_ape", "rows")},
+              "workloads": rows, "wall_s": round(time.perf_counter() - t0, 1)}
+    result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
+        r.get("decision_agreement", 1.0) == 1.0 for r in rows)
+    (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "report.md").write_text(report(result))
+    return result
+
+
+def report(result: dict) -> str:
+    """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
+    lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
+             "suite)", "",
+             f"Calibration `{result['calibration']}`: held-out step MAPE "
+             f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
+             f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
+             "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["workloads"]:
+        for m, v in r["metrics"].items():
+            lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
+                         f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
+                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} |")
+        if "decision_agreement" in r:
+            lines.append(f"| {r['workload']} | decision agreement | | | "
+                         f"{r['decision_agreement']:.3f} | | "
+                         f"{'yes' if r['decision_agreement'] == 1.0 else 'NO'} |")
+    lines += ["", f"Overlaid CDFs: `<workload>/validate_cdf.png`. Wall time {result['wall_s']} s."]
+    return "\n".join(lines) + "\n"
