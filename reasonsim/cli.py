@@ -10,8 +10,8 @@ import sys
 from reasonsim.cmd_dynasor import (cmd_dynasor_calibrate, cmd_dynasor_offline, cmd_dynasor_online,
                                    cmd_dynasor_replay)
 from reasonsim.cmd_helios import cmd_helios_offline, cmd_helios_replay
-from reasonsim.cmd_sim import (cmd_calibrate, cmd_demo, cmd_fidelity, cmd_replay, cmd_simulate,
-                               cmd_validate)
+from reasonsim.cmd_fidelity import cmd_fidelity
+from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate, cmd_validate
 from reasonsim.cmd_testbed import cmd_testbed_build, cmd_testbed_eval
 from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_exits, cmd_trace_probes,
                                  cmd_trace_serve, cmd_trace_steps, cmd_traces_check)
@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("config", nargs="?")
     sm.add_argument("-o", "--out", help="directory for the tables")
     sm.add_argument("--json", action="store_true")
+    sm.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="also simulate N draws of the step-time noise (same workload) and "
+                    "report each metric's 5-95%% band (bands.json under -o)")
     sm.add_argument("--help-config", action="store_true",
                     help="list every cluster/slo/output config key with its type, default and "
                     "bounds (from the schema the config is validated against), then exit")
@@ -211,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--quick", action="store_true", help="the quick grid and suite (~3 min)")
     fi.add_argument("-o", "--out", default="reports/fidelity", help="directory to write (new)")
     fi.add_argument("--suite", default=None, help="suite YAML (default "
-                    "examples/fidelity-suite.yaml)")
+                    "examples/fidelity/suite.yaml)")
     fi.add_argument("--json", action="store_true")
     fi.add_argument("-q", "--quiet", action="store_true")
     fi.set_defaults(func=cmd_fidelity)

@@ -123,9 +123,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result = simulate(cfg)
     except ValueError as e:  # workload generation and limits: name the config they came from
         raise UserError(f"{args.config}: {e}") from None
+    summary = dict(result.summary)
+    band = None
+    if args.seeds:
+        from sim.bands import bands
+
+        try:
+            band = bands(cfg, args.seeds)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        lo, hi = band["band"]
+        summary.update({f"band_{k}": [round(v["lo"], 6), round(v["hi"], 6)]
+                        for k, v in band["metrics"].items()
+                        if k.endswith((".p50", ".p90")) or k.startswith(("throughput",
+                                                                         "program_latency_p"))})
     if args.out:
         write_sim(cfg, result, Path(args.out))
-    print_summary(result.summary, args.json)
+        if band is not None:
+            (Path(args.out) / "bands.json").write_text(json.dumps(band, indent=1) + "\n")
+    print_summary(summary, args.json)
     return 0
 
 
@@ -189,6 +205,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from sim.validate import compare, device_check, plot_cdfs, speed_check, verdict
 
     rows = compare(args.sim_dir, args.live_dir)
+    bands_path = Path(args.sim_dir) / "bands.json"
+    if bands_path.exists():  # `simulate --seeds N`: is each live value inside its band?
+        from sim.bands import in_band
+
+        band = json.loads(bands_path.read_text())
+        for k, v in rows.items():
+            if k in band["metrics"]:
+                v["band"] = [band["metrics"][k]["lo"], band["metrics"][k]["hi"]]
+                v["in_band"] = in_band(band, k, v["live"])
     device = device_check(args.sim_dir, args.live_dir)
     speed = speed_check(args.sim_dir, args.live_dir)
     result = {"metrics": rows, "device": device, "speed": speed,
@@ -209,40 +234,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       f"{speed['decode_step_ratio']:.2f}x what the calibration predicts "
                       f"(median of {speed['steps']}); its timings are not this device's")
     table = Table(title="simulated vs live")
-    for col in ("metric", "sim", "live", "rel_err"):
+    banded = any("band" in v for v in rows.values())
+    for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")
+                                                         if banded else ()):
         table.add_column(col, justify="right" if col != "metric" else "left")
     for k, v in rows.items():
-        table.add_row(k, f"{v['sim']:.4g}", f"{v['live']:.4g}", f"{v['rel_err']:+.1%}")
+        cells = [k, f"{v['sim']:.4g}", f"{v['live']:.4g}", f"{v['rel_err']:+.1%}"]
+        if banded:
+            cells += [f"{v['band'][0]:.4g}-{v['band'][1]:.4g}", "yes" if v["in_band"] else "no"] \
+                if "band" in v else ["", ""]
+        table.add_row(*cells)
     console.print(table)
     console.print(f"verdict: {result['verdict']['status']} ({result['verdict']['reason']})")
     print(f"CDF plot: {png}")
     return 0
 
-
-def cmd_fidelity(args: argparse.Namespace) -> int:
-    """`reasonsim fidelity`."""
-    from reasonsim.fidelity import SUITE, run_fidelity
-
-    result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
-                          progress=not args.quiet and not args.json)
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"simulated vs live on {result['device']} (error vs the mean of "
-                  "the live runs; ok: within tolerance or the live-vs-live spread)")
-    for col in ("workload", "metric", "sim", "live", "error", "spread", "ok"):
-        table.add_column(col, justify="left" if col in ("workload", "metric") else "right")
-    for r in result["workloads"]:
-        for m, v in r["metrics"].items():
-            table.add_row(r["workload"], m, f"{v['sim']:.4g}",
-                          " ".join(f"{x:.4g}" for x in v["live"]), f"{v['error']:+.1%}",
-                          f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]")
-        if "decision_agreement" in r:
-            table.add_row(r["workload"], "decision agreement", "", "",
-                          f"{r['decision_agreement']:.3f}", "", "")
-    Console().print(table)
-    print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
-    return 0

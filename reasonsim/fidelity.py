@@ -2,7 +2,7 @@
 
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
 as live traffic has them), a `serving` calibration of it, then for every workload of the suite
-(examples/fidelity-suite.yaml) a simulation and two live replays on vLLM. Each metric is judged
+(examples/fidelity/suite.yaml) a simulation and two live replays on vLLM. Each metric is judged
 against the simulator's tolerance or, where the two live runs differ by more, against that
 live-vs-live spread (the noise floor of a shared machine), printed beside it.
 """
@@ -18,8 +18,10 @@ import yaml
 
 from reasonsim.common import REPO, UserError
 
-SUITE = REPO / "examples" / "fidelity-suite.yaml"
+SUITE = REPO / "examples" / "fidelity" / "suite.yaml"
 LIVE_RUNS = 2
+BAND_SEEDS = 20
+"""noise draws per workload for the 5-95% step-time band"""
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
                    "ttft_s.p90", "throughput_tok_s")
 PROGRAM_TOLERANCE = {"program_latency_p50": 0.05, "program_latency_p90": 0.05,
@@ -45,15 +47,34 @@ def load_suite(path: Path) -> dict:
     return suite
 
 
-def judge(sim: float, live: list[float], tolerance: float) -> dict:
-    """Error of sim against the mean of the live runs, the live-vs-live spread, and whether the
-    error is within the tolerance or (where larger) the spread."""
+def judge(sim: float, live: list[float], tolerance: float, band: dict | None = None) -> dict:
+    """Error of sim against the mean of the live runs, the live-vs-live spread, whether the
+    error is within the tolerance or (where larger) the spread, and which live runs fall inside
+    the step-time noise band."""
     mean = float(np.mean(live))
     err = (sim - mean) / mean if mean else float("nan")
     spread = (max(live) - min(live)) / mean if mean else float("nan")
-    return {"sim": float(sim), "live": [float(v) for v in live], "error": float(err),
-            "spread": float(spread), "tolerance": tolerance,
-            "ok": bool(abs(err) <= max(tolerance, spread))}
+    out = {"sim": float(sim), "live": [float(v) for v in live], "error": float(err),
+           "spread": float(spread), "tolerance": tolerance,
+           "ok": bool(abs(err) <= max(tolerance, spread))}
+    if band is not None:
+        out["band"] = [band["lo"], band["hi"]]
+        out["in_band"] = [bool(band["lo"] <= v <= band["hi"]) for v in live]
+    return out
+
+
+def simulate_with_band(cfg, out_dir: Path):
+    """Simulate (mean latency) into out_dir and write the noise band beside it."""
+    from sim.bands import bands
+    from sim.simulate import simulate
+
+    from reasonsim.cmd_sim import write_sim
+
+    result = simulate(cfg)
+    write_sim(cfg, result, out_dir)
+    band = bands(cfg, BAND_SEEDS)
+    (out_dir / "bands.json").write_text(json.dumps(band, indent=1) + "\n")
+    return result, band["metrics"]
 
 
 def trace_and_calibrate(out: Path, grid: dict, max_model_len: int, progress: bool) -> Path:
@@ -75,10 +96,9 @@ def trace_and_calibrate(out: Path, grid: dict, max_model_len: int, progress: boo
 def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
     """Simulate one request workload and replay it live LIVE_RUNS times; its table row."""
     from sim.config import parse_config
-    from sim.simulate import simulate
     from sim.validate import TOLERANCE, compare, plot_cdfs
 
-    from reasonsim.cmd_sim import replay_config, write_sim
+    from reasonsim.cmd_sim import replay_config
 
     workload = dict(spec["workload"])
     if quick and "quick_requests" in spec:
@@ -89,7 +109,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = parse_config(d, out / name)
-    write_sim(cfg, simulate(cfg), out / name / "sim")
+    _, band = simulate_with_band(cfg, out / name / "sim")
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     for live in lives:
         replay_config(cfg, live)
@@ -98,7 +118,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     metrics = {}
     for m in REQUEST_METRICS:
         live_values = [r[m]["live"] for r in rows]
-        metrics[m] = judge(rows[0][m]["sim"], live_values, TOLERANCE[m])
+        metrics[m] = judge(rows[0][m]["sim"], live_values, TOLERANCE[m], band.get(m))
     return {"workload": name, "kind": "requests", "metrics": metrics}
 
 
@@ -109,10 +129,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     from programs.workload import program_workload as build
     from sim.config import parse_config
     from sim.program_metrics import compare
-    from sim.simulate import simulate
     from traces.store import read_run, read_table
-
-    from reasonsim.cmd_sim import write_sim
 
     example = REPO / "examples" / spec["program"]
     d = yaml.safe_load(example.read_text())
@@ -128,8 +145,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = parse_config(d, example.parent)
-    sim = simulate(cfg)
-    write_sim(cfg, sim, out / name / "sim")
+    sim, band = simulate_with_band(cfg, out / name / "sim")
     wl = build(cfg.workload["programs"], cfg.base_dir)
     results = []
     for i in range(LIVE_RUNS):
@@ -141,7 +157,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     for m, stat in (("program_latency_p50", "p50"), ("program_latency_p90", "p90")):
         metrics[m] = judge(results[0]["sim"]["program_latency_s"][stat],
                            [r["live"]["program_latency_s"][stat] for r in results],
-                           PROGRAM_TOLERANCE[m])
+                           PROGRAM_TOLERANCE[m], band.get(m))
     metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
                                           [r["live"]["tokens_per_program"] for r in results],
                                           PROGRAM_TOLERANCE["tokens_per_program"])
@@ -174,6 +190,9 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
                                       if k in ("mape", "p90_ape", "rows")},
               "workloads": rows, "wall_s": round(time.perf_counter() - t0, 1)}
+    inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
+    result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",
+                               "seeds": BAND_SEEDS}
     result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
         r.get("decision_agreement", 1.0) == 1.0 for r in rows)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -188,16 +207,23 @@ def report(result: dict) -> str:
              f"Calibration `{result['calibration']}`: held-out step MAPE "
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
-             "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok |",
-             "|---|---|---|---|---|---|---|"]
+             "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
+             "noise band 5-95% | live runs in band |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["workloads"]:
         for m, v in r["metrics"].items():
             lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
                          f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
-                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} |")
+                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | "
+                         + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
+                            f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
+                            " | |"))
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
                          f"{r['decision_agreement']:.3f} | | "
-                         f"{'yes' if r['decision_agreement'] == 1.0 else 'NO'} |")
+                         f"{'yes' if r['decision_agreement'] == 1.0 else 'NO'} | | |")
+    c = result["band_coverage"]
+    lines += ["", f"Step-time noise band ({c['band']}, {c['seeds']} draws): {c['inside']} of "
+              f"{c['of']} live values inside."]
     lines += ["", f"Overlaid CDFs: `<workload>/validate_cdf.png`. Wall time {result['wall_s']} s."]
     return "\n".join(lines) + "\n"

@@ -60,6 +60,9 @@ class Cluster:
         self.res = Results(capacity)
         # One generator for the run, split per purpose so adding noise never shifts routing.
         self.seeds = np.random.SeedSequence(cfg.seed).spawn(len(specs) + 1)
+        if cfg.noise_seed is not None:  # other latency noise, same routing
+            self.seeds[:len(specs)] = np.random.SeedSequence(
+                [cfg.seed, cfg.noise_seed]).spawn(len(specs))
         self.outstanding = np.zeros(len(specs), dtype=np.int64)
         self.in_flight = np.zeros(len(specs), dtype=np.int64)
         self.replicas = [

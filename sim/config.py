@@ -63,6 +63,9 @@ class SimConfig:
     """TPOT SLO for attainment/goodput"""
     write_steps: bool = True
     """write the per-iteration steps table (expanded from runs of iterations)"""
+    noise_seed: int | None = None
+    """seed of the sampled latency noise alone (None: from `seed`); the workload stays the
+    same across noise seeds, so their spread is the step-time uncertainty band"""
     base_dir: Path = field(default=Path("."))
     """directory relative paths are resolved against"""
 

@@ -5,7 +5,7 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + new_shape * (c_new + c_new_tok * tokens / 100)
           + c_idle * min(idle_ms, IDLE_CAP_MS) / 100
 
-Measured on vLLM's CPU build (the fidelity issue; `benchmarks/step_shapes.py`):
+Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+31% on a one-prompt
   prefill of 100-400 tokens): kernels are built and cached per shape. Live traffic with varied
   prompt lengths keeps meeting new shapes; a grid repeats its few shapes, and the linear model's
