@@ -1,7 +1,8 @@
 """`reasonsim fidelity`: trace this machine, calibrate, then simulate and replay a suite live.
 
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
-as live traffic has them), a `serving` calibration of it, then for every workload of the suite
+as live traffic has them) and one live replay of calibration traffic (varied lengths in waves: the
+step shapes of real serving), a `serving` calibration of both, then for every workload of the suite
 (examples/fidelity/suite.yaml) a simulation and two live replays on vLLM. Each metric is judged
 against the simulator's tolerance or, where the two live runs differ by more, against that
 live-vs-live spread (the noise floor of a shared machine), printed beside it.
@@ -77,19 +78,34 @@ def simulate_with_band(cfg, out_dir: Path):
     return result, band["metrics"]
 
 
-def trace_and_calibrate(out: Path, grid: dict, max_model_len: int, progress: bool) -> Path:
-    """Trace the grid on this machine's vLLM and fit a serving calibration; its path."""
+def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> Path:
+    """Trace the grid on this machine's vLLM, replay the suite's calibration traffic live (a
+    workload of its own, never evaluated), and fit a serving calibration on both; its path."""
     from sim.calibration import calibrate
+    from sim.config import parse_config
     from tracers.step_profile import StepGrid, profile_steps
 
+    from reasonsim.cmd_sim import replay_config
     from reasonsim.common import DEFAULT_MODEL
 
+    grid = suite["quick_grid" if quick else "grid"]
     spec = StepGrid(**{k: (tuple(v) if k == "idle_ms" else v) for k, v in grid.items()})
-    profile_steps(str(DEFAULT_MODEL), out / "grid", spec, max_model_len=max_model_len,
-                  progress=progress)
-    cal = calibrate([out / "grid"], model="serving")
+    profile_steps(str(DEFAULT_MODEL), out / "grid", spec,
+                  max_model_len=int(suite.get("max_model_len", 2048)), progress=progress)
+    traces = [out / "grid"]
     path = out / "calibration.json"
-    path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+    path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
+    traffic = suite.get("calibration_traffic")
+    if traffic is not None:  # live steps: the shapes, waves and idle gaps of real serving
+        workload = dict(traffic["workload"])
+        if quick and "quick_requests" in traffic:
+            workload["num_requests"] = traffic["quick_requests"]
+        cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
+                            "cluster": {"replicas": [{"calibration": str(path)}]}}, out)
+        replay_config(cfg, out / "calibration_traffic")
+        traces.append(out / "calibration_traffic")
+        path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
+                        + "\n")
     return path
 
 
@@ -175,8 +191,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         raise UserError(f"{out}: not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    cal = trace_and_calibrate(out, suite["quick_grid" if quick else "grid"],
-                              int(suite.get("max_model_len", 2048)), progress)
+    cal = trace_and_calibrate(out, suite, quick, progress)
     from sim.calibration import load_calibration
 
     calibration = load_calibration(cal)

@@ -65,6 +65,11 @@ class Replica:
         # The fit minimises relative error, so its prediction sits below the mean duration; the
         # mean of the residual ratio (a smearing estimate) restores it in mean mode.
         self.noise_mean, self.noise_std = self.lat.residual_sampler()
+        # Sampled latency: one machine-speed level for the whole run (slow spells), where the
+        # step-time model has measured them; it multiplies every step's residual.
+        runs = getattr(self.lat, "run_log_quantiles", (0.0,))
+        self.run_factor = 1.0 if rng is None or len(runs) < 2 else \
+            math.exp(runs[int(rng.integers(len(runs)))])
         self.on_finish = on_finish
         self.fast_forward = fast_forward  # False: one event per iteration (reference mode)
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
@@ -322,8 +327,9 @@ class Replica:
         # Sum of k iid multiplicative residuals ~ normal (CLT); exact for k == 1 via resampling.
         if k == 1:
             q = self.lat.residual_log_quantiles
-            return math.exp(q[int(self.rng.integers(len(q)))])
-        return max(0.05, self.noise_mean + self.noise_std / math.sqrt(k) * self.rng.standard_normal())
+            return self.run_factor * math.exp(q[int(self.rng.integers(len(q)))])
+        return self.run_factor * max(0.05, self.noise_mean + self.noise_std / math.sqrt(k)
+                                     * self.rng.standard_normal())
 
     def _schedule_end(self, t_end: float, k: int) -> None:
         ev = self.env.timeout(t_end - self.env.now)

@@ -37,6 +37,8 @@ IDLE_CAP_MS = 200.0
 """idle time beyond this adds nothing more (measured: flat from ~100 ms)"""
 RUN_WARMUP_STEPS = 3
 """first steps of every traced run left out of a fit: engine start-up, not serving"""
+SPELL_S = 2.0
+"""window over which a shared machine's speed is taken as one level (slow spells last seconds)"""
 
 
 def feature_matrix(steps: pd.DataFrame) -> np.ndarray:
@@ -75,6 +77,10 @@ class ServingModel:
     """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
     coef_ms: tuple[float, ...]
     residual_log_quantiles: tuple[float, ...] = (0.0,)
+    run_log_quantiles: tuple[float, ...] = (0.0,)
+    """quantiles of log(mean residual in a SPELL_S window / overall mean): how much faster or
+    slower the traced machine ran for seconds at a time. Sampled latency draws one such factor
+    per replica and run, so noise bands include what a shared machine's spells do to a run."""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0) -> float:
@@ -110,7 +116,8 @@ class ServingModel:
         """Features, coefficients, idle cap and residual quantiles."""
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
                 "idle_cap_ms": IDLE_CAP_MS,
-                "residual_log_quantiles": list(self.residual_log_quantiles)}
+                "residual_log_quantiles": list(self.residual_log_quantiles),
+                "run_log_quantiles": list(self.run_log_quantiles)}
 
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
@@ -128,7 +135,8 @@ class ServingModel:
                              f"got {v!r}")
         if not any(v[:3]):
             raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
-        return cls(tuple(float(c) for c in v), residual_quantiles(d))
+        runs = residual_quantiles({"residual_log_quantiles": d.get("run_log_quantiles", [0.0])})
+        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs)
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 101) -> ServingModel:
@@ -141,9 +149,13 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 101) -> ServingModel:
     scale[scale == 0] = 1.0
     coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
     coef = coef / scale
-    log_ratio = np.log(y / np.maximum(x @ coef, 1e-9))
-    q = np.quantile(log_ratio, np.linspace(0, 1, quantiles))
-    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q))
+    ratio = y / np.maximum(x @ coef, 1e-9)
+    q = np.quantile(np.log(ratio), np.linspace(0, 1, quantiles))
+    window = steps.run_id.astype(str) + ":" + (steps.start_s // SPELL_S).astype(int).astype(str)
+    spells = pd.Series(ratio, index=steps.index).groupby(window.to_numpy()).mean() / ratio.mean()
+    runs = np.quantile(np.log(spells.to_numpy()), np.linspace(0, 1, 21))
+    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q),
+                        tuple(float(v) for v in runs))
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:

@@ -32,8 +32,11 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
             assert v["ok"] == (abs(v["error"]) <= max(v["tolerance"], v["spread"]))
     assert (out / "report.md").read_text().count("| poisson |") == 7
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
-    assert json.loads((out / "calibration.json").read_text())["step_time_model"]["kind"] == \
-        "serving"
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cal["step_time_model"]["kind"] == "serving"
+    # Calibrated on the grid and the live calibration traffic (a workload never evaluated).
+    assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \
+        ["grid", "calibration_traffic"]
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.
     assert result["band_coverage"]["of"] == 3 * 7 * 2 + 2 * 2
     band = json.loads((out / "poisson" / "sim" / "bands.json").read_text())["metrics"]
