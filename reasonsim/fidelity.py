@@ -29,6 +29,20 @@ PROGRAM_TOLERANCE = {"program_latency_p50": 0.05, "program_latency_p90": 0.05,
                      "tokens_per_program": 0.01}
 
 
+def fresh_process(fn, *args, **kwargs) -> None:
+    """Run one engine job in a new Python process. CPU kernels are built per shape and cached
+    for the life of a process, whatever engine asks: a replay after others in the same process
+    would meet fewer never-run shapes than a fresh server, which is what the simulator models."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=fn, args=args, kwargs=kwargs)
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"{fn.__name__} failed in its own process (exit {proc.exitcode}); "
+                           "its error is printed above")
+
+
 def load_suite(path: Path) -> dict:
     """The suite file, checked enough to fail before any engine starts."""
     try:
@@ -90,7 +104,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
 
     grid = suite["quick_grid" if quick else "grid"]
     spec = StepGrid(**{k: (tuple(v) if k == "idle_ms" else v) for k, v in grid.items()})
-    profile_steps(str(DEFAULT_MODEL), out / "grid", spec,
+    fresh_process(profile_steps, str(DEFAULT_MODEL), out / "grid", spec,
                   max_model_len=int(suite.get("max_model_len", 2048)), progress=progress)
     traces = [out / "grid"]
     path = out / "calibration.json"
@@ -102,7 +116,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
             workload["num_requests"] = traffic["quick_requests"]
         cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
                             "cluster": {"replicas": [{"calibration": str(path)}]}}, out)
-        replay_config(cfg, out / "calibration_traffic")
+        fresh_process(replay_config, cfg, out / "calibration_traffic")
         traces.append(out / "calibration_traffic")
         path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
                         + "\n")
@@ -128,7 +142,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     _, band = simulate_with_band(cfg, out / name / "sim")
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     for live in lives:
-        replay_config(cfg, live)
+        fresh_process(replay_config, cfg, live)
     rows = [compare(out / name / "sim", live) for live in lives]
     plot_cdfs(out / name / "sim", lives[0], out / name)
     metrics = {}
@@ -166,8 +180,8 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     results = []
     for i in range(LIVE_RUNS):
         live = out / name / f"live{i + 1}"
-        replay_workload(wl, cfg.scheduler, live, seed=cfg.seed,
-                        max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json())
+        fresh_process(replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
+                      max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json())
         results.append(compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas()))
     metrics = {}
     for m, stat in (("program_latency_p50", "p50"), ("program_latency_p90", "p90")):

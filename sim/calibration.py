@@ -177,6 +177,13 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                   "device": run0["device"], "device_count": run0["device_count"],
                   "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
                   "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
+                  "engine_limits": limits[runs[0][0]],
+                  # the sampling settings the source steps ran with, per trace kind: what
+                  # regimes the fit has seen ("unrecorded" for traces older than the field)
+                  "sampling_regimes": sorted({json.dumps({"kind": r["kind"], **r["params"].get(
+                      "sampling", {"sampling": "unrecorded"})}, sort_keys=True)
+                      for _, r in runs}),
+                  "step_time_model": model,
                   "fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),

@@ -130,7 +130,14 @@ def iterations_within(a_ms: float, b_ms: float, dt_ms: float) -> int:
     return k
 
 
-def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int = 101,
+def midpoints(n: int) -> np.ndarray:
+    """Probabilities (i + 0.5) / n: n quantiles that each stand for 1/n of the mass. Evenly
+    spaced ones from 0 to 1 would give the single slowest step (a 78x stall was seen) the weight
+    of 1% of all steps in the mean residual, and in every sampled draw."""
+    return (np.arange(n) + 0.5) / n
+
+
+def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int = 100,
         ) -> LatencyModel:
     """Fit coefficients minimising relative squared error (NNLS on rows scaled by 1/y)."""
     y = np.asarray(duration_ms, dtype=float)
@@ -143,7 +150,7 @@ def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int
     coef = coef / scale
     pred = x @ coef
     log_ratio = np.log(y / np.maximum(pred, 1e-9))
-    q = np.quantile(log_ratio, np.linspace(0, 1, quantiles))
+    q = np.quantile(log_ratio, midpoints(quantiles))
     return LatencyModel(tuple(float(c) for c in coef), tuple(float(v) for v in q))
 
 

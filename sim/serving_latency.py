@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from sim.latency import LatencyModel, _is_number, residual_quantiles
+from sim.latency import LatencyModel, _is_number, midpoints, residual_quantiles
 from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
@@ -77,8 +77,9 @@ class ServingModel:
     """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
     coef_ms: tuple[float, ...]
     residual_log_quantiles: tuple[float, ...] = (0.0,)
+    """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
     run_log_quantiles: tuple[float, ...] = (0.0,)
-    """quantiles of log(mean residual in a SPELL_S window / overall mean): how much faster or
+    """quantiles of log(median residual in a SPELL_S window / overall median): how much faster or
     slower the traced machine ran for seconds at a time. Sampled latency draws one such factor
     per replica and run, so noise bands include what a shared machine's spells do to a run."""
 
@@ -139,7 +140,7 @@ class ServingModel:
         return cls(tuple(float(c) for c in v), residual_quantiles(d), runs)
 
 
-def fit_serving(steps: pd.DataFrame, quantiles: int = 101) -> ServingModel:
+def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
     """NNLS on relative error over steps with engine features (`engine_features`)."""
     y = steps.duration_ms.to_numpy(float)
     if y.size < len(FEATURES) or not np.all(np.isfinite(y)) or np.any(y <= 0):
@@ -150,10 +151,11 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 101) -> ServingModel:
     coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
     coef = coef / scale
     ratio = y / np.maximum(x @ coef, 1e-9)
-    q = np.quantile(np.log(ratio), np.linspace(0, 1, quantiles))
+    q = np.quantile(np.log(ratio), midpoints(quantiles))
+    # Spells are level shifts of seconds: a window's median, robust to the odd stalled step.
     window = steps.run_id.astype(str) + ":" + (steps.start_s // SPELL_S).astype(int).astype(str)
-    spells = pd.Series(ratio, index=steps.index).groupby(window.to_numpy()).mean() / ratio.mean()
-    runs = np.quantile(np.log(spells.to_numpy()), np.linspace(0, 1, 21))
+    spells = pd.Series(ratio, index=steps.index).groupby(window.to_numpy()).median()
+    runs = np.quantile(np.log(spells.to_numpy() / np.median(ratio)), midpoints(21))
     return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q),
                         tuple(float(v) for v in runs))
 

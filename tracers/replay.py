@@ -50,7 +50,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
             for g in np.unique(prefix_group)}
         prompts = [shared[int(g)][:int(t)] + p[int(t):]
                    for g, t, p in zip(prefix_group, prefix_tokens, prompts)]
-    run = engine.run_row("replay", seed, {**params, "engine": engine.params()})
+    run = engine.run_row("replay", seed, {**params, "engine": engine.params(), "sampling": {
+        "temperature": 0.0, "logprobs": None, "ignore_eos": True}})
     writer = TraceWriter(out_dir, run)
     # Warm the engine on the workload's shapes first (not recorded): one-off kernel setup costs
     # would otherwise land on the first live requests.

@@ -100,7 +100,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                          "directory")
     engine = Engine(spec)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
-    params = {"grid": asdict(grid), "engine": engine.params()}
+    params = {"grid": asdict(grid), "engine": engine.params(),
+              "sampling": {"temperature": 0.0, "logprobs": None, "ignore_eos": True}}
     run = engine.run_row("steps", seed, params)
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
