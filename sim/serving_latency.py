@@ -6,13 +6,14 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + c_idle * min(idle_ms, IDLE_CAP_MS) / 100
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
-- the first step that schedules a given number of tokens costs more (+31% on a one-prompt
-  prefill of 100-400 tokens): kernels are built and cached per shape. Live traffic with varied
+- the first step that schedules a given number of tokens costs more (+34% median on one-prompt
+  prefills of 101-395 tokens): kernels are built and cached per shape. Live traffic with varied
   prompt lengths keeps meeting new shapes; a grid repeats its few shapes, and the linear model's
   calibration drops those first steps as warm-up, so it predicted live prefill steps at half
   their time. `tokens` = prefill tokens + decode sequences of the step.
-- a step after the engine sat idle is slower (+1 ms after 20-50 ms, +3-5 ms after 100 ms or
-  more, on a 5-14 ms prefill): caches and idle cores go cold. Capped at IDLE_CAP_MS.
+- a step after the engine sat idle is slower (+0.6-2.4 ms after 10-20 ms, +0.7-5.8 ms after
+  50-100 ms, on 5.6-14.9 ms prefills; noisy): caches and idle cores go cold. Capped at
+  IDLE_CAP_MS.
 Both extra terms are zero inside a run of decode-only steps (same shape, no idle), so decode
 runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
