@@ -55,6 +55,11 @@ def load_suite(path: Path) -> dict:
     for key in ("grid", "quick_grid"):
         if not isinstance(suite.get(key), dict):
             raise UserError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
+    traffic = suite.get("calibration_traffic") or {}
+    if not isinstance(traffic, dict) or not all(
+            isinstance(t, dict) and isinstance(t.get("workload"), dict) for t in traffic.values()):
+        raise UserError(f"{path}: calibration_traffic: expected a mapping of name -> "
+                        "{workload: ...}")
     for name, spec in suite["workloads"].items():
         if not isinstance(spec, dict) or ("workload" in spec) == ("program" in spec):
             raise UserError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
@@ -93,8 +98,8 @@ def simulate_with_band(cfg, out_dir: Path):
 
 
 def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> Path:
-    """Trace the grid on this machine's vLLM, replay the suite's calibration traffic live (a
-    workload of its own, never evaluated), and fit a serving calibration on both; its path."""
+    """Trace the grid on this machine's vLLM, replay the suite's calibration traffic live
+    (workloads of their own, never evaluated), and fit a serving calibration on all; its path."""
     from sim.calibration import calibrate
     from sim.config import parse_config
     from tracers.step_profile import StepGrid, profile_steps
@@ -109,15 +114,19 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
     traces = [out / "grid"]
     path = out / "calibration.json"
     path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
-    traffic = suite.get("calibration_traffic")
-    if traffic is not None:  # live steps: the shapes, waves and idle gaps of real serving
+    # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
+    for name, traffic in (suite.get("calibration_traffic") or {}).items():
+        if quick and not traffic.get("quick", True):
+            continue
         workload = dict(traffic["workload"])
         if quick and "quick_requests" in traffic:
             workload["num_requests"] = traffic["quick_requests"]
         cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
-                            "cluster": {"replicas": [{"calibration": str(path)}]}}, out)
-        fresh_process(replay_config, cfg, out / "calibration_traffic")
-        traces.append(out / "calibration_traffic")
+                            "cluster": {"replicas": [{"calibration": str(path),
+                                                      **traffic.get("replica", {})}]}}, out)
+        fresh_process(replay_config, cfg, out / f"calibration_traffic_{name}")
+        traces.append(out / f"calibration_traffic_{name}")
+    if len(traces) > 1:
         path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
                         + "\n")
     return path

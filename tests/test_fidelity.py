@@ -36,7 +36,7 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert cal["step_time_model"]["kind"] == "serving"
     # Calibrated on the grid and the live calibration traffic (a workload never evaluated).
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \
-        ["grid", "calibration_traffic"]
+        ["grid", "calibration_traffic_mixed"]
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.
     assert result["band_coverage"]["of"] == 2 * 7 * 2 + 2 * 2
     band = json.loads((out / "poisson" / "sim" / "bands.json").read_text())["metrics"]
