@@ -25,6 +25,7 @@ import numpy as np
 from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
 from sim.request_state import PriorityWaiting, Req, Results, priority_key
+from sim.serving_latency import EngineState
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,8 @@ class Replica:
         self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
         self.outstanding_tokens = 0
         self.busy_s = 0.0
-        # Engine state some step-time models charge for (sim/serving_latency.py): token counts
-        # this engine has run a step with, and when its last step ended (-inf: never).
-        self.engine_state = getattr(self.lat, "engine_state", False)
-        self.seen_shapes: set[int] = set()
-        self.last_end_s = -math.inf
+        # Engine state some step-time models charge for (sim/serving_latency.py).
+        self.engine = EngineState() if getattr(self.lat, "engine_state", False) else None
 
     # ------------------------------------------------------------------ public
     def submit(self, req: Req) -> None:
@@ -257,19 +255,13 @@ class Replica:
                 decode_seqs += 1
             context += r.computed + n
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
-        if self.engine_state:
-            tokens = prefill_tokens + decode_seqs
-            new_shape = tokens not in self.seen_shapes
-            idle_ms = (now - self.last_end_s) * 1e3
-            if idle_ms < 1e-3:  # the step follows the last one (float rounding of event times)
-                idle_ms = 0.0
-            if new_shape:
-                self.seen_shapes.add(tokens)
-            plain = not new_shape and idle_ms <= 0.0
+        if self.engine is None:
+            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
+        else:
+            new_shape, idle_ms = self.engine.before_step(now, prefill_tokens + decode_seqs)
+            plain = not new_shape and idle_ms == 0.0
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
                                        idle_ms=idle_ms)
-        else:
-            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
@@ -355,7 +347,8 @@ class Replica:
         if gen != self.gen:
             return  # superseded by a truncation
         self.busy_s += t_end - self._seg_start
-        self.last_end_s = t_end
+        if self.engine is not None:
+            self.engine.last_end_s = t_end
         self._ending = True
         done = []
         for r, n in self._sched:

@@ -67,6 +67,24 @@ def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out) if out else steps.assign(idle_ms=[], new_shape=[])
 
 
+class EngineState:
+    """What a replica's engine has done that the serving model charges for: the token counts it
+    has run a step with, and when its last step ended."""
+
+    def __init__(self):
+        self.seen: set[int] = set()
+        self.last_end_s = -float("inf")  # never ran: idle since forever (capped)
+
+    def before_step(self, now_s: float, tokens: int) -> tuple[bool, float]:
+        """(new_shape, idle_ms) of a step scheduling `tokens` at now_s; marks the shape seen."""
+        new_shape = tokens not in self.seen
+        if new_shape:
+            self.seen.add(tokens)
+        idle_ms = (now_s - self.last_end_s) * 1e3
+        # A step that follows the last one (float rounding of event times) did not idle.
+        return new_shape, (idle_ms if idle_ms >= 1e-3 else 0.0)
+
+
 @register
 @dataclass(frozen=True)
 class ServingModel:
