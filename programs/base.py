@@ -18,6 +18,8 @@ class Sampling:
     """stop strings (kept in the output)"""
     logprobs: bool = False
     """return each sampled token's log-probability"""
+    prompt_logprobs: int = 0
+    """return the log-probabilities of the prompt's last this many tokens (a scored tail)"""
 
 
 @dataclass(eq=False)
@@ -73,6 +75,10 @@ class Outcome:
     """per-token text (live, when log-probabilities were asked)"""
     eos: bool = False
     """ended with the end-of-sequence token (not a stop string or the length limit)"""
+    prompt_logprobs: tuple = ()
+    """log-probabilities of the prompt's scored tail (live, when asked)"""
+    score: float | None = None
+    """a scoring request's score in the program's terms (A1: the step's mean NLL)"""
 
 
 @dataclass(frozen=True)

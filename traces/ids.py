@@ -61,6 +61,11 @@ def search_program_id(qid: str, method: str, cap: int) -> str:
     return f"{qid}-{method}{cap}"
 
 
+def a1_program_id(qid: str, phase: str) -> str:
+    """The id of a traced A1 program: question and phase (calibration or evaluation)."""
+    return f"{qid}-a1{phase[:3]}"
+
+
 def search_request_id(program: str, index: int) -> str:
     """The id of the index-th request of a search program."""
     return f"{program}-r{index}"

@@ -4,7 +4,8 @@ Every table carries `run_id`, joining it to the `runs` table. Times are seconds 
 run's start (`*_s`) unless the name says otherwise (`*_ms`). The simulator and live replay write
 the very same `requests` and `steps` tables, so sim-vs-live validation is a join.
 
-Bump SCHEMA_VERSION on any incompatible change; readers reject other versions.
+Bump SCHEMA_VERSION on any incompatible change; readers reject other versions. A table changed
+on its own gets its own version in TABLE_VERSIONS (so the other tables' files stay readable).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
+TABLE_VERSIONS = {"conformity": 2}
+"""tables whose version differs from SCHEMA_VERSION (conformity 2: A1 path tree, both
+coverages' p-values, the target's step; version 1 was never written)"""
 META_VERSION = b"reasonsim.schema_version"
 META_TABLE = b"reasonsim.table"
 
@@ -217,21 +221,61 @@ SPEC_STEPS = [
 
 CONFORMITY = [
     _RUN_ID,
+    _f("program_id", pa.string(), "A1 program (question x phase)"),
     _f("question_id", pa.string(), "question id"),
-    _f("turn", pa.int32(), "A1 turn"),
-    _f("candidate_id", pa.int32(), "candidate step within the turn"),
-    _f("draft_tokens", pa.int32(), "tokens in the draft step"),
-    _f("score", pa.float64(), "target nonconformity score of the step (mean NLL)"),
-    _f("p_value", pa.float64(), "conformal p-value against the calibration set", nullable=True),
-    _f("accepted", pa.bool_(), "candidate accepted (p > alpha)", nullable=True),
-    _f("draft_ms", pa.float64(), "draft step generation time"),
-    _f("score_ms", pa.float64(), "target scoring (prefill) time"),
-    _f("target_ms", pa.float64(), "target continuation time", nullable=True),
+    _f("question_split", pa.string(), "calibration (never evaluated) or evaluation question"),
+    _f("family", pa.string(), "task family", nullable=True),
+    _f("difficulty", pa.int32(), "difficulty level", nullable=True),
+    _f("gold_answer", pa.string(), "gold answer (scoring only; never seen by a policy)"),
+    _f("sample", pa.int32(), "path (sample) of the program"),
+    _f("turn", pa.int32(), "A1 turn: steps on the path before this one"),
+    _f("path", pa.string(), "decisions before this turn, one letter a turn: A (draft step "
+       "accepted) or R (target's step); with question, program and sample, the node's identity"),
+    _f("policies", pa.list_(pa.string()), "policies whose path reaches this node"),
+    _f("accepted_by", pa.list_(pa.string()), "policies that accepted the draft step"),
+    _f("context_tokens", pa.int32(), "question + path tokens before the step"),
+    _f("draft_tokens", pa.int32(), "tokens of the draft step", nullable=True),
+    _f("draft_text", pa.string(), "the draft step", nullable=True),
+    _f("draft_answer", pa.string(), "answer the draft step gives, if any", nullable=True),
+    _f("draft_ended", pa.bool_(), "the draft step ends the path (answer or end of sequence)",
+       nullable=True),
+    _f("score", pa.float64(), "target nonconformity score of the draft step (mean NLL)",
+       nullable=True),
+    _f("score_prefill_tokens", pa.int32(), "step tokens the scoring prefill had to score",
+       nullable=True),
+    _f("score_cached_tokens", pa.int32(), "scoring prompt tokens read from the prefix cache",
+       nullable=True),
+    _f("score_rescored", pa.bool_(), "the cache covered part of the step, so the score was "
+       "recomputed without it (vLLM returns no log-probabilities for cached tokens)",
+       nullable=True),
+    _f("p_value_marginal", pa.float64(), "conformal p-value against the pooled calibration set",
+       nullable=True),
+    _f("p_value_conditional", pa.float64(), "conformal p-value against the question's own "
+       "calibration samples", nullable=True),
+    _f("target_tokens", pa.int32(), "tokens of the target's own step from the same context",
+       nullable=True),
+    _f("target_text", pa.string(), "the target's step", nullable=True),
+    _f("target_answer", pa.string(), "answer the target's step gives, if any", nullable=True),
+    _f("target_ended", pa.bool_(), "the target's step ends the path", nullable=True),
+    _f("draft_ms", pa.float64(), "draft step request latency (queueing included)",
+       nullable=True),
+    _f("score_ms", pa.float64(), "target scoring request latency", nullable=True),
+    _f("target_ms", pa.float64(), "target step request latency", nullable=True),
+    _f("draft_request_id", pa.string(), "draft step request (DIR/draft requests)",
+       nullable=True),
+    _f("score_request_id", pa.string(), "scoring request (DIR/target requests)", nullable=True),
+    _f("target_request_id", pa.string(), "target step request (DIR/target requests)",
+       nullable=True),
 ]
 
 
+def table_version(name: str) -> int:
+    """The schema version files of a table carry."""
+    return TABLE_VERSIONS.get(name, SCHEMA_VERSION)
+
+
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={META_VERSION: str(SCHEMA_VERSION).encode(),
+    return pa.schema(fields, metadata={META_VERSION: str(table_version(name)).encode(),
                                        META_TABLE: name.encode()})
 
 
@@ -267,6 +311,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "branches": ("program_id", "branch_id"),
     "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
     "layer_times": ("replica_id", "step_id", "layer"),
+    "conformity": ("program_id", "sample", "path"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.schema import (COUNT_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES, SCHEMA_VERSION,
-                           SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of)
+from traces.schema import (COUNT_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES, SCHEMAS,
+                           TIME_COLUMNS, UNIQUE_KEYS, schema_of, table_version)
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
 MAX_REPORTED = 20
@@ -182,8 +182,8 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
     out: list[Violation] = []
     meta = schema.metadata or {}
     version = meta.get(META_VERSION, b"").decode() or None
-    if version != str(SCHEMA_VERSION):
-        out.append(Violation(p, f"schema version {version!r}, expected {SCHEMA_VERSION!r} "
+    if version != str(table_version(name)):
+        out.append(Violation(p, f"schema version {version!r}, expected {table_version(name)!r} "
                                 f"(table {name})"))
     expected = SCHEMAS[name]
     unknown = [c for c in schema.names if c not in expected.names]
@@ -257,7 +257,7 @@ def parts(trace_dir: str | Path, table: str) -> list[Path]:
 
 
 def check_trace(path: str | Path) -> list[Violation]:
-    """Validate a trace directory (every table) or a single part file."""
+    """Validate a trace directory (every table, nested runs too) or a single part file."""
     path = Path(path)
     if not path.exists():
         return [Violation(str(path), "does not exist")]
@@ -268,6 +268,9 @@ def check_trace(path: str | Path) -> list[Violation]:
         out.append(Violation(str(path), "no runs table: not a trace directory"))
     for sub in sorted(path.iterdir()):
         if sub.name.startswith((".", "_")) or not sub.is_dir():
+            continue
+        if sub.name not in SCHEMAS and parts(sub, "runs"):
+            out.extend(check_trace(sub))  # a nested run (one engine of a two-engine trace)
             continue
         if sub.name not in SCHEMAS:
             out.append(Violation(str(sub), f"unknown table folder; known: {', '.join(SCHEMAS)}"))

@@ -1,0 +1,163 @@
+"""A1's decisions: conformal p-values of draft steps, accept or hand the step to the target.
+
+A draft model proposes a reasoning step; the target scores it (the step's mean negative log-
+likelihood under the target: a nonconformity score, higher = less like what the target would
+write). Against calibration scores of draft steps, the conformal p-value is
+
+    p = (#{calibration scores >= s} + 1) / (N + 1)
+
+and the step is accepted when p > alpha, else the target writes the step itself. Under
+exchangeability P(p <= alpha) <= alpha (and ~alpha for continuous scores): alpha is the target's
+intervention (rejection) rate, which is what A1 holds. Marginal coverage pools one calibration
+set; conditional coverage calibrates per question (its own pre-sampled draft steps).
+
+Baselines, with the same interface: `DraftOnly` (every step accepted, never scored) and
+`TargetOnly` (every step the target's, never drafted).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+COVERAGES = ("marginal", "conditional")
+
+
+@dataclass(frozen=True)
+class ConformalSet:
+    """Nonconformity scores of a calibration split (sorted ascending on construction)."""
+
+    scores: tuple[float, ...]
+
+    def __post_init__(self):
+        bad = [s for s in self.scores if not math.isfinite(s)]
+        if bad:
+            raise ValueError(f"calibration scores must be finite, got {bad[:3]}")
+        object.__setattr__(self, "scores", tuple(sorted(self.scores)))
+
+    def p_value(self, score: float) -> float:
+        """Conformal p-value of a score, with the +1 correction: (#{c >= s} + 1) / (N + 1)."""
+        at_least = len(self.scores) - bisect.bisect_left(self.scores, score)
+        return (at_least + 1) / (len(self.scores) + 1)
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """A policy's verdict on one draft step."""
+
+    accepted: bool
+    p_value: float | None = None
+    """None: the policy decided without a score (baselines)"""
+
+
+@dataclass(frozen=True)
+class Conformal:
+    """A1: accept a draft step when its conformal p-value exceeds alpha (alpha = rejection rate)."""
+
+    alpha: float
+    coverage: str = "marginal"
+    marginal: ConformalSet | None = None
+    by_question: Mapping[str, ConformalSet] = field(default_factory=dict)
+
+    needs_draft = True
+    needs_score = True
+
+    def __post_init__(self):
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"a1 alpha must be in (0, 1), got {self.alpha}")
+        if self.coverage not in COVERAGES:
+            raise ValueError(f"a1 coverage must be one of {COVERAGES}, got {self.coverage!r}")
+
+    @property
+    def name(self) -> str:
+        """Label of the policy in tables and figures."""
+        return f"conformal-{self.coverage}-{self.alpha:g}"
+
+    def calibrated(self, marginal: ConformalSet, by_question: Mapping[str, ConformalSet]):
+        """This policy with its calibration sets."""
+        return replace(self, marginal=marginal, by_question=dict(by_question))
+
+    def calibration_for(self, question_id: str) -> ConformalSet:
+        """The calibration set a step of this question is compared with."""
+        if self.coverage == "marginal":
+            cal = self.marginal
+        else:
+            cal = self.by_question.get(question_id)
+        if cal is None or not cal.scores:
+            raise ValueError(f"{self.name}: no calibration scores for question {question_id!r} "
+                             "(calibrate the policy from a conformity trace first)")
+        return cal
+
+    def decide(self, question_id: str, score: float | None) -> StepDecision:
+        """Accept when p > alpha."""
+        if score is None:
+            raise ValueError(f"{self.name} needs the target's score of the step")
+        p = self.calibration_for(question_id).p_value(score)
+        return StepDecision(p > self.alpha, p)
+
+
+@dataclass(frozen=True)
+class DraftOnly:
+    """Baseline: the draft writes every step (draft-only sampling)."""
+
+    needs_draft = True
+    needs_score = False
+    name = "draft-only"
+
+    def decide(self, question_id: str, score: float | None) -> StepDecision:
+        """Always accept."""
+        return StepDecision(True)
+
+
+@dataclass(frozen=True)
+class TargetOnly:
+    """Baseline: the target writes every step (target-only sampling)."""
+
+    needs_draft = False
+    needs_score = False
+    name = "target-only"
+
+    def decide(self, question_id: str, score: float | None) -> StepDecision:
+        """Always hand the step to the target."""
+        return StepDecision(False)
+
+
+@dataclass(frozen=True)
+class A1Settings:
+    """How an A1 program samples: m samples of up to T turns, one reasoning step a turn."""
+
+    samples: int = 4
+    """m: candidate reasoning paths per question"""
+    turns: int = 16
+    """T: most steps a path takes"""
+    draft_tokens: int = 32
+    """Kd: longest draft step (a step ends at a newline)"""
+    target_tokens: int = 32
+    """Kt: longest target step"""
+    temperature: float = 0.8
+    sync: bool = False
+    """synchronous baseline: every turn waits for all paths (scores after all drafts, next turn
+    after all steps); asynchronous (A1): each path goes on by itself"""
+
+    def __post_init__(self):
+        for name in ("samples", "turns", "draft_tokens", "target_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"a1 {name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"a1 temperature must be >= 0, got {self.temperature}")
+
+
+def mean_nll(logprobs) -> float:
+    """A step's nonconformity score: its mean negative log-likelihood under the target."""
+    values = list(logprobs)
+    if not values:
+        raise ValueError("cannot score an empty step")
+    return -sum(values) / len(values)
+
+
+def rejection_rate(decisions) -> float:
+    """Share of scored steps the target took over (nan with none)."""
+    flags = [not d.accepted for d in decisions]
+    return sum(flags) / len(flags) if flags else math.nan

@@ -1,0 +1,252 @@
+"""A1 on one question: m paths of draft steps scored by the target, engine-free.
+
+Each turn of a path: the draft writes a step (role `draft`, up to Kd tokens, ends at a newline);
+the target scores it (role `target`: a prefill of question + path + step with prompt log-
+probabilities, `max_tokens=1`; the question and path are prefix-cached); the policy accepts it
+(it joins the path) or the target writes the step itself from the same context (role `target`,
+up to Kt tokens). A path ends at an answer (`\\boxed{}`), the end of sequence, or turn T.
+
+Every request's seed derives from (program seed, sample, turn, role), never from the path taken,
+so a path is a deterministic function of its decisions: replaying the same policy reproduces a
+traced path request for request (unless batching changes the numerics).
+
+Several policies may run in one program (the conformity tracer runs a grid of them): a node of
+the path tree carries the policies that agree so far and forks where they disagree, so each
+policy's path is exactly what it would be alone, and shared prefixes are computed once. A node's
+identity is its decision string (`path`: 'A' accepted, 'R' rejected, per turn), which is how a
+trace answers a simulated path. `sync` (the synchronous baseline, one policy) holds every turn's
+scoring until all of the turn's drafts are back, and every next turn until all steps are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from policies.a1 import A1Settings, mean_nll
+from policies.certaindex import extract_boxed
+from programs.base import Outcome, RequestSpec, Sampling
+
+ROLE_SEED = {"draft": 1, "target": 2}
+
+
+def step_end(step: Outcome) -> tuple[str | None, bool]:
+    """(answer, the path ends here) after a step: an answer, the end of sequence, or nothing."""
+    answer = step.answer if step.answer is not None else extract_boxed(step.text)
+    return answer, answer is not None or step.eos or step.ended or step.tokens == 0
+
+
+def a1_seed(program_seed: int, sample: int, turn: int, role: str) -> int:
+    """Sampling seed of one step request: the same on every path of the sample's turn."""
+    return ((program_seed * 10_007 + sample) * 1_009 + turn) * 4 + ROLE_SEED[role]
+
+
+@dataclass(eq=False)
+class Node:
+    """A path of one sample after some turns, followed by the policies that agree so far."""
+
+    sample: int
+    path: str
+    """decisions so far, one letter a turn: A (draft step accepted) or R (target's step)"""
+    policies: tuple[int, ...]
+    tokens: int = 0
+    """path tokens after the question"""
+    ids: list = field(default_factory=list)
+    text: str = ""
+    draft: Outcome | None = None
+    accept: tuple[int, ...] = ()
+    reject: tuple[int, ...] = ()
+    record: dict = field(default_factory=dict)
+
+    @property
+    def turn(self) -> int:
+        """Turns taken before this node's step."""
+        return len(self.path)
+
+
+class A1Program:
+    """A1 (or a baseline) on one question, written once for the simulator and the live runner."""
+
+    def __init__(self, question_id: str, policies: tuple, settings: A1Settings,
+                 prompt_tokens: int, seed: int, prompt_ids: list | None = None,
+                 score_all: bool = False, target_all: bool = False):
+        if not policies:
+            raise ValueError("an A1 program needs at least one policy")
+        if settings.sync and len(policies) > 1:
+            raise ValueError("the synchronous variant runs one policy at a time")
+        self.question_id = question_id
+        self.policies = tuple(policies)
+        self.settings = settings
+        self.prompt_tokens = prompt_tokens
+        self.prompt_ids = prompt_ids
+        self.seed = seed
+        self.score_all = score_all
+        """trace mode: score every draft step, whatever the policies need"""
+        self.target_all = target_all
+        """trace mode: ask the target's step at every node (what it would write instead)"""
+        self.done = False
+        self.tokens = 0
+        self.tokens_by_role = {"draft": 0, "target": 0, "score": 0}
+        self.answers: dict[int, list] = {i: [None] * settings.samples
+                                         for i in range(len(policies))}
+        self.decisions: dict[int, list] = {i: [] for i in range(len(policies))}
+        self.rows: list[dict] = []
+        self._index = 0
+        self._flight: dict[RequestSpec, Node] = {}
+        self._held: list = []      # sync: (spec, node) held at this turn's barrier
+        self._open = 0             # sync: nodes of this turn not yet at the barrier
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _spec(self, node: Node, kind: str, role: str, extra_ids: list, extra_tokens: int,
+              sampling: Sampling) -> RequestSpec:
+        ids = None
+        if self.prompt_ids is not None:
+            ids = list(self.prompt_ids) + node.ids + extra_ids
+        spec = RequestSpec(kind=kind, index=self._index,
+                           prompt_tokens=self.prompt_tokens + node.tokens + extra_tokens,
+                           sampling=sampling, path=node.sample, position=node.tokens,
+                           prefix_tokens=self.prompt_tokens + node.tokens, prompt_ids=ids,
+                           role=role)
+        self._index += 1
+        self._flight[spec] = node
+        return spec
+
+    def _step_sampling(self, node: Node, role: str) -> Sampling:
+        s = self.settings
+        return Sampling(max_tokens=s.draft_tokens if role == "draft" else s.target_tokens,
+                        temperature=s.temperature,
+                        seed=a1_seed(self.seed, node.sample, node.turn, role), stop=("\n",))
+
+    def _begin(self, node: Node) -> list:
+        """The node's first request: the draft step, or the target's when no policy drafts."""
+        if any(self.policies[i].needs_draft for i in node.policies):
+            return [self._spec(node, "draft", "draft", [], 0, self._step_sampling(node, "draft"))]
+        node.reject = node.policies
+        return [self._spec(node, "target", "target", [], 0, self._step_sampling(node, "target"))]
+
+    def _score(self, node: Node) -> RequestSpec:
+        d = node.draft
+        return self._spec(node, "score", "target", list(d.token_ids), d.tokens,
+                          Sampling(max_tokens=1, prompt_logprobs=max(1, d.tokens)))
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def start(self) -> list:
+        """Every sample's first turn."""
+        nodes = [Node(k, "", tuple(range(len(self.policies))))
+                 for k in range(self.settings.samples)]
+        self._open = len(nodes)
+        return [a for n in nodes for a in self._begin(n)]
+
+    def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
+        """Advance the node the request belonged to."""
+        node = self._flight.pop(spec)
+        if spec.kind == "score":
+            step_tokens = spec.prompt_tokens - spec.prefix_tokens
+            self.tokens_by_role["score"] += step_tokens
+            node.record.update(score=outcome.score, score_request=spec.index,
+                               score_prefill_tokens=step_tokens)
+            return self._decide(node, outcome.score)
+        self.tokens_by_role[spec.role] += outcome.tokens
+        self.tokens += outcome.tokens
+        answer, ended = step_end(outcome)
+        node.record.update({f"{spec.kind}_tokens": outcome.tokens, f"{spec.kind}_text": outcome.text,
+                            f"{spec.kind}_request": spec.index, f"{spec.kind}_answer": answer,
+                            f"{spec.kind}_ended": ended})
+        if spec.kind == "target":
+            return self._advance(node, outcome, node.reject, "R")
+        node.draft = outcome
+        if outcome.tokens == 0:  # an empty step cannot be scored: the least conforming there is
+            return self._decide(node, math.inf)
+        if self.score_all or any(self.policies[i].needs_score for i in node.policies):
+            return self._barrier(self._score(node))
+        return self._decide(node, None)
+
+    def _decide(self, node: Node, score: float | None) -> list:
+        accept, reject = [], []
+        for i in node.policies:
+            d = self.policies[i].decide(self.question_id, score)
+            self.decisions[i].append(d)
+            (accept if d.accepted else reject).append(i)
+        node.accept, node.reject = tuple(accept), tuple(reject)
+        out = self._advance(node, node.draft, node.accept, "A") if accept else []
+        if reject or self.target_all:
+            out.append(self._spec(node, "target", "target", [], 0,
+                                  self._step_sampling(node, "target")))
+        else:
+            self._emit(node)
+        return out
+
+    def _advance(self, node: Node, step: Outcome, policies: tuple, letter: str) -> list:
+        """Close the node's turn for `policies` with `step` as their path's next step."""
+        if letter == "R":
+            self._emit(node)
+        if not policies:
+            self._check_done()
+            return []
+        child = Node(node.sample, node.path + letter, policies, node.tokens + step.tokens,
+                     node.ids + list(step.token_ids), node.text + step.text)
+        answer, ended = step_end(step)
+        if ended or child.turn >= self.settings.turns:
+            for i in policies:
+                self.answers[i][node.sample] = answer
+            return self._finish_turn(None)
+        return self._finish_turn(child)
+
+    def _emit(self, node: Node) -> None:
+        """One conformity row per node whose turn is complete."""
+        row = dict(sample=node.sample, turn=node.turn, path=node.path,
+                   policies=tuple(self.policies[i].name for i in node.policies),
+                   context_tokens=self.prompt_tokens + node.tokens,
+                   accepted_by=tuple(self.policies[i].name for i in node.accept))
+        row.update(node.record)
+        self.rows.append(row)
+
+    # -- the synchronous barrier ------------------------------------------------------------
+
+    def _barrier(self, spec: RequestSpec) -> list:
+        if not self.settings.sync:
+            return [spec]
+        self._held.append(spec)
+        return self._release()
+
+    def _finish_turn(self, child: Node | None) -> list:
+        if not self.settings.sync:
+            out = self._begin(child) if child is not None else []
+            self._check_done()
+            return out
+        self._open -= 1
+        if child is not None:
+            self._held.append(child)
+        return self._release()
+
+    def _release(self) -> list:
+        """Sync: let the held work go once every open node of the turn has reached the barrier."""
+        specs = [h for h in self._held if isinstance(h, RequestSpec)]
+        if specs and len(specs) == self._open:      # every draft of the turn is back
+            self._held = [h for h in self._held if not isinstance(h, RequestSpec)]
+            return specs
+        if self._open == 0:                          # every step of the turn is done
+            nodes, self._held = self._held, []
+            self._open = len(nodes)
+            out = [a for n in nodes for a in self._begin(n)]
+            self._check_done()
+            return out
+        return []
+
+    def _check_done(self) -> None:
+        if not self._flight and not self._held:
+            self.done = True
+
+    def interpret(self, spec: RequestSpec, raw: Outcome, answer_of) -> Outcome:
+        """A live engine's outcome in the program's terms (scores from prompt log-probs)."""
+        if spec.kind == "score":
+            step = spec.prompt_tokens - spec.prefix_tokens
+            if len(raw.prompt_logprobs) != step:
+                raise RuntimeError(f"score request {spec.index}: {len(raw.prompt_logprobs)} "
+                                   f"prompt log-probabilities for a {step}-token step")
+            return Outcome(0, score=mean_nll(raw.prompt_logprobs))
+        answer = answer_of(raw.text) if answer_of is not None else None
+        return Outcome(raw.tokens, answer=answer, token_ids=raw.token_ids, text=raw.text,
+                       eos=raw.eos)

@@ -1,0 +1,206 @@
+"""`trace conformity`: A1 on two vLLM engines (draft, target), every turn of every path recorded.
+
+Two phases over held-out testbed questions, both driven by the live runner over two in-process
+engines (prefix caching on; each writes its own `steps`/`requests` under DIR/draft, DIR/target):
+
+1. calibration: draft-only paths, every draft step scored by the target. Questions of the
+   calibration split (never evaluated) give the marginal calibration set; `calib_samples` extra
+   samples of each evaluation question (seeds disjoint from its evaluated samples) give its
+   conditional (per-question) set.
+2. evaluation: each evaluation question's `samples` paths run under every policy at once (draft-
+   only, target-only, conformal at each alpha x coverage), the path tree forking where policies
+   disagree (`programs.a1`), and at every node the target's own step is asked too. So any policy
+   of the grid replays exactly from the trace, and any alpha one step off its path.
+
+Rows go to the `conformity` table (one per node: draft step, score, p-values under both
+coverages, target step, answers, times).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from live.engines import VllmEngine
+from live.runner import LiveRun, run_programs
+from policies.a1 import COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly
+from policies.certaindex import extract_boxed
+from programs.a1 import A1Program
+from tracers.engine import check_model, reasoning_engine
+from tracers.testbed import tasks
+from traces import ids
+from traces.store import TraceWriter, check_out_dir, read_table
+
+
+@dataclass(frozen=True)
+class ConformityWorkload:
+    """What `trace conformity` records."""
+
+    questions_per_cell: int = 3
+    """evaluation questions per family x level (as many again for calibration)"""
+    samples: int = 8
+    """evaluated paths per question"""
+    calib_samples: int = 8
+    """draft-only calibration paths per evaluation question (conditional coverage)"""
+    alphas: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    settings: A1Settings = A1Settings()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.questions_per_cell < 1 or self.samples < 1 or self.calib_samples < 1:
+            raise ValueError("trace conformity: questions, samples and calib_samples must be >= 1")
+        if not self.alphas or not all(0 < a < 1 for a in self.alphas):
+            raise ValueError(f"trace conformity: alphas must lie in (0, 1), got {self.alphas}")
+
+
+def split_questions(wl: ConformityWorkload) -> tuple[list, list]:
+    """(calibration, evaluation) held-out items with their ids: disjoint, each family x level."""
+    n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
+    held = tasks.items(wl.seed, 2 * wl.questions_per_cell * n_cells)
+    out = ([], [])
+    for i, item in enumerate(held):
+        # items cycle over the cells: alternate whole rounds between the two splits
+        out[(i // n_cells) % 2].append((ids.question_id(i, item.family, item.level), item))
+    return out
+
+
+def program_seed(seed: int, qid: str, calibration: bool) -> int:
+    """An A1 program's seed: its question and whether it is a calibration run."""
+    return (seed * 1_000_003 + ids.question_index(qid)) * 2 + int(calibration)
+
+
+def eval_policies(wl: ConformityWorkload, marginal: ConformalSet, by_question: dict) -> tuple:
+    """The policy grid of the evaluation phase: baselines, then conformal per coverage x alpha."""
+    conformal = tuple(Conformal(a, c).calibrated(marginal, by_question)
+                      for c in COVERAGES for a in wl.alphas)
+    return (DraftOnly(), TargetOnly()) + conformal
+
+
+def calibration_sets(rows: list[dict]) -> tuple[ConformalSet, dict]:
+    """Marginal set (calibration-split questions) and per-question sets (evaluation questions'
+    own calibration samples), from the calibration phase's rows."""
+    marginal = [r["score"] for r in rows if r["question_split"] == "calibration"]
+    by_q: dict[str, list] = {}
+    for r in rows:
+        if r["question_split"] == "evaluation":
+            by_q.setdefault(r["question_id"], []).append(r["score"])
+    return ConformalSet(tuple(marginal)), {q: ConformalSet(tuple(s)) for q, s in by_q.items()}
+
+
+def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
+                     workload: ConformityWorkload, kv_cache_gb: float = 0.5,
+                     progress: bool = True) -> dict:
+    """Run both phases; write the conformity table and both engines' steps and requests."""
+    draft_dir, target_dir = check_model(draft_model, "auto"), check_model(target_model, "auto")
+    out_dir = check_out_dir(out_dir, False, can_resume=False)
+    draft = reasoning_engine(draft_dir, workload.seed, kv_cache_gb)
+    target = reasoning_engine(target_dir, workload.seed, kv_cache_gb)
+    params = {"workload": asdict(workload), "engine": target.params(),
+              "draft": {"model_id": str(draft_dir), "model_config_hash": draft.config_hash,
+                        "engine": draft.params()}}
+    writer = TraceWriter(out_dir, target.run_row("conformity", workload.seed, params))
+    writers = {"draft": TraceWriter(out_dir / "draft", draft.run_row(
+                   "conformity", workload.seed, {"role": "draft", "engine": draft.params()})),
+               "target": TraceWriter(out_dir / "target", target.run_row(
+                   "conformity", workload.seed, {"role": "target", "engine": target.params()}))}
+    tok = target.engine.get_tokenizer()
+    for e in (draft, target):
+        e.warm_up()
+    t0 = time.perf_counter()
+    engines = {"draft": VllmEngine(draft, writers["draft"], t0),
+               "target": VllmEngine(target, writers["target"], t0)}
+    calib_q, eval_q = split_questions(workload)
+    s = workload.settings
+    stats = {"rows": 0}
+
+    def run_phase(unit: str, jobs: list) -> list[dict]:
+        """jobs: (qid, item, split, policies, settings, calibration run); returns the rows."""
+        runs = []
+        for qid, item, split, policies, settings, calib in jobs:
+            prompt = tok.encode(item.prompt, add_special_tokens=False)
+            prog = A1Program(qid, policies, settings, len(prompt),
+                             program_seed(workload.seed, qid, calib), prompt, score_all=True,
+                             target_all=not calib)
+            key = ids.a1_program_id(qid, "calibration" if calib else "evaluation")
+            runs.append((LiveRun(_AtStart, prog, key), qid, item, split))
+        run_programs(engines, [r[0] for r in runs], answer_of=extract_boxed)
+        for w in (writer, *writers.values()):
+            w.flush(unit)
+        times = _request_times(out_dir, unit)
+        rows = []
+        for run, qid, item, split in runs:
+            for row in run.program.rows:
+                rows.append(_row(row, run.key, qid, item, split, times))
+        return rows
+
+    calib_settings = A1Settings(samples=workload.calib_samples, turns=s.turns,
+                                draft_tokens=s.draft_tokens, target_tokens=s.target_tokens,
+                                temperature=s.temperature)
+    jobs = [(q, it, "calibration", (DraftOnly(),), calib_settings, True) for q, it in calib_q]
+    jobs += [(q, it, "evaluation", (DraftOnly(),), calib_settings, True) for q, it in eval_q]
+    calib_rows = run_phase("calibration", jobs)
+    marginal, by_q = calibration_sets(calib_rows)
+    policies = eval_policies(workload, marginal, by_q)
+    eval_rows = run_phase("evaluation",
+                          [(q, it, "evaluation", policies, s, False) for q, it in eval_q])
+    for row in calib_rows + eval_rows:
+        row["p_value_marginal"] = marginal.p_value(row["score"]) if "score" in row else None
+        cal = by_q.get(row["question_id"])
+        row["p_value_conditional"] = cal.p_value(row["score"]) if "score" in row and cal else None
+        writer.add("conformity", **row)
+    writer.flush("conformity")
+    stats.update(rows=len(calib_rows) + len(eval_rows), calibration_scores=len(marginal.scores),
+                 rescored=sum(e.rescored for e in engines.values()),
+                 wall_s=round(time.perf_counter() - t0, 2))
+    return stats
+
+
+def _request_times(out_dir: Path, unit: str) -> dict:
+    """request id -> (arrival_s, finish_s, cached prompt tokens) over both engines' unit parts."""
+    out = {}
+    for role in ("draft", "target"):
+        t = pq.read_table(out_dir / role / "requests" / f"part-{unit}.parquet",
+                          columns=["request_id", "arrival_s", "finish_s", "cached_prompt_tokens"])
+        for rid, a, f, c in zip(*(t.column(i).to_pylist() for i in range(4))):
+            out[rid] = (a, f, c)
+    return out
+
+
+def _row(row: dict, key: str, qid: str, item, split: str, times: dict) -> dict:
+    """A conformity row: the program's node record, its question, and its requests' times."""
+    out = {k: v for k, v in row.items() if not k.endswith("_request")}
+    out.update(question_id=qid, question_split=split, family=item.family,
+               difficulty=item.level, gold_answer=item.answer, program_id=key,
+               policies=list(row["policies"]), accepted_by=list(row["accepted_by"]))
+    for kind in ("draft", "score", "target"):
+        n = row.get(f"{kind}_request")
+        if n is None:
+            continue
+        rid = ids.search_request_id(key, n)
+        arrival, finish, cached = times[rid]
+        full = times.get(f"{rid}~full")
+        if full is not None:  # re-run without the prefix cache: its time counts
+            finish = full[1]
+        out[f"{kind}_ms"] = (finish - arrival) * 1e3
+        out[f"{kind}_request_id"] = rid
+        if kind == "score":
+            out["score_cached_tokens"] = cached if full is None else 0
+            out["score_rescored"] = full is not None
+    return out
+
+
+class _AtStart:
+    """Every traced program arrives at once."""
+
+    arrival_s = 0.0
+
+
+def trace_summary(trace_dir: str | Path) -> dict:
+    """Rows, questions and paths of a conformity trace (for the CLI)."""
+    t = read_table(trace_dir, "conformity").to_pandas()
+    return {"rows": len(t), "questions": int(t["question_id"].nunique()),
+            "by_split": json.loads(t.groupby("question_split").size().to_json())}
