@@ -149,6 +149,38 @@ class A1Settings:
             raise ValueError(f"a1 temperature must be >= 0, got {self.temperature}")
 
 
+@dataclass(frozen=True)
+class A1Policy:
+    """How an A1 program runs: the step policy, its paths, and whether turns synchronise."""
+
+    step: object
+    """Conformal, DraftOnly or TargetOnly"""
+    samples: int = 4
+    sync: bool = False
+
+    def __post_init__(self):
+        if self.samples < 1:
+            raise ValueError(f"a1 samples must be >= 1, got {self.samples}")
+
+    @property
+    def name(self) -> str:
+        """Label in tables and figures."""
+        return f"{self.step.name},m={self.samples}{',sync' if self.sync else ''}"
+
+
+def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, **args) -> A1Policy:
+    """An `A1Policy` from a config's `{type: conformal|draft_only|target_only, ...}`."""
+    if kind == "conformal":
+        step = Conformal(float(args.pop("alpha", 0.4)), args.pop("coverage", "marginal"))
+    elif kind in ("draft_only", "target_only"):
+        step = DraftOnly() if kind == "draft_only" else TargetOnly()
+    else:
+        raise ValueError(f"unknown a1 policy {kind!r}")
+    if args:
+        raise ValueError(f"{kind}: unknown keys {sorted(args)}")
+    return A1Policy(step, int(samples), bool(sync))
+
+
 def mean_nll(logprobs) -> float:
     """A step's nonconformity score: its mean negative log-likelihood under the target."""
     values = list(logprobs)

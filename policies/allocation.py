@@ -87,6 +87,8 @@ class SelfConsistency:
 
 def describe_policy(policy) -> str:
     """A policy as short text (for tables and plots)."""
+    if hasattr(policy, "step"):  # an A1 policy names itself
+        return policy.name
     if isinstance(policy, ProbeConsistency):
         return f"certaindex(w={policy.window},k={policy.every_tokens})"
     if isinstance(policy, TokenBudget):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from policies.a1 import make_a1_policy
 from policies.allocation import FullReasoning, SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.search import REWARD_AGGREGATE, ParetoFrontier, SearchBudget, certaindex_for
@@ -68,6 +69,8 @@ POLICIES: dict[str, dict[str, Callable]] = {
     "mcts": {},
     "rebase": {},
 }
+POLICIES["a1"] = {k: (lambda kind: lambda method, **a: make_a1_policy(kind, **a))(k)
+                  for k in ("conformal", "draft_only", "target_only")}
 for _method in ("sc", "mcts", "rebase"):
     for _kind in ("even", "certaindex", "frontier"):
         POLICIES[_method][_kind] = _search(_kind)

@@ -25,9 +25,16 @@ from dataclasses import dataclass, field
 
 from policies.a1 import A1Settings, mean_nll
 from policies.certaindex import extract_boxed
+from policies.search import majority_vote
 from programs.base import Outcome, RequestSpec, Sampling
+from traces import ids
 
 ROLE_SEED = {"draft": 1, "target": 2}
+
+
+def a1_program_seed(seed: int, question_id: str, calibration: bool = False) -> int:
+    """A traced A1 program's seed: the trace seed, its question, and its phase."""
+    return (seed * 1_000_003 + ids.question_index(question_id)) * 2 + int(calibration)
 
 
 def step_end(step: Outcome) -> tuple[str | None, bool]:
@@ -84,13 +91,18 @@ class A1Program:
         """trace mode: score every draft step, whatever the policies need"""
         self.target_all = target_all
         """trace mode: ask the target's step at every node (what it would write instead)"""
-        self.done = False
+        self._started = False
         self.tokens = 0
         self.tokens_by_role = {"draft": 0, "target": 0, "score": 0}
         self.answers: dict[int, list] = {i: [None] * settings.samples
                                          for i in range(len(policies))}
         self.decisions: dict[int, list] = {i: [] for i in range(len(policies))}
+        self.final_paths: dict[int, list] = {i: [""] * settings.samples
+                                             for i in range(len(policies))}
+        """each policy's decision string per sample, once the path ended"""
         self.rows: list[dict] = []
+        self.request_log: list[tuple[int, str, int]] = []
+        """(request index, kind, sample) of every request sent"""
         self._index = 0
         self._flight: dict[RequestSpec, Node] = {}
         self._held: list = []      # sync: (spec, node) held at this turn's barrier
@@ -103,11 +115,12 @@ class A1Program:
         ids = None
         if self.prompt_ids is not None:
             ids = list(self.prompt_ids) + node.ids + extra_ids
-        spec = RequestSpec(kind=kind, index=self._index,
-                           prompt_tokens=self.prompt_tokens + node.tokens + extra_tokens,
+        # The whole prompt is cacheable: a score's step is the next turn's context if accepted.
+        prompt_tokens = self.prompt_tokens + node.tokens + extra_tokens
+        spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt_tokens,
                            sampling=sampling, path=node.sample, position=node.tokens,
-                           prefix_tokens=self.prompt_tokens + node.tokens, prompt_ids=ids,
-                           role=role)
+                           prefix_tokens=prompt_tokens, prompt_ids=ids, role=role)
+        self.request_log.append((self._index, kind, node.sample))
         self._index += 1
         self._flight[spec] = node
         return spec
@@ -128,7 +141,7 @@ class A1Program:
     def _score(self, node: Node) -> RequestSpec:
         d = node.draft
         return self._spec(node, "score", "target", list(d.token_ids), d.tokens,
-                          Sampling(max_tokens=1, prompt_logprobs=max(1, d.tokens)))
+                          Sampling(max_tokens=1, prompt_logprobs=d.tokens))
 
     # -- the protocol -----------------------------------------------------------------------
 
@@ -137,13 +150,19 @@ class A1Program:
         nodes = [Node(k, "", tuple(range(len(self.policies))))
                  for k in range(self.settings.samples)]
         self._open = len(nodes)
+        self._started = True
         return [a for n in nodes for a in self._begin(n)]
+
+    @property
+    def done(self) -> bool:
+        """Started, and nothing in flight or held."""
+        return self._started and not self._flight and not self._held
 
     def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
         """Advance the node the request belonged to."""
         node = self._flight.pop(spec)
         if spec.kind == "score":
-            step_tokens = spec.prompt_tokens - spec.prefix_tokens
+            step_tokens = spec.sampling.prompt_logprobs
             self.tokens_by_role["score"] += step_tokens
             node.record.update(score=outcome.score, score_request=spec.index,
                                score_prefill_tokens=step_tokens)
@@ -170,20 +189,19 @@ class A1Program:
             self.decisions[i].append(d)
             (accept if d.accepted else reject).append(i)
         node.accept, node.reject = tuple(accept), tuple(reject)
-        out = self._advance(node, node.draft, node.accept, "A") if accept else []
+        out = []
         if reject or self.target_all:
             out.append(self._spec(node, "target", "target", [], 0,
                                   self._step_sampling(node, "target")))
         else:
             self._emit(node)
-        return out
+        return out + (self._advance(node, node.draft, node.accept, "A") if accept else [])
 
     def _advance(self, node: Node, step: Outcome, policies: tuple, letter: str) -> list:
         """Close the node's turn for `policies` with `step` as their path's next step."""
         if letter == "R":
             self._emit(node)
         if not policies:
-            self._check_done()
             return []
         child = Node(node.sample, node.path + letter, policies, node.tokens + step.tokens,
                      node.ids + list(step.token_ids), node.text + step.text)
@@ -191,6 +209,7 @@ class A1Program:
         if ended or child.turn >= self.settings.turns:
             for i in policies:
                 self.answers[i][node.sample] = answer
+                self.final_paths[i][node.sample] = child.path
             return self._finish_turn(None)
         return self._finish_turn(child)
 
@@ -213,9 +232,7 @@ class A1Program:
 
     def _finish_turn(self, child: Node | None) -> list:
         if not self.settings.sync:
-            out = self._begin(child) if child is not None else []
-            self._check_done()
-            return out
+            return self._begin(child) if child is not None else []
         self._open -= 1
         if child is not None:
             self._held.append(child)
@@ -230,19 +247,47 @@ class A1Program:
         if self._open == 0:                          # every step of the turn is done
             nodes, self._held = self._held, []
             self._open = len(nodes)
-            out = [a for n in nodes for a in self._begin(n)]
-            self._check_done()
-            return out
+            return [a for n in nodes for a in self._begin(n)]
         return []
 
-    def _check_done(self) -> None:
-        if not self._flight and not self._held:
-            self.done = True
+    def node_rows(self, program_id: str, gold_answer: str, split: str = "evaluation",
+                  **question) -> list[dict]:
+        """The program's nodes as `conformity` rows (sim and live replays; tracers add times)."""
+        return [{**{k: v for k, v in r.items() if not k.endswith("_request")},
+                 "program_id": program_id, "question_id": self.question_id,
+                 "question_split": split, "gold_answer": gold_answer, **question,
+                 "policies": list(r["policies"]), "accepted_by": list(r["accepted_by"])}
+                for r in self.rows]
+
+    def node_of(self, spec: RequestSpec) -> tuple[int, str]:
+        """(sample, decision string) of the node a request in flight belongs to."""
+        node = self._flight[spec]
+        return node.sample, node.path
+
+    # -- the accounting `program_row` reads (policy 0: a workload runs one) ------------------
+
+    @property
+    def answer(self) -> str | None:
+        """The majority answer of the paths (ties: the first path's among the tied)."""
+        return majority_vote(self.answers[0])
+
+    @property
+    def paths_used(self) -> int:
+        """Paths run."""
+        return self.settings.samples
+
+    @property
+    def reasoning(self) -> int:
+        """Step tokens generated (draft and target)."""
+        return self.tokens
+
+    probe_tokens = 0
+    stop_at = None
 
     def interpret(self, spec: RequestSpec, raw: Outcome, answer_of) -> Outcome:
         """A live engine's outcome in the program's terms (scores from prompt log-probs)."""
         if spec.kind == "score":
-            step = spec.prompt_tokens - spec.prefix_tokens
+            step = spec.sampling.prompt_logprobs
             if len(raw.prompt_logprobs) != step:
                 raise RuntimeError(f"score request {spec.index}: {len(raw.prompt_logprobs)} "
                                    f"prompt log-probabilities for a {step}-token step")

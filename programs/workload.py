@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.a1 import A1Policy
 from policies.allocation import TokenBudget
 from policies.certaindex import ProbeConsistency
 from policies.registry import make_policy
 from policies.search import SearchBudget
+from programs.a1_traced import A1Bank, load_conformity
 from programs.traced import QuestionBank, SearchBank, load_questions, load_search
 from traces import ids
 
-METHODS = ("cot", "sc", "mcts", "rebase")
+METHODS = ("cot", "sc", "mcts", "rebase", "a1")
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,10 @@ class ProgramWorkload:
     """Which traced questions arrive, how fast, how they are reasoned about, and deadlines."""
 
     trace: Path
-    """probes trace (reasonsim trace probes) or branches trace (reasonsim trace branches)"""
+    """probes trace (reasonsim trace probes), branches trace (reasonsim trace branches) or
+    conformity trace (reasonsim trace conformity, method a1)"""
     method: str
-    """cot, sc, mcts or rebase"""
+    """cot, sc, mcts, rebase or a1"""
     policy: object
     """ProbeConsistency | TokenBudget | FullReasoning (cot), SelfConsistency (sc on a probes
     trace) or SearchBudget (sc, mcts, rebase on a branches trace)"""
@@ -40,9 +43,6 @@ class ProgramWorkload:
     base_deadline_s: float
     """deadline of a program of average difficulty at SLO scale 1"""
     slo_scale: float = 1.0
-
-
-_WORKLOAD_KEYS = {"trace", "method", "policy", "count", "rate_per_s", "deadline"}
 
 
 _WORKLOAD_KEYS = {"trace", "method", "policy", "count", "rate_per_s", "deadline"}
@@ -81,6 +81,8 @@ def load_bank(wl: ProgramWorkload):
     """The traced questions a workload draws from (probes or branches trace), policy checked."""
     if isinstance(wl.policy, SearchBudget):
         return load_search(wl.trace, wl.method, wl.policy.cap)
+    if isinstance(wl.policy, A1Policy):
+        return load_conformity(wl.trace, wl.policy.samples)
     bank = load_questions(wl.trace)
     check_policy(bank, wl.method, wl.policy)
     return bank
@@ -144,7 +146,7 @@ def plan_programs(wl: ProgramWorkload, bank, seed) -> list[ProgramPlan]:
         q = bank.questions[order[i]]
         deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
             wl.base_deadline_s
-        if isinstance(bank, SearchBank):
+        if isinstance(bank, (SearchBank, A1Bank)):
             samples = ()
         elif wl.method == "sc":
             samples = tuple(t.sample_id for t in q.samples)

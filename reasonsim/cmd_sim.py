@@ -76,6 +76,7 @@ def write_sim(cfg, result, out_dir: Path) -> None:
         tables["programs"] = result.programs
     if result.steps is not None:
         tables["steps"] = result.steps
+    tables.update(result.tables)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

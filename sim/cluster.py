@@ -42,6 +42,15 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
     return out
 
 
+class Device:
+    """A device several replicas share: one iteration at a time, in the order they ask."""
+
+    __slots__ = ("busy_until",)
+
+    def __init__(self):
+        self.busy_until = 0.0
+
+
 class Cluster:
     """The replicas of a config in one SimPy environment, with a router and the load it reads.
 
@@ -65,10 +74,14 @@ class Cluster:
                 [cfg.seed, cfg.noise_seed]).spawn(len(specs))
         self.outstanding = np.zeros(len(specs), dtype=np.int64)
         self.in_flight = np.zeros(len(specs), dtype=np.int64)
+        devices: dict[tuple, Device] = {}
+        device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
+                     for g in cfg.replicas for j in range(g.count)]
         self.replicas = [
             Replica(self.env, i, cal, rc, self.res,
                     np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
-                    on_finish=lambda r, i=i: on_finish(i, r), fast_forward=fast_forward)
+                    on_finish=lambda r, i=i: on_finish(i, r), fast_forward=fast_forward,
+                    device=device_of[i])
             for i, (cal, rc) in enumerate(specs)]
         pool_of = [g.pool for g in cfg.replicas for _ in range(g.count)]
         self.pools = {name: np.array([i for i, p in enumerate(pool_of) if p == name])

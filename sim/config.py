@@ -38,6 +38,10 @@ class ReplicaGroup:
     """reuse KV of shared prompt prefixes"""
     pool: str = "target"
     """the model pool the group serves: requests go to the pool named by their role"""
+    device: str | None = None
+    """groups naming the same device share it, replica by replica (the j-th replica of each):
+    their iterations run one at a time, in turn, as two engines driven from one process on one
+    machine do; None: a device of its own"""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class GroupSpec(_Strict):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     enable_prefix_caching: bool = False
     pool: Annotated[str, Field(min_length=1)] = "target"
+    device: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("calibration", "model_config_path", mode="before")
     @classmethod

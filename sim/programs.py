@@ -17,8 +17,10 @@ from policies.scheduling import make_scheduler
 from programs.reasoning import ReasoningProgram, ReasoningSetup
 from programs.records import program_row
 from programs.search import SearchProgram, SearchSettings, program_seed
+from programs.a1_traced import A1Bank
 from programs.traced import QuestionBank
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
+from sim.a1_driver import a1_results, build_a1_runs
 from sim.cluster import Cluster
 from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
@@ -42,6 +44,8 @@ def reasoning_setup(bank: QuestionBank) -> ReasoningSetup:
 
 def build_runs(wl, bank, plans) -> tuple[list[SimProgram], int, object]:
     """The program objects of planned programs, a bound on their requests, and their oracle."""
+    if isinstance(bank, A1Bank):
+        return build_a1_runs(wl, bank, plans)
     by_id = {q.question_id: q for q in bank.questions}
     if not isinstance(bank, QuestionBank):
         settings = SearchSettings(**bank.settings)
@@ -107,7 +111,11 @@ def simulate_programs(cfg, fast_forward: bool = True) -> SimResult:
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
     steps = steps_table(cluster.res) if cfg.write_steps else None
-    return SimResult(requests, steps, summary, progs)
+    tables = {}
+    if isinstance(bank, A1Bank):
+        tables, extra = a1_results(runs, driver, cluster, summary["makespan_s"])
+        summary.update(extra)
+    return SimResult(requests, steps, summary, progs, tables)
 
 
 def _requests_table(driver, res: Results) -> pa.Table:

@@ -56,7 +56,7 @@ class Replica:
 
     def __init__(self, env, replica_id: int, cal: Calibration, cfg: ReplicaConfig,
                  results: Results, rng: np.random.Generator | None, on_finish=None,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, device=None):
         self.env = env
         self.id = replica_id
         self.lat = cal.latency
@@ -72,7 +72,10 @@ class Replica:
         self.run_factor = 1.0 if rng is None or len(runs) < 2 else \
             math.exp(runs[int(rng.integers(len(runs)))])
         self.on_finish = on_finish
-        self.fast_forward = fast_forward  # False: one event per iteration (reference mode)
+        # False: one event per iteration (reference mode, and on a shared device, whose
+        # replicas take turns iteration by iteration)
+        self.fast_forward = fast_forward and device is None
+        self.device = device
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._ending = False  # inside _on_end: no iteration is in flight
@@ -144,10 +147,7 @@ class Replica:
             self._finish(r)
             return
         if self.run is not None:  # end the run of iterations at the boundary after now
-            start, a_ms, b_ms, factor, k = self.run
-            k_new = iterations_within(a_ms, b_ms, (self.env.now - start) * 1e3 / factor)
-            if k_new < k:
-                self._truncate_to(k_new)
+            self._truncate()
         # _on_end finishes it once the iteration in flight completes
 
     def _finish(self, r: Req) -> None:
@@ -201,7 +201,7 @@ class Replica:
     # ------------------------------------------------------------------ scheduling
     def _plan(self) -> None:
         """Decide the next iteration (or run of iterations) at an iteration boundary."""
-        now = self.env.now
+        now = self.env.now if self.device is None else max(self.env.now, self.device.busy_until)
         cfg = self.cfg
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []
@@ -282,7 +282,10 @@ class Replica:
         self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
         self._sched = sched
         self.gen += 1
-        self._schedule_end(now + run_ms(a_ms, b_ms, k) * factor / 1e3, k)
+        t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+        if self.device is not None:
+            self.device.busy_until = t_end
+        self._schedule_end(t_end, k)
 
     def _stable_run_length(self) -> int:
         """Iterations the current all-decode batch can run unchanged (>= 1)."""
@@ -332,9 +335,8 @@ class Replica:
         start, a_ms, b_ms, factor, k = self.run
         elapsed_ms = (self.env.now - start) * 1e3 / factor
         k_new = iterations_within(a_ms, b_ms, elapsed_ms)
-        if k_new >= k:
-            return
-        self._truncate_to(k_new)
+        if k_new < k:
+            self._truncate_to(k_new)
 
     def _truncate_to(self, k_new: int) -> None:
         start, a_ms, b_ms, factor, _ = self.run

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,8 @@ class SimResult:
     """headline metrics + wall_s, events, replicas"""
     programs: pa.Table | None = None
     """programs table of a program workload"""
+    tables: dict = field(default_factory=dict)
+    """further tables of a method family (A1: conformity), by name"""
 
 
 def kv_usage(res: Results) -> float:

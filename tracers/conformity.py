@@ -29,7 +29,7 @@ from live.engines import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.a1 import COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly
 from policies.certaindex import extract_boxed
-from programs.a1 import A1Program
+from programs.a1 import A1Program, a1_program_seed
 from tracers.engine import check_model, reasoning_engine
 from tracers.testbed import tasks
 from traces import ids
@@ -66,11 +66,6 @@ def split_questions(wl: ConformityWorkload) -> tuple[list, list]:
         # items cycle over the cells: alternate whole rounds between the two splits
         out[(i // n_cells) % 2].append((ids.question_id(i, item.family, item.level), item))
     return out
-
-
-def program_seed(seed: int, qid: str, calibration: bool) -> int:
-    """An A1 program's seed: its question and whether it is a calibration run."""
-    return (seed * 1_000_003 + ids.question_index(qid)) * 2 + int(calibration)
 
 
 def eval_policies(wl: ConformityWorkload, marginal: ConformalSet, by_question: dict) -> tuple:
@@ -123,7 +118,7 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
         for qid, item, split, policies, settings, calib in jobs:
             prompt = tok.encode(item.prompt, add_special_tokens=False)
             prog = A1Program(qid, policies, settings, len(prompt),
-                             program_seed(workload.seed, qid, calib), prompt, score_all=True,
+                             a1_program_seed(workload.seed, qid, calib), prompt, score_all=True,
                              target_all=not calib)
             key = ids.a1_program_id(qid, "calibration" if calib else "evaluation")
             runs.append((LiveRun(_AtStart, prog, key), qid, item, split))
@@ -133,8 +128,10 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
         times = _request_times(out_dir, unit)
         rows = []
         for run, qid, item, split in runs:
-            for row in run.program.rows:
-                rows.append(_row(row, run.key, qid, item, split, times))
+            nodes = run.program.node_rows(run.key, item.answer, split, family=item.family,
+                                          difficulty=item.level)
+            rows += [_timed(node, row, run.key, times)
+                     for node, row in zip(run.program.rows, nodes)]
         return rows
 
     calib_settings = A1Settings(samples=workload.calib_samples, turns=s.turns,
@@ -170,14 +167,10 @@ def _request_times(out_dir: Path, unit: str) -> dict:
     return out
 
 
-def _row(row: dict, key: str, qid: str, item, split: str, times: dict) -> dict:
-    """A conformity row: the program's node record, its question, and its requests' times."""
-    out = {k: v for k, v in row.items() if not k.endswith("_request")}
-    out.update(question_id=qid, question_split=split, family=item.family,
-               difficulty=item.level, gold_answer=item.answer, program_id=key,
-               policies=list(row["policies"]), accepted_by=list(row["accepted_by"]))
+def _timed(node: dict, row: dict, key: str, times: dict) -> dict:
+    """A conformity row with its requests' ids and latencies (and how its score was cached)."""
     for kind in ("draft", "score", "target"):
-        n = row.get(f"{kind}_request")
+        n = node.get(f"{kind}_request")
         if n is None:
             continue
         rid = ids.search_request_id(key, n)
@@ -185,12 +178,12 @@ def _row(row: dict, key: str, qid: str, item, split: str, times: dict) -> dict:
         full = times.get(f"{rid}~full")
         if full is not None:  # re-run without the prefix cache: its time counts
             finish = full[1]
-        out[f"{kind}_ms"] = (finish - arrival) * 1e3
-        out[f"{kind}_request_id"] = rid
+        row[f"{kind}_ms"] = (finish - arrival) * 1e3
+        row[f"{kind}_request_id"] = rid
         if kind == "score":
-            out["score_cached_tokens"] = cached if full is None else 0
-            out["score_rescored"] = full is not None
-    return out
+            row["score_cached_tokens"] = cached if full is None else 0
+            row["score_rescored"] = full is not None
+    return row
 
 
 class _AtStart:

@@ -1,0 +1,92 @@
+"""Traced A1 questions a program workload draws from: a conformity trace's path trees.
+
+A conformity trace (`reasonsim trace conformity`) holds, per evaluated question x sample, the
+A1 path tree that its policy grid explored, keyed by decision string, and the calibration
+phase's scores. The bank gives the simulator the traced nodes it answers requests from, the
+calibration sets the conformal policy needs (the same sets live), and the figures a workload
+draws with (difficulty, expected tokens, difficulty factor).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from policies.a1 import A1Settings, Conformal, ConformalSet
+from traces.store import read_run, read_table
+
+
+@dataclass(frozen=True)
+class A1Question:
+    """An evaluated question with its traced path trees."""
+
+    question_id: str
+    difficulty: int | None
+    prompt_tokens: int
+    gold_answer: str
+    nodes: dict
+    """(sample, path) -> the node's conformity row"""
+    expected_tokens: int
+    """mean tokens of a traced target-only path x samples (routing estimate)"""
+
+
+@dataclass(frozen=True)
+class A1Bank:
+    """The evaluated questions of a conformity trace, its settings and calibration sets."""
+
+    questions: tuple[A1Question, ...]
+    settings: A1Settings
+    samples: int
+    """traced samples per question"""
+    marginal: ConformalSet
+    by_question: dict
+    difficulty_factor: dict
+    seed: int
+
+    def settings_for(self, policy) -> A1Settings:
+        """The trace's generation settings with a policy's paths and synchronisation."""
+        return replace(self.settings, samples=policy.samples, sync=policy.sync)
+
+    def calibrate(self, policy):
+        """An A1 policy with this trace's calibration sets (baselines unchanged)."""
+        if isinstance(policy.step, Conformal):
+            return replace(policy, step=policy.step.calibrated(self.marginal, self.by_question))
+        return policy
+
+
+def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
+    """The evaluation trees and calibration sets of a conformity trace."""
+    run = read_run(trace_dir)
+    if run["kind"] != "conformity":
+        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a conformity trace")
+    wl = json.loads(run["params_json"])["workload"]
+    if samples > int(wl["samples"]):
+        raise ValueError(f"a1 needs {samples} samples per question; the trace has "
+                         f"{wl['samples']}")
+    d = read_table(trace_dir, "conformity").to_pandas()
+    cal = d[d.program_id.str.endswith("cal") & d.score.notna()]
+    marginal = ConformalSet(tuple(cal[cal.question_split == "calibration"].score))
+    by_q = {q: ConformalSet(tuple(g.score)) for q, g in
+            cal[cal.question_split == "evaluation"].groupby("question_id")}
+    ev = d[d.program_id.str.endswith("eva")]
+    ev = ev.astype(object).where(ev.notna(), None)  # missing steps and answers are None
+    questions = []
+    for qid, g in ev.groupby("question_id", sort=True):
+        rows = g.to_dict("records")
+        nodes = {(int(r["sample"]), r["path"]): r for r in rows}
+        root = next(r for r in rows if r["path"] == "")
+        target_only = [r["target_tokens"] for r in rows if "target-only" in r["policies"]]
+        questions.append(A1Question(qid, int(root["difficulty"]), int(root["context_tokens"]),
+                                    root["gold_answer"], nodes,
+                                    int(sum(target_only) / int(wl["samples"]) * samples)))
+    tokens = np.array([q.expected_tokens for q in questions], dtype=float)
+    level = np.array([q.difficulty or 0 for q in questions])
+    factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
+    s = wl["settings"]
+    settings = A1Settings(samples=samples, turns=s["turns"], draft_tokens=s["draft_tokens"],
+                          target_tokens=s["target_tokens"], temperature=s["temperature"])
+    return A1Bank(tuple(questions), settings, int(wl["samples"]), marginal, by_q, factor,
+                  int(wl["seed"]))

@@ -1,0 +1,91 @@
+"""A1 metrics of a run (sim or live): rejection rate, tokens by model, where paths spend time,
+asynchronous arithmetic intensity, and the sim-vs-live comparison.
+
+Asynchronous arithmetic intensity (A1 eq. 10: r = T_c / (T_m + T_s), with T_s the
+synchronisation overhead) is measured on the timeline, per path: T_c is the time the path has a
+request being computed (scheduled to finished), T_s the time it waits without one: held at a
+barrier (the gap between a request's finish and the path's next request) plus queued in an
+engine (arrival to scheduled). Memory time is inside T_c (the step time is measured whole).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from programs.a1 import A1Program
+
+
+def path_times(log: pd.DataFrame) -> dict:
+    """Compute / queue / barrier seconds summed over paths, and r = compute / (queue + barrier).
+
+    `log`: one row per request with program_id, sample, arrival_s, scheduled_s, finish_s."""
+    log = log.sort_values(["program_id", "sample", "arrival_s"], kind="stable")
+    compute = float((log.finish_s - log.scheduled_s).sum())
+    queue = float((log.scheduled_s - log.arrival_s).sum())
+    prev_finish = log.groupby(["program_id", "sample"]).finish_s.shift()
+    barrier = float((log.arrival_s - prev_finish).clip(lower=0).sum())
+    wait = queue + barrier
+    return {"path_compute_s": compute, "path_queue_s": queue, "path_barrier_s": barrier,
+            "async_arithmetic_intensity": compute / wait if wait > 0 else float("inf")}
+
+
+def a1_summary(programs: list[A1Program], log: pd.DataFrame, busy_s: dict, makespan_s: float,
+               ) -> dict:
+    """Rejection rate, tokens by role, pool utilisation and path times of A1 programs."""
+    decisions = [d for p in programs for d in p.decisions[0]]
+    scored = [d for d in decisions if d.p_value is not None]
+    tokens = {k: sum(p.tokens_by_role[k] for p in programs) for k in ("draft", "target", "score")}
+    out = {"rejection_rate": (sum(not d.accepted for d in scored) / len(scored)
+                              if scored else None),
+           "draft_tokens": tokens["draft"], "target_tokens": tokens["target"],
+           "score_prefill_tokens": tokens["score"],
+           **{f"{pool}_utilisation": s / makespan_s for pool, s in busy_s.items()}}
+    out.update(path_times(log))
+    return out
+
+
+def decision_strings(conformity: pd.DataFrame) -> dict:
+    """(program id, sample) -> its path's decision string, from the nodes a run visited (one
+    policy: a node's step was the draft's when the policy accepted it)."""
+    last = conformity.sort_values("turn").groupby(["program_id", "sample"]).tail(1)
+    return {(p, int(k)): path + ("A" if len(acc) else "R")
+            for p, k, path, acc in zip(last.program_id, last["sample"], last.path,
+                                       last.accepted_by)}
+
+
+def compare_a1(sim: dict, live: dict, sim_progs: pd.DataFrame, live_progs: pd.DataFrame) -> dict:
+    """Decision agreement (same decision string per path) and sim-vs-live latency errors."""
+    same = [sim[k] == live.get(k) for k in sim]
+    lat = {}
+    s = sim_progs.set_index("program_id").sort_index()
+    v = live_progs.set_index("program_id").loc[s.index]
+    ls, lv = (s.finish_s - s.arrival_s).to_numpy(), (v.finish_s - v.arrival_s).to_numpy()
+    for q in (50, 90):
+        a, b = np.percentile(ls, q), np.percentile(lv, q)
+        lat[f"program_latency_p{q}"] = {"sim": float(a), "live": float(b),
+                                        "error": float((a - b) / b)}
+    span_s = float(s.finish_s.max() - s.arrival_s.min())
+    span_v = float(v.finish_s.max() - v.arrival_s.min())
+    lat["throughput_programs_per_s"] = {"sim": len(s) / span_s, "live": len(v) / span_v,
+                                        "error": span_v / span_s - 1}
+    return {"paths": len(same), "decision_agreement": float(np.mean(same)),
+            "answer_agreement": float((s.answer.fillna("") == v.answer.fillna("")).mean()),
+            **lat}
+
+
+def request_log(programs: dict, requests: pd.DataFrame) -> pd.DataFrame:
+    """Per-request timeline of live A1 programs (keyed by program id) from a requests table; a
+    score re-run without the prefix cache finishes when its re-run does."""
+    from traces import ids
+
+    req = requests.set_index("request_id")
+    rows = []
+    for key, prog in programs.items():
+        for index, _kind, sample in prog.request_log:
+            rid = ids.search_request_id(key, index)
+            r = req.loc[rid]
+            finish = req.loc[f"{rid}~full"].finish_s if f"{rid}~full" in req.index else r.finish_s
+            rows.append((key, sample, r.arrival_s, r.scheduled_s, finish))
+    return pd.DataFrame(rows, columns=["program_id", "sample", "arrival_s", "scheduled_s",
+                                       "finish_s"])

@@ -1,0 +1,274 @@
+"""A1: conformal p-values, the program's path tree and sync barrier, the conformity trace on two
+real vLLM engines, and `a1 offline` on it and on the shipped trace."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from conftest import REPO, TESTBED, run_cli
+from policies.a1 import (A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly, mean_nll,
+                         rejection_rate)
+from programs.a1 import A1Program
+from programs.base import Outcome
+
+SHIPPED = REPO / "traces" / "data" / "testbed-conformity-cpu"
+
+
+# -------------------------------------------------------------------- the policy (pure)
+def test_p_value_counts_scores_at_least_as_large_with_the_plus_one():
+    cal = ConformalSet((3.0, 1.0, 2.0, 2.0))
+    assert cal.p_value(2.0) == (3 + 1) / 5       # 2, 2, 3 are >= 2
+    assert cal.p_value(0.5) == 1.0                # all four, +1, over five
+    assert cal.p_value(9.0) == 1 / 5              # none: the +1 alone
+    with pytest.raises(ValueError, match="finite"):
+        ConformalSet((1.0, float("nan")))
+
+
+def test_rejection_rate_holds_alpha_on_exchangeable_scores():
+    """Over calibration draws, P(reject) = floor(alpha (N + 1)) / (N + 1) for continuous scores."""
+    rng = random.Random(0)
+    for alpha in (0.1, 0.3, 0.6):
+        decisions = []
+        for _ in range(20_000):
+            cal = ConformalSet(tuple(rng.gauss(0, 1) for _ in range(19)))
+            decisions.append(Conformal(alpha).calibrated(cal, {}).decide("q", rng.gauss(0, 1)))
+        assert abs(rejection_rate(decisions) - alpha) < 0.012, alpha
+
+
+def test_conditional_coverage_uses_the_question_set_and_refuses_without_one():
+    low, high = ConformalSet((0.1, 0.2, 0.3)), ConformalSet((5.0, 6.0, 7.0))
+    p = Conformal(0.3, "conditional").calibrated(low, {"q1": high})
+    assert p.decide("q1", 1.0).accepted          # below the question's own scores
+    assert not Conformal(0.3).calibrated(low, {}).decide("q1", 1.0).accepted  # marginal
+    with pytest.raises(ValueError, match="no calibration scores for question 'q2'"):
+        p.decide("q2", 1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        Conformal(1.5)
+    with pytest.raises(ValueError, match="coverage"):
+        Conformal(0.2, "joint")
+    assert mean_nll([-1.0, -3.0]) == 2.0
+
+
+# -------------------------------------------------------------------- the program's logic
+def _step(text: str) -> Outcome:
+    return Outcome(len(text), text=text, token_ids=tuple(range(len(text))))
+
+
+def _drive(program: A1Program, answer_draft, score_of, max_rounds: int = 200) -> list:
+    """Answer every request in submission order, one at a time (a tiny in-order driver)."""
+    queue, log = list(program.start()), []
+    for _ in range(max_rounds):
+        if not queue:
+            break
+        spec = queue.pop(0)
+        log.append((spec.kind, spec.path))
+        if spec.kind == "score":
+            out = Outcome(0, score=score_of(spec))
+        elif spec.kind == "draft":
+            out = _step(answer_draft(spec))
+        else:
+            out = _step("t\n" if spec.position < 6 else "\\boxed{7}")
+        queue += program.on_done(spec, out)
+    assert program.done and not queue
+    return log
+
+
+def test_the_tree_forks_where_policies_disagree_and_each_policy_finishes():
+    cal = ConformalSet(tuple(float(i) for i in range(1, 10)))
+    strict, loose = Conformal(0.5).calibrated(cal, {}), Conformal(0.1).calibrated(cal, {})
+    prog = A1Program("q", (strict, loose, TargetOnly()), A1Settings(samples=1, turns=4), 5, 0)
+    # every draft step scores 6: p = 5/10 -> strict rejects, loose accepts
+    _drive(prog, lambda s: "d\n", lambda s: 6.0)
+    paths = {r["path"] for r in prog.rows}
+    assert {"", "A", "R", "AA", "RR"} <= paths
+    assert all(set(p) <= {"A"} or set(p) <= {"R"} for p in paths)
+    assert prog.decisions[0] and not any(d.accepted for d in prog.decisions[0])
+    assert all(d.accepted for d in prog.decisions[1])
+    assert prog.answers[0] == ["7"] and prog.answers[2] == ["7"]   # target steps reach an answer
+
+
+def test_sync_scores_after_every_draft_of_the_turn():
+    cal = ConformalSet((1.0, 2.0, 3.0))
+    prog = A1Program("q", (Conformal(0.3).calibrated(cal, {}),),
+                     A1Settings(samples=3, turns=2, sync=True), 5, 0)
+    log = _drive(prog, lambda s: "d\n", lambda s: 0.5)
+    first_score = next(i for i, (k, _) in enumerate(log) if k == "score")
+    assert [k for k, _ in log[:first_score]] == ["draft"] * 3
+    # and no second-turn draft goes out before every first-turn step is done
+    second = next(i for i, (k, _) in enumerate(log) if k == "draft" and i > first_score)
+    assert [k for k, _ in log[first_score:second]].count("score") == 3
+    with pytest.raises(ValueError, match="one policy"):
+        A1Program("q", (DraftOnly(), TargetOnly()), A1Settings(sync=True), 5, 0)
+
+
+# -------------------------------------------------------------------- two real engines
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("a1") / "conformity"
+    run_cli("trace", "conformity", "-o", str(out), "--questions", "1", "--samples", "2",
+            "--calib-samples", "2", "--alphas", "0.3,0.5", "--turns", "8", "-q", "--json")
+    return out
+
+
+@pytest.mark.engine
+def test_conformity_trace_on_two_engines_validates_and_replays(small_trace):
+    run_cli("traces", "check", str(small_trace))
+    from sim.a1_offline import load_trace, offline_grid
+    from traces.store import read_table
+
+    rows = offline_grid(small_trace)
+    assert {r["policy"] for r in rows} >= {"draft-only", "target-only", "conformal-marginal-0.3",
+                                           "conformal-conditional-0.5"}
+    assert all(r["uncovered_paths"] == 0 for r in rows)  # the grid's paths are all traced
+    # the trace's decisions are the live program's: recomputed p-values agree with the tree
+    trace = load_trace(small_trace)
+    table = read_table(small_trace, "conformity").to_pandas()
+    ev = table[table.program_id.str.endswith("eva") & table.score.notna()]
+    for _, r in ev.iterrows():
+        for name in r["policies"]:
+            if name.startswith("conformal-marginal"):
+                accepted = r["p_value_marginal"] > float(name.rsplit("-", 1)[1])
+                assert accepted == (name in r["accepted_by"])
+    assert trace.samples == 2 and len(trace.questions) == 8
+    # both engines wrote their own steps and requests
+    for role in ("draft", "target"):
+        assert len(read_table(small_trace / role, "steps")) > 0
+
+
+@pytest.mark.engine
+def test_cached_scores_equal_the_targets_own_likelihood(small_trace):
+    """A score read on the prefix cache equals transformers' mean NLL of the step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from traces.store import read_table
+
+    t = read_table(small_trace, "conformity").to_pandas()
+    import pandas as pd
+
+    scored = t[t.score.notna()]
+    cached = scored[scored.score_cached_tokens > 0].head(10)
+    rescored = scored[scored.score_rescored.astype(bool)].head(4)
+    assert len(cached) and len(rescored), "no cached or re-run scoring in the trace"
+    t = pd.concat([cached, rescored])
+    path = str(TESTBED / "target-large")
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    from tracers.testbed import tasks
+    prompts = {}
+    for i, item in enumerate(tasks.items(0, 16)):
+        from traces import ids
+        prompts[ids.question_id(i, item.family, item.level)] = item.prompt
+    nodes = {(r.program_id, r.sample, r.path): r for r in
+             read_table(small_trace, "conformity").to_pandas().itertuples()}
+    for r in t.itertuples():
+        context = prompts[r.question_id]
+        for i, letter in enumerate(r.path):
+            parent = nodes[(r.program_id, r.sample, r.path[:i])]
+            context += parent.draft_text if letter == "A" else parent.target_text
+        ctx = tok.encode(context, add_special_tokens=False)
+        step = tok.encode(r.draft_text, add_special_tokens=False)
+        if r.draft_tokens == len(step) + 1:  # the step ended the sequence: EOS is scored too
+            step.append(tok.eos_token_id)
+        assert r.draft_tokens == len(step)
+        with torch.no_grad():
+            logits = model(torch.tensor([ctx + step])).logits[0].float()
+        lp = torch.log_softmax(logits, -1)
+        nll = -sum(lp[len(ctx) + j - 1, s].item() for j, s in enumerate(step)) / len(step)
+        assert nll == pytest.approx(r.score, abs=2e-3, rel=2e-3)
+
+
+def test_a1_offline_cli_on_the_shipped_trace(tmp_path):
+    proc = run_cli("a1", "offline", str(SHIPPED), "--json", "-o", str(tmp_path))
+    rows = json.loads(proc.stdout)
+    assert (tmp_path / "rejection_vs_alpha.png").stat().st_size > 0
+    full = max(r["samples"] for r in rows)
+    marginal = [r for r in rows if r["coverage"] == "marginal" and r["samples"] == full]
+    assert len(marginal) >= 6
+    # held-out marginal coverage keeps the realised rejection rate near alpha
+    assert max(r["rate_error"] for r in marginal) < 0.1
+    by = {r["policy"]: r for r in rows if r["samples"] == full}
+    assert by["target-only"]["accuracy_vote"] > by["draft-only"]["accuracy_vote"]
+    assert all(r["uncovered_paths"] == 0 for r in rows)
+    bad = run_cli("a1", "offline", str(REPO / "traces" / "data" / "testbed-probes-cpu"),
+                  check=False)
+    assert bad.returncode == 2 and "not a conformity trace" in bad.stderr
+
+
+# -------------------------------------------------------------------- simulator and live replay
+def _a1_config(tmp_path, name: str, draft_cal=None, target_cal=None, shared_device=True,
+               **policy) -> str:
+    import yaml
+
+    d = yaml.safe_load((REPO / "examples" / name).read_text())
+    if not shared_device:
+        for group in d["cluster"]["replicas"]:
+            group.pop("device")
+        name = f"separate-{name}"
+    d["workload"]["programs"]["trace"] = str(SHIPPED)
+    d["workload"]["programs"]["policy"].update(policy)
+    cal = [draft_cal or REPO / "sim/data/testbed-draft-a1-cpu.calib.json",
+           target_cal or REPO / "sim/data/testbed-large-a1-cpu.calib.json"]
+    for group, c in zip(d["cluster"]["replicas"], cal):
+        group["calibration"] = str(c)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def test_simulated_a1_holds_alpha_and_async_beats_sync_on_separate_devices(tmp_path):
+    out = {}
+    for shared in (True, False):
+        for name in ("a1-async.yaml", "a1-sync.yaml", "a1-target-only.yaml"):
+            config = _a1_config(tmp_path, name, shared_device=shared)
+            proc = run_cli("simulate", config, "-o", f"{config}.out", "--json")
+            out[shared, name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    shared_out = f"{_a1_config(tmp_path, 'a1-async.yaml')}.out"
+    run_cli("traces", "check", shared_out)
+    from traces.store import read_table
+
+    steps = read_table(shared_out, "steps").to_pandas().sort_values("start_s")
+    end = steps.start_s + steps.duration_ms / 1e3
+    assert set(steps.replica_id) == {0, 1}
+    assert (steps.start_s.to_numpy()[1:] >= end.to_numpy()[:-1] - 1e-9).all()  # one at a time
+    a, s, t = (out[False, n] for n in ("a1-async.yaml", "a1-sync.yaml", "a1-target-only.yaml"))
+    assert abs(a["rejection_rate"] - 0.4) < 0.05
+    assert a["accuracy"] == s["accuracy"]                 # the same decisions, other timing
+    # draft and target on devices of their own: no barrier, lower latency
+    assert a["program_latency_s"]["p50"] < s["program_latency_s"]["p50"]
+    assert s["path_barrier_s"] > 0 == a["path_barrier_s"]
+    assert a["async_arithmetic_intensity"] > s["async_arithmetic_intensity"]
+    # both engines stepping in turn on one device (as live here): sync's batches win
+    a_shared, s_shared = out[True, "a1-async.yaml"], out[True, "a1-sync.yaml"]
+    assert s_shared["program_latency_s"]["p50"] < a_shared["program_latency_s"]["p50"]
+    assert a_shared["program_latency_s"]["p50"] > a["program_latency_s"]["p50"]
+    assert t["draft_tokens"] == 0 and t["rejection_rate"] is None
+    assert a["target_tokens"] < t["target_tokens"]
+
+
+@pytest.mark.engine
+def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
+    """Calibrate on this machine from other live A1 traffic, then replay and compare."""
+    for name in ("a1-target-only.yaml", "a1-conditional.yaml"):
+        run_cli("a1", "replay", _a1_config(tmp_path, name), "--count", "6", "--seed", "1",
+                "--repeats", "1", "-o", str(tmp_path / f"out-{name}"), "--json")
+    cals = {"draft": tmp_path / "draft.calib.json", "target": tmp_path / "target.calib.json"}
+    # the draft idles in a target-only run: its steps come from the conditional one
+    run_cli("calibrate", str(tmp_path / "out-a1-conditional.yaml" / "live0" / "draft"), "-o",
+            str(cals["draft"]))
+    run_cli("calibrate", *[str(tmp_path / f"out-{n}" / "live0")
+                           for n in ("a1-target-only.yaml", "a1-conditional.yaml")],
+            "-o", str(cals["target"]))
+    config = _a1_config(tmp_path, "a1-async.yaml", cals["draft"], cals["target"])
+    proc = run_cli("a1", "replay", config, "--count", "8", "--repeats", "1", "-o",
+                   str(tmp_path / "rep"), "--json")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    run_cli("traces", "check", str(tmp_path / "rep" / "live0"))
+    for c in result["compare"]:
+        assert c["decision_agreement"] >= 0.9
+        assert abs(c["program_latency_p50"]["error"]) < 0.5   # loose: a noisy 2-core machine
+        assert abs(c["throughput_programs_per_s"]["error"]) < 0.3
+    live = result["live"][0]
+    assert live["draft_tokens"] > 0 and 0.2 < live["rejection_rate"] < 0.6
