@@ -63,7 +63,8 @@ def add_trace_parser(tsub) -> None:
 
 def cmd_a1_offline(args: argparse.Namespace) -> int:
     """`reasonsim a1 offline`: rejection rate vs alpha, accuracy and tokens per policy."""
-    from sim.a1_offline import offline_grid, plot_rates
+    from sim.a1_offline import offline_grid
+    from sim.a1_report import plot_rates, plot_tokens_accuracy
 
     try:
         rows = offline_grid(args.trace, args.alphas, args.samples, args.calib_samples)
@@ -73,6 +74,7 @@ def cmd_a1_offline(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         plot_rates(rows, out / "rejection_vs_alpha.png")
+        plot_tokens_accuracy(rows, out / "tokens_to_accuracy.png")
         (out / "a1_offline.json").write_text(json.dumps(rows, indent=1))
     if args.json:
         print(json.dumps(rows))
@@ -118,7 +120,8 @@ def add_a1_parser(sub) -> None:
                    help="sample counts (default: 1, 2, 4, ... up to the trace's)")
     o.add_argument("--calib-samples", type=int, default=None,
                    help="calibrate on each question's first N calibration samples only")
-    o.add_argument("-o", "--out", help="write a1_offline.json and rejection_vs_alpha.png here")
+    o.add_argument("-o", "--out", help="write a1_offline.json, rejection_vs_alpha.png and "
+                   "tokens_to_accuracy.png here")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=cmd_a1_offline)
     r = asub.add_parser("replay", help="an A1 config live on two vLLM engines vs simulated",
@@ -134,6 +137,15 @@ def add_a1_parser(sub) -> None:
     r.add_argument("--seed", type=int, default=None, help="override the config's seed")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_a1_replay)
+    sa = asub.add_parser("samples", help="simulated latency vs samples: async, sync, target-only",
+                         description="Simulate an A1 config at each sample count with its "
+                         "policy asynchronous, synchronous, and the target-only baseline (same "
+                         "workload and seed); a table and latency_vs_samples.png.")
+    sa.add_argument("config", help="an A1 program config")
+    sa.add_argument("--samples", type=ints, default=[1, 2, 4, 8, 16])
+    sa.add_argument("-o", "--out", help="write latency_vs_samples.{png,json} here")
+    sa.add_argument("--json", action="store_true")
+    sa.set_defaults(func=cmd_a1_samples)
 
 
 def _config(path: Path, count: int | None, seed: int | None = None):
@@ -243,4 +255,42 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
               *[f"{lv['rejection_rate'] or 0:.3f}" for lv in result["live"]], "", "")
     Console(width=160).print(t)
     print(f"details: {out / 'compare.json'}")
+    return 0
+
+
+def cmd_a1_samples(args: argparse.Namespace) -> int:
+    """`reasonsim a1 samples`: simulated latency vs samples, async vs sync vs target-only."""
+    import yaml
+
+    from sim.a1_report import latency_vs_samples, plot_latency_vs_samples
+
+    path = Path(args.config)
+    d = yaml.safe_load(path.read_text())
+    policy = {k: v for k, v in d["workload"]["programs"]["policy"].items()
+              if k not in ("samples", "sync")}
+    variants = {"A1 async": policy, "A1 sync": {**policy, "sync": True},
+                "target-only": {"type": "target_only"}}
+    try:
+        rows = latency_vs_samples(d, path.parent, args.samples, variants)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {e}") from None
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot_latency_vs_samples(rows, out / "latency_vs_samples.png")
+        (out / "latency_vs_samples.json").write_text(json.dumps(rows, indent=1))
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"Simulated A1 latency vs samples: {path.name}")
+    for c in ("variant", "samples", "P50 s", "P90 s", "accuracy", "rejection", "r"):
+        t.add_column(c, justify="left" if c == "variant" else "right")
+    for r in rows:
+        t.add_row(r["variant"], str(r["samples"]), f"{r['p50_s']:.3f}", f"{r['p90_s']:.3f}",
+                  f"{r['accuracy']:.3f}", "-" if r["rejection_rate"] is None else
+                  f"{r['rejection_rate']:.3f}", f"{r['async_arithmetic_intensity']:.1f}")
+    Console(width=160).print(t)
     return 0

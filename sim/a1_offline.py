@@ -178,25 +178,3 @@ def _powers(n: int) -> list[int]:
         out.append(k)
         k *= 2
     return out + [n]
-
-
-def plot_rates(rows: list[dict], path: str | Path) -> None:
-    """Rejection rate vs alpha, marginal and conditional, with the diagonal."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    m = max(r["samples"] for r in rows)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    for cov, marker in zip(COVERAGES, "os"):
-        pts = sorted((r["alpha"], r["rejection_rate"]) for r in rows
-                     if r["coverage"] == cov and r["samples"] == m)
-        ax.plot(*zip(*pts), marker=marker, label=f"{cov} coverage")
-    ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="rate = alpha")
-    lim = max(r["alpha"] for r in rows if r["alpha"] is not None) + 0.1
-    ax.set(xlim=(0, lim), ylim=(0, lim), xlabel="alpha", ylabel="realised rejection rate",
-           title=f"A1: target interventions, {m} samples")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

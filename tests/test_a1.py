@@ -248,6 +248,19 @@ def test_simulated_a1_holds_alpha_and_async_beats_sync_on_separate_devices(tmp_p
     assert a["target_tokens"] < t["target_tokens"]
 
 
+def test_a1_samples_sweeps_variants_over_sample_counts(tmp_path):
+    proc = run_cli("a1", "samples", str(REPO / "examples" / "a1-async-separate.yaml"),
+                   "--samples", "1,8", "-o", str(tmp_path), "--json")
+    rows = {(r["variant"], r["samples"]): r for r in json.loads(proc.stdout)}
+    assert len(rows) == 6 and (tmp_path / "latency_vs_samples.png").stat().st_size > 0
+    # one path has no barrier to wait at: sync equals async; with 8 paths sync is slower
+    assert rows["A1 sync", 1]["p50_s"] == rows["A1 async", 1]["p50_s"]
+    assert rows["A1 sync", 8]["p50_s"] > rows["A1 async", 8]["p50_s"]
+    bad = run_cli("a1", "samples", str(REPO / "examples" / "a1-async-separate.yaml"),
+                  "--samples", "32", check=False)
+    assert bad.returncode == 2 and "the trace has 16" in bad.stderr
+
+
 @pytest.mark.engine
 def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     """Calibrate on this machine from other live A1 traffic, then replay and compare."""

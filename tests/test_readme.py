@@ -24,7 +24,9 @@ def test_every_subcommand_has_help():
     for args in (["--help"], ["trace", "steps", "--help"], ["trace", "serve", "--help"],
                  ["trace", "probes", "--help"], ["traces", "check", "--help"],
                  ["dynasor", "offline", "--help"], ["testbed", "build", "--help"],
-                 ["testbed", "eval", "--help"]):
+                 ["testbed", "eval", "--help"], ["trace", "conformity", "--help"],
+                 ["a1", "offline", "--help"], ["a1", "replay", "--help"],
+                 ["a1", "samples", "--help"]):
         proc = run_cli(*args)
         assert "usage: reasonsim" in proc.stdout
 

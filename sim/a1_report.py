@@ -1,0 +1,106 @@
+"""A1 figures: rejection rate vs alpha, tokens to accuracy (from `a1 offline` rows), and
+simulated latency vs samples per variant (`a1 samples`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policies.a1 import COVERAGES
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_rates(rows: list[dict], path: str | Path) -> None:
+    """Rejection rate vs alpha, marginal and conditional, with the diagonal."""
+    plt = _plt()
+    m = max(r["samples"] for r in rows)
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    for cov, marker in zip(COVERAGES, "os"):
+        pts = sorted((r["alpha"], r["rejection_rate"]) for r in rows
+                     if r["coverage"] == cov and r["samples"] == m)
+        ax.plot(*zip(*pts), marker=marker, label=f"{cov} coverage")
+    ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="rate = alpha")
+    lim = max(r["alpha"] for r in rows if r["alpha"] is not None) + 0.1
+    ax.set(xlim=(0, lim), ylim=(0, lim), xlabel="alpha", ylabel="realised rejection rate",
+           title=f"A1: target interventions, {m} samples")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tokens_accuracy(rows: list[dict], path: str | Path) -> None:
+    """Majority-vote accuracy against target-side tokens per question (generated + scored),
+    at the largest sample count, and against the sample count."""
+    plt = _plt()
+    m = max(r["samples"] for r in rows)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 4))
+    for cov, marker in zip(COVERAGES, "os"):
+        pts = sorted((r["alpha"], (r["target_tokens"] + r["score_prefill_tokens"]) /
+                      r["questions"], r["accuracy_vote"]) for r in rows
+                     if r["coverage"] == cov and r["samples"] == m)
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker=marker,
+                label=f"A1 {cov} (alpha {pts[0][0]:g}..{pts[-1][0]:g})")
+    for name, marker in (("draft-only", "v"), ("target-only", "^")):
+        r = next(r for r in rows if r["policy"] == name and r["samples"] == m)
+        ax.plot([(r["target_tokens"] + r["score_prefill_tokens"]) / r["questions"]],
+                [r["accuracy_vote"]], marker, ms=9, label=name)
+    ax.set(xlabel="target tokens per question (generated + scored)",
+           ylabel=f"majority-vote accuracy ({m} samples)", title="Tokens to accuracy")
+    ax.legend(fontsize=8)
+    for name in ("draft-only", "target-only", "conformal-marginal-0.4",
+                 "conformal-marginal-0.6", "conformal-conditional-0.6"):
+        pts = sorted((r["samples"], r["accuracy_vote"]) for r in rows if r["policy"] == name)
+        if pts:
+            bx.plot(*zip(*pts), marker="o", label=name)
+    bx.set(xscale="log", xlabel="samples per question", ylabel="majority-vote accuracy",
+           title="Accuracy vs samples")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_latency_vs_samples(rows: list[dict], path: str | Path) -> None:
+    """Simulated program latency (P50, P90 dashed) against samples, one line per variant."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        pts = sorted((r["samples"], r["p50_s"], r["p90_s"]) for r in rows
+                     if r["variant"] == variant)
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=variant)
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=line.get_color())
+    ax.set(xscale="log", xlabel="samples per question", ylabel="program latency (s)",
+           title="Simulated A1 latency: P50 (solid), P90 (dashed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def latency_vs_samples(config: dict, base_dir, samples, variants: dict) -> list[dict]:
+    """Simulate an A1 config at each sample count under each policy variant (name -> policy
+    mapping replacing the config's), same workload and seed."""
+    import copy
+
+    from sim.config import parse_config
+    from sim.simulate import simulate
+
+    rows = []
+    for name, policy in variants.items():
+        for m in samples:
+            d = copy.deepcopy(config)
+            d["workload"]["programs"]["policy"] = {**policy, "samples": int(m)}
+            d["output"] = {"steps": False}
+            s = simulate(parse_config(d, base_dir)).summary
+            rows.append({"variant": name, "samples": int(m),
+                         "p50_s": s["program_latency_s"]["p50"],
+                         "p90_s": s["program_latency_s"]["p90"], "accuracy": s["accuracy"],
+                         "rejection_rate": s["rejection_rate"],
+                         "async_arithmetic_intensity": s["async_arithmetic_intensity"]})
+    return rows
