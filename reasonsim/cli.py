@@ -11,6 +11,8 @@ from reasonsim.cmd_dynasor import (cmd_dynasor_calibrate, cmd_dynasor_offline, c
                                    cmd_dynasor_replay)
 from reasonsim.cmd_a1 import add_a1_parser
 from reasonsim.cmd_a1 import add_trace_parser as add_trace_conformity
+from reasonsim.cmd_seed import add_seed_parser
+from reasonsim.cmd_seed import add_trace_parser as add_trace_spec
 from reasonsim.cmd_helios import cmd_helios_offline, cmd_helios_replay
 from reasonsim.cmd_fidelity import cmd_fidelity
 from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate, cmd_validate
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     br.set_defaults(func=cmd_trace_branches)
 
     add_trace_conformity(tsub)
+    add_trace_spec(tsub)
 
     ex = tsub.add_parser("exits", help="every exit's view of every token on the PyTorch engine "
                          "(HELIOS)", description="Run a stream of held-out testbed prompts in "
@@ -223,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("-q", "--quiet", action="store_true")
     fi.set_defaults(func=cmd_fidelity)
     add_a1_parser(sub)
+    add_seed_parser(sub)
 
     he = sub.add_parser("helios", help="HELIOS early-exit experiments on exits traces")
     hesub = he.add_subparsers(dest="helios_command", required=True, metavar="EXPERIMENT")

@@ -138,9 +138,14 @@ def test_live_replay_makes_the_simulated_decisions():
         assert d["same_output_tokens"] >= 0.95, (name, d)
         m = r["metrics"]
         assert m["mean_batch"]["error"] == 0 and abs(m["perplexity"]["error"]) < 0.01
-        # Loose: the shared CI machine's live-vs-live spread alone reaches tens of percent.
-        assert abs(m["throughput_tok_s"]["error"]) < 0.6, (name, m)
     assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7
+    # The shipped exits profiles were timed on the machine that traced them; a CI machine may
+    # be another CPU (live 2.4x faster than those profiles on one session's VM), so compare
+    # what a device's speed cancels out of: the throughput ratio of the two policies.
+    tput = {name: r["metrics"]["throughput_tok_s"] for name, r in report.items()}
+    a, b = tput["helios:throughput:cbc20"], tput["static:target-small"]
+    ratio_sim, ratio_live = a["sim"] / b["sim"], a["live"] / b["live"]
+    assert abs(ratio_sim / ratio_live - 1) < 0.35, (ratio_sim, ratio_live)
 
 
 def test_real_shapes_what_if_reproduce_the_papers_direction():

@@ -178,6 +178,8 @@ class Engine:
         self.config_hash = config_hash(model)
         self._last: dict[str, int] | None = None
         self._last_ids: list[str] = []
+        self.last_spec_tokens: dict[str, int] = {}
+        """draft tokens the last iteration verified, per request (speculative decoding)"""
         self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
         original = self.scheduler.schedule
 
@@ -193,6 +195,8 @@ class Engine:
         reqs = self.scheduler.requests
         # vLLM suffixes our ids internally; report the ids we gave it.
         self._last_ids = [self._external.get(i, i) for i in out.num_scheduled_tokens]
+        self.last_spec_tokens = {self._external.get(i, i): len(t) for i, t in
+                                 (out.scheduled_spec_decode_tokens or {}).items()}
         prefill_tokens = prefill_seqs = decode_seqs = context = 0
         for req_id, n in out.num_scheduled_tokens.items():
             r = reqs[req_id]

@@ -39,6 +39,7 @@ class StepRecorder:
         self.replica_id = replica_id
         self.record_tokens = record_tokens
         self.step_id = 0
+        self.last_duration_ms = 0.0
         self.reqs: dict[str, _Req] = {}
         self.finished: list[str] = []
 
@@ -63,6 +64,7 @@ class StepRecorder:
         iteration is a warm-up iteration.
         """
         outputs, t_start, dt, sched = self.engine.step()
+        self.last_duration_ms = dt * 1e3
         start_s, end_s = t_start - self.t0, t_start - self.t0 + dt
         if sched is not None:  # an iteration that scheduled nothing is not an iteration
             self.writer.add("steps", replica_id=self.replica_id, step_id=self.step_id,

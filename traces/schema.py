@@ -13,9 +13,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
-TABLE_VERSIONS = {"conformity": 2}
+TABLE_VERSIONS = {"conformity": 2, "spec_steps": 2}
 """tables whose version differs from SCHEMA_VERSION (conformity 2: A1 path tree, both
-coverages' p-values, the target's step; version 1 was never written)"""
+coverages' p-values, the target's step; spec_steps 2: per-position acceptance, the step it
+belongs to; version 1 of either was never written)"""
 META_VERSION = b"reasonsim.schema_version"
 META_TABLE = b"reasonsim.table"
 
@@ -212,11 +213,24 @@ SPEC_STEPS = [
     _f("request_id", pa.string(), "request id"),
     _f("draft_model_id", pa.string(), "draft model"),
     _f("target_model_id", pa.string(), "target model"),
-    _f("step_index", pa.int32(), "speculation round"),
-    _f("proposed_tokens", pa.int32(), "draft tokens proposed"),
-    _f("accepted_tokens", pa.int32(), "draft tokens accepted by the target"),
-    _f("draft_ms", pa.float64(), "draft generation time"),
-    _f("verify_ms", pa.float64(), "target verification time"),
+    _f("replica_id", pa.int32(), "replica (engine) that ran the step"),
+    _f("step_id", pa.int64(), "engine iteration (joins to steps)"),
+    _f("step_index", pa.int32(), "speculation round of the request"),
+    _f("proposed_tokens", pa.int32(), "draft tokens the target verified"),
+    _f("accepted_tokens", pa.int32(), "draft tokens accepted (the target adds one of its own)"),
+    _f("accepted_positions", pa.list_(pa.bool_()), "per drafted position: accepted"),
+    _f("candidates_per_position", pa.list_(pa.int32()), "draft candidates per position (tree "
+       "drafts, k_config); null: one", nullable=True),
+    _f("num_speculative_tokens", pa.int32(), "K the engine drafts per step"),
+    _f("temperature", pa.float64(), "sampling temperature (0: greedy acceptance)"),
+    _f("phase", pa.string(), "program phase (thought generation, state evaluation)",
+       nullable=True),
+    _f("family", pa.string(), "task family", nullable=True),
+    _f("difficulty", pa.int32(), "difficulty level", nullable=True),
+    _f("draft_ms", pa.float64(), "drafting time of the whole step (all its requests)"),
+    _f("verify_ms", pa.float64(), "the rest of the step: verification, sampling, scheduling"),
+    _f("queue_wait_ms", pa.float64(), "wait for the verifier (separate draft/target engines)",
+       nullable=True),
 ]
 
 CONFORMITY = [
@@ -312,6 +326,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
     "layer_times": ("replica_id", "step_id", "layer"),
     "conformity": ("program_id", "sample", "path"),
+    "spec_steps": ("request_id", "step_index"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.
