@@ -105,7 +105,7 @@ class A1Program:
         """(request index, kind, sample) of every request sent"""
         self._index = 0
         self._flight: dict[RequestSpec, Node] = {}
-        self._held: list = []      # sync: (spec, node) held at this turn's barrier
+        self._held: list = []      # sync: score specs and next-turn nodes held at the barrier
         self._open = 0             # sync: nodes of this turn not yet at the barrier
 
     # -- requests ---------------------------------------------------------------------------

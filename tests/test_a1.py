@@ -264,16 +264,13 @@ def test_a1_samples_sweeps_variants_over_sample_counts(tmp_path):
 @pytest.mark.engine
 def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     """Calibrate on this machine from other live A1 traffic, then replay and compare."""
-    for name in ("a1-target-only.yaml", "a1-conditional.yaml"):
-        run_cli("a1", "replay", _a1_config(tmp_path, name), "--count", "6", "--seed", "1",
-                "--repeats", "1", "-o", str(tmp_path / f"out-{name}"), "--json")
+    # calibration traffic: another policy, seed and workload than the replay below
+    traffic = tmp_path / "out-traffic"
+    run_cli("a1", "replay", _a1_config(tmp_path, "a1-conditional.yaml"), "--count", "8",
+            "--seed", "1", "--repeats", "1", "-o", str(traffic), "--json")
     cals = {"draft": tmp_path / "draft.calib.json", "target": tmp_path / "target.calib.json"}
-    # the draft idles in a target-only run: its steps come from the conditional one
-    run_cli("calibrate", str(tmp_path / "out-a1-conditional.yaml" / "live0" / "draft"), "-o",
-            str(cals["draft"]))
-    run_cli("calibrate", *[str(tmp_path / f"out-{n}" / "live0")
-                           for n in ("a1-target-only.yaml", "a1-conditional.yaml")],
-            "-o", str(cals["target"]))
+    run_cli("calibrate", str(traffic / "live0" / "draft"), "-o", str(cals["draft"]))
+    run_cli("calibrate", str(traffic / "live0"), "-o", str(cals["target"]))
     config = _a1_config(tmp_path, "a1-async.yaml", cals["draft"], cals["target"])
     proc = run_cli("a1", "replay", config, "--count", "8", "--repeats", "1", "-o",
                    str(tmp_path / "rep"), "--json")
