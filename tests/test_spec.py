@@ -32,6 +32,7 @@ def test_spec_trace_validates_and_records_acceptance(spec_trace):
     greedy = s[s.temperature == 0]
     assert 0.3 < greedy.accepted_tokens.sum() / greedy.proposed_tokens.sum() <= 1.0
     assert (s.draft_ms > 0).all() and set(s.step_id) <= set(steps.step_id)
+    assert steps.cell_id.str.startswith("k3-t").all()  # every step names its K and wave
 
 
 def test_greedy_speculative_output_equals_the_targets_greedy_output():

@@ -6,7 +6,8 @@ target verifies them in the same step (K + 1 positions), keeping the accepted pr
 token of its own. The tracer drives the in-process engine over held-out testbed questions in
 waves (batch sizes), for each K and sampling mode (greedy, seeded sampling), and records:
 
-- `steps` and `requests` as every tracer does (the step is draft + verify together);
+- `steps` and `requests` as every tracer does (the step is draft + verify together; a step's
+  `cell_id` is its wave, `k{K}-t{temperature}-b{batch}-w{first question}`);
 - `spec_steps`: per request per step, the drafted and accepted lengths, which positions were
   accepted, the step's drafting time (the drafter's `propose`, timed around the call: observed,
   not replaced) and the rest of the step (verification and scheduling).
@@ -126,7 +127,7 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
                         rec.add(rid, tok.encode(item.prompt, add_special_tokens=False), sp,
                                 cell_id=unit)
                         meta[rid] = item
-                    stats["spec_rows"] += _run_wave(rec, timer, writer, meta, k,
+                    stats["spec_rows"] += _run_wave(rec, timer, writer, meta, unit, k,
                                                     str(draft_dir), str(target_dir), temp)
                     stats["requests"] += len(wave)
                     writer.flush(unit)
@@ -136,8 +137,8 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
     return stats
 
 
-def _run_wave(rec: StepRecorder, timer: DraftTimer, writer: TraceWriter, meta: dict, k: int,
-              draft_id: str, target_id: str, temperature: float) -> int:
+def _run_wave(rec: StepRecorder, timer: DraftTimer, writer: TraceWriter, meta: dict, unit: str,
+              k: int, draft_id: str, target_id: str, temperature: float) -> int:
     """Step the engine until the wave is done; one spec_steps row per verified request-step."""
     engine = rec.engine
     have = {rid: 0 for rid in meta}
@@ -145,7 +146,7 @@ def _run_wave(rec: StepRecorder, timer: DraftTimer, writer: TraceWriter, meta: d
     rows = 0
     while engine.has_unfinished():
         step_id = rec.step_id
-        outputs = rec.step()
+        outputs = rec.step(cell_id=unit)  # the cell names K: calibrate one K's steps
         draft_ms = timer.take()
         if rec.step_id == step_id:   # nothing scheduled
             continue
