@@ -43,6 +43,19 @@ class ConformalSet:
         return (at_least + 1) / (len(self.scores) + 1)
 
 
+def calibration_sets(rows) -> tuple[ConformalSet, dict]:
+    """(marginal set, per-question sets) from (question split, question id, score) rows of
+    draft steps: the marginal set pools the calibration-split questions (never evaluated); an
+    evaluated question's own calibration samples make its conditional set."""
+    marginal, by_q = [], {}
+    for split, question_id, score in rows:
+        if split == "calibration":
+            marginal.append(score)
+        else:
+            by_q.setdefault(question_id, []).append(score)
+    return ConformalSet(tuple(marginal)), {q: ConformalSet(tuple(v)) for q, v in by_q.items()}
+
+
 @dataclass(frozen=True)
 class StepDecision:
     """A policy's verdict on one draft step."""

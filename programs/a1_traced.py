@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.a1 import A1Settings, Conformal, ConformalSet
+from policies.a1 import A1Settings, Conformal, ConformalSet, calibration_sets
 from traces.store import read_run, read_table
 
 
@@ -68,9 +68,7 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
                          f"{wl['samples']}")
     d = read_table(trace_dir, "conformity").to_pandas()
     cal = d[d.program_id.str.endswith("cal") & d.score.notna()]
-    marginal = ConformalSet(tuple(cal[cal.question_split == "calibration"].score))
-    by_q = {q: ConformalSet(tuple(g.score)) for q, g in
-            cal[cal.question_split == "evaluation"].groupby("question_id")}
+    marginal, by_q = calibration_sets(zip(cal.question_split, cal.question_id, cal.score))
     ev = d[d.program_id.str.endswith("eva")]
     ev = ev.astype(object).where(ev.notna(), None)  # missing steps and answers are None
     questions = []

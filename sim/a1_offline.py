@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies.a1 import COVERAGES, Conformal, ConformalSet, DraftOnly, TargetOnly
+from policies.a1 import COVERAGES, Conformal, DraftOnly, TargetOnly, calibration_sets
 from policies.search import majority_vote
 from traces.store import read_run, read_table
 
@@ -65,13 +65,9 @@ def calibrated(trace: Trace, policy, calib_samples: int | None = None):
     question, all when None)."""
     if not isinstance(policy, Conformal):
         return policy
-    keep = [c for c in trace.calibration if calib_samples is None or c[2] < calib_samples]
-    marginal = ConformalSet(tuple(s for split, _, _, s in keep if split == "calibration"))
-    by_q: dict[str, list] = {}
-    for split, q, _, s in keep:
-        if split == "evaluation":
-            by_q.setdefault(q, []).append(s)
-    return policy.calibrated(marginal, {q: ConformalSet(tuple(v)) for q, v in by_q.items()})
+    return policy.calibrated(*calibration_sets(
+        (split, q, score) for split, q, sample, score in trace.calibration
+        if calib_samples is None or sample < calib_samples))
 
 
 @dataclass

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 
 from live.engines import VllmEngine
 from live.runner import LiveRun, run_programs
-from policies.a1 import COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly
+from policies.a1 import (COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly,
+                        calibration_sets)
 from policies.certaindex import extract_boxed
 from programs.a1 import A1Program, a1_program_seed
 from tracers.engine import check_model, reasoning_engine
@@ -73,17 +74,6 @@ def eval_policies(wl: ConformityWorkload, marginal: ConformalSet, by_question: d
     conformal = tuple(Conformal(a, c).calibrated(marginal, by_question)
                       for c in COVERAGES for a in wl.alphas)
     return (DraftOnly(), TargetOnly()) + conformal
-
-
-def calibration_sets(rows: list[dict]) -> tuple[ConformalSet, dict]:
-    """Marginal set (calibration-split questions) and per-question sets (evaluation questions'
-    own calibration samples), from the calibration phase's rows."""
-    marginal = [r["score"] for r in rows if r["question_split"] == "calibration"]
-    by_q: dict[str, list] = {}
-    for r in rows:
-        if r["question_split"] == "evaluation":
-            by_q.setdefault(r["question_id"], []).append(r["score"])
-    return ConformalSet(tuple(marginal)), {q: ConformalSet(tuple(s)) for q, s in by_q.items()}
 
 
 def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
@@ -140,7 +130,8 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
     jobs = [(q, it, "calibration", (DraftOnly(),), calib_settings, True) for q, it in calib_q]
     jobs += [(q, it, "evaluation", (DraftOnly(),), calib_settings, True) for q, it in eval_q]
     calib_rows = run_phase("calibration", jobs)
-    marginal, by_q = calibration_sets(calib_rows)
+    marginal, by_q = calibration_sets((r["question_split"], r["question_id"], r["score"])
+                                      for r in calib_rows)
     policies = eval_policies(workload, marginal, by_q)
     eval_rows = run_phase("evaluation",
                           [(q, it, "evaluation", policies, s, False) for q, it in eval_q])
