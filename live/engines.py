@@ -36,16 +36,23 @@ def _prompt_logprob_args(s: Sampling, full: bool = False) -> dict:
     # request needs them only for its tail (the step), so it reads the cache. (Measured on
     # 0.32 CPU: positions up to the cached length come back as junk, later ones exact; junk
     # cannot be detokenized, hence detokenize=False.)
-    return {"prompt_logprobs": 0, "skip_reading_prefix_cache": full, "detokenize": False}
+    return {"prompt_logprobs": s.top_logprobs, "skip_reading_prefix_cache": full,
+            "detokenize": False}
 
 
-def _tail_logprobs(out, tail: int) -> tuple | None:
-    """The prompt's last `tail` log-probabilities, or None when the cache covered any of them."""
+def _tail_logprobs(out, tail: int) -> tuple[tuple, tuple] | None:
+    """The prompt's last `tail` log-probabilities and their top-k rows ({token: log-prob}), or
+    None when the cache covered any of them."""
     ids, lps = out.prompt_token_ids, out.prompt_logprobs
     start = len(ids) - tail
     if start <= (out.num_cached_tokens or 0) or not lps or len(lps) != len(ids):
         return None
-    return tuple(lps[i][ids[i]].logprob for i in range(start, len(ids)))
+    rows = tuple(lps[i] for i in range(start, len(ids)))
+    return tuple(r[t].logprob for r, t in zip(rows, ids[start:])), rows
+
+
+def _rows(rows) -> tuple:
+    return tuple({t: x.logprob for t, x in r.items()} for r in rows)
 
 
 class VllmEngine:
@@ -61,6 +68,7 @@ class VllmEngine:
         self._params = SamplingParams
         self._scored: dict[str, tuple] = {}   # engine id -> (our id, how to re-run it uncached)
         self._engine_id: dict[str, str] = {}  # our id -> engine id (differs once re-run)
+        self._top: dict[str, bool] = {}      # our id -> generated positions' rows asked
         self.rescored = 0
         """scoring requests re-run in full: the prefix cache had covered part of their tail"""
 
@@ -75,17 +83,20 @@ class VllmEngine:
         params = self._params(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                               seed=s.seed, stop=list(s.stop) or None,
                               include_stop_str_in_output=bool(s.stop),
-                              logprobs=0 if s.logprobs else None,
+                              logprobs=s.top_logprobs or (0 if s.logprobs else None),
                               **_prompt_logprob_args(s))
         self.rec.add(request_id, prompt_ids, params, priority=priority, program_id=program_id,
                      role=role)
         if s.prompt_logprobs:
             self._scored[request_id] = (request_id, prompt_ids, s, priority, program_id, role)
+        if s.top_logprobs:
+            self._top[request_id] = True
 
     def abort(self, request_id: str) -> None:
         """Abort a request in flight (recorded with its partial output)."""
         rid = self._engine_id.pop(request_id, request_id)
         self._scored.pop(rid, None)
+        self._top.pop(request_id, None)
         self.rec.abort(rid)
 
     def step(self) -> list[tuple[str, Outcome]]:
@@ -95,29 +106,36 @@ class VllmEngine:
             if not out.finished:
                 continue
             o = out.outputs[0]
-            rid, plps = out.request_id, ()
+            rid, plps, top = out.request_id, (), ()
             scored = self._scored.pop(rid, None)
             if scored is not None:
                 rid = scored[0]
                 self._engine_id.pop(rid, None)
-                plps = _tail_logprobs(out, scored[2].prompt_logprobs)
-                if plps is None:  # re-run it, reading no cache, under a derived id
+                tail = _tail_logprobs(out, scored[2].prompt_logprobs)
+                if tail is None:  # re-run it, reading no cache, under a derived id
                     self._rescore(*scored)
                     continue
+                plps, top = tail
+                top = _rows(top) if scored[2].top_logprobs else ()
             ids = tuple(o.token_ids)
             logprobs = pieces = ()
             if o.logprobs:
                 lps = [lp[t] for t, lp in zip(ids, o.logprobs)]
                 logprobs = tuple(x.logprob for x in lps)
                 pieces = tuple(x.decoded_token or "" for x in lps)
+                if self._top.pop(rid, False):
+                    top += _rows(o.logprobs)
             eos = o.finish_reason == "stop" and o.stop_reason is None
             done.append((rid, Outcome(len(ids), token_ids=ids, text=o.text, logprobs=logprobs,
-                                      pieces=pieces, eos=eos, prompt_logprobs=plps)))
+                                      pieces=pieces, eos=eos, prompt_logprobs=plps,
+                                      top_logprobs=top)))
         return done
 
     def _rescore(self, request_id: str, prompt_ids, s: Sampling, priority: int, program_id: str,
                  role: str) -> None:
-        params = self._params(max_tokens=1, **_prompt_logprob_args(s, full=True))
+        params = self._params(max_tokens=1, temperature=s.temperature, seed=s.seed,
+                              logprobs=s.top_logprobs or None,
+                              **_prompt_logprob_args(s, full=True))
         full_id = f"{request_id}~full"
         self.rescored += 1
         self._engine_id[request_id] = full_id

@@ -13,6 +13,8 @@ from policies.a1 import make_a1_policy
 from policies.allocation import FullReasoning, SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.search import REWARD_AGGREGATE, ParetoFrontier, SearchBudget, certaindex_for
+from policies.seed import MODES as TOT_MODES
+from policies.seed import make_seed_policy
 
 
 def _probe_consistency(window: int = 3, interval_tokens: int = 32, effort: str | None = None):
@@ -71,6 +73,8 @@ POLICIES: dict[str, dict[str, Callable]] = {
 }
 POLICIES["a1"] = {k: (lambda kind: lambda method, **a: make_a1_policy(kind, **a))(k)
                   for k in ("conformal", "draft_only", "target_only")}
+POLICIES["tot"] = {k: (lambda kind: lambda method, **a: make_seed_policy(kind, **a))(k)
+                   for k in TOT_MODES}
 for _method in ("sc", "mcts", "rebase"):
     for _kind in ("even", "certaindex", "frontier"):
         POLICIES[_method][_kind] = _search(_kind)

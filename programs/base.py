@@ -20,6 +20,9 @@ class Sampling:
     """return each sampled token's log-probability"""
     prompt_logprobs: int = 0
     """return the log-probabilities of the prompt's last this many tokens (a scored tail)"""
+    top_logprobs: int = 0
+    """with it, every generated and scored position's top this many log-probabilities (whole
+    distributions when it is the vocabulary size: speculative acceptance)"""
 
 
 @dataclass(eq=False)
@@ -64,7 +67,8 @@ class Outcome:
     """the path's reward (search programs: its likelihood under the model)"""
     step: tuple | None = None
     """the part of the output that becomes a search node (ids, text, log-prob sum, tokens,
-    terminal); None: the whole output (the simulator)"""
+    terminal); None: the whole output (the simulator). A speculative verification's: (drafted
+    tokens accepted, tokens drafted, per-position acceptance)"""
     token_ids: tuple = ()
     """output token ids (live; empty in the simulator)"""
     text: str = ""
@@ -79,6 +83,9 @@ class Outcome:
     """log-probabilities of the prompt's scored tail (live, when asked)"""
     score: float | None = None
     """a scoring request's score in the program's terms (A1: the step's mean NLL)"""
+    top_logprobs: tuple = ()
+    """per scored prompt position, then per generated token: {token id: log-probability}
+    (live, when `Sampling.top_logprobs` asked)"""
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from policies.allocation import TokenBudget
 from policies.certaindex import ProbeConsistency
 from policies.registry import make_policy
 from policies.search import SearchBudget
+from policies.seed import SeedPolicy
 from programs.a1_traced import A1Bank, load_conformity
+from programs.tot_traced import ToTBank, load_tot
 from programs.traced import QuestionBank, SearchBank, load_questions, load_search
 from traces import ids
 
-METHODS = ("cot", "sc", "mcts", "rebase", "a1")
+METHODS = ("cot", "sc", "mcts", "rebase", "a1", "tot")
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,10 @@ class ProgramWorkload:
 
     trace: Path
     """probes trace (reasonsim trace probes), branches trace (reasonsim trace branches) or
-    conformity trace (reasonsim trace conformity, method a1)"""
+    conformity trace (reasonsim trace conformity, method a1) or tot trace (reasonsim trace tot,
+    method tot)"""
     method: str
-    """cot, sc, mcts, rebase or a1"""
+    """cot, sc, mcts, rebase, a1 or tot"""
     policy: object
     """ProbeConsistency | TokenBudget | FullReasoning (cot), SelfConsistency (sc on a probes
     trace) or SearchBudget (sc, mcts, rebase on a branches trace)"""
@@ -83,6 +86,10 @@ def load_bank(wl: ProgramWorkload):
         return load_search(wl.trace, wl.method, wl.policy.cap)
     if isinstance(wl.policy, A1Policy):
         return load_conformity(wl.trace, wl.policy.samples)
+    if isinstance(wl.policy, SeedPolicy):
+        bank = load_tot(wl.trace)
+        bank.check(wl.policy)
+        return bank
     bank = load_questions(wl.trace)
     check_policy(bank, wl.method, wl.policy)
     return bank
@@ -146,7 +153,7 @@ def plan_programs(wl: ProgramWorkload, bank, seed) -> list[ProgramPlan]:
         q = bank.questions[order[i]]
         deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
             wl.base_deadline_s
-        if isinstance(bank, (SearchBank, A1Bank)):
+        if isinstance(bank, (SearchBank, A1Bank, ToTBank)):
             samples = ()
         elif wl.method == "sc":
             samples = tuple(t.sample_id for t in q.samples)

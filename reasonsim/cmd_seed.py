@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from reasonsim.cmd_tot import add_replay_parser, add_tot_trace_parser
 from reasonsim.common import TESTBED, UserError, ints, print_summary
 
 
@@ -47,6 +48,7 @@ def add_trace_parser(tsub) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_trace_spec)
+    add_tot_trace_parser(tsub)
 
 
 def cmd_seed_offline(args: argparse.Namespace) -> int:
@@ -107,3 +109,4 @@ def add_seed_parser(sub) -> None:
     o.add_argument("-o", "--out", help="write spec_offline.json and acceptance.png here")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=cmd_seed_offline)
+    add_replay_parser(ssub)

@@ -18,9 +18,11 @@ from programs.reasoning import ReasoningProgram, ReasoningSetup
 from programs.records import program_row
 from programs.search import SearchProgram, SearchSettings, program_seed
 from programs.a1_traced import A1Bank
+from programs.tot_traced import ToTBank
 from programs.traced import QuestionBank
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.a1_driver import a1_results, build_a1_runs
+from sim.tot_driver import build_tot_runs, tot_results
 from sim.cluster import Cluster
 from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
@@ -46,6 +48,8 @@ def build_runs(wl, bank, plans) -> tuple[list[SimProgram], int, object]:
     """The program objects of planned programs, a bound on their requests, and their oracle."""
     if isinstance(bank, A1Bank):
         return build_a1_runs(wl, bank, plans)
+    if isinstance(bank, ToTBank):
+        return build_tot_runs(wl, bank, plans)
     by_id = {q.question_id: q for q in bank.questions}
     if not isinstance(bank, QuestionBank):
         settings = SearchSettings(**bank.settings)
@@ -114,6 +118,9 @@ def simulate_programs(cfg, fast_forward: bool = True) -> SimResult:
     tables = {}
     if isinstance(bank, A1Bank):
         tables, extra = a1_results(runs, driver, cluster, summary["makespan_s"])
+        summary.update(extra)
+    if isinstance(bank, ToTBank):
+        tables, extra = tot_results(runs, driver, cluster, summary["makespan_s"])
         summary.update(extra)
     return SimResult(requests, steps, summary, progs, tables)
 

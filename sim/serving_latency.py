@@ -4,6 +4,7 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + c_prefill_step * [the step prefills]
           + new_shape * (c_new + c_new_tok * tokens / 100)
           + c_idle * min(idle_ms, IDLE_CAP_MS) / 100
+          + c_idle_short * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+34% median on one-prompt
@@ -13,7 +14,12 @@ Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
   their time. `tokens` = prefill tokens + decode sequences of the step.
 - a step after the engine sat idle is slower (+0.6-2.4 ms after 10-20 ms, +0.7-5.8 ms after
   50-100 ms, on 5.6-14.9 ms prefills; noisy): caches and idle cores go cold. Capped at
-  IDLE_CAP_MS.
+  IDLE_CAP_MS. Most of it comes within milliseconds, and two engines taking turns on one CPU
+  idle each other that long at every turn: a one-prompt verification step of ToT traffic took
+  2.5 ms after < 0.5 ms idle, 3.0-3.4 ms after 2-8 ms and 5.0 ms after 8-16 ms (median; the
+  draft's decode steps 1.5 ms after none, 2.2-2.9 ms after 4-16 ms). The second, saturating
+  idle term (full after IDLE_SHORT_MS) carries that; calibrations fitted before it have its
+  coefficient 0.
 Both extra terms are zero inside a run of decode-only steps (same shape, no idle), so decode
 runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
@@ -31,11 +37,15 @@ from sim.latency import LatencyModel, _is_number, midpoints, residual_quantiles
 from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
-            "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms")
+            "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short")
+FEATURES_V1 = FEATURES[:9]
+"""the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
 LINEAR = 5
 """the first LINEAR features are the `linear` model's"""
 IDLE_CAP_MS = 200.0
 """idle time beyond this adds nothing more (measured: flat from ~100 ms)"""
+IDLE_SHORT_MS = 10.0
+"""the saturating idle term is full after this much idle time"""
 RUN_WARMUP_STEPS = 3
 """first steps of every traced run left out of a fit: engine start-up, not serving"""
 SPELL_S = 2.0
@@ -48,9 +58,11 @@ def feature_matrix(steps: pd.DataFrame) -> np.ndarray:
     d = steps.decode_seqs.to_numpy(float)
     c = steps.context_tokens.to_numpy(float)
     new = steps.new_shape.to_numpy(float)
-    idle = np.minimum(steps.idle_ms.to_numpy(float), IDLE_CAP_MS) / 100.0
+    idle_ms = steps.idle_ms.to_numpy(float)
+    idle = np.minimum(idle_ms, IDLE_CAP_MS) / 100.0
+    short = np.minimum(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
-                            new, new * (p + d) / 100.0, idle])
+                            new, new * (p + d) / 100.0, idle, short])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
@@ -113,7 +125,8 @@ class ServingModel:
         if new_shape:
             ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
         if idle_ms > 0.0:
-            ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0
+            ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0 + \
+                c[9] * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
         return ms
 
     def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
@@ -142,7 +155,10 @@ class ServingModel:
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
         """The model from `to_json`'s mapping, every number checked."""
-        if d.get("features") != list(FEATURES):
+        d = dict(d)
+        if d.get("features") == list(FEATURES_V1) and isinstance(d.get("coef_ms"), list):
+            d["coef_ms"] = d["coef_ms"] + [0.0]  # fitted before the saturating idle term
+        elif d.get("features") != list(FEATURES):
             raise ValueError(f"serving model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")
         if d.get("idle_cap_ms") != IDLE_CAP_MS:

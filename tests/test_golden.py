@@ -5,8 +5,8 @@ programs became shared objects, 8b85ee2 (wall-clock keys aside). Equal to 1e-9 r
 float summation order may change; counts exactly. One intentional change since: `demo.yaml`'s
 prompt lengths are capped at 768 (was 1024) so that prompt + output fits the traced engine's
 max_model_len of 1280, which simulate now enforces; its golden was regenerated then. HELIOS
-examples (a `helios:` section) and A1 examples (`method: a1`) were added later with their
-first output as golden.
+examples (a `helios:` section), A1 examples (`method: a1`) and ToT examples (`method: tot`)
+were added later with their first output as golden.
 """
 
 from __future__ import annotations

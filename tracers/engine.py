@@ -288,10 +288,13 @@ class Engine:
 
 def reasoning_engine(model_dir: str | Path, seed: int, kv_cache_gb: float,
                      max_num_seqs: int | None = None, scheduling_policy: str = "fcfs",
-                     max_model_len: int = 1024, block_size: int = 32) -> Engine:
-    """The engine reasoning programs run on (probes, branches, live replays): prefix caching."""
+                     max_model_len: int = 1024, block_size: int = 32,
+                     max_logprobs: int | None = None) -> Engine:
+    """The engine reasoning programs run on (probes, branches, live replays): prefix caching;
+    `max_logprobs` raises vLLM's cap on top-k log-probabilities (whole distributions)."""
     # Small blocks so short reasoning prefixes are cached (CPU attention takes multiples of 32).
     return Engine(EngineSpec(model=str(model_dir), seed=seed, kv_cache_gb=kv_cache_gb,
                              max_model_len=max_model_len, enable_prefix_caching=True,
                              max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
-                             extra={"block_size": block_size}))
+                             extra={"block_size": block_size,
+                                    **({"max_logprobs": max_logprobs} if max_logprobs else {})}))

@@ -66,6 +66,12 @@ def a1_program_id(qid: str, phase: str) -> str:
     return f"{qid}-a1{phase[:3]}"
 
 
+def tot_program_id(qid: str, tree: str) -> str:
+    """The id of a traced ToT program: question and tree (ar: the target's own thoughts; sd:
+    speculative rounds)."""
+    return f"{qid}-tot{tree}"
+
+
 def search_request_id(program: str, index: int) -> str:
     """The id of the index-th request of a search program."""
     return f"{program}-r{index}"

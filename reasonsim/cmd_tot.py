@@ -1,0 +1,233 @@
+"""`reasonsim trace tot`, `seed replay` and `seed modes`: Tree-of-Thoughts under AR, SD and SEED."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reasonsim.common import TESTBED, UserError, print_summary
+
+MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
+
+
+def cmd_trace_tot(args: argparse.Namespace) -> int:
+    """`reasonsim trace tot`."""
+    from policies.seed import ToTSettings
+    from tracers.tot import TotWorkload, trace_tot
+
+    try:
+        wl = TotWorkload(args.questions, ToTSettings(
+            breadth=args.breadth, thoughts=args.thoughts, depth=args.depth,
+            thought_tokens=args.thought_tokens, temperature=args.temperature,
+            draft_tokens=args.draft_tokens), args.seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print_summary(trace_tot(args.draft, args.target, args.out, wl, args.kv_cache_gb,
+                            progress=not args.quiet), args.json)
+    return 0
+
+
+def _config(path: Path, mode: str | None = None, count: int | None = None, depth=None,
+            seed: int | None = None):
+    """A ToT config with its policy's mode (and count, depth, seed) overridden; its workload."""
+    import yaml
+
+    from programs.workload import load_bank, program_workload
+    from sim.config import parse_config
+
+    d = yaml.safe_load(path.read_text())
+    progs = d["workload"]["programs"]
+    if mode is not None:
+        progs["policy"] = {**progs["policy"], "type": mode}
+    if depth is not None:
+        progs["policy"] = {**progs["policy"], "depth": depth}
+    if count is not None:
+        progs["count"] = count
+    if seed is not None:
+        d["seed"] = seed
+    cfg = parse_config(d, path.parent)
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    if wl.method != "tot":
+        raise ValueError("needs workload.programs.method: tot")
+    load_bank(wl)
+    return cfg, wl
+
+
+def live_job(config: str, mode: str, count: int | None, seed: int | None, out_dir: str) -> None:
+    """One live replay of a config under a mode (run in its own process)."""
+    from live.tot import replay_tot
+
+    cfg, wl = _config(Path(config), mode, count, seed=seed)
+    replay_tot(wl, cfg, out_dir)
+
+
+def cmd_seed_replay(args: argparse.Namespace) -> int:
+    """`reasonsim seed replay`: each mode live (repeated: the noise floor) and simulated."""
+    from reasonsim.cmd_sim import write_sim
+    from reasonsim.fidelity import fresh_process
+    from sim.simulate import simulate
+    from sim.tot_metrics import compare_modes
+    from traces.store import read_table
+
+    path, out = Path(args.config), Path(args.out)
+    modes = args.modes.split(",")
+    results = {}
+    for mode in modes:
+        try:
+            cfg, _ = _config(path, mode, args.count, seed=args.seed)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: {e}") from None
+        lives = []
+        for i in range(args.repeats):
+            d = out / mode / f"live{i}"
+            fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
+            lives.append((read_table(d, "programs").to_pandas(),
+                          read_table(d, "tot_requests").to_pandas()))
+        sim = simulate(cfg)
+        write_sim(cfg, sim, out / mode / "sim")
+        results[mode] = ((sim.programs.to_pandas(),
+                          read_table(out / mode / "sim", "tot_requests").to_pandas()), lives)
+    result = compare_modes(results)
+    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    _print_modes(result, f"ToT sim vs live: {path.name}")
+    print(f"details: {out / 'compare.json'}")
+    return 0
+
+
+def cmd_seed_modes(args: argparse.Namespace) -> int:
+    """`reasonsim seed modes`: every mode simulated at every depth; speedups and figures."""
+    import pandas as pd
+
+    from sim.simulate import simulate
+    from sim.tot_report import mode_sweep, plot_speedup, plot_timeline
+
+    path = Path(args.config)
+    modes = args.modes.split(",")
+    depths = [int(x) for x in args.depths.split(",")] if args.depths else [None]
+
+    def load(mode, depth):
+        try:
+            return _config(path, mode, args.count, depth)[0]
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: {e}") from None
+
+    rows = mode_sweep(load, modes, depths)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "seed_modes.json").write_text(json.dumps(rows, indent=1) + "\n")
+        if len(depths) > 1:
+            plot_speedup(rows, out / "seed_speedup_vs_depth.png",
+                         f"ToT on the testbed (simulated): {path.name}")
+        timeline = {}
+        for mode in [m for m in ("sd", "seed") if m in modes]:
+            cfg = _config(path, mode, 1, depths[-1])[0]
+            sim = simulate(cfg)
+            steps = sim.steps.to_pandas()
+            pools = {g.pool: i for i, g in enumerate(cfg.replicas)}
+            timeline[mode] = (steps, pools)
+        if timeline:
+            plot_timeline(timeline, out / "seed_timeline.png", "one tree: draft and target "
+                          "busy (simulated)")
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"ToT modes (simulated): {path.name}")
+    for c in ("depth", "mode", "mean s", "P90 s", "vs ar", "vs sd", "acceptance",
+              "target busy", "verify wait P90 ms"):
+        t.add_column(c, justify="right")
+    f = lambda x, p: "-" if x is None or pd.isna(x) else p.format(x)
+    for r in rows:
+        t.add_row(str(r["depth"] or ""), r["mode"], f(r["latency_mean_s"], "{:.3f}"),
+                  f(r["latency_p90_s"], "{:.3f}"), f(r["speedup_vs_ar"], "{:.2f}x"),
+                  f(r["speedup_vs_sd"], "{:.2f}x"), f(r["acceptance_rate"], "{:.3f}"),
+                  f(r["target_busy_fraction"], "{:.2f}"),
+                  f(r["verify_queue_wait_p90_s"] and r["verify_queue_wait_p90_s"] * 1e3,
+                    "{:.1f}"))
+    Console(width=140).print(t)
+    return 0
+
+
+def _print_modes(result: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    cols = ("mode", "sim mean s", "live mean s", "error", "live vs live", "agreement",
+            "speedup vs ar sim", "live", "vs sd sim", "live")
+    for c in cols:
+        t.add_column(c, justify="left" if c == "mode" else "right")
+    f = lambda x, p="{:.3f}": "-" if x is None else p.format(x)
+    for mode, r in result["modes"].items():
+        t.add_row(mode, f(r["sim_mean_s"]), " ".join(f(x) for x in r["live_mean_s"]),
+                  f(r["error"], "{:+.1%}"), f(r.get("live_vs_live"), "{:+.1%}"),
+                  f(r.get("decision_agreement")), f(r["speedup_vs_ar"]["sim"], "{:.2f}x"),
+                  f(r["speedup_vs_ar"]["live"], "{:.2f}x"),
+                  f(r["speedup_vs_sd"]["sim"], "{:.2f}x"), f(r["speedup_vs_sd"]["live"],
+                                                             "{:.2f}x"))
+    Console(width=170).print(t)
+
+
+def add_tot_trace_parser(tsub) -> None:
+    """The `trace tot` subparser."""
+    s = tsub.add_parser("tot", help="Tree-of-Thoughts on two vLLM engines: every request",
+                        description="Grow a Tree-of-Thoughts BFS on held-out testbed questions "
+                        "twice, through the live runner on two in-process vLLM engines: by the "
+                        "target alone (ar) and in speculative rounds (sd: the draft writes K "
+                        "tokens, the target verifies them from prompt log-probabilities). "
+                        "Every request's outcome goes to the tot_requests table.")
+    s.add_argument("--draft", default=str(TESTBED / "draft"), help="draft model directory")
+    s.add_argument("--target", default=str(TESTBED / "target-large"),
+                   help="target model directory")
+    s.add_argument("-o", "--out", required=True, help="trace directory to write")
+    s.add_argument("--questions", type=int, default=2, help="questions per family x level")
+    s.add_argument("--breadth", type=int, default=2, help="states kept per level (b)")
+    s.add_argument("--thoughts", type=int, default=3, help="thoughts per state (n)")
+    s.add_argument("--depth", type=int, default=4, help="levels (T)")
+    s.add_argument("--thought-tokens", type=int, default=24, help="cap on one thought")
+    s.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    s.add_argument("--draft-tokens", type=int, default=4, help="K drafted per round")
+    s.add_argument("--kv-cache-gb", type=float, default=0.5)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_trace_tot)
+
+
+def add_replay_parser(ssub) -> None:
+    """The `seed replay` subparser."""
+    r = ssub.add_parser("replay", help="a ToT config live under each mode vs simulated",
+                        description="For each mode: the config's programs live on two vLLM "
+                        "engines (--repeats times, each in a fresh process: the live-vs-live "
+                        "spread) and simulated; per-tree latency errors, decision agreement "
+                        "(same requests, same accepted lengths, same trees) and each mode's "
+                        "speedup over ar and sd, simulated and live.")
+    r.add_argument("config", help="a ToT config (workload.programs.method: tot)")
+    r.add_argument("-o", "--out", required=True, help="directory for the runs and compare.json")
+    r.add_argument("--modes", default="ar,sd,seed", help=f"of {MODES_DEFAULT}")
+    r.add_argument("--repeats", type=int, default=2)
+    r.add_argument("--count", type=int, help="programs (default: the config's)")
+    r.add_argument("--seed", type=int, help="the config's seed, overridden (other traffic)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_seed_replay)
+
+    m = ssub.add_parser("modes", help="every ToT mode simulated (per depth): speedups, figures",
+                        description="Simulate a ToT config under each mode (and each tree "
+                        "depth up to the trace's): mean and P90 tree latency, speedup over ar "
+                        "and sd, acceptance, target busy fraction, verify queue wait; with -o, "
+                        "seed_modes.json, the speedup-vs-depth figure and a one-tree timeline "
+                        "of draft and target busy time under sd and seed.")
+    m.add_argument("config", help="a ToT config (workload.programs.method: tot)")
+    m.add_argument("--modes", default=MODES_DEFAULT)
+    m.add_argument("--depths", help="comma-separated depths (default: the config's)")
+    m.add_argument("--count", type=int, help="programs (default: the config's)")
+    m.add_argument("-o", "--out", help="write seed_modes.json and the figures here")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_seed_modes)

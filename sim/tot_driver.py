@@ -1,0 +1,94 @@
+"""ToT programs in the simulator: their requests answered from a tot trace, by identity.
+
+The program (`programs.tot.ToTProgram`) decides (what goes when, acceptance's consequences, the
+tree); this oracle tells the driver how long each request is and what it returned, from the
+traced request of the same (thought, kind, round) in the tree of the program's mode. Drafts go
+to the `draft` pool; verifications (a prefill of the drafted tokens over the cached context, one
+token generated), the target's own thoughts and value prompts to the `target` pool.
+"""
+
+from __future__ import annotations
+
+from programs.base import Outcome, RequestSpec
+from programs.tot import ToTProgram, tot_program_seed
+from programs.tot_traced import ToTBank
+from sim.program_driver import SimProgram
+from traces import ids
+
+
+class TracedToT:
+    """Outcomes of ToT requests from the traced request of the same identity."""
+
+    def _row(self, run: SimProgram, spec: RequestSpec) -> dict:
+        key = run.program.key_of(spec)
+        tree = run.question.requests.get(run.program.policy.tree, {})
+        row = tree.get(key)
+        if row is None:
+            raise ValueError(f"{run.question.question_id}: the tot trace has no {key[1]} "
+                             f"request of thought {key[0]} round {key[2]} in its "
+                             f"{run.program.policy.tree} tree (a bug, or a trace from another "
+                             "program version: re-trace with reasonsim trace tot)")
+        return row
+
+    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: one per program)."""
+        # One group per program: sibling thoughts diverge, so this overestimates hits a little.
+        # A verification the trace re-ran without the cache (identical siblings) prefills all.
+        if spec.kind == "verify" and self._row(run, spec).get("rescored"):
+            return spec.prompt_tokens, 0, 0
+        return spec.prompt_tokens, spec.prefix_tokens, 0
+
+    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
+        """Tokens the engine generates: the drafted or written thought tokens, else one."""
+        if spec.kind in ("draft", "ar"):
+            return int(self._row(run, spec)["output_tokens"])
+        return 1
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        r = self._row(run, spec)
+        if spec.kind == "eval":
+            return Outcome(tokens, score=float(r["value"]), answer=r["answer"])
+        step = None
+        if spec.kind == "verify":
+            step = (int(r["accepted_tokens"]), int(r["drafted_tokens"]),
+                    tuple(r["accepted_positions"]))
+        return Outcome(int(r["output_tokens"]), ended=bool(r["ended"]), eos=bool(r["eos"]),
+                       text=r["text"], step=step)
+
+
+def build_tot_runs(wl, bank: ToTBank, plans) -> tuple[list[SimProgram], int, TracedToT]:
+    """ToT program objects of planned programs, their request count, and their oracle."""
+    bank.check(wl.policy)
+    by_id = {q.question_id: q for q in bank.questions}
+    runs = [SimProgram(p, ToTProgram(p.question_id, wl.policy, by_id[p.question_id].prompt_tokens,
+                                     tot_program_seed(bank.seed, p.question_id),
+                                     bank.probe_tokens), by_id[p.question_id]) for p in plans]
+    capacity = sum(len(r.question.requests[wl.policy.tree]) for r in runs)
+    return runs, capacity, TracedToT()
+
+
+def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
+    """The tot_requests table of the simulated programs and their ToT summary."""
+    import pandas as pd
+
+    from sim.tot_metrics import tot_summary
+
+    res = cluster.res
+    at = {(id(run), spec.index): i for i, (run, spec) in enumerate(driver.owner)}
+    rows = []
+    for run in runs:
+        q, prog = run.question, run.program
+        for r in prog.rows:
+            i = at[(id(run), r["request_index"])]
+            rows.append({**{k: v for k, v in r.items() if k != "request_index"},
+                         "program_id": run.plan.program_id, "question_id": q.question_id,
+                         "difficulty": q.difficulty, "gold_answer": q.gold_answer,
+                         "mode": prog.policy.mode, "request_id": ids.search_request_id(
+                             run.plan.program_id, r["request_index"]),
+                         "sent_s": driver.req_arrival[i],
+                         "finish_s": float(res.finish_s[i]), "rescored": None})
+    busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
+            for pool, members in cluster.pools.items()}
+    summary = tot_summary(pd.DataFrame(rows), busy, makespan_s)
+    return {"tot_requests": {k: [r[k] for r in rows] for k in rows[0]}}, summary

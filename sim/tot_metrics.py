@@ -1,0 +1,92 @@
+"""ToT metrics (acceptance, verify queue waits, target idle time) and sim-vs-live comparison.
+
+Both read `tot_requests` tables, which the simulator and the live runner write alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def queue_waits_s(t: pd.DataFrame) -> np.ndarray:
+    """Per verification: seconds from its draft's finish to reaching the target."""
+    key = ["program_id", "node", "round"]
+    d = t[t.kind == "draft"].set_index(key).finish_s
+    v = t[t.kind == "verify"].set_index(key).sent_s
+    w = (v - d.reindex(v.index)).dropna().to_numpy(dtype=float)
+    return np.maximum(w, 0.0)
+
+
+def tot_summary(t: pd.DataFrame, busy_s: dict, makespan_s: float) -> dict:
+    """Acceptance, tokens per round, verify queue waits and pool busy fractions."""
+    v = t[t.kind == "verify"]
+    out = {"tot_requests": int(len(t)), "tot_thoughts": int((t.kind == "eval").sum())}
+    if len(v):
+        waits = queue_waits_s(t)
+        out.update(acceptance_rate=float(v.accepted_tokens.sum() / max(1, v.drafted_tokens.sum())),
+                   tokens_per_round=float(v.output_tokens.mean()),
+                   verify_queue_wait_p50_s=float(np.median(waits)) if len(waits) else 0.0,
+                   verify_queue_wait_p90_s=float(np.quantile(waits, 0.9)) if len(waits) else 0.0)
+    for pool, s in busy_s.items():
+        out[f"{pool}_busy_fraction"] = float(s / makespan_s) if makespan_s > 0 else 0.0
+    return out
+
+
+def decision_agreement(sim: pd.DataFrame, live: pd.DataFrame) -> dict:
+    """Share of live requests the simulation made with the same identity, and of live
+    verifications that kept the same number of drafted tokens; same set of thoughts per tree."""
+    key = ["program_id", "node", "kind", "round"]
+    s, lv = sim.set_index(key), live.set_index(key)
+    common = lv.index.intersection(s.index)
+    vl = lv[lv.index.get_level_values("kind") == "verify"]
+    vc = vl.index.intersection(s.index)
+    same_accept = (s.loc[vc].accepted_tokens.to_numpy() == vl.loc[vc].accepted_tokens.to_numpy())
+    nodes = lambda d: d[d.kind == "eval"].groupby("program_id").node.apply(frozenset)
+    ns, nl = nodes(sim), nodes(live)
+    return {"requests_matched": float(len(common) / max(1, len(lv))),
+            "verify_agreement": float(same_accept.sum() / len(vl)) if len(vl) else None,
+            "tree_agreement": float((ns.reindex(nl.index) == nl).mean()) if len(nl) else 1.0}
+
+
+def program_latency_errors(sim_programs: pd.DataFrame, live_programs: pd.DataFrame) -> dict:
+    """Relative error of the simulated program latency (mean, P50, P90) against live."""
+    lat = lambda p: (p.finish_s - p.arrival_s).to_numpy(dtype=float)
+    s, lv = lat(sim_programs), lat(live_programs)
+    out = {}
+    for name, f in (("mean", np.mean), ("p50", np.median),
+                    ("p90", lambda x: np.quantile(x, 0.9))):
+        out[f"latency_{name}_sim_s"], out[f"latency_{name}_live_s"] = float(f(s)), float(f(lv))
+        out[f"latency_{name}_error"] = float(f(s) / f(lv) - 1.0)
+    return out
+
+
+def _mean_latency_s(programs: pd.DataFrame) -> float:
+    return float((programs.finish_s - programs.arrival_s).mean())
+
+
+def compare_modes(results: dict) -> dict:
+    """Per mode: simulated and live mean program latency, the error against the live mean, the
+    live-vs-live spread, decision agreement, and speedups over ar and sd (sim and live).
+    `results`: mode -> ((sim programs, sim tot_requests), [(live programs, tot_requests)...])."""
+    modes = {}
+    for mode, ((sp, st), lives) in results.items():
+        live = [_mean_latency_s(p) for p, _ in lives]
+        live_mean = float(np.mean(live))
+        r = {"sim_mean_s": _mean_latency_s(sp), "live_mean_s": live,
+             "error": _mean_latency_s(sp) / live_mean - 1.0,
+             "agreement": [decision_agreement(st, t) for _, t in lives]}
+        r["decision_agreement"] = min(min(v for v in a.values() if v is not None)
+                                      for a in r["agreement"])
+        if len(live) > 1:
+            r["live_vs_live"] = live[1] / live[0] - 1.0
+            r["live_vs_live_agreement"] = decision_agreement(lives[0][1], lives[1][1])
+        modes[mode] = r
+    for mode, r in modes.items():
+        for base in ("ar", "sd"):
+            b = modes.get(base)
+            r[f"speedup_vs_{base}"] = {
+                "sim": b["sim_mean_s"] / r["sim_mean_s"] if b else None,
+                "live": float(np.mean(b["live_mean_s"])) / float(np.mean(r["live_mean_s"]))
+                if b else None}
+    return {"modes": modes}

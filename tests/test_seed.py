@@ -1,0 +1,140 @@
+"""SEED: speculative acceptance (pure), ToT choices, the tot trace on two real vLLM engines
+(greedy speculative trees equal the target's own), the simulator on it, and a live replay."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from policies.seed import (SeedPolicy, ToTSettings, VerifyQueue, distribution, make_seed_policy,
+                           sample, select, verify)
+
+
+# -------------------------------------------------------------------- the policy (pure)
+def test_greedy_verification_keeps_the_targets_argmax_prefix():
+    rows = [{5: -0.1, 6: -2.0}, {7: -0.5, 8: -0.9}, {9: -0.2, 1: -3.0}, {4: -0.1}]
+    assert verify([5, 7, 9], [], rows, 0.0, []).accepted == 3      # all kept, bonus 4
+    assert verify([5, 7, 9], [], rows, 0.0, []).token == 4
+    v = verify([5, 8, 9], [], rows, 0.0, [])
+    assert (v.accepted, v.token, v.positions) == (1, 7, (True, False, False))
+    with pytest.raises(ValueError, match="3 target rows for 3 drafted"):
+        verify([5, 7, 9], [], rows[:3], 0.0, [])
+
+
+def test_sampled_acceptance_reproduces_the_targets_distribution():
+    """Speculative sampling's output is distributed as the target's sampling (any draft)."""
+    rng = random.Random(0)
+    vocab = range(6)
+    for temperature in (0.7, 1.0):
+        target = {t: rng.gauss(0, 1.5) for t in vocab}
+        draft = {t: rng.gauss(0, 1.5) for t in vocab}
+        p, q = distribution(target, temperature), distribution(draft, temperature)
+        counts = dict.fromkeys(vocab, 0)
+        n = 40_000
+        for _ in range(n):
+            d = sample(q, rng.random())
+            v = verify([d], [draft], [target, target], temperature,
+                       [rng.random() for _ in range(3)])
+            counts[d if v.accepted else v.token] += 1
+        for t in vocab:
+            assert abs(counts[t] / n - p[t]) < 0.01, (temperature, t)
+
+
+def test_selection_queue_and_config_errors():
+    assert select([0.2, 0.9, 0.9, 0.1], 2) == [1, 2]
+    assert select([0.5, 0.5, 0.5], 2) == [0, 1]             # ties: the earlier
+    q = VerifyQueue(1)
+    for item in "abc":
+        q.push(item)
+    assert q.ready() == ["a"] and q.ready() == []          # one at a time, first come first
+    q.done()
+    assert q.ready() == ["b"]
+    assert SeedPolicy("seed", ToTSettings()).thought_limit > 1
+    assert SeedPolicy("seed", ToTSettings()).target_limit == 1
+    assert SeedPolicy("sd", ToTSettings()).thought_limit == 1
+    assert {SeedPolicy(m, ToTSettings()).tree for m in ("sd", "seed", "seed_batched")} == {"sd"}
+    with pytest.raises(ValueError, match="mode 'fast'"):
+        make_seed_policy("fast")
+    with pytest.raises(ValueError, match="unknown key 'width'"):
+        make_seed_policy("seed", width=2)
+    with pytest.raises(ValueError, match="breadth must be >= 1"):
+        make_seed_policy("seed", breadth=0)
+
+
+# -------------------------------------------------------------------- two real engines
+@pytest.fixture(scope="module")
+def greedy_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tot") / "tot"
+    run_cli("trace", "tot", "-o", str(out), "--questions", "1", "--depth", "2",
+            "--temperature", "0", "-q", "--json")
+    return out
+
+
+def _trees(table):
+    """question -> {thought key: its text} per tree (ar: one request; sd: its verifications)."""
+    out = {}
+    for tree, kind in (("totar", "ar"), ("totsd", "verify")):
+        t = table[table.program_id.str.endswith(tree) & (table.kind == kind)]
+        t = t.sort_values("round").groupby(["question_id", "node"]).text.apply("".join)
+        out[tree] = t.to_dict()
+    return out
+
+
+@pytest.mark.engine
+def test_greedy_speculative_tree_equals_the_targets_own(greedy_trace):
+    """Program-level speculative decoding over two engines writes, under greedy acceptance,
+    every thought token for token as the target alone does: the same tree."""
+    from traces.store import read_table
+
+    run_cli("traces", "check", str(greedy_trace))
+    t = read_table(greedy_trace, "tot_requests").to_pandas()
+    trees = _trees(t)
+    assert len(trees["totar"]) == 8 * (3 + 2 * 3)          # 8 questions, 3 + 6 thoughts
+    assert trees["totsd"] == trees["totar"]
+    v = t[t.kind == "verify"]
+    assert 0.3 < v.accepted_tokens.sum() / v.drafted_tokens.sum() <= 1.0
+    assert (v.output_tokens <= v.accepted_tokens + 1).all()
+    ev = t[t.kind == "eval"]
+    assert ev.value.between(0, 1).all() and ev.answer.notna().all()
+    for role in ("draft", "target"):
+        assert len(read_table(greedy_trace / role, "steps")) > 0
+
+
+def _config(tmp_path, trace, mode: str, count: int = 4) -> str:
+    cfg = yaml.safe_load((REPO / "examples" / "seed-greedy.yaml").read_text())
+    progs = cfg["workload"]["programs"]
+    progs.update(trace=str(trace), count=count)
+    progs["policy"] = {"type": mode, "depth": 2, "temperature": 0.0}
+    for g in cfg["cluster"]["replicas"]:
+        g["calibration"] = str((REPO / "examples" / g["calibration"]).resolve())
+    path = tmp_path / f"{mode}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@pytest.mark.engine
+def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path):
+    """Every mode simulates the traced tree; live SEED makes the same requests and decisions."""
+    from traces.store import read_table
+
+    for mode in ("ar", "sd", "seed", "seed_batched"):
+        run_cli("simulate", _config(tmp_path, greedy_trace, mode), "-o", str(tmp_path / mode),
+                "--json")
+    sim = read_table(tmp_path / "seed", "tot_requests").to_pandas()
+    assert set(sim.kind) == {"draft", "verify", "eval"}
+    sd = read_table(tmp_path / "sd", "tot_requests").to_pandas()
+    key = ["program_id", "node", "kind", "round"]
+    # the schedule changes the timing, never the tree
+    assert sim.set_index(key).accepted_tokens.sort_index().equals(
+        sd.set_index(key).accepted_tokens.sort_index())
+    proc = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
+                   "--repeats", "1", "-o", str(tmp_path / "rep"), "--json")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])["modes"]["seed"]
+    run_cli("traces", "check", str(tmp_path / "rep" / "seed" / "live0"))
+    assert result["decision_agreement"] >= 0.95
+    assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
+    assert abs(result["error"]) < 1.0    # loose: four programs on a noisy 2-core machine

@@ -1,0 +1,85 @@
+"""`trace tot`: Tree-of-Thoughts BFS on two vLLM engines (draft, target), every request recorded.
+
+Each held-out testbed question's tree is grown twice through the live runner (`live.tot`): by
+the target alone (`ar`, the tree its own sampling builds) and in speculative rounds (`sd`:
+draft, then the target verifies; every speculative mode, SEED's included, builds this same tree,
+whatever the schedule). Every request's outcome goes to the `tot_requests` table keyed by
+(program, thought, kind, round): what the simulator answers a ToT program's requests from.
+Programs of a tree run at once (timing here is not the measurement: the steps are).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from live.runner import LiveRun
+from live.tot import open_session, run_tot
+from policies.seed import SeedPolicy, ToTSettings
+from programs.tot import tot_program_seed
+from tracers.testbed import tasks
+from traces import ids
+from traces.store import check_out_dir
+
+TREES = ("ar", "sd")
+
+
+@dataclass(frozen=True)
+class TotWorkload:
+    """What `trace tot` records."""
+
+    questions_per_cell: int = 2
+    """questions per family x level"""
+    settings: ToTSettings = ToTSettings()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.questions_per_cell < 1:
+            raise ValueError("trace tot: questions must be >= 1")
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """A traced program: it arrives at the start; no deadline binds it (an hour, nominal)."""
+
+    program_id: str
+    question_id: str
+    difficulty: int
+    arrival_s: float = 0.0
+    deadline_s: float = 3600.0
+
+
+def tot_questions(seed: int, per_cell: int) -> list[tuple[str, object]]:
+    """Held-out testbed items with their ids, every family x level."""
+    n = per_cell * len(tasks.FAMILIES) * len(tasks.LEVELS)
+    return [(ids.question_id(i, it.family, it.level), it)
+            for i, it in enumerate(tasks.items(seed, n))]
+
+
+def trace_tot(draft_model: str, target_model: str, out_dir: str | Path, workload: TotWorkload,
+              kv_cache_gb: float = 0.5, progress: bool = True) -> dict:
+    """Grow every question's tree under ar and sd; write tot_requests, programs and both
+    engines' steps and requests."""
+    out_dir = check_out_dir(out_dir, False, can_resume=False)
+    session = open_session(draft_model, target_model, out_dir, "tot", workload.seed,
+                           kv_cache_gb, {"workload": asdict(workload)})
+    questions = tot_questions(workload.seed, workload.questions_per_cell)
+    stats = {}
+    t0 = time.perf_counter()
+    for tree in TREES:
+        policy = SeedPolicy(tree, workload.settings)
+        runs, meta = [], {}
+        for qid, item in questions:
+            key = ids.tot_program_id(qid, tree)
+            prog = session.program(qid, item.prompt, policy,
+                                   tot_program_seed(workload.seed, qid))
+            runs.append(LiveRun(TracePlan(key, qid, item.level), prog, key))
+            meta[key] = (qid, item.level, item.answer, policy)
+        rows = run_tot(session, runs, tree, meta)
+        right = sum(r.program.answer == meta[r.key][2] for r in runs)
+        stats[tree] = {"requests": len(rows), "accuracy": round(right / len(runs), 3)}
+        if progress:
+            print(f"tree {tree}: {len(rows)} requests, accuracy {right}/{len(runs)}", flush=True)
+    stats["wall_s"] = round(time.perf_counter() - t0, 2)
+    return stats
