@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import TESTBED, UserError, print_summary
+from reasonsim.common import TESTBED, UserError, print_summary, program_config
 
 
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
@@ -149,23 +149,8 @@ def add_a1_parser(sub) -> None:
 
 
 def _config(path: Path, count: int | None, seed: int | None = None):
-    """The config and its A1 program workload (count overridden)."""
-    import yaml
-
-    from programs.workload import load_bank, program_workload
-    from sim.config import parse_config
-
-    d = yaml.safe_load(path.read_text())
-    if count is not None:
-        d["workload"]["programs"]["count"] = count
-    if seed is not None:
-        d["seed"] = seed
-    cfg = parse_config(d, path.parent)
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    if wl.method != "a1":
-        raise ValueError("a1 replay needs workload.programs.method: a1")
-    load_bank(wl)
-    return cfg, wl
+    """The config and its A1 program workload (count and seed overridden)."""
+    return program_config(path, "a1", count, seed)
 
 
 def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import TESTBED, UserError, print_summary
+from reasonsim.common import TESTBED, UserError, print_summary, program_config
 
 MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 
@@ -31,27 +31,8 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
 def _config(path: Path, mode: str | None = None, count: int | None = None, depth=None,
             seed: int | None = None):
     """A ToT config with its policy's mode (and count, depth, seed) overridden; its workload."""
-    import yaml
-
-    from programs.workload import load_bank, program_workload
-    from sim.config import parse_config
-
-    d = yaml.safe_load(path.read_text())
-    progs = d["workload"]["programs"]
-    if mode is not None:
-        progs["policy"] = {**progs["policy"], "type": mode}
-    if depth is not None:
-        progs["policy"] = {**progs["policy"], "depth": depth}
-    if count is not None:
-        progs["count"] = count
-    if seed is not None:
-        d["seed"] = seed
-    cfg = parse_config(d, path.parent)
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    if wl.method != "tot":
-        raise ValueError("needs workload.programs.method: tot")
-    load_bank(wl)
-    return cfg, wl
+    policy = {k: v for k, v in (("type", mode), ("depth", depth)) if v is not None}
+    return program_config(path, "tot", count, seed, policy)
 
 
 def live_job(config: str, mode: str, count: int | None, seed: int | None, out_dir: str) -> None:

@@ -57,3 +57,28 @@ def print_summary(summary: dict, as_json: bool) -> None:
             value = "  ".join(f"{k}={v:.4g}" for k, v in value.items())
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+def program_config(path: Path, method: str, count: int | None = None, seed: int | None = None,
+                   policy: dict | None = None):
+    """A program-workload config (its count, seed and policy keys overridden) and its workload,
+    checked against its trace; ValueError names what is wrong."""
+    import yaml
+
+    from programs.workload import load_bank, program_workload
+    from sim.config import parse_config
+
+    d = yaml.safe_load(Path(path).read_text())
+    progs = d["workload"]["programs"]
+    if count is not None:
+        progs["count"] = count
+    if seed is not None:
+        d["seed"] = seed
+    if policy:
+        progs["policy"] = {**progs["policy"], **policy}
+    cfg = parse_config(d, Path(path).parent)
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    if wl.method != method:
+        raise ValueError(f"needs workload.programs.method: {method}")
+    load_bank(wl)
+    return cfg, wl

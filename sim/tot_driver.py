@@ -36,6 +36,10 @@ class TracedToT:
         # A verification the trace re-ran without the cache (identical siblings) prefills all.
         if spec.kind == "verify" and self._row(run, spec).get("rescored"):
             return spec.prompt_tokens, 0, 0
+        # An earlier thought of the level reached the same state: its value prompt is cached.
+        if spec.kind == "eval" and run.program.key_of(spec)[0] in \
+                run.question.repeated[run.program.policy.tree]:
+            return spec.prompt_tokens, spec.prompt_tokens, 0
         return spec.prompt_tokens, spec.prefix_tokens, 0
 
     def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:

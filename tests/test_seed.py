@@ -138,3 +138,25 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert result["decision_agreement"] >= 0.95
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
     assert abs(result["error"]) < 1.0    # loose: four programs on a noisy 2-core machine
+
+
+def test_seed_modes_on_the_shipped_trace(tmp_path):
+    """Every mode simulates the shipped tree; a shallower tree is the deeper trace's top."""
+    proc = run_cli("seed", "modes", str(REPO / "examples" / "seed-greedy.yaml"), "--depths",
+                   "2,3", "--modes", "ar,sd,seed", "--count", "6", "-o", str(tmp_path), "--json")
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [(r["depth"], r["mode"]) for r in rows] == [(d, m) for d in (2, 3)
+                                                       for m in ("ar", "sd", "seed")]
+    by = {(r["depth"], r["mode"]): r for r in rows}
+    for d in (2, 3):
+        assert by[(d, "ar")]["speedup_vs_ar"] == 1.0
+        assert 0.5 < by[(d, "sd")]["acceptance_rate"] < 1.0
+        # the same tree: the schedule never changes acceptance
+        assert by[(d, "sd")]["acceptance_rate"] == by[(d, "seed")]["acceptance_rate"]
+        assert by[(d, "seed")]["verify_queue_wait_p90_s"] > 0.0   # one verifier, many drafts
+    assert by[(3, "ar")]["latency_mean_s"] > by[(2, "ar")]["latency_mean_s"]
+    assert (tmp_path / "seed_speedup_vs_depth.png").stat().st_size > 0
+    assert (tmp_path / "seed_timeline.png").stat().st_size > 0
+    bad = run_cli("seed", "modes", str(REPO / "examples" / "seed-greedy.yaml"), "--depths", "9",
+                  check=False)
+    assert bad.returncode == 2 and "not in the trace" in bad.stderr
