@@ -8,6 +8,7 @@ own seeded latency noise, a router, and the per-replica load arrays the router r
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +44,35 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
 
 
 class Device:
-    """A device several replicas share: one iteration at a time, in the order they ask."""
+    """A device several replicas share: one iteration at a time, the replicas taking turns in
+    the order they asked, as the live runner steps in-process engines from one loop. A replica
+    holds the device from composing an iteration until that iteration's callbacks are done, so
+    what they submit to another replica of the device joins that replica's next iteration
+    whole (composed when its turn comes, not when it first asked)."""
 
-    __slots__ = ("busy_until",)
+    __slots__ = ("busy_until", "holder", "waiting")
 
     def __init__(self):
         self.busy_until = 0.0
+        self.holder = None
+        self.waiting: deque = deque()
+
+    def take(self, replica) -> bool:
+        """True: the device is `replica`'s now; False: it is queued for its turn."""
+        if (self.holder is not None and self.holder is not replica) or \
+                (self.waiting and self.waiting[0] is not replica):
+            if replica not in self.waiting:
+                self.waiting.append(replica)
+            return False
+        if self.waiting:
+            self.waiting.popleft()
+        self.holder = replica
+        return True
+
+    def release(self):
+        """Free the device; the replica whose turn is next, if any."""
+        self.holder = None
+        return self.waiting[0] if self.waiting else None
 
 
 class Cluster:

@@ -96,8 +96,11 @@ class Replica:
         req.seq = next(self._arrivals)
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
-        if not self.busy:
+        if not self.busy and self.device is None:
             self._plan()
+        elif not self.busy:  # compose once every request of this instant is in (live: a step)
+            self.busy, self._sched = True, []
+            self.env.timeout(0).callbacks.append(lambda _e: self._plan())
         elif self.run is not None and len(self.running) < self.cfg.max_num_seqs:
             self._truncate()
 
@@ -201,6 +204,9 @@ class Replica:
     # ------------------------------------------------------------------ scheduling
     def _plan(self) -> None:
         """Decide the next iteration (or run of iterations) at an iteration boundary."""
+        if self.device is not None and not self.device.take(self):
+            self.busy, self._sched = True, []  # waiting for its turn: submissions only queue
+            return
         now = self.env.now if self.device is None else max(self.env.now, self.device.busy_until)
         cfg = self.cfg
         budget = cfg.max_num_batched_tokens
@@ -246,6 +252,7 @@ class Replica:
         if not sched:
             self.busy = False
             self.run = None
+            self._release_device()
             return
         for r, n in sched:
             if r.computed < r.target:
@@ -375,7 +382,14 @@ class Replica:
             self._finish(r)
         self.run = None
         self._ending = False
+        self._release_device()
         self._plan()
+
+    def _release_device(self) -> None:
+        # The next replica composes its iteration once this event's callbacks are done.
+        nxt = self.device.release() if self.device is not None else None
+        if nxt is not None:
+            self.env.timeout(0).callbacks.append(lambda _e: nxt._plan())
 
     def _record(self, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
                 context, preempted) -> None:

@@ -6,7 +6,10 @@ float summation order may change; counts exactly. One intentional change since: 
 prompt lengths are capped at 768 (was 1024) so that prompt + output fits the traced engine's
 max_model_len of 1280, which simulate now enforces; its golden was regenerated then. HELIOS
 examples (a `helios:` section), A1 examples (`method: a1`) and ToT examples (`method: tot`)
-were added later with their first output as golden.
+were added later with their first output as golden. The examples whose replicas share a
+device (a1-*, seed-greedy, seed-sampled) were regenerated when such replicas began composing an
+iteration at their turn (`sim.cluster.Device`: what arrived meanwhile joins it, as in the live
+runner's loop) instead of when they first asked.
 """
 
 from __future__ import annotations
