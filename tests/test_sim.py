@@ -338,3 +338,37 @@ def test_certaindex_thresholds_outside_their_range_are_refused(tmp_path):
 def test_a_missing_trace_directory_is_named():
     proc = run_cli("dynasor", "offline", "/nonexistent/trace", check=False)
     assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr
+
+
+def test_replicas_sharing_a_device_take_turns_and_batch_what_arrived_meanwhile():
+    """Two replicas on one device (the live runner's two engines in one loop): one iteration at
+    a time, in turn; what a replica is sent while it waits (or within one instant) joins its
+    next iteration whole, composed when its turn comes."""
+    from sim.cluster import Cluster
+    from sim.request_state import Req
+
+    group = {"calibration": str(CAL), "count": 1, "device": "cpu"}
+    cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                                "num_requests": 1},
+                        "cluster": {"replicas": [{**group, "pool": "a"},
+                                                 {**group, "pool": "b"}]}})
+    done = []
+    cluster = Cluster(cfg, 16, lambda rid, r: done.append((rid, r.idx, cluster.env.now)), False)
+    a, b = cluster.replicas
+    env = cluster.env
+
+    def arrivals():
+        for i in range(3):       # three at one instant: one iteration, not one and then two
+            a.submit(Req(i, 40, 2))
+        b.submit(Req(3, 40, 1))  # b waits for a's iteration
+        yield env.timeout(0)
+
+    cluster.run(arrivals())
+    seg = cluster.res.seg
+    first = [(rid, n) for rid, n in zip(seg["replica_id"], seg["prefill_seqs"])][:2]
+    assert first == [(0, 3), (1, 1)]
+    starts = np.asarray(seg["start_s"])
+    ends = starts + np.asarray(seg["a_ms"]) * np.asarray(seg["factor"]) / 1e3
+    order = np.argsort(starts)
+    assert np.all(starts[order][1:] >= ends[order][:-1] - 1e-12)  # never two at once
+    assert len(done) == 4
