@@ -68,7 +68,7 @@ class VllmEngine:
         self._params = SamplingParams
         self._scored: dict[str, tuple] = {}   # engine id -> (our id, how to re-run it uncached)
         self._engine_id: dict[str, str] = {}  # our id -> engine id (differs once re-run)
-        self._top: dict[str, bool] = {}      # our id -> generated positions' rows asked
+        self._top: set[str] = set()          # our ids whose generated positions' rows are asked
         self.rescored = 0
         """scoring requests re-run in full: the prefix cache had covered part of their tail"""
 
@@ -90,13 +90,13 @@ class VllmEngine:
         if s.prompt_logprobs:
             self._scored[request_id] = (request_id, prompt_ids, s, priority, program_id, role)
         if s.top_logprobs:
-            self._top[request_id] = True
+            self._top.add(request_id)
 
     def abort(self, request_id: str) -> None:
         """Abort a request in flight (recorded with its partial output)."""
         rid = self._engine_id.pop(request_id, request_id)
         self._scored.pop(rid, None)
-        self._top.pop(request_id, None)
+        self._top.discard(request_id)
         self.rec.abort(rid)
 
     def step(self) -> list[tuple[str, Outcome]]:
@@ -123,7 +123,8 @@ class VllmEngine:
                 lps = [lp[t] for t, lp in zip(ids, o.logprobs)]
                 logprobs = tuple(x.logprob for x in lps)
                 pieces = tuple(x.decoded_token or "" for x in lps)
-                if self._top.pop(rid, False):
+                if rid in self._top:
+                    self._top.discard(rid)
                     top += _rows(o.logprobs)
             eos = o.finish_reason == "stop" and o.stop_reason is None
             done.append((rid, Outcome(len(ids), token_ids=ids, text=o.text, logprobs=logprobs,

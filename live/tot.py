@@ -47,8 +47,9 @@ class TotSession:
     def program(self, question_id: str, prompt: str, policy, seed: int) -> ToTProgram:
         """A ToT program on a question, wired to these engines' tokenizer."""
         ids_ = self.encode(prompt)
-        return ToTProgram(question_id, policy, len(ids_), seed, len(self.probe_ids), ids_,
-                          self.probe_ids, self.decode, self.newline_id, self.eos_id, self.vocab)
+        return ToTProgram(question_id, policy, len(ids_), seed, len(self.probe_ids),
+                          prompt_ids=ids_, probe_ids=self.probe_ids, decode=self.decode,
+                          newline_id=self.newline_id, eos_id=self.eos_id, vocab=self.vocab)
 
     def flush(self, unit: str) -> None:
         """Write every engine's steps and requests of a unit of work."""

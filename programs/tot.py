@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from policies.certaindex import extract_boxed
 from policies.seed import SeedPolicy, VerifyQueue, select, verify
 from programs.base import Outcome, RequestSpec, Sampling
+from traces import ids
 
 
 def tot_seed(program_seed: int, key: str, rnd: int, what: str) -> int:
@@ -74,7 +75,8 @@ class ToTProgram:
     """ToT BFS under one mode, written once for the simulator and the live runner."""
 
     def __init__(self, question_id: str, policy: SeedPolicy, prompt_tokens: int, seed: int,
-                 probe_tokens: int, prompt_ids: list | None = None, probe_ids: list | None = None,
+                 probe_tokens: int, *, prompt_ids: list | None = None,
+                 probe_ids: list | None = None,
                  decode=None, newline_id: int | None = None, eos_id: int | None = None,
                  vocab: int = 0):
         self.question_id = question_id
@@ -118,13 +120,13 @@ class ToTProgram:
         base = state if state is not None else t.parent
         own = [] if state is not None else t.ids
         own_tokens = 0 if state is not None else t.tokens
-        ids = None
+        token_ids = None
         if self.prompt_ids is not None:
-            ids = list(self.prompt_ids) + base.ids + own + extra_ids
+            token_ids = list(self.prompt_ids) + base.ids + own + extra_ids
         prompt = self.prompt_tokens + base.tokens + own_tokens + extra_tokens
         spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt, sampling=sampling,
                            path=0, position=base.tokens + own_tokens,
-                           prefix_tokens=prompt - extra_tokens, prompt_ids=ids, role=role)
+                           prefix_tokens=prompt - extra_tokens, prompt_ids=token_ids, role=role)
         self._index += 1
         self._flight[spec] = t
         return spec
@@ -312,6 +314,4 @@ class ToTProgram:
 
 def tot_program_seed(seed: int, question_id: str) -> int:
     """A ToT program's seed: the trace seed and its question (the same in sim and live)."""
-    from traces import ids
-
     return seed * 1_000_003 + ids.question_index(question_id)

@@ -283,8 +283,11 @@ class Replica:
                 a_ms, b_ms = closed
                 factor = self._noise(k)
         self.busy = True
-        self._record(now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
-                     context, preempted)
+        self._seg_start = now
+        self._seg_index = self.res.add_segment((
+            self.id, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
+            context, len(self.running), len(self.waiting), self.cfg.kv_blocks - self.free_blocks,
+            self.cfg.kv_blocks, preempted))
         # Only multi-iteration runs can be truncated; a single iteration always completes.
         self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
         self._sched = sched
@@ -390,24 +393,3 @@ class Replica:
         nxt = self.device.release() if self.device is not None else None
         if nxt is not None:
             self.env.timeout(0).callbacks.append(lambda _e: nxt._plan())
-
-    def _record(self, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
-                context, preempted) -> None:
-        self._seg_start = now
-        seg = self.res.seg
-        self._seg_index = len(seg["k_iters"])
-        seg["replica_id"].append(self.id)
-        seg["start_s"].append(now)
-        seg["k_iters"].append(k)
-        seg["a_ms"].append(a_ms)
-        seg["b_ms"].append(b_ms)
-        seg["factor"].append(factor)
-        seg["prefill_tokens"].append(prefill_tokens)
-        seg["prefill_seqs"].append(prefill_seqs)
-        seg["decode_seqs"].append(decode_seqs)
-        seg["context_tokens"].append(context)
-        seg["num_running"].append(len(self.running))
-        seg["num_waiting"].append(len(self.waiting))
-        seg["kv_blocks_used"].append(self.cfg.kv_blocks - self.free_blocks)
-        seg["kv_blocks_total"].append(self.cfg.kv_blocks)
-        seg["preemptions"].append(preempted)

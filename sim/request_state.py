@@ -33,6 +33,11 @@ class Req:
         self.aborted = False
 
 
+SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
+               "prefill_seqs", "decode_seqs", "context_tokens", "num_running", "num_waiting",
+               "kv_blocks_used", "kv_blocks_total", "preemptions")
+
+
 class Results:
     """Column buffers of per-request results and per-run-of-iterations step records."""
 
@@ -46,11 +51,15 @@ class Results:
         self.aborted = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int32)
         # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
-        self.seg = {k: [] for k in ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor",
-                                    "prefill_tokens", "prefill_seqs", "decode_seqs",
-                                    "context_tokens", "num_running", "num_waiting",
-                                    "kv_blocks_used", "kv_blocks_total", "preemptions")}
+        self.seg = {k: [] for k in SEG_COLUMNS}
+        self._seg_cols = tuple(self.seg.values())
         self.events = 0
+
+    def add_segment(self, values: tuple) -> int:
+        """Append one run-of-iterations record (values in SEG_COLUMNS order); its index."""
+        for col, v in zip(self._seg_cols, values):
+            col.append(v)
+        return len(self._seg_cols[0]) - 1
 
 
 def priority_key(r: Req) -> tuple[int, int]:
