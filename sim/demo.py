@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from sim import report
-from sim.config import load_config
+from sim.config import load_config, read_yaml
 from sim.simulate import simulate
+from sim.sweep import Sweep, apply_overrides, run_sweep
 
 
 DEMO_FILES = frozenset({"report.md", "latency_cdf.png", "attainment_vs_rate.png",
@@ -36,15 +38,17 @@ def run_demo(config_path: Path, out_dir: Path, quick: bool = False) -> dict:
             raise ValueError(f"{out_dir}: holds files that are not a demo report ({other[0]}); "
                              "choose a new directory")
     cfg = load_config(config_path)
+    raw = read_yaml(config_path)
     if quick:
         cfg = replace(cfg, workload={**cfg.workload, "num_requests": 2000})
+        raw = apply_overrides(raw, [("workload.num_requests", 2000)])
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        summary = _write_demo(cfg, tmp)
+        summary = _write_demo(cfg, raw, tmp)
         if out_dir.exists():
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
@@ -54,17 +58,20 @@ def run_demo(config_path: Path, out_dir: Path, quick: bool = False) -> dict:
     return summary
 
 
-def _write_demo(cfg, out_dir: Path) -> dict:
+def _write_demo(cfg, raw: dict, out_dir: Path) -> dict:
     main = simulate(cfg)
     base_rate = float(cfg.workload["arrival"]["rate_per_s"])
-    rows = []
-    for scale in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5):
-        wl = {**cfg.workload, "num_requests": min(int(cfg.workload["num_requests"]), 4000),
-              "arrival": {**cfg.workload["arrival"], "rate_per_s": base_rate * scale}}
-        s = simulate(replace(cfg, workload=wl, write_steps=False)).summary
-        rows.append({"rate_per_s": base_rate * scale, "slo_attainment": s["slo_attainment"],
-                     "ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_s": s["tpot_s"]["p90"],
-                     "throughput_tok_s": s["throughput_tok_s"]})
+    rates = [base_rate * scale for scale in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)]
+    spec = Sweep(raw, cfg.base_dir, {"workload.arrival.rate_per_s": rates,
+                                     "workload.num_requests":
+                                     [min(int(cfg.workload["num_requests"]), 4000)]},
+                 [], [cfg.seed])
+    with tempfile.TemporaryDirectory() as points:
+        df = run_sweep(spec, points)
+    rows = [{"rate_per_s": r["workload.arrival.rate_per_s"],
+             "slo_attainment": r["slo_attainment"], "ttft_p90_s": r["ttft_s.p90"],
+             "tpot_p90_s": r["tpot_s.p90"], "throughput_tok_s": r["throughput_tok_s"]}
+            for r in df.to_dict("records")]
     sweep = pd.DataFrame(rows)
     reqs = main.requests.to_pandas()
     report.latency_cdfs(reqs, out_dir / "latency_cdf.png")

@@ -7,62 +7,49 @@ the same for every line.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
-import yaml
-
-from sim.config import parse_config
-from sim.simulate import simulate
+from sim.config import read_yaml
+from sim.sweep import Backend, Sweep, run_sweep
 
 
 def _load(path: str | Path) -> tuple[dict, Path]:
     path = Path(path)
-    d = yaml.safe_load(path.read_text())
+    d = read_yaml(path)
     if not isinstance(d, dict) or "programs" not in (d.get("workload") or {}):
         raise ValueError(f"{path}: not a program workload (workload.programs)")
     return d, path.parent
 
 
-def run_point(d: dict, base_dir: Path, scheduler, rate_per_s: float | None = None,
-              slo_scale: float | None = None) -> dict:
-    """Simulate one config with its scheduler, rate or SLO scale replaced; the summary."""
-    d = copy.deepcopy(d)
-    progs = d["workload"]["programs"]
-    if rate_per_s is not None:
-        progs["rate_per_s"] = rate_per_s
-    if slo_scale is not None:
-        progs["deadline"]["slo_scale"] = slo_scale
-    d["cluster"]["scheduler"] = scheduler
-    d["output"] = {"steps": False}
-    r = simulate(parse_config(d, base_dir))
-    return r.summary | {"policy": r.programs["policy"][0].as_py()}
-
-
 def sweep(configs: list[str | Path], schedulers: list[str], rates: list[float],
-          slo_scales: list[float], progress=None) -> list[dict]:
+          slo_scales: list[float], out_dir: str | Path, backend: Backend | None = None,
+          progress: bool = False) -> list[dict]:
     """Attainment rows: every config x scheduler at every rate (SLO scale of the config) and at
-    every SLO scale (rate of the config)."""
+    every SLO scale (rate of the config). Points are a sweep under `out_dir`/points (resumable)."""
     rows = []
     for path in configs:
         d, base = _load(path)
-        for sched in schedulers:
-            for axis, values in (("rate_per_s", rates), ("slo_scale", slo_scales)):
-                for v in values:
-                    s = run_point(d, base, sched, **{axis: v})
-                    progs = d["workload"]["programs"]
-                    rows.append({
-                        "config": str(path), "policy": s["policy"], "scheduler": sched,
-                        "axis": axis,
-                        "rate_per_s": v if axis == "rate_per_s" else progs["rate_per_s"],
-                        "slo_scale": v if axis == "slo_scale" else
-                        progs["deadline"].get("slo_scale", 1.0),
-                        "slo_attainment": s["slo_attainment"], "accuracy": s["accuracy"],
-                        "tokens_per_program": s["tokens_per_program"],
-                        "program_latency_p90_s": s["program_latency_s"]["p90"],
-                        "ftf_max": s["finish_time_fairness"]["max"]})
-                    if progress is not None:
-                        progress()
+        progs = d["workload"]["programs"]
+        progs.setdefault("deadline", {}).setdefault("slo_scale", 1.0)
+        cases = [{"name": axis, "cluster.scheduler": sched, key: v}
+                 for sched in schedulers
+                 for axis, key, values in (
+                     ("rate_per_s", "workload.programs.rate_per_s", rates),
+                     ("slo_scale", "workload.programs.deadline.slo_scale", slo_scales))
+                 for v in values]
+        df = run_sweep(Sweep(d, base, {}, cases, [d.get("seed", 0)]), out_dir, backend,
+                       progress)
+        for case, s in zip(cases, df.to_dict("records")):
+            rate = case.get("workload.programs.rate_per_s", progs["rate_per_s"])
+            scale = case.get("workload.programs.deadline.slo_scale",
+                             progs["deadline"]["slo_scale"])
+            rows.append({"config": str(path), "policy": s["policy"],
+                         "scheduler": case["cluster.scheduler"], "axis": case["name"],
+                         "rate_per_s": rate, "slo_scale": scale,
+                         "slo_attainment": s["slo_attainment"], "accuracy": s["accuracy"],
+                         "tokens_per_program": s["tokens_per_program"],
+                         "program_latency_p90_s": s["program_latency_s.p90"],
+                         "ftf_max": s["finish_time_fairness.max"]})
     return rows
 
 

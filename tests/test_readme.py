@@ -26,7 +26,7 @@ def test_every_subcommand_has_help():
                  ["dynasor", "offline", "--help"], ["testbed", "build", "--help"],
                  ["testbed", "eval", "--help"], ["trace", "conformity", "--help"],
                  ["a1", "offline", "--help"], ["a1", "replay", "--help"],
-                 ["a1", "samples", "--help"]):
+                 ["a1", "samples", "--help"], ["sweep", "--help"], ["capacity", "--help"]):
         proc = run_cli(*args)
         assert "usage: reasonsim" in proc.stdout
 

@@ -1,0 +1,141 @@
+"""Sweeps: the process pool and Ray give the same table; a killed driver or worker loses no
+finished point and a re-run completes the sweep; capacity search answers with an interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from sim.sweep import Backend, load_sweep, run_sweep
+from sim.sweep.capacity import Question, Search
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "reasonsim.cli"]
+POINTS = 16  # 8 configs x 2 seeds
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory) -> Path:
+    """A sweep of the demo cluster: 4 rates x 2 routers x 2 seeds, ~1 s per point."""
+    path = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
+    path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\nseeds: 2\ngrid:\n"
+                    "  workload.num_requests: [12000]\n"
+                    "  workload.arrival.rate_per_s: [16, 32, 48, 64]\n"
+                    "  cluster.router: [round_robin, least_outstanding]\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(spec, tmp_path_factory):
+    """The sweep run whole on a 2-worker process pool."""
+    out = tmp_path_factory.mktemp("pool")
+    run_sweep(load_sweep(spec), out, Backend(2))
+    return pq.read_table(out / "results.parquet")
+
+
+def _complete(table) -> None:
+    df = table.to_pandas()
+    assert len(df) == POINTS
+    assert not df.duplicated(["point_id", "seed"]).any()
+    assert df["index"].tolist() == list(range(POINTS))
+    # the sweep really varied the config: throughput grows with the arrival rate
+    by_rate = df.groupby("workload.arrival.rate_per_s").throughput_tok_s.mean()
+    assert by_rate.is_monotonic_increasing and by_rate.iloc[-1] > 3 * by_rate.iloc[0]
+
+
+def test_pool_and_local_ray_give_identical_tables(spec, reference, tmp_path):
+    _complete(reference)
+    run_sweep(load_sweep(spec), tmp_path, Backend(2, use_ray=True))
+    assert pq.read_table(tmp_path / "results.parquet").equals(reference)
+
+
+def _points(out: Path) -> dict[str, int]:
+    d = out / "points"
+    return {p.name: p.stat().st_mtime_ns for p in d.glob("*.parquet")} if d.exists() else {}
+
+
+def _start(spec: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(CLI + ["sweep", str(spec), "-o", str(out), "--workers", "2",
+                                   "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, start_new_session=True)
+
+
+def _wait_points(out: Path, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    end = time.monotonic() + timeout_s
+    while len(_points(out)) < n:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < end, "sweep made no progress"
+        time.sleep(0.05)
+
+
+def test_killed_driver_resumes_without_recomputing(spec, reference, tmp_path):
+    proc = _start(spec, tmp_path)
+    _wait_points(tmp_path, 3, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # driver and its workers, mid-sweep
+    proc.wait()
+    before = _points(tmp_path)
+    assert 3 <= len(before) < POINTS
+    assert not (tmp_path / "results.parquet").exists()
+    done = subprocess.run(CLI + ["sweep", str(spec), "-o", str(tmp_path), "--workers", "2",
+                                 "--json"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    after = _points(tmp_path)
+    assert {k: after[k] for k in before} == before  # finished points were not recomputed
+    table = pq.read_table(tmp_path / "results.parquet")
+    _complete(table)
+    assert table.equals(reference)
+
+
+def test_killed_worker_is_replaced_and_the_sweep_finishes(spec, reference, tmp_path):
+    import psutil
+
+    proc = _start(spec, tmp_path)
+    _wait_points(tmp_path, 2, proc)
+    workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+               if "spawn_main" in " ".join(c.cmdline())]
+    assert workers, "no pool worker found"
+    workers[0].kill()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert len(_points(tmp_path)) == POINTS
+    assert pq.read_table(tmp_path / "results.parquet").equals(reference)
+
+
+def test_sweep_refuses_an_override_the_config_lacks(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\n"
+                    "grid: {workload.arival.rate_per_s: [1, 2]}\n")
+    with pytest.raises(ValueError, match="workload.arival"):
+        load_sweep(path)
+    r = subprocess.run(CLI + ["sweep", str(REPO / "examples" / "demo.yaml"), "-o",
+                              str(tmp_path / "o"), "--grid", "cluster.routr=round_robin"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "cluster.routr" in r.stderr
+
+
+def test_capacity_finds_the_fewest_replicas_with_an_interval(tmp_path):
+    """More replicas, more attainment: the answer is the first count whose mean meets the
+    target, bracketed by the optimistic and confident counts."""
+    from sim.config import read_yaml
+
+    base = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    base["workload"]["programs"].update(rate_per_s=8, count=128)
+    q = Question("replicas", 0.85, seeds=(0, 1, 2))
+    with Backend(2) as backend:
+        a = Search("certaindex", base, REPO / "examples", q, tmp_path, backend).answer()
+    p = a.probes.set_index("value")
+    n = a.answer
+    assert n is not None and n > 1
+    assert p.loc[n, "mean"] >= 0.85 and p.loc[n - 1, "mean"] < 0.85
+    lo, hi = a.interval
+    assert lo <= n <= hi
+    assert p.loc[hi, "lo"] >= 0.85  # the confident count's whole interval meets the target
+    json.dumps(a.to_json())  # serialisable for capacity.json
