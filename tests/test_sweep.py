@@ -99,8 +99,8 @@ def test_killed_worker_is_replaced_and_the_sweep_finishes(spec, reference, tmp_p
 
     proc = _start(spec, tmp_path)
     _wait_points(tmp_path, 2, proc)
-    workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
-               if "spawn_main" in " ".join(c.cmdline())]
+    driver = psutil.Process(proc.pid)
+    workers = [c for c in driver.children() if c.cmdline() == driver.cmdline()]  # forked
     assert workers, "no pool worker found"
     workers[0].kill()
     _, err = proc.communicate(timeout=300)

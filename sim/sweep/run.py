@@ -8,8 +8,10 @@ run again); Ray re-runs a task whose worker died (`max_retries`). Both compute e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -65,33 +67,37 @@ def run_points(sweep: Sweep, out_dir: Path, backend: "Backend", progress: bool =
     todo = [(p, d) for p, d in pairs
             if not store.point_path(out_dir, p.point_id, p.seed).exists()]
     tasks = [(p.point_id, p.seed, d, str(sweep.base_dir), str(out_dir)) for p, d in todo]
-    with _Progress(progress, len(pairs), len(pairs) - len(todo)) as bar:
-        backend.run(tasks, Path(out_dir), bar.advance)
+    if tasks:
+        with backend.session(), _Progress(progress, len(pairs), len(pairs) - len(todo)) as bar:
+            backend.run(tasks, Path(out_dir), bar.advance)
     return [p for p, _ in pairs]
 
 
 class Backend:
     """Where points run: in this process (workers=1), a local process pool, or Ray.
 
-    A context manager keeps its pool (or Ray) up across several `run` calls (capacity search
-    probes); `run` outside one starts and stops it each time.
+    Used as a context manager it keeps its pool (or Ray) up across several runs (capacity
+    search probes); otherwise each run starts and stops it.
     """
 
     def __init__(self, workers: int = 1, use_ray: bool = False, ray_address: str | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers, self.use_ray, self.ray_address = workers, use_ray, ray_address
-        self.pool = None
+        self.pool: ProcessPoolExecutor | None = None
         self.ray_started = False
+        self.active = False
 
     def __enter__(self) -> "Backend":
         if self.use_ray:
             self._start_ray()
         elif self.workers > 1:
             self.pool = self._new_pool()
+        self.active = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self.active = False
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
             self.pool = None
@@ -101,6 +107,15 @@ class Backend:
             ray.shutdown()
             self.ray_started = False
 
+    @contextlib.contextmanager
+    def session(self):
+        """Up for the block: entered here unless already entered by the caller."""
+        if self.active:
+            yield self
+        else:
+            with self:
+                yield self
+
     def name(self) -> str:
         """The backend in words (results, progress)."""
         if self.use_ray:
@@ -109,54 +124,42 @@ class Backend:
 
     def run(self, tasks: list[tuple], out_dir: Path, advance) -> None:
         """Compute every task (arguments of `compute_point`), calling `advance` per point."""
-        if not tasks:
-            return
-        if self.use_ray:
-            own = not self.ray_started and not _ray_up()
-            self._start_ray()
-            try:
+        with self.session():
+            if self.use_ray:
                 self._run_ray(tasks, advance)
-            finally:
-                if own:
-                    self.__exit__()
-        elif self.workers == 1:
-            for t in tasks:
-                compute_point(*t)
-                advance()
-        else:
-            self._run_pool(tasks, out_dir, advance)
+            elif self.workers == 1:
+                for t in tasks:
+                    compute_point(*t)
+                    advance()
+            else:
+                self._run_pool(tasks, out_dir, advance)
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        # spawn: no forked copies of the driver's threads (progress bar, Ray)
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        # fork where it is the platform's way (Linux): workers need no importable __main__, so
+        # plain scripts work (the progress bar runs no thread that a fork could copy mid-write)
+        method = "fork" if sys.platform == "linux" else "spawn"
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method))
+        pool.submit(int).result()  # with fork, every worker starts at the first submit
+        return pool
 
     def _run_pool(self, tasks: list[tuple], out_dir: Path, advance) -> None:
-        own = self.pool is None
         left = list(tasks)
-        try:
-            for _ in range(POOL_RESTARTS + 1):
-                if self.pool is None:
-                    self.pool = self._new_pool()
-                try:
-                    running = {self.pool.submit(compute_point, *t): t for t in left}
-                    while running:
-                        done, _ = wait(running, return_when=FIRST_COMPLETED)
-                        for f in done:
-                            f.result()
-                            left.remove(running.pop(f))
-                            advance()
-                    return
-                except BrokenProcessPool:  # a worker died: its points have no file; rerun them
-                    self.pool.shutdown(cancel_futures=True)
-                    self.pool = None
-                    left = [t for t in left
-                            if not store.point_path(out_dir, t[0], t[1]).exists()]
-            raise RuntimeError(f"sweep: worker processes died {POOL_RESTARTS + 1} times; "
-                               f"{len(left)} points left (re-run to resume)")
-        finally:
-            if own and self.pool is not None:
+        for _ in range(POOL_RESTARTS + 1):
+            try:
+                running = {self.pool.submit(compute_point, *t): t for t in left}
+                while running:
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        f.result()
+                        left.remove(running.pop(f))
+                        advance()
+                return
+            except BrokenProcessPool:  # a worker died: its points have no file; run them again
                 self.pool.shutdown(cancel_futures=True)
-                self.pool = None
+                self.pool = self._new_pool()
+                left = [t for t in left if not store.point_path(out_dir, t[0], t[1]).exists()]
+        raise RuntimeError(f"sweep: worker processes died {POOL_RESTARTS + 1} times; "
+                           f"{len(left)} points left (re-run to resume)")
 
     def _start_ray(self) -> None:
         import logging
@@ -165,7 +168,6 @@ class Backend:
             import ray
         except ImportError:
             raise ValueError("--ray needs Ray: pip install -e '.[ray]'") from None
-
         if ray.is_initialized():
             return
         if self.ray_address:
@@ -186,12 +188,6 @@ class Backend:
             advance()
 
 
-def _ray_up() -> bool:
-    import sys
-
-    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
-
-
 class _Progress:
     """A rich progress bar with ETA over the sweep's points (silent when disabled)."""
 
@@ -204,8 +200,10 @@ class _Progress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
 
+            # no refresh thread: pool workers may be forked while the bar is up
             self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+                                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                auto_refresh=False)
             self.bar.start()
             self.task = self.bar.add_task("sweep", total=self.total, completed=self.done)
         return self
@@ -214,6 +212,7 @@ class _Progress:
         """One more point finished."""
         if self.bar is not None:
             self.bar.advance(self.task)
+            self.bar.refresh()
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
