@@ -212,9 +212,16 @@ class Replica:
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []
         prefill_tokens = prefill_seqs = decode_seqs = context = preempted = 0
+        bs = cfg.block_size
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            r = self.running[i]
+        while i < len(running) and budget > 0:
+            r = running[i]
+            if r.computed >= r.target and -(-(r.computed + 1) // bs) <= r.shared + r.blocks:
+                sched.append((r, 1))  # a decode token within the blocks it holds: the usual case
+                budget -= 1
+                i += 1
+                continue
             n = min(r.target - r.computed, budget) if r.computed < r.target else 1
             while not self._alloc(r, r.computed + n):
                 victim = self.running[-1] if not cfg.priority_scheduling else \
@@ -255,12 +262,11 @@ class Replica:
             self._release_device()
             return
         for r, n in sched:
+            context += r.computed + n
             if r.computed < r.target:
                 prefill_tokens += n
                 prefill_seqs += 1
-            else:
-                decode_seqs += 1
-            context += r.computed + n
+        decode_seqs = len(sched) - prefill_seqs
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
@@ -363,19 +369,22 @@ class Replica:
             self.engine.last_end_s = t_end
         self._ending = True
         done = []
+        bs = self.cfg.block_size
+        first_token_s = self.res.first_token_s
+        # Per request in the batch: the hot loop of the simulator, kept to plain attribute work
         for r, n in self._sched:
-            tokens = n if k == 1 else k
             if k > 1 or r.computed >= r.target:  # decode iterations
-                r.computed += tokens
-                r.generated += tokens
-                self._alloc(r, r.computed)  # blocks were accounted in _stable_run_length
+                r.computed += k
+                r.generated += k
+                if -(-r.computed // bs) > r.shared + r.blocks:
+                    self._alloc(r, r.computed)  # accounted in _stable_run_length: always fits
             else:  # a prefill chunk
                 r.computed += n
                 self._prefix_store(r)
                 if r.computed >= r.target:
                     r.generated += 1  # the prefill's last chunk samples a token
-            if r.generated and np.isnan(self.res.first_token_s[r.idx]):
-                self.res.first_token_s[r.idx] = t_end
+                    if r.generated == 1:  # first token (a re-prefill after preemption has more)
+                        first_token_s[r.idx] = t_end
             if r.generated >= r.output or r.aborted:
                 done.append(r)
         for r in done:
