@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from policies.scheduling import ProgramView
+from policies.scheduling import FinishedLengths, ProgramView
 from programs.base import Abort, RequestSpec
 from traces import ids
 
@@ -45,7 +45,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
     pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
     rid_of: dict[RequestSpec, str] = {}
     counter = itertools.count()
-    finished_tokens: list[int] = []
+    finished_tokens = FinishedLengths()
     index = {id(r): i for i, r in enumerate(runs)}
     done = 0
 
@@ -72,7 +72,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
                 submit(run, a)
         if run.program.done and math.isnan(run.finish_s):
             run.finish_s = clock.now_s()
-            finished_tokens.append(run.program.tokens)
+            finished_tokens.add(run.program.tokens)
             done += 1
             if on_done is not None:
                 on_done(run)

@@ -16,8 +16,6 @@ lowest first and breaks ties by arrival (vLLM's `scheduling_policy="priority"`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
 _RANKS = 100_000  # program ranks below this stay ordered inside one priority class
 
 
@@ -33,13 +31,80 @@ class ProgramView:
     """tokens the program has generated so far"""
 
 
+class FinishedLengths:
+    """Token counts of the programs finished so far: add one, or ask for the median of those
+    longer than a count, each in O(log T) (a Fenwick tree over counts 0..T), so an SJF estimate
+    per request stays cheap however many programs have finished."""
+
+    def __init__(self, tokens=()):
+        self._counts = [0] * 1024   # programs per token count
+        self._tree = [0] * 1025     # Fenwick tree over _counts (1-based)
+        self._n = 0
+        for t in tokens:
+            self.add(t)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, tokens: int) -> None:
+        """One more finished program of `tokens` tokens."""
+        if tokens < 0:
+            raise ValueError(f"a program's token count must be >= 0, got {tokens}")
+        if tokens >= len(self._counts):
+            self._grow(tokens)
+        self._counts[tokens] += 1
+        i, tree = tokens + 1, self._tree
+        while i < len(tree):
+            tree[i] += 1
+            i += i & -i
+        self._n += 1
+
+    def _grow(self, tokens: int) -> None:
+        size = len(self._counts)
+        while size <= tokens:
+            size *= 2
+        self._counts += [0] * (size - len(self._counts))
+        tree = [0] + self._counts[:]  # linear-time Fenwick build
+        for i in range(1, size + 1):
+            j = i + (i & -i)
+            if j <= size:
+                tree[j] += tree[i]
+        self._tree = tree
+
+    def _count_le(self, tokens: int) -> int:
+        i, total = min(tokens + 1, len(self._counts)), 0
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+    def _kth(self, k: int) -> int:
+        """The k-th smallest token count (0-based)."""
+        pos, step = 0, len(self._counts)  # a power of two
+        while step:
+            nxt = pos + step
+            if nxt < len(self._tree) and self._tree[nxt] <= k:
+                pos, k = nxt, k - self._tree[nxt]
+            step //= 2
+        return pos  # 1-based index pos + 1 holds it: count = pos
+
+    def median_remaining(self, tokens_done: int) -> int | None:
+        """Median of (t - tokens_done) over finished counts t > tokens_done (the upper median,
+        as sorted(...)[n // 2]); None when none is longer."""
+        below = self._count_le(tokens_done)
+        longer = self._n - below
+        if longer == 0:
+            return None
+        return self._kth(below + longer // 2) - tokens_done
+
+
 @dataclass(frozen=True)
 class Fcfs:
     """First come, first served per request (vLLM's default)."""
 
     name = "fcfs"
 
-    def priority(self, view: ProgramView, finished_tokens: Sequence[int]) -> int:
+    def priority(self, view: ProgramView, finished: FinishedLengths) -> int:
         """Priority of the program's next request (lower runs first)."""
         return 0
 
@@ -50,7 +115,7 @@ class LongestPrefixMatch:
 
     name = "lpm"
 
-    def priority(self, view: ProgramView, finished_tokens: Sequence[int]) -> int:
+    def priority(self, view: ProgramView, finished: FinishedLengths) -> int:
         """Priority of the program's next request (lower runs first)."""
         return -view.tokens_done
 
@@ -61,7 +126,7 @@ class AppFifo:
 
     name = "app_fifo"
 
-    def priority(self, view: ProgramView, finished_tokens: Sequence[int]) -> int:
+    def priority(self, view: ProgramView, finished: FinishedLengths) -> int:
         """Priority of the program's next request (lower runs first)."""
         return view.arrival_rank
 
@@ -80,19 +145,17 @@ class DynasorGang:
         if self.escalate_after_s <= 0:
             raise ValueError(f"escalate_after_s must be > 0, got {self.escalate_after_s}")
 
-    def remaining_tokens(self, tokens_done: int, finished_tokens: Sequence[int]) -> int:
-        """Median remaining tokens of finished programs that were at least this long."""
-        longer = sorted(t - tokens_done for t in finished_tokens if t > tokens_done)
-        if not longer:
-            return self.default_remaining_tokens
-        return longer[len(longer) // 2]
+    def remaining_tokens(self, tokens_done: int, finished: FinishedLengths) -> int:
+        """Median remaining tokens of finished programs that were longer than this one so far."""
+        median = finished.median_remaining(tokens_done)
+        return self.default_remaining_tokens if median is None else median
 
-    def priority(self, view: ProgramView, finished_tokens: Sequence[int]) -> int:
+    def priority(self, view: ProgramView, finished: FinishedLengths) -> int:
         """Priority of the program's next request (lower runs first)."""
         rank = view.arrival_rank % _RANKS
         if view.age_s > self.escalate_after_s:
             return -_RANKS + rank
-        return self.remaining_tokens(view.tokens_done, finished_tokens) * _RANKS + rank
+        return self.remaining_tokens(view.tokens_done, finished) * _RANKS + rank
 
 
 SCHEDULERS = {"fcfs": Fcfs, "lpm": LongestPrefixMatch, "app_fifo": AppFifo,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from policies.routing import RequestView
-from policies.scheduling import ProgramView
+from policies.scheduling import FinishedLengths, ProgramView
 from programs.base import Abort, Outcome, RequestSpec
 from programs.traced import Question, Trajectory
 from sim.request_state import Req
@@ -116,7 +116,7 @@ class ProgramDriver:
         self.res = cluster.res
         self.oracle = oracle
         self.scheduler = scheduler
-        self.finished_tokens: list[int] = []   # per finished program, for SJF estimates
+        self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
         self.owner: list[tuple[SimProgram, RequestSpec]] = []  # request idx -> (program, spec)
         self.req_arrival: list[float] = []
         self.req_prompt: list[int] = []
@@ -162,7 +162,7 @@ class ProgramDriver:
         if run.program.done and math.isnan(run.finish_s):
             run.finish_s = self.env.now
             # Aborted requests report their tokens after this: the SJF history takes what is known.
-            self.finished_tokens.append(run.program.tokens)
+            self.finished_tokens.add(run.program.tokens)
             if self.on_program_done is not None:
                 self.on_program_done(run)
 

@@ -14,7 +14,7 @@ from conftest import example_config as _config
 from conftest import run_cli
 from policies.allocation import SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
-from policies.scheduling import DynasorGang, ProgramView, make_scheduler
+from policies.scheduling import DynasorGang, FinishedLengths, ProgramView, make_scheduler
 from policies.search import majority_vote
 from programs.traced import load_questions, load_trajectories
 from sim.calibration import load_calibration
@@ -57,7 +57,7 @@ def test_majority_vote_and_sc_rounds():
 
 def test_schedulers_order_programs():
     views = [ProgramView(0, 1.0, 100), ProgramView(1, 0.5, 10)]
-    fin = [120, 130, 300]
+    fin = FinishedLengths([120, 130, 300])
     assert [make_scheduler("fcfs").priority(v, fin) for v in views] == [0, 0]
     fifo = make_scheduler("app_fifo")
     assert fifo.priority(views[0], fin) < fifo.priority(views[1], fin)
@@ -197,3 +197,21 @@ def test_program_requests_longer_than_max_model_len_are_refused(tmp_path):
                                          r"\d+ \+ output \d+ tokens\) exceeds the model's "
                                          r"max_model_len 64"):
         simulate(parse_config(d, REPO / "examples"))
+
+
+def test_finished_lengths_median_equals_the_sorted_definition():
+    """The SJF estimate's O(log T) structure answers exactly what sorting all finished lengths
+    answers, also past its initial size."""
+    import random
+
+    rng = random.Random(7)
+    fin, ref = FinishedLengths(), []
+    for _ in range(600):
+        t = rng.choice([rng.randint(0, 40), rng.randint(0, 3000)])
+        fin.add(t)
+        ref.append(t)
+        for done in (0, t, rng.randint(0, 3500)):
+            longer = sorted(x - done for x in ref if x > done)
+            assert fin.median_remaining(done) == (longer[len(longer) // 2] if longer else None)
+    with pytest.raises(ValueError):
+        fin.add(-1)
