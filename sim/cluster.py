@@ -7,6 +7,7 @@ own seeded latency noise, a router, and the per-replica load arrays the router r
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from pathlib import Path
@@ -144,7 +145,16 @@ class Cluster:
         """Run the environment with the arrival process until no event is left."""
         self.env.process(process)
         loop0 = time.perf_counter()
-        self.env.run()
+        # The run allocates millions of long-lived, acyclic objects (requests, events, records)
+        # that the cyclic collector would rescan again and again (+20% CPU at 300k requests);
+        # reference counting frees them all, and any cycle is collected once it is back on.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+        finally:
+            if collecting:
+                gc.enable()
         self.loop_s = time.perf_counter() - loop0
 
     def summary(self, events: int, makespan_s: float) -> dict:

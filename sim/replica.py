@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
+from sim.prefix_cache import PrefixCache
 from sim.request_state import PriorityWaiting, Req, Results, priority_key
 from sim.serving_latency import EngineState
 
@@ -81,7 +82,9 @@ class Replica:
         self._ending = False  # inside _on_end: no iteration is in flight
         self.running: list[Req] = []
         self.free_blocks = cfg.kv_blocks
-        self.prefix_cache: dict[int, list[int]] = {}  # group -> [blocks, refcount], LRU order
+        self.prefix_cache = PrefixCache(cfg.block_size)
+        # prefix caching applies to requests of a prefix group (>= 0) when enabled
+        self._caching = cfg.enable_prefix_caching
         self.busy = False
         self.gen = 0            # invalidates a truncated run's end event
         self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
@@ -113,25 +116,18 @@ class Replica:
         if need <= 0:
             return True
         if need > self.free_blocks:
-            self._evict_prefixes(need)
+            self.free_blocks += self.prefix_cache.evict(need - self.free_blocks)
             if need > self.free_blocks:
                 return False
         self.free_blocks -= need
         r.blocks += need
         return True
 
-    def _evict_prefixes(self, need: int) -> None:
-        # Drop unreferenced cached prefixes, least recently used first.
-        for g in [g for g, (b, ref) in self.prefix_cache.items() if ref == 0]:
-            if self.free_blocks >= need:
-                return
-            self.free_blocks += self.prefix_cache.pop(g)[0]
-
     def _release(self, r: Req) -> None:
         self.free_blocks += r.blocks
         r.blocks = 0
         if r.shared:
-            self.prefix_cache[r.group][1] -= 1
+            self.prefix_cache.unref(r.group)
             r.shared = 0
 
     def abort(self, r: Req) -> None:
@@ -170,37 +166,6 @@ class Replica:
         self.res.preemptions[victim.idx] += 1
         self.waiting.appendleft(victim)  # priority mode: re-sorted by (priority, arrival)
 
-    def _prefix_hit(self, r: Req) -> None:
-        if not self.cfg.enable_prefix_caching or r.group < 0 or r.computed:
-            return
-        entry = self.prefix_cache.get(r.group)
-        if entry is None:
-            return
-        self.prefix_cache[r.group] = self.prefix_cache.pop(r.group)  # refresh LRU position
-        entry[1] += 1
-        r.shared = entry[0]
-        r.computed = min(entry[0] * self.cfg.block_size, r.target - 1)
-
-    def _prefix_store(self, r: Req) -> None:
-        # After a prefill passes its shared prefix, its full prefix blocks join the cache.
-        if not self.cfg.enable_prefix_caching or r.group < 0:
-            return
-        full = min(r.prefix_tokens, r.computed) // self.cfg.block_size
-        entry = self.prefix_cache.get(r.group)
-        if r.shared:
-            # A request that borrowed the group's prefix and computed a longer one (the next
-            # chunk of a growing reasoning prefix) extends the entry with its own blocks.
-            if entry is not None and r.shared == entry[0] and full > entry[0]:
-                r.blocks -= full - entry[0]
-                r.shared = entry[0] = full
-            return
-        if entry is not None:
-            return
-        if full > 0:
-            r.blocks -= full
-            r.shared = full
-            self.prefix_cache[r.group] = [full, 1]
-
     # ------------------------------------------------------------------ scheduling
     def _plan(self) -> None:
         """Decide the next iteration (or run of iterations) at an iteration boundary."""
@@ -238,11 +203,12 @@ class Replica:
             # r itself was preempted; the element at i is now the next request
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             r = self.waiting[0]
-            self._prefix_hit(r)
+            if self._caching and r.group >= 0 and not r.computed:
+                self.prefix_cache.hit(r)
             n = min(r.target - r.computed, budget)
             if not self._alloc(r, r.computed + n):
                 if r.shared:  # undo the borrowed prefix: not admitted this time
-                    self.prefix_cache[r.group][1] -= 1
+                    self.prefix_cache.unref(r.group)
                     r.shared = 0
                     r.computed = 0
                 break
@@ -307,9 +273,8 @@ class Replica:
         """Iterations the current all-decode batch can run unchanged (>= 1)."""
         if self.waiting and len(self.running) < self.cfg.max_num_seqs:
             head = self.waiting[0]
-            evictable = sum(b for b, ref in self.prefix_cache.values() if ref == 0)
             if self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
-                    self.free_blocks + evictable:
+                    self.free_blocks + self.prefix_cache.evictable:
                 return 1  # the head could be admitted next iteration
         k = min(r.output - r.generated for r in self.running)
         if k <= 1:
@@ -380,7 +345,8 @@ class Replica:
                     self._alloc(r, r.computed)  # accounted in _stable_run_length: always fits
             else:  # a prefill chunk
                 r.computed += n
-                self._prefix_store(r)
+                if self._caching and r.group >= 0:
+                    self.prefix_cache.store(r)
                 if r.computed >= r.target:
                     r.generated += 1  # the prefill's last chunk samples a token
                     if r.generated == 1:  # first token (a re-prefill after preemption has more)
