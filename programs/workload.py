@@ -8,6 +8,7 @@ same config and seed give the same programs in both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,7 @@ class ProgramPlan:
     sample_ids: tuple[int, ...]
     """traced samples its paths replay, in launch order (cot, sc on a probes trace)"""
 
-    @property
+    @cached_property  # read once per request when tables are written
     def program_id(self) -> str:
         """The program's id in every table."""
         return ids.program_id(self.index)
