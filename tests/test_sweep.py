@@ -24,10 +24,10 @@ POINTS = 16  # 8 configs x 2 seeds
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory) -> Path:
-    """A sweep of the demo cluster: 4 rates x 2 routers x 2 seeds, ~1 s per point."""
+    """A sweep of the demo cluster: 4 rates x 2 routers x 2 seeds, ~0.4 s per point."""
     path = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
     path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\nseeds: 2\ngrid:\n"
-                    "  workload.num_requests: [12000]\n"
+                    "  workload.num_requests: [6000]\n"
                     "  workload.arrival.rate_per_s: [16, 32, 48, 64]\n"
                     "  cluster.router: [round_robin, least_outstanding]\n")
     return path
