@@ -53,8 +53,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     grid = {k: _values(v) for k, v in args.grid}
     try:
-        sweep = _apply_sets(load_sweep(args.spec, grid, list(range(args.seeds))
-                                       if args.seeds else None), args.set)
+        if args.seeds and args.noise_seeds:
+            raise UserError("--seeds or --noise-seeds, not both")
+        n = args.seeds or args.noise_seeds
+        sweep = _apply_sets(load_sweep(args.spec, grid, list(range(n)) if n else None,
+                                       noise=bool(args.noise_seeds)), args.set)
         with _backend(args) as backend:
             df = run_sweep(sweep, args.out, backend, progress=not args.json)
     except ValueError as e:
@@ -182,6 +185,9 @@ def add_sweep_parser(sub) -> None:
     sw.add_argument("--grid", type=_assignment, action="append", default=[],
                     metavar="KEY=V1,V2", help="sweep a config key over values")
     sw.add_argument("--seeds", type=int, default=0, metavar="N", help="seeds 0..N-1")
+    sw.add_argument("--noise-seeds", type=int, default=0, metavar="N",
+                    help="noise seeds 0..N-1: the config's workload under N draws of the "
+                    "step-time noise (needs latency: sampled): the calibration's error band")
     sw.add_argument("--metrics", type=lambda t: t.split(","), default=None,
                     help="metrics to print (mean and 95%% CI over seeds)")
     _add_backend_args(sw)

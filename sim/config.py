@@ -115,6 +115,7 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
     slo = spec.slo
     return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,
                      scheduler=scheduler, seed=spec.seed, latency=spec.latency,
+                     noise_seed=spec.noise_seed,
                      slo_ttft_s=slo.ttft_s if slo else None,
                      slo_tpot_s=slo.tpot_s if slo else None,
                      write_steps=spec.output.steps if spec.output else True, base_dir=base)

@@ -73,6 +73,7 @@ class ConfigSpec(_Strict):
     cluster: ClusterSpec
     seed: Annotated[int, Field(ge=0)] = 0
     latency: Literal["mean", "sampled"] = "mean"
+    noise_seed: Annotated[int, Field(ge=0)] | None = None
     slo: SloSpec | None = None
     output: OutputSpec | None = None
 

@@ -139,3 +139,22 @@ def test_capacity_finds_the_fewest_replicas_with_an_interval(tmp_path):
     assert lo <= n <= hi
     assert p.loc[hi, "lo"] >= 0.85  # the confident count's whole interval meets the target
     json.dumps(a.to_json())  # serialisable for capacity.json
+
+
+def test_noise_seeds_keep_the_workload_and_draw_step_time_noise(tmp_path):
+    """A calibration band as a sweep: the same requests under other step-time noise draws."""
+    from sim.config import read_yaml
+    from sim.sweep import Sweep
+    from sim.sweep.stats import by_point
+
+    base = read_yaml(REPO / "examples" / "demo.yaml")
+    base["workload"]["num_requests"] = 2000
+    with pytest.raises(ValueError, match="latency: sampled"):
+        Sweep(base, REPO / "examples", {}, [], [0, 1], "noise_seed").validate()
+    base["latency"] = "sampled"
+    df = run_sweep(Sweep(base, REPO / "examples", {}, [], [0, 1, 2], "noise_seed"), tmp_path)
+    assert df.point_id.nunique() == 1 and len(df) == 3
+    assert df.output_tokens.nunique() == 1  # the same requests
+    assert df["e2e_s.p50"].nunique() == 3  # other noise, other latencies
+    band = by_point(df, ["e2e_s.p50"]).iloc[0]
+    assert band["e2e_s.p50.lo"] < band["e2e_s.p50"] < band["e2e_s.p50.hi"]

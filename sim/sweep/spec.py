@@ -4,6 +4,8 @@ A sweep file (YAML) names a base simulation config and the overrides to apply to
 
     base: ../examples/dynasor-cot-certaindex.yaml   # relative to the sweep file
     seeds: 3                                        # or a list: [0, 1, 2]
+    # noise_seeds: 20   instead of seeds: the workload stays (the config's seed) and only the
+    #                   step-time noise is drawn anew (latency: sampled): the calibration band
     grid:                                           # every combination
       workload.programs.rate_per_s: [2, 4, 6]
       cluster.scheduler: [fcfs, dynasor]
@@ -29,7 +31,7 @@ from typing import Any
 
 from sim.config import parse_config, read_yaml
 
-SWEEP_KEYS = {"base", "seeds", "grid", "cases"}
+SWEEP_KEYS = {"base", "seeds", "noise_seeds", "grid", "cases"}
 FILE_KEYS = ("calibration", "trace", "path", "model_config")  # config keys that name inputs
 
 
@@ -57,8 +59,13 @@ class Sweep:
     grid: dict[str, list]
     cases: list[dict]
     seeds: list[int]
+    seed_key: str = "seed"
+    """what a seed sets: `seed` (workload, routing and noise) or `noise_seed` (the step-time
+    noise alone, over the config's workload)"""
 
     def __post_init__(self) -> None:
+        if self.seed_key not in ("seed", "noise_seed"):
+            raise ValueError(f"sweep: seed_key must be seed or noise_seed, not {self.seed_key!r}")
         if not self.seeds:
             raise ValueError("sweep: seeds is empty")
         if len(set(self.seeds)) != len(self.seeds):
@@ -88,10 +95,10 @@ class Sweep:
         digests: dict[str, str] = {}
         out = []
         for ov, cfg in self.configs():
-            point_id = point_hash({k: v for k, v in cfg.items() if k != "seed"}, self.base_dir,
-                                  digests)
+            point_id = point_hash({k: v for k, v in cfg.items() if k != self.seed_key},
+                                  self.base_dir, digests)
             for seed in self.seeds:
-                out.append((Point(len(out), ov, seed, point_id), {**cfg, "seed": seed}))
+                out.append((Point(len(out), ov, seed, point_id), {**cfg, self.seed_key: seed}))
         return out
 
     def validate(self) -> None:
@@ -101,6 +108,9 @@ class Sweep:
                 parse_config(d, self.base_dir)
             except ValueError as e:
                 raise ValueError(f"sweep point {point.label()}: {e}") from None
+            if self.seed_key == "noise_seed" and d.get("latency") != "sampled":
+                raise ValueError(f"sweep point {point.label()}: noise seeds draw step-time noise "
+                                 "only under latency: sampled (set it in the config or --set)")
 
 
 def apply_overrides(base: dict, overrides: list[tuple[str, Any]]) -> dict:
@@ -176,9 +186,10 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def load_sweep(path: str | Path, grid: dict | None = None, seeds: list[int] | None = None
-               ) -> Sweep:
-    """A sweep file, or a plain config swept by `grid`/`seeds` given here (the CLI's flags)."""
+def load_sweep(path: str | Path, grid: dict | None = None, seeds: list[int] | None = None,
+               noise: bool = False) -> Sweep:
+    """A sweep file, or a plain config swept by `grid`/`seeds` given here (the CLI's flags;
+    `noise`: the seeds are noise seeds)."""
     path = Path(path)
     d = read_yaml(path)
     if not isinstance(d, dict):
@@ -190,16 +201,22 @@ def load_sweep(path: str | Path, grid: dict | None = None, seeds: list[int] | No
                              f"(allowed: {sorted(SWEEP_KEYS)})")
         base_path = path.parent / d["base"]
         base = read_yaml(base_path)
-        spec_grid, spec_cases, spec_seeds = d.get("grid") or {}, d.get("cases") or [], \
-            d.get("seeds", 1)
+        if "seeds" in d and "noise_seeds" in d:
+            raise ValueError(f"{path}: give seeds or noise_seeds, not both")
+        spec_grid, spec_cases = d.get("grid") or {}, d.get("cases") or []
+        seed_key = "noise_seed" if "noise_seeds" in d else "seed"
+        spec_seeds = d.get("noise_seeds", d.get("seeds", 1))
     else:  # a plain simulation config: the flags are the whole sweep
         base_path, base, spec_grid, spec_cases, spec_seeds = path, d, {}, [], 1
+        seed_key = "seed"
+    if noise:  # the command line's seeds replace the file's, as noise seeds
+        seed_key = "noise_seed"
     if isinstance(spec_seeds, int):
         spec_seeds = list(range(spec_seeds))
     if not isinstance(base, dict):
         raise ValueError(f"{base_path}: not a mapping")
     try:
         return Sweep(base, base_path.parent, {**spec_grid, **(grid or {})}, list(spec_cases),
-                     list(seeds if seeds is not None else spec_seeds))
+                     list(seeds if seeds is not None else spec_seeds), seed_key)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None

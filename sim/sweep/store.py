@@ -84,7 +84,7 @@ def write_results(out_dir: Path, sweep: Sweep, df: pd.DataFrame) -> Path:
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
     os.replace(tmp, path)
     spec = {"base": sweep.base, "base_dir": str(sweep.base_dir), "grid": sweep.grid,
-            "cases": sweep.cases, "seeds": sweep.seeds}
+            "cases": sweep.cases, "seeds": sweep.seeds, "seed_key": sweep.seed_key}
     (out_dir / "sweep.json").write_text(json.dumps(spec, indent=1, default=str) + "\n")
     return path
 
