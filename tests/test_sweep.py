@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from sim.sweep import Backend, load_sweep, run_sweep
-from sim.sweep.capacity import Question, Search
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "reasonsim.cli"]
@@ -121,26 +120,6 @@ def test_sweep_refuses_an_override_the_config_lacks(tmp_path):
     assert r.returncode == 2 and "cluster.routr" in r.stderr
 
 
-def test_capacity_finds_the_fewest_replicas_with_an_interval(tmp_path):
-    """More replicas, more attainment: the answer is the first count whose mean meets the
-    target, bracketed by the optimistic and confident counts."""
-    from sim.config import read_yaml
-
-    base = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
-    base["workload"]["programs"].update(rate_per_s=8, count=128)
-    q = Question("replicas", 0.85, seeds=(0, 1, 2))
-    with Backend(2) as backend:
-        a = Search("certaindex", base, REPO / "examples", q, tmp_path, backend).answer()
-    p = a.probes.set_index("value")
-    n = a.answer
-    assert n is not None and n > 1
-    assert p.loc[n, "mean"] >= 0.85 and p.loc[n - 1, "mean"] < 0.85
-    lo, hi = a.interval
-    assert lo <= n <= hi
-    assert p.loc[hi, "lo"] >= 0.85  # the confident count's whole interval meets the target
-    json.dumps(a.to_json())  # serialisable for capacity.json
-
-
 def test_noise_seeds_keep_the_workload_and_draw_step_time_noise(tmp_path):
     """A calibration band as a sweep: the same requests under other step-time noise draws."""
     from sim.config import read_yaml
@@ -158,3 +137,25 @@ def test_noise_seeds_keep_the_workload_and_draw_step_time_noise(tmp_path):
     assert df["e2e_s.p50"].nunique() == 3  # other noise, other latencies
     band = by_point(df, ["e2e_s.p50"]).iloc[0]
     assert band["e2e_s.p50.lo"] < band["e2e_s.p50"] < band["e2e_s.p50.hi"]
+
+
+def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
+    """The README's capacity example, run as written: its answers and intervals."""
+    r = subprocess.run(CLI + ["capacity", "examples/dynasor-cot-certaindex.yaml",
+                              "examples/dynasor-cot-budget.yaml", "--over", "replicas",
+                              "--target", "0.9", "--set", "workload.programs.rate_per_s=8",
+                              "-o", str(tmp_path), "--json"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    answers = json.loads(r.stdout)["answers"]
+    got = {a["policy"]: (a["answer"], a["interval"]) for a in answers}
+    assert got == {"dynasor-cot-certaindex": (4, [4, 6]), "dynasor-cot-budget": (2, [1, 2])}
+    # More replicas, more attainment: the answer is the first count whose mean meets the
+    # target; the confident bound's whole interval meets it, the optimistic one's partly.
+    probes = {p["value"]: p for p in answers[0]["probes"]}
+    assert probes[4]["mean"] >= 0.9 > probes[3]["mean"]
+    assert probes[6]["lo"] >= 0.9 > probes[5]["lo"]
+    assert probes[4]["hi"] >= 0.9 > probes[3]["hi"]
+    readme = (REPO / "README.md").read_text()
+    assert "certaindex **4 replicas [4, 6]** and budget **2 [1, 2]**" in readme
+    assert (tmp_path / "capacity.png").stat().st_size > 0
