@@ -280,14 +280,19 @@ class Replica:
         if k <= 1:
             return 1
         bs = self.cfg.block_size
+        need = 0  # new blocks k iterations take: the usual check, in plain Python (no arrays)
+        for r in self.running:
+            x = -(-(r.computed + k) // bs) - r.blocks - r.shared
+            if x > 0:
+                need += x
+        if need <= self.free_blocks:
+            return k
         comp = np.fromiter((r.computed for r in self.running), dtype=np.int64)
         held = np.fromiter((r.blocks + r.shared for r in self.running), dtype=np.int64)
 
         def extra(j: int) -> int:  # new blocks needed to run j iterations
             return int(np.maximum(-(-(comp + j) // bs) - held, 0).sum())
 
-        if extra(k) <= self.free_blocks:
-            return k
         lo, hi = 1, k  # extra(lo) fits (the planned iteration allocated it), extra(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
