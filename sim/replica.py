@@ -280,19 +280,18 @@ class Replica:
         if k <= 1:
             return 1
         bs = self.cfg.block_size
-        need = 0  # new blocks k iterations take: the usual check, in plain Python (no arrays)
-        for r in self.running:
-            x = -(-(r.computed + k) // bs) - r.blocks - r.shared
-            if x > 0:
-                need += x
-        if need <= self.free_blocks:
+        running = self.running
+
+        def extra(j: int) -> int:  # new blocks needed to run j iterations (plain Python: small)
+            need = 0
+            for r in running:
+                x = -(-(r.computed + j) // bs) - r.blocks - r.shared
+                if x > 0:
+                    need += x
+            return need
+
+        if extra(k) <= self.free_blocks:
             return k
-        comp = np.fromiter((r.computed for r in self.running), dtype=np.int64)
-        held = np.fromiter((r.blocks + r.shared for r in self.running), dtype=np.int64)
-
-        def extra(j: int) -> int:  # new blocks needed to run j iterations
-            return int(np.maximum(-(-(comp + j) // bs) - held, 0).sum())
-
         lo, hi = 1, k  # extra(lo) fits (the planned iteration allocated it), extra(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2

@@ -18,7 +18,7 @@ import pandas as pd
 
 import sim.sweep.store as store
 from sim.sweep.run import Backend, run_points
-from sim.sweep.spec import Sweep, apply_overrides
+from sim.sweep.spec import Sweep
 from sim.sweep.stats import LEVEL, mean_ci
 
 CRITERIA = ("mean", "confident", "optimistic")
@@ -128,7 +128,7 @@ class Search:
 
     def base_value(self) -> float:
         """The config's own rate or replica count (where the search starts)."""
-        node = apply_overrides(self.base, [])
+        node = self.base
         for part in self.keys[0].split("."):
             node = node[int(part)] if isinstance(node, list) else node[part]
         return node

@@ -68,7 +68,7 @@ def run_points(sweep: Sweep, out_dir: Path, backend: "Backend", progress: bool =
             if not store.point_path(out_dir, p.point_id, p.seed).exists()]
     tasks = [(p.point_id, p.seed, d, str(sweep.base_dir), str(out_dir)) for p, d in todo]
     if tasks:
-        with backend.session(), _Progress(progress, len(pairs), len(pairs) - len(todo)) as bar:
+        with _Progress(progress, len(pairs), len(pairs) - len(todo)) as bar:
             backend.run(tasks, Path(out_dir), bar.advance)
     return [p for p, _ in pairs]
 
