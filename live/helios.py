@@ -44,8 +44,10 @@ class LiveModels:
             eng.unload_layers(0)  # the repository holds every model's embedding and head only
         self.loaded: tuple[str, int] | None = None
 
-    def configure(self, model: str, depth: int, batch: int) -> tuple[TorchEngine, float]:
-        """The engine for `model` at `depth` with `batch` slots; the load time it took (ms)."""
+    def configure(self, model: str, depth: int, batch: int, exit_threshold: float | None = None
+                  ) -> tuple[TorchEngine, float]:
+        """The engine for `model` at `depth` with `batch` slots (with an exit threshold: layer
+        skipping, one slot); the load time it took (ms)."""
         eng = self.engines[model]
         load_ms = 0.0
         if self.loaded is not None and self.loaded[0] != model:
@@ -54,8 +56,11 @@ class LiveModels:
             load_ms = eng.load_layers(depth)
         elif eng.loaded_layers > depth:
             eng.unload_layers(depth)
+        eng.set_exits(None)
         if eng.spec.max_num_seqs != batch:
             eng.set_max_num_seqs(batch)
+        if exit_threshold is not None:
+            eng.set_exits(exit_threshold, skip_layers=True)
         self.loaded = (model, depth)
         return eng, load_ms
 
@@ -71,26 +76,26 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
     t0 = time.perf_counter()
     while (rnd := program.next_round()) is not None:
         s = rnd.serve
-        if s.exit_threshold is not None:  # the simulator cannot compare it yet (sim/helios.py)
-            raise ValueError("per-token exits at a threshold (the EE-full baseline) are not "
-                             "replayed yet: serve at a loaded depth")
-        eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts))
+        eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts), s.exit_threshold)
         start = time.perf_counter() - t0
         index = {f"q{i}": i for i in rnd.prompts}
         for rid, i in index.items():
             eng.add(rid, prompts[i], max_tokens=max_tokens)
         probs: dict[int, list] = {i: [] for i in rnd.prompts}
+        exits: dict[int, list] = {i: [] for i in rnd.prompts}
         first: dict[int, float] = {}
         finish: dict[int, float] = {}
-        steps, busy_ms = 0, 0.0
+        steps, busy_ms, layer_tokens = 0, 0.0, 0
         while eng.has_unfinished():
             res = eng.step()
             now = time.perf_counter() - t0
             steps += 1
             busy_ms += res.duration_ms
+            layer_tokens += len(res.layer_ms) * (res.prefill_tokens + res.decode_seqs)
             for t in res.tokens:
                 i = index[t.request_id]
                 probs[i].append(t.max_probs)
+                exits[i].append((t.exit_layer, t.exit_prob))
                 first.setdefault(i, now)
             for rid in res.finished:
                 finish[index[rid]] = now
@@ -101,13 +106,12 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
                              "arrival_s": start, "first_token_s": first[i],
                              "finish_s": finish[i], "prompt_tokens": len(prompts[i]),
                              "output_tokens": len(toks[k]),
-                             "nll_sum": float(-sum(_log(t[-1]) for t in toks[k]))})
+                             "exit_layers": [e for e, _ in exits[i]],
+                             "nll_sum": float(-sum(_log(p) for _, p in exits[i]))})
         round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                            "batch": len(rnd.prompts), "steps": steps, "load_ms": load_ms,
-                           "busy_ms": busy_ms,
-                           "event": s.event or "",
-                           "layer_tokens": s.depth * (sum(len(prompts[i]) for i in rnd.prompts)
-                                                      + sum(len(t) for t in toks))})
+                           "busy_ms": busy_ms, "event": s.event or "",
+                           "layer_tokens": layer_tokens})
         program.finish_round(toks)
     return pd.DataFrame(req_rows), pd.DataFrame(round_rows), list(program.policy.events)
 
@@ -118,7 +122,8 @@ def _warm_up(engine: TorchEngine) -> None:
         engine.load_layers(engine.num_layers)
     engine.set_max_num_seqs(4)
     for i in range(4):
-        engine.add(f"warmup-{i}", [5 + i] * (16 + 8 * i), max_tokens=8, stop_at_eos=False)
+        length = max(1, min(16 + 8 * i, engine.spec.max_model_len - 8))
+        engine.add(f"warmup-{i}", [5 + i] * length, max_tokens=8, stop_at_eos=False)
     while engine.has_unfinished():
         for rid in engine.step().finished:
             engine.output_ids(rid)

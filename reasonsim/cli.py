@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "phases of one task family each on the PyTorch engine at full depth "
                          "(greedy) and record, per output token, the max probability and argmax "
                          "at every exit; per step, each layer's time; per layer, weight and KV "
-                         "bytes and the measured load time.")
+                         "bytes and the measured load time. The stream is also served with layer "
+                         "skipping (EE-LLM style, one sequence) at each --ee-thresholds value, "
+                         "to time the EE-full baseline's steps.")
     ex.add_argument("--model", default=str(DEFAULT_MODEL),
                     help="Llama model directory; default: the testbed's target-large")
     ex.add_argument("-o", "--out", required=True, help="trace directory to write")
@@ -144,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--max-tokens", type=int, default=96)
     ex.add_argument("--max-num-seqs", type=int, default=32)
     ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    ex.add_argument("--ee-thresholds", type=lambda t: tuple(float(x) for x in t.split(",") if x),
+                    default=(0.9,), help="thresholds of the layer-skipping passes (EE-full "
+                    "baseline); '' for none. Default: 0.9")
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--json", action="store_true")
     ex.add_argument("-q", "--quiet", action="store_true")

@@ -153,7 +153,8 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         d = r["decisions"]
         t = Table(title=f"{name}: same model/depth {d['prompts']:.0%} of prompts, events "
                   f"{'equal' if d['events_equal'] else 'DIFFER'} ({d['events']}), same "
-                  f"output lengths {d['same_output_tokens']:.0%}")
+                  f"output lengths {d['same_output_tokens']:.0%}, same exit layers "
+                  f"{d['same_exit_layers']:.1%} of tokens")
         for col in ("metric", "sim", "live (median)", "error", "live-vs-live spread"):
             t.add_column(col, justify="right")
         for m in METRICS:

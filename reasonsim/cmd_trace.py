@@ -81,10 +81,12 @@ def cmd_trace_exits(args: argparse.Namespace) -> int:
         raise UserError(f"--phases: unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
     if min(args.prompts_per_phase, args.max_tokens, args.max_num_seqs) < 1:
         raise UserError("--prompts-per-phase, --max-tokens and --max-num-seqs must be >= 1")
+    if any(not 0 < t <= 1 for t in args.ee_thresholds):
+        raise UserError("--ee-thresholds: each must be in (0, 1]")
     wl = ExitsWorkload(phases=args.phases, prompts_per_phase=args.prompts_per_phase,
                        max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs, seed=args.seed)
     summary = trace_exits(args.model, args.out, wl, load_format=args.load_format,
-                          progress=not args.quiet)
+                          progress=not args.quiet, ee_thresholds=args.ee_thresholds)
     print_summary(summary, args.json)
     return 0
 

@@ -10,6 +10,13 @@ The program (`programs.helios.HeliosProgram`) plans rounds; this module serves t
 time: a layer load or model switch is a timed event (layers x measured load time), then the
 round's prefill step and its decode steps, fast-forwarded between sequence finishes with the
 step-time model's closed form (events grow with rounds and finishes, not tokens).
+
+The EE-full baseline (whole model loaded, one sequence, per-token exits at a threshold, EE-LLM's
+layer skipping with KV recomputation as `tracers/torch_engine.py` runs it) serves each prompt
+alone: the tokens are the full-depth stream's, each exits at the first layer whose max
+probability reaches the threshold, and each decode step runs layers 1..its exit over the new
+token plus the pending ones (those fed since the last step that ran every layer). Its step time
+is a second layered model fitted on the trace's layer-skipping steps (`ee<t>` cells).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import simpy
 from policies.helios import Candidate, Serve
 from programs.helios import HeliosProgram
 from sim.exits import load_exits
-from sim.latency import run_ms
+from sim.latency import feature_matrix, run_ms
 from sim.layered import LayeredModel, fit_layered
 from traces.store import read_run, read_table
 
@@ -50,9 +57,11 @@ class ModelProfile:
     load_ms_per_layer: float
     device: str
     workload: dict = field(default_factory=dict)
+    """the trace's prompt-stream parameters (live replay regenerates the prompts from them)"""
     resident_bytes: int = 0
     """weights outside the decoder layers (embedding, head): always in memory"""
-    """the trace's prompt-stream parameters (live replay regenerates the prompts from them)"""
+    ee_step: LayeredModel | None = None
+    """step time with layer skipping (EE-full), from the trace's `ee<t>` steps; None: untraced"""
 
 
 def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile:
@@ -78,13 +87,16 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
         elif lengths != prompt_tokens:
             raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
     step = fit_steps(trace_dir, layers)
+    ee_step = fit_steps(trace_dir, layers, cells="ee") if "ee_thresholds" in params and \
+        params["ee_thresholds"] else None
     return ModelProfile(name=name or Path(str(run["model_id"])).name,
                         model_dir=_model_dir(str(run["model_id"]), trace_dir), layers=layers,
                         prompt_tokens=prompt_tokens, streams=streams, step=step,
                         weight_bytes=int(layers_df.weight_bytes.iloc[0]),
                         kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
                         load_ms_per_layer=float(layers_df.load_ms.median()),
-                        device=str(run["device"]), workload=params.get("workload", {}))
+                        device=str(run["device"]), workload=params.get("workload", {}),
+                        ee_step=ee_step)
 
 
 
@@ -100,12 +112,13 @@ def _model_dir(model_id: str, trace_dir: str | Path) -> str:
     return str(p)
 
 
-def fit_steps(trace_dir: str | Path, layers: int) -> LayeredModel:
-    """The per-layer step-time model from a trace's steps (depth = its layer_times rows)."""
+def fit_steps(trace_dir: str | Path, layers: int, cells: str = "depth") -> LayeredModel:
+    """The per-layer step-time model from a trace's steps of the cells named `cells<...>`
+    (`depth`: at a loaded depth; `ee`: layer skipping), a step's depth = its layer_times rows."""
     steps = read_table(trace_dir, "steps").to_pandas()
     depth = read_table(trace_dir, "layer_times").to_pandas().groupby("step_id").layer.count()
     steps["depth"] = steps.step_id.map(depth)
-    steps = steps[~steps.is_warmup & steps.depth.notna()]
+    steps = steps[~steps.is_warmup & steps.depth.notna() & steps.cell_id.str.startswith(cells)]
     return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
                        steps.depth, steps.duration_ms, layers, prefill_seqs=steps.prefill_seqs)
 
@@ -177,9 +190,6 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
         loaded: tuple[str, int] | None = None
         while (rnd := program.next_round()) is not None:
             s = rnd.serve
-            if s.exit_threshold is not None:  # per-token exits need threshold streams and times
-                raise ValueError("per-token exits at a threshold (the EE-full baseline) are not "
-                                 "simulated yet: serve at a loaded depth")
             p = profiles[s.model]
             load_ms = reload_ms(loaded, (s.model, s.depth), profiles)
             if load_ms:
@@ -187,25 +197,32 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
             loaded = (s.model, s.depth)
             start = env.now
             toks = [p.streams[s.depth][i] for i in rnd.prompts]
-            times = round_times(p.step.at_depth(s.depth), [p.prompt_tokens[i] for i in rnd.prompts],
-                                [len(t) for t in toks], scale=p.step.residual_sampler()[0],
-                                per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1))
+            prompts = [p.prompt_tokens[i] for i in rnd.prompts]
+            if s.exit_threshold is None:
+                exits = [[s.depth] * len(t) for t in toks]
+                times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
+                                    scale=p.step.residual_sampler()[0],
+                                    per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1))
+                # tokens each layer processed: the prompts, and every output but the last
+                layer_tokens = s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
+            else:
+                exits = [[exit_layer(x, s.exit_threshold) for x in t] for t in toks]
+                times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth)
+                layer_tokens = times["layer_tokens"]
             yield env.timeout(times["end_s"])
             for k, i in enumerate(rnd.prompts):
                 req_rows.append({"prompt": i, "model": s.model, "depth": s.depth,
                                  "arrival_s": start, "first_token_s": start + times["first_s"],
                                  "finish_s": start + times["finish_s"][k],
                                  "prompt_tokens": p.prompt_tokens[i],
-                                 "output_tokens": len(toks[k]),
-                                 "nll_sum": float(-sum(math.log(max(t[-1], 1e-12))
-                                                       for t in toks[k]))})
+                                 "output_tokens": len(toks[k]), "exit_layers": exits[k],
+                                 "nll_sum": float(-sum(math.log(max(t[e - 1], 1e-12))
+                                                       for t, e in zip(toks[k], exits[k])))})
             round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                "batch": len(rnd.prompts), "steps": times["steps"],
                                "busy_ms": times["end_s"] * 1e3,
                                "load_ms": load_ms, "event": s.event or "",
-                               "layer_tokens": s.depth * (sum(p.prompt_tokens[i]
-                                                              for i in rnd.prompts)
-                                                          + sum(len(t) for t in toks))})
+                               "layer_tokens": layer_tokens})
             program.finish_round(toks)
 
     env.process(serve())
@@ -224,6 +241,38 @@ def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],
     model, depth = want
     have = loaded[1] if loaded is not None and loaded[0] == model else 0
     return max(depth - have, 0) * profiles[model].load_ms_per_layer
+
+
+def exit_layer(max_probs: list[float], threshold: float) -> int:
+    """1-based exit of a token: the first exit whose max probability reaches the threshold."""
+    return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
+
+
+def _ee_step(p: ModelProfile) -> LayeredModel:
+    if p.ee_step is None:
+        raise ValueError(f"{p.name}: the EE-full baseline needs an exits trace with layer-skipping "
+                         "steps (reasonsim trace exits --ee-thresholds 0.9)")
+    return p.ee_step
+
+
+def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: int) -> dict:
+    """One sequence with layer skipping: the prefill runs every layer; the decode step giving
+    token j runs layers 1..exits[j] over the new token and the pending ones (fed since the last
+    step that ran all `layers`), and leaves them pending unless it ran every layer."""
+    n = len(exits)
+    pending = np.zeros(n, dtype=float)  # pending tokens each decode step recomputes
+    for j in range(2, n):
+        pending[j] = 0 if exits[j - 1] == layers else pending[j - 1] + 1
+    depth = np.asarray(exits, dtype=float)
+    context = prompt_tokens + np.arange(n, dtype=float)  # computed tokens after step j
+    x = feature_matrix(pending[1:], np.ones(n - 1), context[1:])
+    decode_ms = x @ np.asarray(model.fixed_ms) + depth[1:] * (x @ np.asarray(model.layer_ms))
+    first_ms = model.at_depth(layers).step_ms(prompt_tokens, 0, prompt_tokens) \
+        + model.prefill_seqs_ms(layers, 1)
+    scale = model.residual_sampler()[0]
+    end_s = (first_ms + float(decode_ms.sum())) * scale / 1e3
+    return {"first_s": first_ms * scale / 1e3, "finish_s": [end_s], "end_s": end_s, "steps": n,
+            "layer_tokens": int(layers * prompt_tokens + (depth[1:] * (pending[1:] + 1)).sum())}
 
 
 def round_times(model, prompt_tokens: list[int], output_tokens: list[int],

@@ -8,6 +8,7 @@
       policies:                             # each served over the same prompt stream
         - {type: static, model: target-large}
         - {type: helios, strategy: throughput, threshold: 0.9, reassess_every: 60}
+        - {type: ee_full, model: target-large, threshold: 0.9}   # EE-LLM style baseline
 
 Strict like the simulate config: unknown keys, wrong types and out-of-range values are one-line
 errors naming the key.
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from policies.helios import STRATEGIES, Helios, Static
+from policies.helios import STRATEGIES, EarlyExitFull, Helios, Serve, Static
 from programs.helios import HeliosProgram
 from sim.config_schema import one_line
 from sim.helios import HeliosResult, Memory, ModelProfile, candidate, load_profile, simulate_stream
@@ -79,6 +80,16 @@ class StaticSpec(_Strict):
     label: str | None = None
 
 
+class EarlyExitSpec(_Strict):
+    """Baseline: one early-exit model, every layer loaded, one sequence at a time, each token
+    leaving at the first exit that reaches the threshold (EE-LLM style layer skipping)."""
+
+    type: Literal["ee_full"]
+    model: str
+    threshold: Share = 0.9
+    label: str | None = None
+
+
 class HeliosSpec(_Strict):
     """HELIOS over every candidate model."""
 
@@ -101,7 +112,7 @@ class HeliosSection(_Strict):
     what_if: WhatIfSpec | None = None
     memory_mb: Annotated[float, Field(gt=0)]
     max_num_seqs: Count = 256
-    policies: Annotated[list[Annotated[Union[StaticSpec, HeliosSpec],
+    policies: Annotated[list[Annotated[Union[StaticSpec, EarlyExitSpec, HeliosSpec],
                                        Field(discriminator="type")]], Field(min_length=1)]
 
 
@@ -146,9 +157,18 @@ class Experiment:
                                  f"{name} and one sequence's KV")
         self.candidates = {n: candidate(p, self.memory) for n, p in self.profiles.items()}
         for k, pol in enumerate(h.policies):
-            if isinstance(pol, StaticSpec) and pol.model not in self.profiles:
+            if isinstance(pol, (StaticSpec, EarlyExitSpec)) and pol.model not in self.profiles:
                 raise ValueError(f"helios.policies[{k}].model: {pol.model!r} is not one of "
                                  f"{', '.join(self.profiles)}")
+            if isinstance(pol, EarlyExitSpec):
+                p = self.profiles[pol.model]
+                if p.ee_step is None:
+                    raise ValueError(f"helios.policies[{k}]: ee_full needs {pol.model}'s exits "
+                                     "trace to have layer-skipping steps (reasonsim trace exits "
+                                     "--ee-thresholds 0.9)")
+                if self.memory.batch(p, p.layers) < 1:
+                    raise ValueError(f"helios.policies[{k}]: ee_full loads all of {pol.model}; "
+                                     f"helios.memory_mb {h.memory_mb} MB cannot hold it")
         names = [self.policy_name(p) for p in h.policies]
         if len(set(names)) != len(names):
             raise ValueError("helios.policies: two policies with one name (give one a 'label')")
@@ -170,21 +190,30 @@ class Experiment:
                                Device(**w.device.model_dump()), seed)
 
     @staticmethod
-    def policy_name(p: StaticSpec | HeliosSpec) -> str:
+    def policy_name(p: StaticSpec | EarlyExitSpec | HeliosSpec) -> str:
         """A policy's label in tables and figures."""
         if p.label:
             return p.label
-        return f"static:{p.model}" if isinstance(p, StaticSpec) else f"helios:{p.strategy}"
+        if isinstance(p, HeliosSpec):
+            return f"helios:{p.strategy}"
+        return f"{p.type}:{p.model}"
 
-    def program(self, p: StaticSpec | HeliosSpec) -> HeliosProgram:
+    def program(self, p: StaticSpec | EarlyExitSpec | HeliosSpec) -> HeliosProgram:
         """A fresh program (and policy) for one policy spec."""
         if isinstance(p, StaticSpec):
             policy = Static(self.candidates[p.model])
+        elif isinstance(p, EarlyExitSpec):
+            policy = EarlyExitFull(self.candidates[p.model], p.threshold)
         else:
             args = p.model_dump(exclude={"type", "label"})
             policy = Helios(list(self.candidates.values()), **args)
-        return HeliosProgram(policy, self.num_prompts,
-                             lambda s: self.memory.batch(self.profiles[s.model], s.depth))
+        return HeliosProgram(policy, self.num_prompts, self.max_batch)
+
+    def max_batch(self, s: Serve) -> int:
+        """Sequences a decision serves at once: what memory allows; one with layer skipping."""
+        if s.exit_threshold is not None:
+            return 1
+        return self.memory.batch(self.profiles[s.model], s.depth)
 
     def simulate(self) -> dict[str, HeliosResult]:
         """Every policy simulated over the stream."""

@@ -67,11 +67,17 @@ def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
 
 
 def agreement(a: HeliosResult, b: HeliosResult) -> dict:
-    """Share of prompts served by the same model and depth; equal event lists; equal outputs."""
+    """Share of prompts served by the same model and depth; equal event lists; equal output
+    lengths; share of tokens (by prompt and position) leaving at the same exit layer."""
     m = a.requests.merge(b.requests, on="prompt", suffixes=("_a", "_b"))
     same = (m.model_a == m.model_b) & (m.depth_a == m.depth_b)
     ev_a = [(i, s.event, s.model, s.depth) for i, s in a.events]
     ev_b = [(i, s.event, s.model, s.depth) for i, s in b.events]
+    tokens = same_exit = 0
+    for xa, xb in zip(m.exit_layers_a, m.exit_layers_b):
+        tokens += max(len(xa), len(xb))
+        same_exit += sum(x == y for x, y in zip(xa, xb))
     return {"prompts": float(same.mean()), "events_equal": ev_a == ev_b,
             "events": len(ev_a), "same_output_tokens": float(
-                (m.output_tokens_a == m.output_tokens_b).mean())}
+                (m.output_tokens_a == m.output_tokens_b).mean()),
+            "same_exit_layers": same_exit / tokens if tokens else math.nan}

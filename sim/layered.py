@@ -18,7 +18,8 @@ from typing import ClassVar
 import numpy as np
 from scipy.optimize import nnls
 
-from sim.latency import FEATURES, LatencyModel, coefficients, feature_matrix, residual_quantiles
+from sim.latency import (FEATURES, LatencyModel, coefficients, feature_matrix, midpoints,
+                         residual_quantiles)
 from sim.step_time import register
 
 
@@ -107,7 +108,7 @@ def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms,
     coef, _ = nnls((xx / scale) / y[:, None], np.ones_like(y))
     coef = coef / scale
     log_ratio = np.log(y / np.maximum(xx @ coef, 1e-9))
-    q = np.quantile(log_ratio, np.linspace(0, 1, quantiles))
+    q = np.quantile(log_ratio, midpoints(quantiles))  # not 0..1: one stall would weigh 1%
     k = len(FEATURES)
     return LayeredModel(tuple(map(float, coef[:k])), tuple(map(float, coef[k:2 * k])), int(layers),
                         tuple(map(float, q)), (float(coef[-2]), float(coef[-1])))

@@ -9,7 +9,10 @@ examples (a `helios:` section), A1 examples (`method: a1`) and ToT examples (`me
 were added later with their first output as golden. The examples whose replicas share a
 device (a1-*, seed-greedy, seed-sampled) were regenerated when such replicas began composing an
 iteration at their turn (`sim.cluster.Device`: what arrived meanwhile joins it, as in the live
-runner's loop) instead of when they first asked.
+runner's loop) instead of when they first asked. The HELIOS goldens were regenerated when the
+exits traces were re-traced on the machine that replays them (with layer-skipping steps for the
+EE-full baseline, added to helios-testbed), the layered fit took midpoint residual quantiles, and
+layer-token executions stopped counting each sequence's last output token (no layer runs it).
 """
 
 from __future__ import annotations

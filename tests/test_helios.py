@@ -30,8 +30,8 @@ def test_trace_exits_records_every_exit_at_every_depth(tmp_path):
     assert read_run(out)["engine"] == "torch"
     exits = read_table(out, "exits").to_pandas()
     reqs = read_table(out, "requests").to_pandas()
-    # 6 prompts x 2 depths; a token at depth d has exits 1..d.
-    assert len(reqs) == 12 == summary["requests"]
+    # 6 prompts x (2 depths + a layer-skipping pass); a token at depth d has exits 1..d.
+    assert len(reqs) == 18 == summary["requests"]
     per_depth = reqs.assign(depth=reqs.request_id.map(
         exits.groupby("request_id").loaded_layers.first()))
     tokens = per_depth.groupby("depth").output_tokens.sum()
@@ -42,6 +42,14 @@ def test_trace_exits_records_every_exit_at_every_depth(tmp_path):
     times = read_table(out, "layer_times").to_pandas()
     steps = read_table(out, "steps").to_pandas()
     assert set(times.step_id) == set(steps.step_id)
+    # The layer-skipping pass: one sequence; a decode step runs layers 1..its exit.
+    ee = steps[steps.cell_id == "ee0.9"].assign(
+        layers_run=lambda d: d.step_id.map(times.groupby("step_id").layer.count()))
+    assert len(ee) > 0 and (ee.prefill_seqs + ee.decode_seqs == 1).all()
+    assert set(ee[ee.decode_seqs == 1].layers_run) == {1, 2}
+    assert (ee[ee.prefill_seqs == 1].layers_run == 2).all()
+    ee_requests = set(reqs.request_id[reqs.request_id.str.startswith("ee0.9-")])
+    assert len(ee_requests) == 6 and not ee_requests & set(exits.request_id)
     proc = run_cli("trace", "exits", "--model", str(TESTBED / "draft"), "-o", str(tmp_path / "x"),
                    "--phases", "poetry", check=False)
     assert proc.returncode == 2 and "--phases: unknown family 'poetry'" in proc.stderr
@@ -112,9 +120,14 @@ def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
     (lambda h: h.update(memory_mb=-1), "helios.memory_mb: Input should be greater than 0"),
     (lambda h: h.update(memory_mb=0.5), "cannot hold one layer"),
     (lambda h: h["policies"].append({"type": "static", "model": "gpt"}),
-     "helios.policies[6].model: 'gpt' is not one of target-large, target-small"),
+     "helios.policies[7].model: 'gpt' is not one of target-large, target-small"),
     (lambda h: h["policies"].append({"type": "helios", "strategy": "speed"}),
-     "helios.policies[6].helios.strategy"),
+     "helios.policies[7].helios.strategy"),
+    (lambda h: h["policies"].append({"type": "ee_full", "model": "gpt"}),
+     "helios.policies[7].model: 'gpt' is not one of"),
+    (lambda h: h["policies"].append({"type": "ee_full", "model": "target-small",
+                                     "threshold": 1.5}),
+     "helios.policies[7].ee_full.threshold: Input should be less than or equal to 1"),
     (lambda h: h["policies"].append({"type": "static", "model": "target-small"}),
      "two policies with one name"),
     (lambda h: h["models"].append({"exits": "missing-dir"}), "helios.models[2].exits"),
@@ -130,12 +143,13 @@ def test_config_errors_name_the_key(edit, message):
 @pytest.mark.engine
 def test_live_replay_makes_the_simulated_decisions():
     proc = run_cli("helios", "replay", str(EXAMPLE), "--policies",
-                   "static:target-small,helios:throughput:cbc20", "--repeats", "1", "--json")
+                   "static:target-small,helios:throughput:cbc20,ee_full:target-large",
+                   "--repeats", "1", "--json")
     report = json.loads(proc.stdout)
     for name, r in report.items():
         d = r["decisions"]
         assert d["prompts"] == 1.0 and d["events_equal"], (name, d)
-        assert d["same_output_tokens"] >= 0.95, (name, d)
+        assert d["same_output_tokens"] >= 0.95 and d["same_exit_layers"] >= 0.95, (name, d)
         m = r["metrics"]
         assert m["mean_batch"]["error"] == 0 and abs(m["perplexity"]["error"]) < 0.01
     assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7
@@ -178,13 +192,31 @@ def test_real_shapes_what_if_reproduce_the_papers_direction():
         Experiment(bad, REPO / "examples")
 
 
-def test_the_ee_full_baseline_is_refused_until_it_is_simulated():
+def test_the_ee_full_baseline_simulates_layer_skipping():
+    from dataclasses import replace
+
     from policies.helios import EarlyExitFull
     from programs.helios import HeliosProgram
-    from sim.helios import simulate_stream
+    from sim.helios import ee_times, simulate_stream
 
+    # Known answer: exits [4, 1, 1, 4, 2] of 4 layers; decode steps j = 1..4 run layers 1..exit
+    # over the new token and the pending ones (0, 1, 2, 0: fed since the last full-depth step).
+    m = LayeredModel(fixed_ms=(1.0, 0, 0, 0, 0), layer_ms=(0.5, 0.01, 0, 0, 0), layers=4)
+    t = ee_times(m, 10, [4, 1, 1, 4, 2], 4)
+    decode = [(1 + d * (0.5 + 0.01 * p)) for d, p in ((1, 0), (1, 1), (4, 2), (2, 0))]
+    assert t["end_s"] == pytest.approx((1 + 4 * (0.5 + 0.1) + sum(decode)) / 1e3)
+    assert t["layer_tokens"] == 4 * 10 + 1 * 1 + 1 * 2 + 4 * 3 + 2 * 1 and t["steps"] == 5
     exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
+    res = {k: r.summary() for k, r in exp.simulate().items()}
+    ee, full = res["ee_full:target-large"], res["static:target-large"]
+    assert ee["mean_batch"] == 1 and ee["tokens"] == full["tokens"]
+    # Most tokens leave early, so a token costs less than at full depth at batch 1 ...
+    assert ee["tpot_p50_s"] < full["tpot_p50_s"]
+    # ... but one sequence at a time serves fewer tokens per second than a batch of 8.
+    assert ee["throughput_tok_s"] < full["throughput_tok_s"]
+    untraced = dict(exp.profiles, **{"target-large": replace(exp.profiles["target-large"],
+                                                             ee_step=None)})
     prog = HeliosProgram(EarlyExitFull(exp.candidates["target-large"]), exp.num_prompts,
                          lambda s: 1)
-    with pytest.raises(ValueError, match="EE-full baseline\\) are not simulated yet"):
-        simulate_stream(prog, exp.profiles, exp.memory)
+    with pytest.raises(ValueError, match="needs an exits trace with layer-skipping steps"):
+        simulate_stream(prog, untraced, exp.memory)

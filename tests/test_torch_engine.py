@@ -97,3 +97,46 @@ def test_steps_report_prefill_decode_and_per_layer_time():
         engine.add("long", [5] * 500, 20)
     with pytest.raises(ValueError, match="loaded_layers 9: must be in 1..4"):
         TorchEngine(TorchSpec(model=str(TARGET), loaded_layers=9))
+
+
+def test_layer_skipping_recomputes_the_skipped_kv_exactly():
+    prompts = _prompts(4, seed=9)
+    full = TorchEngine(TorchSpec(model=str(TARGET), record_exits=True, max_num_seqs=1,
+                                 max_model_len=512))
+    _, traced = _run(full, prompts, 48)
+    ee = TorchEngine(TorchSpec(model=str(TARGET), record_exits=True, max_num_seqs=1,
+                               max_model_len=512, exit_threshold=0.9, skip_layers=True))
+    exited, steps = [], []
+    for i, p in enumerate(prompts):
+        ee.add(f"r{i}", p, 48)
+    while ee.has_unfinished():
+        res = ee.step()
+        steps.append(res)
+        exited += res.tokens
+    by_key = {(t.request_id, t.token_index): t for t in exited}
+    compared = early = deep_after_early = 0
+    for req in {t.request_id for t in traced}:
+        pending = 0
+        for t in sorted((t for t in traced if t.request_id == req), key=lambda t: t.token_index):
+            want = next((i + 1 for i, p in enumerate(t.max_probs) if p >= 0.9), 4)
+            got = by_key[(req, t.token_index)]
+            assert got.exit_layer == want and got.token_id == t.argmax_ids[want - 1]
+            # A decode step runs layers 1..exit (the prefill runs all); layers after an early exit
+            # saw KV recomputed for the skipped tokens: the full model's probabilities at each.
+            assert len(got.max_probs) == (4 if t.token_index == 0 else want)
+            assert got.max_probs[:want] == pytest.approx(t.max_probs[:want], abs=1e-4)
+            compared += 1
+            early += want < 4
+            deep_after_early += want == 4 and pending > 0
+            pending = 0 if want == 4 else pending + 1
+            if t.argmax_ids[want - 1] != t.token_id:
+                break
+    assert compared >= 40 and early >= 10 and deep_after_early >= 3
+    decode = [s for s in steps if s.decode_seqs]
+    assert all(len(s.layer_ms) == s.tokens[0].exit_layer for s in decode)
+    assert max(s.recomputed_tokens for s in decode) >= 2
+    assert all(s.prefill_tokens == s.recomputed_tokens for s in decode)
+    with pytest.raises(ValueError, match="skip_layers .* needs an exit_threshold and "
+                                         "max_num_seqs 1"):
+        TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=2, exit_threshold=0.9,
+                              skip_layers=True))

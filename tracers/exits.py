@@ -6,6 +6,13 @@ the max softmax probability and argmax token at every exit (`exits`), each step'
 (`layer_times`), and per layer its weight bytes, KV bytes per token and measured load time
 (`layers`). With it any exit threshold and loaded depth can be replayed counterfactually: the
 exit under threshold t is the first layer whose max probability reaches t.
+
+For the EE-full baseline (whole model loaded, one sequence, a decode step stops at its exit and
+the next recomputes the skipped layers' KV) the stream is also served with layer skipping at each
+of `ee_thresholds`: those steps (cell `ee<threshold>`, `layer_times` rows = layers run,
+`prefill_tokens` = prompt or recomputed tokens) time what the simulator's EE-full step model
+needs; their tokens are the full-depth stream's up to the first early token that differs from the
+final one, so they add no `exits` rows.
 """
 
 from __future__ import annotations
@@ -68,7 +75,8 @@ def measure_load_ms(model: str, load_format: str, repeats: int) -> list[float]:
 
 
 def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
-                load_format: str = "auto", progress: bool = True) -> dict:
+                load_format: str = "auto", progress: bool = True,
+                ee_thresholds: tuple[float, ...] = (0.9,)) -> dict:
     """Trace one model's exits over the prompt stream at every loaded depth; return a summary.
 
     The stream is run once per loaded depth D (1..L): with D layers loaded every token comes
@@ -83,8 +91,10 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
     del probe
     base = TorchSpec(model=model, load_format=load_format, record_exits=True,
                      max_num_seqs=workload.max_num_seqs, max_model_len=1024, seed=workload.seed)
+    if any(not 0 < t <= 1 for t in ee_thresholds):
+        raise ValueError(f"ee_thresholds {ee_thresholds}: each must be in (0, 1]")
     params = {"workload": asdict(workload), "engine": {**asdict(base), "block_size": BLOCK_SIZE},
-              "depths": list(range(1, layers + 1))}
+              "depths": list(range(1, layers + 1)), "ee_thresholds": list(ee_thresholds)}
     device, count = device_info()
     run = run_row("exits", "torch", _torch_version(), device, count, model, config_hash(model),
                   dtype, load_format, workload.seed, params)
@@ -96,7 +106,10 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
     writer.flush("layers")
     # One engine per depth, phases interleaved across depths: a slow spell of a shared machine
     # then lands on every depth alike instead of on whichever depth ran during it.
-    engines = {d: TorchEngine(replace(base, loaded_layers=d)) for d in range(1, layers + 1)}
+    engines = {f"depth{d}": TorchEngine(replace(base, loaded_layers=d))
+               for d in range(1, layers + 1)}
+    engines |= {f"ee{t:g}": TorchEngine(replace(base, max_num_seqs=1, exit_threshold=t,
+                                                skip_layers=True)) for t in ee_thresholds}
     for engine in engines.values():
         _warm_up(engine)
     step_id = tokens = first = 0
@@ -104,23 +117,26 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
     for k, phase in enumerate(workload.phase_prompts()):
         chunk = [(first + j, cell, item) for j, (cell, item) in enumerate(phase)]
         first += len(phase)
-        for depth, engine in engines.items():
-            step_id, n = _run_stream(engine, writer, chunk, model, depth, step_id, t0,
+        for label, engine in engines.items():
+            step_id, n = _run_stream(engine, writer, chunk, model, label, step_id, t0,
                                      workload.max_tokens)
             tokens += n
-            writer.flush(f"phase{k}-depth{depth}")
+            writer.flush(f"phase{k}-{label}")
         if progress:
             print(f"exits: phase {k + 1}/{len(workload.phases)}: {tokens} tokens", flush=True)
-    return {"out": str(out_dir), "model": model, "requests": first * layers,
+    return {"out": str(out_dir), "model": model, "requests": first * len(engines),
             "tokens": tokens, "steps": step_id, "layers": layers, "device": device,
             "load_ms": [round(x, 3) for x in load_ms]}
 
 
 def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: str,
-                depth: int, step_id: int, t0: float, max_tokens: int) -> tuple[int, int]:
-    """Serve (index, cell, item) prompts at one loaded depth, arriving in waves of varying size
-    (so steps prefill 1 to 12 prompts beside varying decode batches: the step model sees both);
-    write their rows; (next step id, tokens)."""
+                label: str, step_id: int, t0: float, max_tokens: int) -> tuple[int, int]:
+    """Serve (index, cell, item) prompts on one engine (`depth<D>`: D layers loaded;
+    `ee<t>`: layer skipping at t), arriving in waves of varying size (so steps prefill 1 to 12
+    prompts beside varying decode batches: the step model sees both); write their rows (exits
+    only at a loaded depth); (next step id, tokens)."""
+    depth = int(label.removeprefix("depth")) if label.startswith("depth") else None
+    prefix = f"d{depth}" if depth is not None else label
     meta: dict[str, dict] = {}
     pending, waves, k = list(chunk), itertools.cycle(WAVES), 0
     tokens = 0
@@ -129,7 +145,7 @@ def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: st
         if pending and (k % WAVE_EVERY_STEPS == 0 or not engine.has_unfinished()):
             wave = next(waves)
             for n, cell, item in pending[:wave]:
-                rid = f"d{depth}-q{n}"
+                rid = f"{prefix}-q{n}"
                 ids = lm.encode(item.prompt)
                 engine.add(rid, ids, max_tokens)
                 meta[rid] = {"cell_id": cell, "arrival_s": time.perf_counter() - t0,
@@ -139,7 +155,7 @@ def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: st
         res = engine.step()
         start_s = engine.t0 + res.start_s - t0  # the engine's clock started before ours
         end_s = start_s + res.duration_ms / 1e3
-        writer.add("steps", replica_id=0, step_id=step_id, cell_id=f"depth{depth}",
+        writer.add("steps", replica_id=0, step_id=step_id, cell_id=label,
                    start_s=start_s, duration_ms=res.duration_ms,
                    prefill_tokens=res.prefill_tokens, prefill_seqs=res.prefill_seqs,
                    decode_seqs=res.decode_seqs, num_running=len(engine.running),
@@ -155,6 +171,8 @@ def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: st
             m.setdefault("scheduled_s", start_s)
             m.setdefault("first_token_s", end_s)
             for layer, (p, tok) in enumerate(zip(t.max_probs, t.argmax_ids)):
+                if depth is None:
+                    break
                 writer.add("exits", model_id=model, loaded_layers=depth,
                            request_id=t.request_id, token_index=t.token_index, layer=layer + 1,
                            max_prob=p, token_id=tok)

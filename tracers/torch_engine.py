@@ -9,10 +9,17 @@ per-layer KV cache in fixed slots (one per running sequence), on CPU or CUDA.
 - **Exits**: every layer can exit through the shared final norm and head (as the testbed models
   were trained). A token's exit is the first loaded layer whose max softmax probability reaches
   `exit_threshold`, else layer D; its token comes from that exit.
-- **KV of deeper layers**: every token of a step runs every loaded layer whatever its exit
-  (batch-synchronous, HELIOS's fixed loaded depth), so each loaded layer holds the real KV of
+- **KV of deeper layers**: by default every token of a step runs every loaded layer whatever its
+  exit (batch-synchronous, HELIOS's fixed loaded depth), so each loaded layer holds the real KV of
   every token and no layer's KV is ever missing. An exit picks the head, it does not save compute;
-  the compute saving comes from the loaded depth. The simulator uses the same rule.
+  the compute saving comes from the loaded depth.
+- **Layer skipping** (`skip_layers`, EE-LLM style, one sequence): a decode step stops at its
+  token's exit, so the layers after it do not run and lack that token's KV. The next step that
+  runs them recomputes it: a decode step feeds every token since the last step that reached the
+  last loaded layer (the pending ones) with the new one, through every layer it runs, so every
+  layer it runs ends with the KV of every token (exact: a layer's KV at a position depends only
+  on earlier layers at that and earlier positions). The prefill runs every layer. The simulator
+  uses the same rule (`sim/helios.py`).
 
 Each `step()` admits waiting requests (up to `max_num_seqs` running and `max_num_batched_tokens`
 prompt tokens), prefills each admitted prompt, then decodes every running sequence in one
@@ -55,6 +62,8 @@ class TorchSpec:
     """exit at the first loaded layer whose max probability reaches it (None: the last loaded)"""
     record_exits: bool = False
     """report max probability and argmax at every loaded exit for every token"""
+    skip_layers: bool = False
+    """decode steps stop at the exit (EE-LLM style; needs exit_threshold and max_num_seqs 1)"""
 
 
 @dataclass
@@ -77,12 +86,16 @@ class StepResult:
     start_s: float
     duration_ms: float
     prefill_tokens: int
+    """prompt tokens, plus the pending tokens a skipping decode step recomputes"""
     prefill_seqs: int
     decode_seqs: int
     context_tokens: int
     layer_ms: list[float]
+    """per layer the step ran (a skipping decode step runs layers 1..its exit)"""
     tokens: list[Token]
     finished: list[str]
+    recomputed_tokens: int = 0
+    """pending tokens whose deeper KV a skipping decode step computed"""
 
 
 @dataclass
@@ -94,7 +107,8 @@ class _Seq:
     generator: torch.Generator | None
     temperature: float
     slot: int = -1
-    length: int = 0  # tokens whose KV is in the cache
+    length: int = 0  # tokens whose KV is in the cache (in the first layer)
+    full_length: int = 0  # tokens whose KV is in every loaded layer (layer skipping)
     output_ids: list[int] = field(default_factory=list)
 
 
@@ -123,6 +137,7 @@ class TorchEngine:
         depth = self.num_layers if spec.loaded_layers is None else spec.loaded_layers
         if not 1 <= depth <= self.num_layers:
             raise ValueError(f"loaded_layers {spec.loaded_layers}: must be in 1..{self.num_layers}")
+        _check_skipping(spec)
         torch.manual_seed(spec.seed)
         # Build the full module skeleton without touching memory, then keep `depth` layers.
         self.config.num_hidden_layers = depth
@@ -205,8 +220,17 @@ class TorchEngine:
             raise ValueError(f"max_num_seqs {n}: must be >= 1")
         if self.running or self.waiting:
             raise RuntimeError("set_max_num_seqs needs an idle engine")
+        _check_skipping(replace(self.spec, max_num_seqs=n))
         self.spec = replace(self.spec, max_num_seqs=n)
         self._alloc_cache()
+
+    def set_exits(self, threshold: float | None, skip_layers: bool = False) -> None:
+        """Change the exit threshold and layer skipping (engine idle)."""
+        if self.running or self.waiting:
+            raise RuntimeError("set_exits needs an idle engine")
+        spec = replace(self.spec, exit_threshold=threshold, skip_layers=skip_layers)
+        _check_skipping(spec)
+        self.spec = spec
 
     # -- requests -------------------------------------------------------------------------
 
@@ -264,8 +288,16 @@ class TorchEngine:
             ids = torch.tensor([seq.prompt_ids], device=self.device)
             pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
             logits = self._forward(ids, pos, [seq], layer_s, prefill=True)
+            seq.full_length = seq.length
             tokens += self._choose(logits, [seq])
-        if decoding:
+        recomputed = 0
+        if decoding and self.spec.skip_layers:
+            seq = decoding[0]
+            recomputed = seq.length - seq.full_length
+            logits = self._forward_skipping(seq, layer_s)
+            tokens += self._choose(logits, [seq])
+            layer_s = layer_s[:len(logits)]  # nothing else ran (one sequence)
+        elif decoding:
             ids = torch.tensor([[s.output_ids[-1]] for s in decoding], device=self.device)
             pos = torch.tensor([[s.length] for s in decoding], device=self.device)
             logits = self._forward(ids, pos, decoding, layer_s, prefill=False)
@@ -274,10 +306,10 @@ class TorchEngine:
         self._sync()
         dt = time.perf_counter() - t0
         return StepResult(start_s=t0 - self.t0, duration_ms=dt * 1e3,
-                          prefill_tokens=sum(len(s.prompt_ids) for s in admitted),
+                          prefill_tokens=sum(len(s.prompt_ids) for s in admitted) + recomputed,
                           prefill_seqs=len(admitted), decode_seqs=len(decoding),
                           context_tokens=context, layer_ms=[x * 1e3 for x in layer_s],
-                          tokens=tokens, finished=finished)
+                          tokens=tokens, finished=finished, recomputed_tokens=recomputed)
 
     def _forward(self, ids, pos, seqs: list[_Seq], layer_s: list[float], prefill: bool):
         """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position."""
@@ -305,6 +337,35 @@ class TorchEngine:
             exits = exits[-1:]  # only the last loaded exit decides
         return self.model.lm_head(m.norm(torch.stack(exits))).float()
 
+    def _forward_skipping(self, seq: _Seq, layer_s: list[float]):
+        """One sequence's decode step that stops at its exit: the pending tokens and the new one
+        run layer by layer until the new token's max probability reaches the threshold (or the
+        last loaded layer); logits [layers run, 1, vocab]."""
+        m = self.model.model
+        lo, hi = seq.full_length, seq.length + 1  # positions fed: pending ones and the new one
+        ids = torch.tensor([(seq.prompt_ids + seq.output_ids)[lo:hi]], device=self.device)
+        pos = torch.arange(lo, hi, device=self.device)[None]
+        h = m.embed_tokens(ids)
+        cos, sin = m.rotary_emb(h, pos)
+        slots = torch.tensor([seq.slot], device=self.device)
+        mask = (torch.arange(hi, device=self.device)[None] <= pos[0][:, None])[None, None]
+        exits = []
+        for i, layer in enumerate(m.layers):
+            t = time.perf_counter()
+            h = self._layer(layer, i, h, cos, sin, slots, pos, hi, mask)
+            logits = self.model.lm_head(m.norm(h[:, -1])).float()
+            exits.append(logits)
+            top = float(torch.softmax(logits, dim=-1).max())
+            if self.device.type == "cuda":
+                self._sync()
+            layer_s[i] += time.perf_counter() - t
+            if top >= self.spec.exit_threshold:
+                break
+        seq.length = hi
+        if len(exits) == self.loaded_layers:
+            seq.full_length = hi
+        return torch.stack(exits)
+
     def _layer(self, layer, i, h, cos, sin, slots, pos, span, mask):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
@@ -320,9 +381,14 @@ class TorchEngine:
             self.v_cache[i][slots[0], :, :n] = v[0]
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=self.heads != self.kv_heads)
-        else:  # one new token per sequence, attending to its cached prefix
-            self.k_cache[i][slots, :, pos[:, 0]] = k[:, :, 0]
-            self.v_cache[i][slots, :, pos[:, 0]] = v[:, :, 0]
+        else:  # new tokens (one per sequence, or one sequence's run), attending to the cache
+            if n == 1:
+                self.k_cache[i][slots, :, pos[:, 0]] = k[:, :, 0]
+                self.v_cache[i][slots, :, pos[:, 0]] = v[:, :, 0]
+            else:
+                lo = int(pos[0, 0])
+                self.k_cache[i][slots[0], :, lo:lo + n] = k[0]
+                self.v_cache[i][slots[0], :, lo:lo + n] = v[0]
             keys = self.k_cache[i][slots, :, :span]
             values = self.v_cache[i][slots, :, :span]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
@@ -351,7 +417,7 @@ class TorchEngine:
             else:
                 tok = int(argmax[e, j])
             seq.output_ids.append(tok)
-            layer = self.loaded_layers if depth == 1 else e + 1
+            layer = self.loaded_layers if depth == 1 and not self.spec.skip_layers else e + 1
             t = Token(seq.request_id, len(seq.output_ids) - 1, tok, layer, float(max_p[e, j]))
             if self.spec.record_exits:
                 t.max_probs = max_p[:, j].tolist()
@@ -373,6 +439,12 @@ class TorchEngine:
     def output_ids(self, request_id: str) -> list[int]:
         """Generated token ids of a finished request (and forget it)."""
         return self.outputs.pop(request_id)
+
+
+def _check_skipping(spec: TorchSpec) -> None:
+    if spec.skip_layers and (spec.exit_threshold is None or spec.max_num_seqs != 1):
+        raise ValueError("skip_layers (EE-LLM style exits) needs an exit_threshold and "
+                         f"max_num_seqs 1 (got {spec.exit_threshold}, {spec.max_num_seqs})")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
