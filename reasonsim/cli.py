@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     hr.add_argument("--policies", type=lambda t: t.split(","),
                     help="policy names to replay (default: all)")
     hr.add_argument("--repeats", type=int, default=2, help="live runs per policy")
+    hr.add_argument("--retrace", metavar="DIR",
+                    help="first trace every model's exits again on this machine, with its "
+                    "trace's own workload, into DIR/<model>, and simulate from those (profiles "
+                    "belong to the device that traced them)")
     hr.add_argument("--json", action="store_true")
     hr.set_defaults(func=cmd_helios_replay)
 

@@ -64,12 +64,17 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _experiment(path: str):
+def _experiment(path: str, retrace: str | None = None):
     from sim.config import read_yaml
     from sim.helios_config import Experiment
 
+    d = read_yaml(path)
     try:
-        return Experiment(read_yaml(path), Path(path).parent)
+        if retrace:
+            from live.helios import retrace_models
+
+            d = retrace_models(d, Path(path).parent, Path(retrace))
+        return Experiment(d, Path(path).parent)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
 
@@ -121,9 +126,9 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     from sim.helios import HeliosResult, simulate_stream
     from sim.helios_report import METRICS, compare
 
-    exp = _experiment(args.config)
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
+    exp = _experiment(args.config, args.retrace)
     specs = exp.spec.helios.policies
     if args.policies:
         known = {exp.policy_name(p): p for p in specs}
