@@ -1,5 +1,9 @@
 """HELIOS: early-exit model selection, greedy loaded depth, confidence breaches. Pure.
 
+Step 0 (HELIOS's Step-1) shortlists the candidates: `shortlist` takes the top k models of a Model
+Repository table (benchmark telemetry as given: throughput, latency, accuracy, energy, memory)
+for the SLO strategy, among those that fit the device and reach an accuracy floor.
+
 The policy sees a prompt stream and the tokens each prompt produced; it answers, before each
 prompt, which model serves it at which loaded depth (decisions as data), and learns from
 evaluation prompts a Performance History Table (PHT). The steps (HELIOS, Algorithm 1):
@@ -31,6 +35,42 @@ from collections import deque
 from dataclasses import dataclass, field
 
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """A Model Repository row: one model's benchmark telemetry (given, not measured here)."""
+
+    model: str
+    memory_mb: float
+    """footprint of the whole model's weights"""
+    accuracy: float | None = None
+    throughput_tok_s: float | None = None
+    latency_ms: float | None = None
+    energy_per_token: float | None = None
+
+
+RANK_BY = {"throughput": ("throughput_tok_s", -1), "response_time": ("latency_ms", 1),
+           "accuracy": ("accuracy", -1), "energy": ("energy_per_token", 1)}
+"""per strategy: the repository figure it ranks by, and its sign (-1: higher is better)"""
+
+
+def shortlist(repository: list[RepositoryEntry], strategy: str, k: int, memory_mb: float,
+              min_accuracy: float = 0.0) -> list[str]:
+    """HELIOS Step-1: the k best models for the strategy among those whose weights fit
+    `memory_mb` and whose accuracy reaches `min_accuracy`, in repository order (ties by it)."""
+    if strategy not in RANK_BY or k < 1:
+        raise ValueError(f"shortlist: strategy {strategy!r}, k {k}")
+    key, sign = RANK_BY[strategy]
+    fit = []
+    for i, e in enumerate(repository):
+        figure = getattr(e, key)
+        if figure is None:
+            raise ValueError(f"repository[{i}] ({e.model}): no {key} to rank by for {strategy}")
+        if e.memory_mb <= memory_mb and (e.accuracy or 0.0) >= min_accuracy:
+            fit.append((sign * figure, i, e.model))
+    chosen = {m for _, _, m in sorted(fit)[:k]}
+    return [e.model for e in repository if e.model in chosen]
 
 
 @dataclass(frozen=True)

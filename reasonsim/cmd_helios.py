@@ -105,12 +105,13 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
         return 0
     t = Table(title=f"{config}: {exp.num_prompts} prompts; profiles traced on "
               f"{', '.join(devices)}")
-    for col in ("policy", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "mean batch", "perplexity",
-                "layer-tokens*", "LD/SW at prompt"):
+    for col in ("policy", "candidates", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "mean batch",
+                "perplexity", "layer-tokens*", "LD/SW at prompt"):
         t.add_column(col, justify="right", no_wrap=col == "policy")
     t.caption = "* layer-token executions: the energy proxy (no power reading calibrates it)"
     for name, s in summary.items():
-        t.add_row(name, f"{s['throughput_tok_s']:.0f}", f"{s['ttft_p50_s'] * 1e3:.1f}",
+        t.add_row(name, ",".join(s["candidates"]), f"{s['throughput_tok_s']:.0f}",
+                  f"{s['ttft_p50_s'] * 1e3:.1f}",
                   f"{s['tpot_p50_s'] * 1e3:.2f}", f"{s['mean_batch']:.1f}",
                   f"{s['perplexity']:.3f}", f"{s['layer_token_executions']}",
                   " ".join(e for e in s["events"] if ":load:" in e or ":switch:" in e) or "-")
@@ -123,7 +124,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from live.helios import run_live, stream_prompts
-    from sim.helios import HeliosResult, simulate_stream
+    from sim.helios import HeliosResult, candidates_of, simulate_stream
     from sim.helios_report import METRICS, compare
 
     if args.repeats < 1:
@@ -146,9 +147,12 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     report = {}
     for p in specs:
         sim = simulate_stream(exp.program(p), exp.profiles, exp.memory)
-        lives = [HeliosResult(*run_live(exp.program(p), dirs, prompts, exp.memory.seq_tokens,
-                                        max_tokens, seed=exp.spec.seed))
-                 for _ in range(args.repeats)]
+        lives = []
+        for _ in range(args.repeats):
+            program = exp.program(p)
+            lives.append(HeliosResult(*run_live(program, dirs, prompts, exp.memory.seq_tokens,
+                                                max_tokens, seed=exp.spec.seed),
+                                      candidates_of(program.policy)))
         report[exp.policy_name(p)] = compare(sim, lives)
     if args.json:
         print(json.dumps(report))

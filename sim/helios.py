@@ -157,10 +157,13 @@ class HeliosResult:
     requests: pd.DataFrame
     rounds: pd.DataFrame
     events: list[tuple[int, Serve]]
+    candidates: list[str] = field(default_factory=list)
+    """the models the policy chose among"""
 
     def summary(self) -> dict:
-        """Throughput, latencies, batch, perplexity, energy proxy, events."""
-        return summarise(self.requests, self.rounds, self.events)
+        """Throughput, latencies, batch, perplexity, energy proxy, events, candidates."""
+        return {**summarise(self.requests, self.rounds, self.events),
+                "candidates": list(self.candidates)}
 
 
 def summarise(requests: pd.DataFrame, rounds: pd.DataFrame, events: list) -> dict:
@@ -228,7 +231,12 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
     env.process(serve())
     env.run()
     return HeliosResult(pd.DataFrame(req_rows), pd.DataFrame(round_rows),
-                        list(program.policy.events))
+                        list(program.policy.events), candidates_of(program.policy))
+
+
+def candidates_of(policy) -> list[str]:
+    """The models a policy chooses among (HELIOS: its shortlist; a baseline: its one model)."""
+    return list(getattr(policy, "order", None) or [policy.candidate.name])
 
 
 def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],

@@ -5,9 +5,12 @@
       models: [{exits: TRACE_DIR}, ...]     # candidate models, each from its exits trace
       memory_mb: 8                          # device memory for weights + KV
       max_num_seqs: 32                      # engine slots cap
+      repository:                           # optional Model Repository (benchmark telemetry)
+        - {model: target-large, memory_mb: 3.4, accuracy: 0.84, throughput_tok_s: 5300}
       policies:                             # each served over the same prompt stream
         - {type: static, model: target-large}
         - {type: helios, strategy: throughput, threshold: 0.9, reassess_every: 60}
+        - {type: helios, shortlist: 2, min_accuracy: 0.3}         # top 2 of the repository
         - {type: ee_full, model: target-large, threshold: 0.9}   # EE-LLM style baseline
 
 Strict like the simulate config: unknown keys, wrong types and out-of-range values are one-line
@@ -21,7 +24,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from policies.helios import STRATEGIES, EarlyExitFull, Helios, Serve, Static
+from policies.helios import (STRATEGIES, EarlyExitFull, Helios, RepositoryEntry, Serve, Static,
+                             shortlist)
 from programs.helios import HeliosProgram
 from sim.config_schema import one_line
 from sim.helios import HeliosResult, Memory, ModelProfile, candidate, load_profile, simulate_stream
@@ -90,11 +94,26 @@ class EarlyExitSpec(_Strict):
     label: str | None = None
 
 
+class RepositorySpec(_Strict):
+    """A Model Repository row: a model's benchmark telemetry, as given."""
+
+    model: str
+    memory_mb: Annotated[float, Field(gt=0)]
+    accuracy: Annotated[float, Field(ge=0, le=1)] | None = None
+    throughput_tok_s: Annotated[float, Field(gt=0)] | None = None
+    latency_ms: Annotated[float, Field(gt=0)] | None = None
+    energy_per_token: Annotated[float, Field(gt=0)] | None = None
+
+
 class HeliosSpec(_Strict):
-    """HELIOS over every candidate model."""
+    """HELIOS over every candidate model, or over a shortlist of the repository."""
 
     type: Literal["helios"]
     label: str | None = None
+    shortlist: Count | None = None
+    """HELIOS Step-1: the top this many repository models for the strategy (None: all models)"""
+    min_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """shortlist only models whose repository accuracy reaches this"""
     strategy: Literal[STRATEGIES] = "throughput"  # type: ignore[valid-type]
     threshold: Share = 0.9
     eval_prompts: Count = 5
@@ -112,6 +131,7 @@ class HeliosSection(_Strict):
     what_if: WhatIfSpec | None = None
     memory_mb: Annotated[float, Field(gt=0)]
     max_num_seqs: Count = 256
+    repository: list[RepositorySpec] | None = None
     policies: Annotated[list[Annotated[Union[StaticSpec, EarlyExitSpec, HeliosSpec],
                                        Field(discriminator="type")]], Field(min_length=1)]
 
@@ -169,9 +189,33 @@ class Experiment:
                 if self.memory.batch(p, p.layers) < 1:
                     raise ValueError(f"helios.policies[{k}]: ee_full loads all of {pol.model}; "
                                      f"helios.memory_mb {h.memory_mb} MB cannot hold it")
+        self.shortlists: dict[str, list[str]] = {}
+        """policy name -> its shortlisted candidates (HELIOS policies with `shortlist`)"""
+        for k, pol in enumerate(h.policies):
+            if isinstance(pol, HeliosSpec) and pol.shortlist is not None:
+                self.shortlists[self.policy_name(pol)] = self._shortlist(pol,
+                                                                         f"helios.policies[{k}]")
         names = [self.policy_name(p) for p in h.policies]
         if len(set(names)) != len(names):
             raise ValueError("helios.policies: two policies with one name (give one a 'label')")
+
+    def _shortlist(self, pol: "HeliosSpec", where: str) -> list[str]:
+        h = self.spec.helios
+        if h.repository is None:
+            raise ValueError(f"{where}.shortlist: needs a helios.repository table")
+        repo = [RepositoryEntry(**r.model_dump()) for r in h.repository]
+        try:
+            names = shortlist(repo, pol.strategy, pol.shortlist, h.memory_mb, pol.min_accuracy)
+        except ValueError as e:
+            raise ValueError(f"helios.{e}") from None
+        if not names:
+            raise ValueError(f"{where}.shortlist: no repository model fits memory_mb "
+                             f"{h.memory_mb} with accuracy >= {pol.min_accuracy}")
+        missing = [n for n in names if n not in self.profiles]
+        if missing:
+            raise ValueError(f"{where}.shortlist: {missing[0]!r} was shortlisted but has no "
+                             "exits trace in helios.models")
+        return names
 
     def _profile(self, m: ModelSpec, base: Path, seed: int) -> ModelProfile:
         whatif = (m.config, m.exit_layers, m.exit_shares)
@@ -205,8 +249,9 @@ class Experiment:
         elif isinstance(p, EarlyExitSpec):
             policy = EarlyExitFull(self.candidates[p.model], p.threshold)
         else:
-            args = p.model_dump(exclude={"type", "label"})
-            policy = Helios(list(self.candidates.values()), **args)
+            args = p.model_dump(exclude={"type", "label", "shortlist", "min_accuracy"})
+            names = self.shortlists.get(self.policy_name(p), list(self.candidates))
+            policy = Helios([self.candidates[n] for n in names], **args)
         return HeliosProgram(policy, self.num_prompts, self.max_batch)
 
     def max_batch(self, s: Serve) -> int:

@@ -12,7 +12,8 @@ iteration at their turn (`sim.cluster.Device`: what arrived meanwhile joins it, 
 runner's loop) instead of when they first asked. The HELIOS goldens were regenerated when the
 exits traces were re-traced on the machine that replays them (with layer-skipping steps for the
 EE-full baseline, added to helios-testbed), the layered fit took midpoint residual quantiles, and
-layer-token executions stopped counting each sequence's last output token (no layer runs it).
+layer-token executions stopped counting each sequence's last output token (no layer runs it);
+every HELIOS summary gained `candidates` (with the repository shortlist).
 """
 
 from __future__ import annotations

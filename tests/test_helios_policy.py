@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.helios import Candidate, EarlyExitFull, Helios, Static
+from policies.helios import Candidate, EarlyExitFull, Helios, RepositoryEntry, Static, shortlist
 from programs.helios import HeliosProgram
 
 BIG = Candidate("big", layers=4, layer_ms=1.0, fixed_ms=0.5, load_ms_per_layer=10.0,
@@ -112,3 +112,18 @@ def test_baselines():
     assert s.next_prompt() == s.next_prompt() and s.next_prompt().depth == 2 and not s.events
     e = EarlyExitFull(BIG, threshold=0.8).next_prompt()
     assert (e.depth, e.exit_threshold) == (4, 0.8)
+
+
+def test_shortlist_takes_the_top_models_that_fit_and_are_accurate_enough():
+    repo = [RepositoryEntry("a", memory_mb=10, accuracy=0.9, throughput_tok_s=100, latency_ms=5),
+            RepositoryEntry("b", memory_mb=10, accuracy=0.5, throughput_tok_s=300, latency_ms=9),
+            RepositoryEntry("c", memory_mb=99, accuracy=0.8, throughput_tok_s=900, latency_ms=1),
+            RepositoryEntry("d", memory_mb=10, accuracy=0.2, throughput_tok_s=800, latency_ms=2),
+            RepositoryEntry("e", memory_mb=10, accuracy=0.7, throughput_tok_s=200, latency_ms=5)]
+    # c does not fit; d is below the accuracy floor; the rest ranked, kept in repository order.
+    assert shortlist(repo, "throughput", 2, memory_mb=50, min_accuracy=0.3) == ["b", "e"]
+    assert shortlist(repo, "accuracy", 2, memory_mb=50) == ["a", "e"]
+    assert shortlist(repo, "response_time", 2, memory_mb=50) == ["a", "d"]  # d first, a ties e
+    assert shortlist(repo, "throughput", 9, memory_mb=100) == ["a", "b", "c", "d", "e"]
+    with pytest.raises(ValueError, match=r"repository\[0\] \(a\): no energy_per_token"):
+        shortlist(repo, "energy", 1, memory_mb=50)
