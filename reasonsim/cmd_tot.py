@@ -29,10 +29,11 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
 
 
 def _config(path: Path, mode: str | None = None, count: int | None = None, depth=None,
-            seed: int | None = None):
-    """A ToT config with its policy's mode (and count, depth, seed) overridden; its workload."""
+            seed: int | None = None, calibrations: dict[str, str] | None = None):
+    """A ToT config with its policy's mode (and count, depth, seed, pool calibrations)
+    overridden; its workload."""
     policy = {k: v for k, v in (("type", mode), ("depth", depth)) if v is not None}
-    return program_config(path, "tot", count, seed, policy)
+    return program_config(path, "tot", count, seed, policy, calibrations)
 
 
 def live_job(config: str, mode: str, count: int | None, seed: int | None, out_dir: str) -> None:
@@ -53,23 +54,35 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
 
     path, out = Path(args.config), Path(args.out)
     modes = args.modes.split(",")
-    results = {}
-    for mode in modes:
-        try:
-            cfg, _ = _config(path, mode, args.count, seed=args.seed)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{path}: {e}") from None
-        lives = []
-        for i in range(args.repeats):
+    try:
+        cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {e}") from None
+    cal_seed = (cfg.seed if args.seed is None else args.seed) + CALIBRATION_SEED_OFFSET
+    lives: dict[str, list] = {mode: [] for mode in modes}
+    # Repeat-major: every mode's i-th run (and, with --calibrate-here, its calibration run just
+    # before it) close in time, so a shared machine's drift lands on all modes alike.
+    for i in range(args.repeats):
+        for mode in modes:
+            if args.calibrate_here:
+                fresh_process(live_job, str(path), mode, args.count, cal_seed,
+                              str(out / "calibration" / mode / f"live{i}"))
             d = out / mode / f"live{i}"
             fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
-            lives.append((read_table(d, "programs").to_pandas(),
-                          read_table(d, "tot_requests").to_pandas()))
+            lives[mode].append((read_table(d, "programs").to_pandas(),
+                                read_table(d, "tot_requests").to_pandas()))
+    calibrations = calibrate_pools(cfg, out / "calibration") if args.calibrate_here else None
+    results = {}
+    for mode in modes:
+        cfg, _ = _config(path, mode, args.count, seed=args.seed, calibrations=calibrations)
         sim = simulate(cfg)
         write_sim(cfg, sim, out / mode / "sim")
         results[mode] = ((sim.programs.to_pandas(),
-                          read_table(out / mode / "sim", "tot_requests").to_pandas()), lives)
+                          read_table(out / mode / "sim", "tot_requests").to_pandas()),
+                         lives[mode])
     result = compare_modes(results)
+    if calibrations:
+        result["calibrations"] = calibrations
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
@@ -77,6 +90,27 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     _print_modes(result, f"ToT sim vs live: {path.name}")
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+CALIBRATION_SEED_OFFSET = 1000
+"""--calibrate-here serves the config under seed + this: other programs than those validated"""
+
+
+def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
+    """One calibration per pool from the live steps of the calibration runs under `cal_dir`
+    (`<mode>/live<i>/<pool>`), written beside them; pool -> calibration path."""
+    from sim.calibration import calibrate
+
+    out = {}
+    for pool in dict.fromkeys(g.pool for g in cfg.replicas):
+        dirs = sorted(cal_dir.glob(f"*/live*/{pool}"))
+        if not dirs:
+            raise UserError(f"--calibrate-here: no calibration traffic reached pool {pool!r} "
+                            "(add a mode that uses it)")
+        path = cal_dir / f"{pool}.calib.json"
+        path.write_text(json.dumps(calibrate(dirs).to_json(), indent=1) + "\n")
+        out[pool] = str(path.resolve())
+    return out
 
 
 def cmd_seed_modes(args: argparse.Namespace) -> int:
@@ -196,6 +230,10 @@ def add_replay_parser(ssub) -> None:
     r.add_argument("--repeats", type=int, default=2)
     r.add_argument("--count", type=int, help="programs (default: the config's)")
     r.add_argument("--seed", type=int, help="the config's seed, overridden (other traffic)")
+    r.add_argument("--calibrate-here", action="store_true",
+                   help="before each validation run, serve other programs of the config (seed "
+                   f"+ {CALIBRATION_SEED_OFFSET}) live under the same mode, and simulate with "
+                   "pool calibrations fitted on those runs' steps (this machine, now)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_seed_replay)
 

@@ -60,9 +60,10 @@ def print_summary(summary: dict, as_json: bool) -> None:
 
 
 def program_config(path: Path, method: str, count: int | None = None, seed: int | None = None,
-                   policy: dict | None = None):
-    """A program-workload config (its count, seed and policy keys overridden) and its workload,
-    checked against its trace; ValueError names what is wrong."""
+                   policy: dict | None = None, calibrations: dict[str, str] | None = None):
+    """A program-workload config (its count, seed, policy keys and, by pool, replica
+    calibrations overridden) and its workload, checked against its trace; ValueError names what
+    is wrong."""
     import yaml
 
     from programs.workload import load_bank, program_workload
@@ -76,6 +77,9 @@ def program_config(path: Path, method: str, count: int | None = None, seed: int 
         d["seed"] = seed
     if policy:
         progs["policy"] = {**progs["policy"], **policy}
+    for group in d.get("cluster", {}).get("replicas", []) if calibrations else []:
+        if isinstance(group, dict) and group.get("pool") in calibrations:
+            group["calibration"] = str(calibrations[group["pool"]])
     cfg = parse_config(d, Path(path).parent)
     wl = program_workload(cfg.workload["programs"], cfg.base_dir)
     if wl.method != method:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import yaml
@@ -132,9 +133,15 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert sim.set_index(key).accepted_tokens.sort_index().equals(
         sd.set_index(key).accepted_tokens.sort_index())
     proc = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
-                   "--repeats", "1", "-o", str(tmp_path / "rep"), "--json")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])["modes"]["seed"]
+                   "--repeats", "1", "-o", str(tmp_path / "rep"), "--calibrate-here", "--json")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = report["modes"]["seed"]
     run_cli("traces", "check", str(tmp_path / "rep" / "seed" / "live0"))
+    # --calibrate-here: other programs served live just before, each pool calibrated on them
+    assert set(report["calibrations"]) == {"draft", "target"}
+    for pool, path in report["calibrations"].items():
+        assert json.loads(Path(path).read_text())["provenance"]["traces"], pool
+    assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
     assert abs(result["error"]) < 1.0    # loose: four programs on a noisy 2-core machine
