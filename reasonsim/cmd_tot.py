@@ -100,10 +100,13 @@ def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
     """One calibration per pool from the live steps of the calibration runs under `cal_dir`
     (`<mode>/live<i>/<pool>`), written beside them; pool -> calibration path."""
     from sim.calibration import calibrate
+    from traces.store import read_table
 
     out = {}
     for pool in dict.fromkeys(g.pool for g in cfg.replicas):
-        dirs = sorted(cal_dir.glob(f"*/live*/{pool}"))
+        # a mode that never uses a pool (ar: the draft) leaves its engine's steps empty
+        dirs = [d for d in sorted(cal_dir.glob(f"*/live*/{pool}"))
+                if read_table(d, "steps").num_rows]
         if not dirs:
             raise UserError(f"--calibrate-here: no calibration traffic reached pool {pool!r} "
                             "(add a mode that uses it)")
