@@ -47,6 +47,10 @@ class Calibration:
     """held-out error (fractions)"""
     max_model_len: int | None = None
     """longest prompt + output the traced engine accepts (None: not recorded)"""
+    add_request_ms: float = 0.0
+    """host time per request added between steps (input processing) in an in-process engine
+    loop: on a shared device (`sim.cluster.Device`, the live runner's loop) it delays the next
+    step; 0: not measured (`fit_add_request_ms`)"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -57,7 +61,8 @@ class Calibration:
                                   "block_size": self.block_size,
                                   "kv_blocks_total": self.kv_blocks_total,
                                   "max_model_len": self.max_model_len},
-                "provenance": self.provenance, "heldout": self.heldout}
+                "provenance": self.provenance, "heldout": self.heldout,
+                "host": {"add_request_ms": self.add_request_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -87,7 +92,41 @@ def load_calibration(path: str | Path) -> Calibration:
     model = step_time.from_json(model_json, f"{path}: step_time_model")
     lim = spec.engine_limits
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
-                       lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len)
+                       lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
+                       spec.host.add_request_ms if spec.host else 0.0)
+
+
+GAP_CAP_MS = 5.0
+"""gaps between steps longer than this are waits for work, not host time"""
+
+
+def fit_add_request_ms(run_dirs: list[str | Path]) -> float:
+    """Host ms per request added between steps, from live runs of in-process engines: each run
+    directory is an engine trace or holds one per engine (stepped from one loop). The gaps
+    between consecutive steps (any engine) that add no request give the loop's own time; a gap
+    that adds n requests costs (gap - that) / n each: the median of those."""
+    costs = []
+    for run in run_dirs:
+        run = Path(run)
+        engines = [run] if (run / "steps").is_dir() else \
+            [d for d in sorted(run.iterdir()) if (d / "steps").is_dir()]
+        steps = pd.concat([read_table(d, "steps").to_pandas() for d in engines])
+        arrivals = np.sort(pd.concat([read_table(d, "requests").to_pandas()
+                                      for d in engines]).arrival_s.to_numpy())
+        if len(steps) < 2 or not len(arrivals):
+            continue
+        steps = steps.sort_values("start_s")
+        ends = (steps.start_s + steps.duration_ms / 1e3).to_numpy()[:-1]
+        starts = steps.start_s.to_numpy()[1:]
+        gap_ms = (starts - ends) * 1e3
+        added = np.searchsorted(arrivals, starts) - np.searchsorted(arrivals, ends)
+        short = (gap_ms < GAP_CAP_MS) & (gap_ms >= 0)
+        idle = gap_ms[short & (added == 0)]
+        base = float(np.median(idle)) if len(idle) else 0.0
+        some = short & (added > 0)
+        costs.append((gap_ms[some] - base) / added[some])
+    costs = np.concatenate(costs) if costs else np.zeros(0)
+    return max(float(np.median(costs)), 0.0) if len(costs) else 0.0
 
 
 def fingerprint(provenance: dict) -> dict:

@@ -88,6 +88,12 @@ class EngineLimitsSpec(_Strict):
     max_model_len: Count | None = None
 
 
+class HostSpec(_Strict):
+    """A calibration's `host`: what the engine's loop spends outside its steps."""
+
+    add_request_ms: Annotated[float, Field(ge=0)] = 0.0
+
+
 class CalibrationSpec(_Strict):
     """A calibration artifact's envelope (its step-time model is checked by its own kind)."""
 
@@ -98,6 +104,7 @@ class CalibrationSpec(_Strict):
     engine_limits: EngineLimitsSpec
     provenance: dict
     heldout: dict
+    host: HostSpec | None = None
 
 
 def validate_calibration(d: Any) -> CalibrationSpec:

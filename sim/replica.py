@@ -77,6 +77,9 @@ class Replica:
         # replicas take turns iteration by iteration)
         self.fast_forward = fast_forward and device is None
         self.device = device
+        # On a shared device (the live runner's one loop) the host's input processing of each
+        # submitted request runs between steps, so it delays the device's next step.
+        self.add_s = cal.add_request_ms / 1e3 if device is not None else 0.0
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._ending = False  # inside _on_end: no iteration is in flight
@@ -97,6 +100,8 @@ class Replica:
     def submit(self, req: Req) -> None:
         """A request arrives at this replica."""
         req.seq = next(self._arrivals)
+        if self.add_s:
+            self.device.busy_until = max(self.device.busy_until, self.env.now) + self.add_s
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
         if not self.busy and self.device is None:

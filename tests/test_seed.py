@@ -140,7 +140,9 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     # --calibrate-here: other programs served live just before, each pool calibrated on them
     assert set(report["calibrations"]) == {"draft", "target"}
     for pool, path in report["calibrations"].items():
-        assert json.loads(Path(path).read_text())["provenance"]["traces"], pool
+        cal = json.loads(Path(path).read_text())
+        # the two-engine loop's host time per added request (measured 0.16-0.37 ms here)
+        assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5, pool
     assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0

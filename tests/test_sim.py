@@ -340,6 +340,42 @@ def test_a_missing_trace_directory_is_named():
     assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr
 
 
+def test_a_shared_device_charges_host_time_per_submitted_request(tmp_path):
+    """With `host.add_request_ms` (the live runner's loop processes each added request between
+    steps), every request submitted to a replica on a shared device delays the device's next
+    step by that much; a replica with a device of its own is not charged."""
+    from sim.cluster import Cluster
+    from sim.request_state import Req
+
+    d = json.loads(CAL.read_text())
+    d["host"] = {"add_request_ms": 0.5}
+    cal = tmp_path / "host.calib.json"
+    cal.write_text(json.dumps(d))
+    starts = {}
+    for device in ("cpu", None):
+        group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
+        cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson",
+                                                                "rate_per_s": 1.0},
+                                                    "num_requests": 1},
+                            "cluster": {"replicas": [{**group, "pool": "a"}]}})
+        cluster = Cluster(cfg, 16, lambda rid, r: None, False)
+        env = cluster.env
+
+        def arrivals():
+            yield env.timeout(1.0)
+            for i in range(3):
+                cluster.replicas[0].submit(Req(i, 40, 2))
+
+        cluster.run(arrivals())
+        starts[device] = cluster.res.seg["start_s"][0]
+    assert starts["cpu"] == pytest.approx(1.0 + 3 * 0.5e-3)
+    assert starts[None] == pytest.approx(1.0)
+    d["host"] = {"add_request_ms": -1}
+    cal.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="host.add_request_ms"):
+        load_calibration(cal)
+
+
 def test_replicas_sharing_a_device_take_turns_and_batch_what_arrived_meanwhile():
     """Two replicas on one device (the live runner's two engines in one loop): one iteration at
     a time, in turn; what a replica is sent while it waits (or within one instant) joins its
