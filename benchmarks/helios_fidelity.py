@@ -2,7 +2,8 @@
 figures sit from live ones, and how much that moves from round to round on this machine.
 
     python benchmarks/helios_fidelity.py [--config examples/helios-testbed.yaml] [--rounds 5]
-                                         [--repeats 3] [--policies NAME,...] [--json]
+                                         [--repeats 3] [--policies NAME,...]
+                                         [--prompts-per-phase N] [--json]
 
 Each round is one fresh `reasonsim helios replay CONFIG --retrace DIR --repeats N --json`: every
 model's exits traced again on this machine, then each policy simulated and run live N times. Per
@@ -26,13 +27,16 @@ REPO = Path(__file__).resolve().parent.parent
 METRICS = ("throughput_tok_s", "tpot_p50_s", "ttft_p50_s")
 
 
-def one_round(config: str, repeats: int, policies: str | None) -> dict:
+def one_round(config: str, repeats: int, policies: str | None,
+              prompts_per_phase: int | None = None) -> dict:
     """One `helios replay --retrace` in a fresh process; its JSON report."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "reasonsim.cli", "helios", "replay", config, "--retrace",
                str(Path(tmp) / "exits"), "--repeats", str(repeats), "--json"]
         if policies:
             cmd += ["--policies", policies]
+        if prompts_per_phase:
+            cmd += ["--prompts-per-phase", str(prompts_per_phase)]
         out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -62,13 +66,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policies")
+    ap.add_argument("--prompts-per-phase", type=int, help="a longer stream than the trace's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     reports = []
     for k in range(args.rounds):
-        reports.append(one_round(args.config, args.repeats, args.policies))
+        reports.append(one_round(args.config, args.repeats, args.policies,
+                                 args.prompts_per_phase))
         print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    result = {"rounds": args.rounds, "repeats": args.repeats, "policies": summarise(reports),
+    result = {"rounds": args.rounds, "repeats": args.repeats,
+              "prompts_per_phase": args.prompts_per_phase, "policies": summarise(reports),
               "per_round": reports}
     if args.json:
         print(json.dumps(result))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -33,9 +34,11 @@ def stream_prompts(workload: dict, prompt_tokens: list[int]) -> list[list[int]]:
     return ids
 
 
-def retrace_models(config: dict, base_dir: Path, out_dir: Path) -> dict:
+def retrace_models(config: dict, base_dir: Path, out_dir: Path,
+                   prompts_per_phase: int | None = None) -> dict:
     """The config with every model's exits trace recorded again on this machine (same model,
-    workload, load format and layer-skipping thresholds) into `out_dir/<model>`."""
+    workload, load format and layer-skipping thresholds; optionally a longer stream) into
+    `out_dir/<model>`."""
     from sim.helios import load_profile
     from tracers.exits import trace_exits
 
@@ -49,6 +52,8 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path) -> dict:
         params = read_run(path)["params"]
         wl = ExitsWorkload(**{key: tuple(v) if isinstance(v, list) else v
                               for key, v in old.workload.items()})
+        if prompts_per_phase is not None:
+            wl = replace(wl, prompts_per_phase=prompts_per_phase)
         trace_exits(old.model_dir, out_dir / old.name, wl,
                     load_format=params["engine"].get("load_format", "auto"), progress=False,
                     ee_thresholds=tuple(params.get("ee_thresholds", ())))

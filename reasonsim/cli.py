@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first trace every model's exits again on this machine, with its "
                     "trace's own workload, into DIR/<model>, and simulate from those (profiles "
                     "belong to the device that traced them)")
+    hr.add_argument("--prompts-per-phase", type=int,
+                    help="with --retrace: a longer (or shorter) stream than the trace's, so "
+                    "live runs last long enough to average a shared machine's speed spells")
     hr.add_argument("--json", action="store_true")
     hr.set_defaults(func=cmd_helios_replay)
 

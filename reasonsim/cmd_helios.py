@@ -64,7 +64,7 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _experiment(path: str, retrace: str | None = None):
+def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None):
     from sim.config import read_yaml
     from sim.helios_config import Experiment
 
@@ -73,7 +73,7 @@ def _experiment(path: str, retrace: str | None = None):
         if retrace:
             from live.helios import retrace_models
 
-            d = retrace_models(d, Path(path).parent, Path(retrace))
+            d = retrace_models(d, Path(path).parent, Path(retrace), prompts_per_phase)
         return Experiment(d, Path(path).parent)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
@@ -129,7 +129,9 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
-    exp = _experiment(args.config, args.retrace)
+    if args.prompts_per_phase is not None and (not args.retrace or args.prompts_per_phase < 1):
+        raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
+    exp = _experiment(args.config, args.retrace, args.prompts_per_phase)
     specs = exp.spec.helios.policies
     if args.policies:
         known = {exp.policy_name(p): p for p in specs}

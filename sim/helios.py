@@ -209,6 +209,9 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile], m
                 # tokens each layer processed: the prompts, and every output but the last
                 layer_tokens = s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
             else:
+                if len(rnd.prompts) != 1:
+                    raise ValueError("layer skipping (an exit threshold) serves one sequence at "
+                                     f"a time; the program planned {len(rnd.prompts)}")
                 exits = [[exit_layer(x, s.exit_threshold) for x in t] for t in toks]
                 times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth)
                 layer_tokens = times["layer_tokens"]

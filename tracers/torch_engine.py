@@ -36,66 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from tracers.engine import check_model
+from tracers.torch_spec import StepResult, Token, TorchSpec
 from tracers.torch_weights import load_partial, read_layer_weights
-
-
-@dataclass
-class TorchSpec:
-    """How to start the PyTorch engine; every field lands in the run's params_json."""
-
-    model: str
-    """model directory (config.json, optional safetensors weights)"""
-    load_format: str = "auto"
-    """auto = weights from the directory; dummy = random weights from config.json (seeded)"""
-    dtype: str = "auto"
-    """auto = float32 on CPU, bfloat16 on CUDA"""
-    device: str = "auto"
-    """auto = cuda when available, else cpu"""
-    seed: int = 0
-    max_num_seqs: int = 16
-    max_model_len: int = 1024
-    max_num_batched_tokens: int = 2048
-    """prompt tokens admitted per step"""
-    loaded_layers: int | None = None
-    """layers in memory (None: all)"""
-    exit_threshold: float | None = None
-    """exit at the first loaded layer whose max probability reaches it (None: the last loaded)"""
-    record_exits: bool = False
-    """report max probability and argmax at every loaded exit for every token"""
-    skip_layers: bool = False
-    """decode steps stop at the exit (EE-LLM style; needs exit_threshold and max_num_seqs 1)"""
-
-
-@dataclass
-class Token:
-    """One generated token: where it exited and, with `record_exits`, every exit's view."""
-
-    request_id: str
-    token_index: int
-    token_id: int
-    exit_layer: int
-    exit_prob: float
-    max_probs: list[float] = field(default_factory=list)
-    argmax_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class StepResult:
-    """What one engine iteration did."""
-
-    start_s: float
-    duration_ms: float
-    prefill_tokens: int
-    """prompt tokens, plus the pending tokens a skipping decode step recomputes"""
-    prefill_seqs: int
-    decode_seqs: int
-    context_tokens: int
-    layer_ms: list[float]
-    """per layer the step ran (a skipping decode step runs layers 1..its exit)"""
-    tokens: list[Token]
-    finished: list[str]
-    recomputed_tokens: int = 0
-    """pending tokens whose deeper KV a skipping decode step computed"""
 
 
 @dataclass
