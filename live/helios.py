@@ -9,11 +9,8 @@ from the exits trace's workload parameters, so live and simulated serve the same
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
@@ -21,7 +18,6 @@ from programs.helios import HeliosProgram
 from tracers.exits import ExitsWorkload
 from tracers.testbed import lm
 from tracers.torch_engine import TorchEngine, TorchSpec
-from traces.store import read_run
 
 
 def stream_prompts(workload: dict, prompt_tokens: list[int]) -> list[list[int]]:
@@ -32,33 +28,6 @@ def stream_prompts(workload: dict, prompt_tokens: list[int]) -> list[list[int]]:
         raise ValueError("the regenerated prompt stream differs from the traced one (another "
                          "task generator version?)")
     return ids
-
-
-def retrace_models(config: dict, base_dir: Path, out_dir: Path,
-                   prompts_per_phase: int | None = None) -> dict:
-    """The config with every model's exits trace recorded again on this machine (same model,
-    workload, load format and layer-skipping thresholds; optionally a longer stream) into
-    `out_dir/<model>`."""
-    from sim.helios import load_profile
-    from tracers.exits import trace_exits
-
-    out = copy.deepcopy(config)
-    for k, m in enumerate(out.get("helios", {}).get("models", [])):
-        if not isinstance(m, dict) or "exits" not in m:
-            raise ValueError(f"helios.models[{k}]: --retrace needs a model with an exits trace "
-                             "(what-if models are not run live)")
-        path = Path(m["exits"]) if Path(m["exits"]).is_absolute() else base_dir / m["exits"]
-        old = load_profile(path, m.get("name"))
-        params = read_run(path)["params"]
-        wl = ExitsWorkload(**{key: tuple(v) if isinstance(v, list) else v
-                              for key, v in old.workload.items()})
-        if prompts_per_phase is not None:
-            wl = replace(wl, prompts_per_phase=prompts_per_phase)
-        trace_exits(old.model_dir, out_dir / old.name, wl,
-                    load_format=params["engine"].get("load_format", "auto"), progress=False,
-                    ee_thresholds=tuple(params.get("ee_thresholds", ())))
-        m["exits"] = str((out_dir / old.name).resolve())
-    return out
 
 
 class LiveModels:

@@ -64,6 +64,37 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+def retrace_models(config: dict, base_dir: Path, out_dir: Path,
+                   prompts_per_phase: int | None = None) -> dict:
+    """The config with every model's exits trace recorded again on this machine (same model,
+    workload, load format and layer-skipping thresholds; optionally a longer stream) into
+    `out_dir/<model>`."""
+    import copy
+    from dataclasses import replace
+
+    from sim.helios import load_profile
+    from tracers.exits import ExitsWorkload, trace_exits
+    from traces.store import read_run
+
+    out = copy.deepcopy(config)
+    for k, m in enumerate(out.get("helios", {}).get("models", [])):
+        if not isinstance(m, dict) or "exits" not in m:
+            raise ValueError(f"helios.models[{k}]: --retrace needs a model with an exits trace "
+                             "(what-if models are not run live)")
+        path = Path(m["exits"]) if Path(m["exits"]).is_absolute() else base_dir / m["exits"]
+        old = load_profile(path, m.get("name"))
+        params = read_run(path)["params"]
+        wl = ExitsWorkload(**{key: tuple(v) if isinstance(v, list) else v
+                              for key, v in old.workload.items()})
+        if prompts_per_phase is not None:
+            wl = replace(wl, prompts_per_phase=prompts_per_phase)
+        trace_exits(old.model_dir, out_dir / old.name, wl,
+                    load_format=params["engine"].get("load_format", "auto"), progress=False,
+                    ee_thresholds=tuple(params.get("ee_thresholds", ())))
+        m["exits"] = str((out_dir / old.name).resolve())
+    return out
+
+
 def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None):
     from sim.config import read_yaml
     from sim.helios_config import Experiment
@@ -71,8 +102,6 @@ def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | 
     d = read_yaml(path)
     try:
         if retrace:
-            from live.helios import retrace_models
-
             d = retrace_models(d, Path(path).parent, Path(retrace), prompts_per_phase)
         return Experiment(d, Path(path).parent)
     except ValueError as e:
