@@ -71,7 +71,10 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
             fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
             lives[mode].append((read_table(d, "programs").to_pandas(),
                                 read_table(d, "tot_requests").to_pandas()))
-    calibrations = calibrate_pools(cfg, out / "calibration") if args.calibrate_here else None
+    try:
+        calibrations = calibrate_pools(cfg, out / "calibration") if args.calibrate_here else None
+    except ValueError as e:
+        raise UserError(f"--calibrate-here: {e}") from None
     results = {}
     for mode in modes:
         cfg, _ = _config(path, mode, args.count, seed=args.seed, calibrations=calibrations)
