@@ -87,8 +87,7 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
         elif lengths != prompt_tokens:
             raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
     step = fit_steps(trace_dir, layers)
-    ee_step = fit_steps(trace_dir, layers, cells="ee") if "ee_thresholds" in params and \
-        params["ee_thresholds"] else None
+    ee_step = fit_steps(trace_dir, layers, cells="ee") if params.get("ee_thresholds") else None
     return ModelProfile(name=name or Path(str(run["model_id"])).name,
                         model_dir=_model_dir(str(run["model_id"]), trace_dir), layers=layers,
                         prompt_tokens=prompt_tokens, streams=streams, step=step,
