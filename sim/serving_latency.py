@@ -52,13 +52,13 @@ SPELL_S = 2.0
 """window over which a shared machine's speed is taken as one level (slow spells last seconds)"""
 
 
-def feature_matrix(steps: pd.DataFrame) -> np.ndarray:
+def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np.ndarray:
     """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns."""
     p = steps.prefill_tokens.to_numpy(float)
     d = steps.decode_seqs.to_numpy(float)
     c = steps.context_tokens.to_numpy(float)
     new = steps.new_shape.to_numpy(float)
-    idle_ms = steps.idle_ms.to_numpy(float)
+    idle_ms = np.minimum(steps.idle_ms.to_numpy(float), idle_seen_ms)
     idle = np.minimum(idle_ms, IDLE_CAP_MS) / 100.0
     short = np.minimum(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
@@ -113,6 +113,10 @@ class ServingModel:
     """quantiles of log(median residual in a SPELL_S window / overall median): how much faster or
     slower the traced machine ran for seconds at a time. Sampled latency draws one such factor
     per replica and run, so noise bands include what a shared machine's spells do to a run."""
+    idle_seen_ms: float = IDLE_CAP_MS
+    """the longest idle the fit saw (<= IDLE_CAP_MS): longer idles count as this long. A trace
+    with no idle (a step grid) only has host gaps of a few ms, and its idle coefficients must
+    not be extrapolated to the seconds between live arrivals (that made every TTFT +30 ms)."""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0) -> float:
@@ -125,13 +129,14 @@ class ServingModel:
         if new_shape:
             ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
         if idle_ms > 0.0:
+            idle_ms = min(idle_ms, self.idle_seen_ms)
             ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0 + \
                 c[9] * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
         return ms
 
     def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
         """Vectorised step_ms over steps with engine features."""
-        return feature_matrix(steps) @ np.asarray(self.coef_ms)
+        return feature_matrix(steps, self.idle_seen_ms) @ np.asarray(self.coef_ms)
 
     def linear(self) -> LatencyModel:
         """The linear part: what a decode run (same shape, no idle) costs per step."""
@@ -148,7 +153,7 @@ class ServingModel:
     def to_json(self) -> dict:
         """Features, coefficients, idle cap and residual quantiles."""
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
-                "idle_cap_ms": IDLE_CAP_MS,
+                "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
                 "run_log_quantiles": list(self.run_log_quantiles)}
 
@@ -172,7 +177,10 @@ class ServingModel:
         if not any(v[:3]):
             raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
         runs = residual_quantiles({"residual_log_quantiles": d.get("run_log_quantiles", [0.0])})
-        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs)
+        seen = d.get("idle_seen_ms", IDLE_CAP_MS)  # fitted before it was recorded: the cap
+        if not _is_number(seen) or not 0 <= seen <= IDLE_CAP_MS:
+            raise ValueError(f"idle_seen_ms: expected a number in [0, {IDLE_CAP_MS}], got {seen!r}")
+        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs, float(seen))
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
@@ -192,7 +200,8 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
     spells = pd.Series(ratio, index=steps.index).groupby(window.to_numpy()).median()
     runs = np.quantile(np.log(spells.to_numpy() / np.median(ratio)), midpoints(21))
     return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q),
-                        tuple(float(v) for v in runs))
+                        tuple(float(v) for v in runs),
+                        float(min(IDLE_CAP_MS, steps.idle_ms.max())))
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:

@@ -58,11 +58,13 @@ def pytest_sessionstart(session) -> None:
 
 @pytest.fixture(scope="session")
 def steps_trace(tmp_path_factory) -> Path:
-    """A small real vLLM (CPU build) step trace of the testbed target: 2x3x1 grid, 2 repeats."""
+    """A small real vLLM (CPU build) step trace of the testbed target: 2x3x1 grid, 8 repeats
+    (~2 s: a calibration of 0.6 s of steps once met a slow spell and predicted 2.2x slower
+    decode steps than the replay after it ran)."""
     out = tmp_path_factory.mktemp("trace") / "steps"
     run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out),
             "--batch-sizes", "1,8", "--prompt-tokens", "16,64,256", "--output-tokens", "16",
-            "--max-model-len", "1024", "-q")
+            "--max-model-len", "1024", "--repeats", "8", "-q")
     return out
 
 

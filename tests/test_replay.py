@@ -39,6 +39,9 @@ def test_replay_then_validate(tmp_path, local_calibration):
         assert math.isfinite(v["sim"]) and math.isfinite(v["live"]) and v["live"] > 0
     # Throughput is set by the arrivals at moderate load, so it must agree even on a noisy box.
     assert abs(rows["throughput_tok_s"]["rel_err"]) < 0.3
+    # Medians of per-request latency too, loosely (CI noise): a grid's idle term extrapolated to
+    # the gaps between arrivals once made the simulated TTFT 5x the live one.
+    assert abs(rows["ttft_s.p50"]["rel_err"]) < 0.75 and abs(rows["tpot_s.p50"]["rel_err"]) < 0.75
     assert (tmp_path / "v" / "validate_cdf.png").stat().st_size > 0
     # Calibrated here: the devices match, by name and by step speed, and validate gives a verdict.
     assert result["device"]["match"] and result["speed"]["match"], result["speed"]

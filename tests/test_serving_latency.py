@@ -110,8 +110,33 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
         assert got[i] == pytest.approx(true[i], rel=0.15), FEATURES[i]
 
 
+def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
+    # A step grid idles only for host gaps of 0.1-3 ms. Its idle coefficients describe those;
+    # the seconds between live arrivals must count as the longest gap seen, not 200 ms.
+    rng = np.random.default_rng(1)
+    rows, t = [], 0.0
+    for i in range(600):
+        prefill = int(rng.integers(16, 300)) if i % 8 == 0 else 0
+        gap_ms = float(rng.uniform(0.5, 3.0)) if prefill else 0.1
+        t += gap_ms / 1e3
+        dur = 1.0 + 0.01 * prefill + 0.05 * (i % 8) + 0.3 * gap_ms * (prefill > 0)
+        rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
+                     "prefill_tokens": prefill, "decode_seqs": i % 8,
+                     "context_tokens": prefill + 100 * (i % 8), "duration_ms": dur})
+        t += dur / 1e3
+    steps = engine_features(pd.DataFrame(rows))
+    fitted = fit_serving(steps)
+    assert fitted.idle_seen_ms == pytest.approx(steps.idle_ms.max()) and fitted.idle_seen_ms < 3.5
+    longest = fitted.step_ms(100, 0, 100, idle_ms=fitted.idle_seen_ms)
+    assert fitted.step_ms(100, 0, 100, idle_ms=1e3) == longest
+    assert fitted.step_ms(100, 0, 100, idle_ms=1e3) < 3.0 + 0.3 * 3.5  # not 200 ms' worth
+    again = ServingModel.from_json(fitted.to_json())
+    assert again == fitted and again.step_ms(100, 0, 100, idle_ms=1e3) == longest
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.update(features=m["features"][:5]), "features"),
+    (lambda m: m.update(idle_seen_ms=500.0), "idle_seen_ms"),
     (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
     (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 10 finite non-negative"),
     (lambda m: m.update(features=m["features"][:9], coef_ms=m["coef_ms"][:8]),

@@ -26,8 +26,8 @@ def test_step_trace_is_valid_and_complete(steps_trace):
     assert run["params"]["engine"]["max_model_len"] == 1024  # --max-model-len, not the grid's
     steps = read_table(steps_trace, "steps").to_pandas()
     reqs = read_table(steps_trace, "requests").to_pandas()
-    # 3 prompt lengths x 1 output length x 2 repeats, 1+8 requests per pair of batch sizes.
-    assert len(reqs) == 3 * (1 + 8) * 2 and (reqs.output_tokens == 16).all()
+    # 3 prompt lengths x 1 output length x 8 repeats, 1+8 requests per pair of batch sizes.
+    assert len(reqs) == 3 * (1 + 8) * 8 and (reqs.output_tokens == 16).all()
     assert (reqs.finish_reason == "length").all()
     assert (reqs.scheduled_s >= reqs.arrival_s).all() and (reqs.first_token_s >= reqs.scheduled_s).all()
     # Each request's prompt is computed exactly once (no prefix caching, no preemption here).
