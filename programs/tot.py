@@ -33,9 +33,20 @@ from programs.base import Outcome, RequestSpec, Sampling
 from traces import ids
 
 
+PROBE_TEXT = "\x00value prompt"
+"""the value prompt's content key (its text is the testbed's probe suffix)"""
+
+
 def tot_seed(program_seed: int, key: str, rnd: int, what: str) -> int:
     """A seed for one thought's round (`what`: draft, target, accept)."""
     return zlib.crc32(f"{program_seed}:{key}:{rnd}:{what}".encode()) & 0x7FFFFFFF
+
+
+def content_link(previous: int, text: str, end_tokens: int) -> tuple[int, int]:
+    """The link after `text`: a key for all content so far (the previous link's key and this
+    text) and where it ends. Equal texts written in equal pieces get equal keys, as equal token
+    blocks get equal hashes in vLLM's prefix cache."""
+    return hash((previous, text)), end_tokens
 
 
 @dataclass(eq=False)
@@ -48,6 +59,9 @@ class State:
     """tokens after the question"""
     ids: list = field(default_factory=list)
     text: str = ""
+    links: tuple = ()
+    """(content key, tokens after the question) at the end of every piece of text the path was
+    written in: the prefix cache's identity of its content (`content_link`)"""
     value: float = -math.inf
     answer: str | None = None
     final: bool = False
@@ -65,6 +79,8 @@ class Thought:
     tokens: int = 0
     ids: list = field(default_factory=list)
     text: str = ""
+    links: tuple = ()
+    """the parent's links and one per piece written so far"""
     rounds: int = 0
     eos: bool = False
     drafted: Outcome | None = None
@@ -105,6 +121,8 @@ class ToTProgram:
         self.finals: list[State] = []
         self.best: State | None = None
         self._started = False
+        self._question_key = hash(("question", question_id))
+        """the question prompt's content key: programs on one question share its blocks"""
         self._index = 0
         self._flight: dict[RequestSpec, Thought] = {}
         self._queue = VerifyQueue(policy.target_limit)
@@ -116,7 +134,8 @@ class ToTProgram:
     # -- requests ---------------------------------------------------------------------------
 
     def _spec(self, t: Thought, kind: str, role: str, extra_ids: list, extra_tokens: int,
-              sampling: Sampling, state: State | None = None) -> RequestSpec:
+              sampling: Sampling, state: State | None = None,
+              extra_text: str = "") -> RequestSpec:
         base = state if state is not None else t.parent
         own = [] if state is not None else t.ids
         own_tokens = 0 if state is not None else t.tokens
@@ -124,9 +143,15 @@ class ToTProgram:
         if self.prompt_ids is not None:
             token_ids = list(self.prompt_ids) + base.ids + own + extra_ids
         prompt = self.prompt_tokens + base.tokens + own_tokens + extra_tokens
+        p0 = self.prompt_tokens
+        links = base.links if state is not None else t.links
+        chain = ((self._question_key, p0),) + tuple((k, p0 + end) for k, end in links)
+        if extra_tokens:
+            chain += (content_link(chain[-1][0], extra_text, prompt),)
         spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt, sampling=sampling,
                            path=0, position=base.tokens + own_tokens,
-                           prefix_tokens=prompt - extra_tokens, prompt_ids=token_ids, role=role)
+                           prefix_tokens=prompt - extra_tokens, prefix_chain=chain,
+                           prompt_ids=token_ids, role=role)
         self._index += 1
         self._flight[spec] = t
         return spec
@@ -156,12 +181,12 @@ class ToTProgram:
         return self._spec(t, "verify", "target", list(d.token_ids), d.tokens, Sampling(
             max_tokens=1, temperature=s.temperature, prompt_logprobs=d.tokens,
             seed=tot_seed(self.seed, t.key, t.rounds, "target"),
-            top_logprobs=self.vocab if s.temperature > 0 else 1))
+            top_logprobs=self.vocab if s.temperature > 0 else 1), extra_text=d.text)
 
     def _evaluate(self, t: Thought) -> RequestSpec:
         c = t.child
         return self._spec(t, "eval", "target", list(self.probe_ids or ()), self.probe_prompt_tokens,
-                          Sampling(max_tokens=1, logprobs=True), state=c)
+                          Sampling(max_tokens=1, logprobs=True), state=c, extra_text=PROBE_TEXT)
 
     # -- the protocol -----------------------------------------------------------------------
 
@@ -178,8 +203,8 @@ class ToTProgram:
 
     def _begin_level(self, states: list[State]) -> list:
         n = self.settings.thoughts
-        self._level = [Thought(f"{s.key}.{i}" if s.key else str(i), j * n + i, s)
-                       for j, s in enumerate(states) for i in range(n)]
+        self._level = [Thought(f"{s.key}.{i}" if s.key else str(i), j * n + i, s,
+                               links=s.links) for j, s in enumerate(states) for i in range(n)]
         self._todo = list(self._level)
         self._left = len(self._level)
         return self._pump()
@@ -211,6 +236,8 @@ class ToTProgram:
         t.tokens += outcome.tokens
         t.ids += list(outcome.token_ids)
         t.text += outcome.text
+        previous = t.links[-1][0] if t.links else self._question_key
+        t.links += (content_link(previous, outcome.text, t.parent.tokens + t.tokens),)
         t.eos = t.eos or outcome.eos
         t.rounds += 1
         self.reasoning += outcome.tokens
@@ -223,7 +250,7 @@ class ToTProgram:
         p = t.parent
         final = t.eos or extract_boxed(t.text) is not None
         t.child = State(t.key, p.level + 1, p.tokens + t.tokens, p.ids + t.ids, p.text + t.text,
-                        final=final)
+                        t.links, final=final)
         return out + self._to_target(self._evaluate(t))
 
     def _next_level(self) -> list:

@@ -31,9 +31,6 @@ class ToTQuestion:
     """tree -> {(node, kind, round): the traced tot_requests row}"""
     expected_tokens: int
     """tokens the ar tree generated (routing estimate)"""
-    repeated: dict
-    """tree -> thoughts whose state (question + path) an earlier thought of the level already
-    reached (greedy siblings write the same line): their value prompt is in the prefix cache"""
 
 
 @dataclass(frozen=True)
@@ -54,27 +51,6 @@ class ToTBank:
             raise ValueError(f"tot policy settings {policy.settings} are not in the trace "
                              f"({self.settings}; any depth up to its own): trace them with "
                              "reasonsim trace tot")
-
-
-def _order(node: str) -> tuple:
-    return tuple(int(i) for i in node.split("."))
-
-
-def repeated_states(requests: dict) -> frozenset:
-    """Thoughts of a traced tree whose state text an earlier thought of its level reached."""
-    text = {}
-    for (node, kind, rnd), r in sorted(requests.items(), key=lambda kv: kv[0][2]):
-        if kind in ("ar", "verify"):
-            text[node] = text.get(node, "") + r["text"]
-    state = {}
-    for node in sorted(text, key=_order):  # parents before children
-        parent = node.rpartition(".")[0]
-        state[node] = state.get(parent, "") + text[node]
-    seen, out = set(), set()
-    for node in sorted(state, key=lambda n: (n.count("."), _order(n))):
-        key = (node.count("."), state[node])
-        (out.add(node) if key in seen else seen.add(key))
-    return frozenset(out)
 
 
 def load_tot(trace_dir: str | Path) -> ToTBank:
@@ -98,8 +74,7 @@ def load_tot(trace_dir: str | Path) -> ToTBank:
                      r["kind"] in ("ar", "draft"))
         tokens = sum(int(r["output_tokens"]) for r in trees.get("ar", {}).values())
         questions.append(ToTQuestion(qid, first["difficulty"], int(first["prompt_tokens"]),
-                                     first["gold_answer"], trees, tokens,
-                                     {t: repeated_states(rs) for t, rs in trees.items()}))
+                                     first["gold_answer"], trees, tokens))
     tokens = np.array([q.expected_tokens for q in questions], dtype=float)
     level = np.array([q.difficulty or 0 for q in questions])
     factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}

@@ -179,8 +179,12 @@ class ProgramDriver:
                              f"max_model_len {limit} (replica {rid}'s calibration); the engine "
                              "would reject it")
         group = self._groups.setdefault((run.idx, key), len(self._groups))
+        # A scoring request needs its tail's log-probabilities, which vLLM has none of for
+        # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
+        scored = spec.sampling.prompt_logprobs
         r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
-                group=group, prefix_tokens=prefix)
+                group=group, prefix_tokens=prefix, chain=spec.prefix_chain or None,
+                score_from=prompt - scored if scored else 0)
         self.owner.append((run, spec))
         self.req_arrival.append(self.env.now)
         self.req_prompt.append(prompt)

@@ -132,8 +132,7 @@ class Replica:
         self.free_blocks += r.blocks
         r.blocks = 0
         if r.shared:
-            self.prefix_cache.unref(r.group)
-            r.shared = 0
+            self.prefix_cache.unref(r)
 
     def abort(self, r: Req) -> None:
         """Stop a request at the next iteration boundary (vLLM aborts between steps)."""
@@ -213,8 +212,7 @@ class Replica:
             n = min(r.target - r.computed, budget)
             if not self._alloc(r, r.computed + n):
                 if r.shared:  # undo the borrowed prefix: not admitted this time
-                    self.prefix_cache.unref(r.group)
-                    r.shared = 0
+                    self.prefix_cache.unref(r)
                     r.computed = 0
                 break
             self.waiting.popleft()

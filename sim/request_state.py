@@ -11,11 +11,11 @@ class Req:
     """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
 
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
-                 "priority", "group", "prefix_tokens", "shared", "started", "seq", "done",
-                 "aborted")
+                 "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
+                 "started", "seq", "done", "aborted")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
-                 prefix_tokens: int = 0):
+                 prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0):
         self.idx = idx
         self.prompt = prompt
         self.output = output
@@ -26,6 +26,9 @@ class Req:
         self.priority = priority
         self.group = group         # shared-prefix group (-1: none)
         self.prefix_tokens = prefix_tokens
+        self.chain = chain         # the prompt's content as nested prefixes (`sim.prefix_cache`)
+        self.score_from = score_from  # first prompt position it needs log-probabilities of (0: none)
+        self.held = None           # identities of the cached blocks it holds
         self.shared = 0            # KV blocks borrowed from the prefix cache
         self.started = False
         self.seq = 0               # arrival order at the replica (priority tie-break)

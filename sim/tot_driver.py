@@ -4,7 +4,10 @@ The program (`programs.tot.ToTProgram`) decides (what goes when, acceptance's co
 tree); this oracle tells the driver how long each request is and what it returned, from the
 traced request of the same (thought, kind, round) in the tree of the program's mode. Drafts go
 to the `draft` pool; verifications (a prefill of the drafted tokens over the cached context, one
-token generated), the target's own thoughts and value prompts to the `target` pool.
+token generated), the target's own thoughts and value prompts to the `target` pool. What each
+prompt finds in a replica's prefix cache follows from its content (the program's chain of text
+pieces), as on the live engine: identical sibling thoughts share blocks, and a verification
+whose drafted tail is already cached runs uncached, as the live engine re-runs it.
 """
 
 from __future__ import annotations
@@ -31,16 +34,9 @@ class TracedToT:
         return row
 
     def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: one per program)."""
-        # One group per program: sibling thoughts diverge, so this overestimates hits a little.
-        # A verification the trace re-ran without the cache (identical siblings) prefills all.
-        if spec.kind == "verify" and self._row(run, spec).get("rescored"):
-            return spec.prompt_tokens, 0, 0
-        # An earlier thought of the level reached the same state: its value prompt is cached.
-        if spec.kind == "eval" and run.program.key_of(spec)[0] in \
-                run.question.repeated[run.program.policy.tree]:
-            return spec.prompt_tokens, spec.prompt_tokens, 0
-        return spec.prompt_tokens, spec.prefix_tokens, 0
+        """(prompt tokens, prefix-cacheable tokens: all of it, prefix-cache key: one per
+        program); the spec's content chain says which blocks other prompts share."""
+        return spec.prompt_tokens, spec.prompt_tokens, 0
 
     def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
         """Tokens the engine generates: the drafted or written thought tokens, else one."""

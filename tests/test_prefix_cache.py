@@ -1,0 +1,97 @@
+"""The simulator's prefix cache: blocks by content, whole blocks only, scoring requests uncached."""
+
+from __future__ import annotations
+
+from policies.seed import SeedPolicy, ToTSettings
+from programs.base import Outcome
+from programs.tot import ToTProgram
+from sim.prefix_cache import PrefixCache
+from sim.request_state import Req
+
+BS = 16
+
+
+def _req(prompt: int, chain=None, group: int = 0, prefix: int | None = None,
+         score_from: int = 0) -> Req:
+    return Req(0, prompt, 4, group=group, prefix_tokens=prompt if prefix is None else prefix,
+               chain=chain, score_from=score_from)
+
+
+def _prefill(cache: PrefixCache, r: Req) -> None:
+    """What the replica does: hit, allocate the prompt's blocks, compute, store."""
+    cache.hit(r)
+    r.blocks = -(-r.prompt // BS) - r.shared
+    r.computed = r.prompt
+    cache.store(r)
+
+
+def test_prompts_share_the_leading_blocks_of_equal_content_only():
+    cache = PrefixCache(BS)
+    q = ("q", 40)  # a 40-token question, then two different branches
+    a = _req(100, chain=(q, ("a", 100)))
+    _prefill(cache, a)
+    assert a.shared == 100 // BS and cache.evictable == 0
+    # Another branch of the same question: the two whole blocks inside the question, not the
+    # third (it ends at 48, past the question, in other content).
+    b = _req(90, chain=(q, ("b", 90)))
+    cache.hit(b)
+    assert b.computed == 32 and b.shared == 2
+    # The same content again: every whole block but the one holding the last token.
+    c = _req(100, chain=(q, ("a", 100)))
+    cache.hit(c)
+    assert c.computed == (100 - 1) // BS * BS == 96
+    # A group's request without a chain shares up to its own prefix, never past it.
+    g1, g2 = _req(80, group=7, prefix=64), _req(200, group=7, prefix=40)
+    _prefill(cache, g1)
+    cache.hit(g2)
+    assert g1.shared == 4 and g2.computed == 32
+
+
+def test_a_scoring_request_whose_tail_is_cached_reads_nothing():
+    # vLLM has no prompt log-probabilities for cached positions: the live engine re-runs it.
+    cache = PrefixCache(BS)
+    first = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
+    _prefill(cache, first)
+    same = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
+    cache.hit(same)
+    assert same.computed == 0 and same.shared == 0
+    other = _req(70, chain=(("ctx", 50), ("other draft", 70)), score_from=50)
+    cache.hit(other)  # only the context's blocks: 48 tokens, short of the scored tail
+    assert other.computed == 48
+
+
+def test_freed_blocks_are_evicted_tail_first_and_counted():
+    cache = PrefixCache(BS)
+    r = _req(64, chain=(("x", 64),))
+    _prefill(cache, r)
+    assert cache.evictable == 0 and r.shared == 4 and r.blocks == 0
+    cache.unref(r)
+    assert cache.evictable == 4 and r.shared == 0
+    assert cache.evict(1) == 1 and cache.evictable == 3
+    again = _req(64, chain=(("x", 64),))
+    cache.hit(again)  # the head survived: three blocks, not one missing at the front
+    assert again.computed == 48 and cache.evictable == 0
+    assert cache.evict(10) == 0  # all held
+
+
+def _tot(policy: SeedPolicy) -> ToTProgram:
+    return ToTProgram("q-1", policy, 40, 0, 5)
+
+
+def test_identical_tot_siblings_name_the_same_content():
+    # Greedy siblings write the same line: their verifications carry equal chains, so the
+    # second finds the first's drafted tail cached; a sibling that wrote other text does not.
+    prog = _tot(SeedPolicy("sd", ToTSettings(depth=2)))
+    specs = []
+    draft = prog.start()[0]
+    for text in ("ab", "ab", "cd"):
+        verify = prog.on_done(draft, Outcome(3, text=text))[0]
+        specs.append(verify)
+        # sd: the thought ends and is evaluated, then the next thought's draft goes
+        ev = prog.on_done(verify, Outcome(4, text=text + "!", ended=True,
+                                          step=(3, 3, (1, 1, 1))))[0]
+        draft = prog.on_done(ev, Outcome(1, score=0.5, answer="1"))[0]
+    a, b, c = specs
+    assert a.prefix_chain == b.prefix_chain and a.prefix_chain != c.prefix_chain
+    assert a.prefix_chain[0] == c.prefix_chain[0] == (a.prefix_chain[0][0], 40)
+    assert a.prefix_chain[-1][1] == a.prompt_tokens and a.sampling.prompt_logprobs == 3
