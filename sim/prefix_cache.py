@@ -91,10 +91,12 @@ class PrefixCache:
         r.shared = n
         r.computed = n * bs
 
-    def store(self, r: Req) -> None:
-        """After a prefill chunk: its newly full prompt blocks join the cache, held by the
-        request (a block already cached beside it, computed twice at once, stays private)."""
-        full = min(r.prefix_tokens, r.computed) // self.block_size
+    def store(self, r: Req, computed_tokens: int) -> None:
+        """A prefill chunk is scheduled to compute the prompt up to `computed_tokens`: its newly
+        full prompt blocks join the cache now, held by the request, as vLLM caches blocks when
+        it allocates them (a request admitted later in the same step reads them: its attention
+        runs after the step writes them). A block already cached beside it stays private."""
+        full = min(r.prefix_tokens, computed_tokens) // self.block_size
         if full <= r.shared:
             return
         refs = self.refs

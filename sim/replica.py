@@ -201,6 +201,8 @@ class Replica:
                     break
             else:
                 sched.append((r, n))
+                if self._caching and r.group >= 0 and r.computed < r.target:
+                    self.prefix_cache.store(r, r.computed + n)
                 budget -= n
                 i += 1
                 continue
@@ -224,6 +226,8 @@ class Replica:
                 # scheduled; re-prefills after a preemption do not add to it.
                 self.res.cached_tokens[r.idx] = r.computed
             sched.append((r, n))
+            if self._caching and r.group >= 0:
+                self.prefix_cache.store(r, r.computed + n)
             budget -= n
         if not sched:
             self.busy = False
@@ -352,8 +356,6 @@ class Replica:
                     self._alloc(r, r.computed)  # accounted in _stable_run_length: always fits
             else:  # a prefill chunk
                 r.computed += n
-                if self._caching and r.group >= 0:
-                    self.prefix_cache.store(r)
                 if r.computed >= r.target:
                     r.generated += 1  # the prefill's last chunk samples a token
                     if r.generated == 1:  # first token (a re-prefill after preemption has more)

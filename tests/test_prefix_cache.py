@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import simpy
+from conftest import REPO
+
 from policies.seed import SeedPolicy, ToTSettings
 from programs.base import Outcome
 from programs.tot import ToTProgram
+from sim.calibration import load_calibration
+from sim.cluster import Device
 from sim.prefix_cache import PrefixCache
-from sim.request_state import Req
+from sim.replica import Replica, ReplicaConfig
+from sim.request_state import Req, Results
 
 BS = 16
 
@@ -18,11 +24,11 @@ def _req(prompt: int, chain=None, group: int = 0, prefix: int | None = None,
 
 
 def _prefill(cache: PrefixCache, r: Req) -> None:
-    """What the replica does: hit, allocate the prompt's blocks, compute, store."""
+    """What the replica does: hit, allocate the prompt's blocks, store, compute."""
     cache.hit(r)
     r.blocks = -(-r.prompt // BS) - r.shared
+    cache.store(r, r.prompt)
     r.computed = r.prompt
-    cache.store(r)
 
 
 def test_prompts_share_the_leading_blocks_of_equal_content_only():
@@ -95,3 +101,20 @@ def test_identical_tot_siblings_name_the_same_content():
     assert a.prefix_chain == b.prefix_chain and a.prefix_chain != c.prefix_chain
     assert a.prefix_chain[0] == c.prefix_chain[0] == (a.prefix_chain[0][0], 40)
     assert a.prefix_chain[-1][1] == a.prompt_tokens and a.sampling.prompt_logprobs == 3
+
+
+def test_a_request_admitted_in_the_same_step_reads_the_blocks_being_computed():
+    # vLLM caches a block when it allocates it: siblings submitted together (a batched ToT
+    # level, on the live runner's shared device) compute their shared prompt once, in one step.
+    cal = load_calibration(REPO / "sim" / "data" / "testbed-large-cpu.calib.json")
+    env = simpy.Environment()
+    res = Results(3)
+    rep = Replica(env, 0, cal, ReplicaConfig(8, 2048, BS, 1000, enable_prefix_caching=True),
+                  res, None, device=Device())
+    chain = (("q", 64), ("a", 100))
+    for i in range(2):
+        rep.submit(Req(i, 100, 4, group=0, prefix_tokens=100, chain=chain))
+    rep.submit(Req(2, 100, 4, group=0, prefix_tokens=100, chain=(("q", 64), ("b", 100))))
+    env.run()
+    assert res.cached_tokens.tolist() == [0, 96, 64]
+    assert res.scheduled_s[0] == res.scheduled_s[1] == res.scheduled_s[2]
