@@ -19,6 +19,7 @@ import pandas as pd
 
 from sim import step_time
 from sim.latency import LatencyModel, errors, fit
+from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
 from sim.serving_latency import engine_features, fit_serving, serving_errors
 from traces import read_run, read_table
 
@@ -51,6 +52,10 @@ class Calibration:
     """host time per request added between steps (input processing) in an in-process engine
     loop: on a shared device (`sim.cluster.Device`, the live runner's loop) it delays the next
     step; 0: not measured (`fit_add_request_ms`)"""
+    logprob_token_ms: float = 0.0
+    """step time per log-probability position returned (`sim.logprob_cost`; 0: not measured)"""
+    logprob_top_k_ms: float = 0.0
+    """and per top-k entry of those positions"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -62,7 +67,9 @@ class Calibration:
                                   "kv_blocks_total": self.kv_blocks_total,
                                   "max_model_len": self.max_model_len},
                 "provenance": self.provenance, "heldout": self.heldout,
-                "host": {"add_request_ms": self.add_request_ms}}
+                "host": {"add_request_ms": self.add_request_ms,
+                         "logprob_token_ms": self.logprob_token_ms,
+                         "logprob_top_k_ms": self.logprob_top_k_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -72,7 +79,7 @@ def load_calibration(path: str | Path) -> Calibration:
         d = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable calibration file ({e})") from None
-    from sim.config_schema import validate_calibration
+    from sim.config_schema import HostSpec, validate_calibration
 
     if not isinstance(d, dict) or d.get("kind") != "reasonsim.calibration" or \
             d.get("version") not in (1, CALIBRATION_VERSION):
@@ -91,9 +98,10 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: step_time_model: expected a mapping")
     model = step_time.from_json(model_json, f"{path}: step_time_model")
     lim = spec.engine_limits
+    host = spec.host or HostSpec()
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
                        lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
-                       spec.host.add_request_ms if spec.host else 0.0)
+                       host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms)
 
 
 GAP_CAP_MS = 5.0
@@ -177,7 +185,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
         (a, la), (b, lb) = list(limits.items())[:2]
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
-    steps = pd.concat(frames, ignore_index=True)
+    steps = attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs)
     if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
         steps = engine_features(steps)
         steps = steps[steps.duration_ms > 0]
@@ -193,18 +201,41 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     held = _heldout_mask(steps.cell_id.fillna(steps.run_id), seed)
     if held.all() or not held.any():  # a single cell or run: fall back to a row split
         held = np.random.default_rng(seed).random(len(steps)) < HELDOUT_FRACTION
-    train, test = steps[~held], steps[held]
+    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
     if model == "serving":
-        fitted = fit_serving(train)
+        def fit_rows(rows):
+            return fit_serving(rows)
 
-        def err(rows):
-            return serving_errors(fitted, rows)
+        def predict_ms(m, rows):
+            return m.predict_ms(rows) * m.residual_sampler()[0]
+
+        def errs(m, rows):
+            return serving_errors(m, rows)
     else:
-        cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
-        fitted = fit(*(train[c] for c in cols), train.duration_ms)
+        def fit_rows(rows):
+            return fit(*(rows[c] for c in cols), rows.duration_ms)
 
-        def err(rows):
-            return errors(fitted, *(rows[c] for c in cols), rows.duration_ms)
+        def predict_ms(m, rows):
+            return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
+
+        def errs(m, rows):
+            return errors(m, *(rows[c] for c in cols), rows.duration_ms)
+    # Steps that returned log-probabilities carry a term of their own: fitted, then taken
+    # out of their durations so the step-time model sees the step alone.
+    lp_cost = fit_logprob_cost(steps[~held], fit_rows, predict_ms)
+    lp_note = ("fitted" if any(lp_cost) or (steps.logprob_tokens > 0).any() else
+               "no step returned log-probabilities") if lp_cost is not None else \
+        f"not separable: under {MIN_PLAIN_STEPS} training steps without log-probabilities; " \
+        "the step time holds their cost, for traffic like this only"
+    lp_cost = lp_cost or (0.0, 0.0)
+    if any(lp_cost):
+        own = steps.duration_ms - logprob_ms(steps, lp_cost)
+        steps = steps.assign(duration_ms=np.maximum(own, 0.05 * steps.duration_ms))
+    train, test = steps[~held], steps[held]
+    fitted = fit_rows(train)
+
+    def err(rows):
+        return errs(fitted, rows)
     heldout = err(test) | {"train_rows": int(len(train))}
     for name, mask in breakdown(test).items():
         if mask.any():
@@ -223,9 +254,12 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                       "sampling", {"sampling": "unrecorded"})}, sort_keys=True)
                       for _, r in runs}),
                   "step_time_model": model,
+                  "logprob_steps": int((steps.logprob_tokens > 0).sum()),
+                  "logprob_cost": lp_note,
                   "fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
                        provenance, heldout,
-                       int(eng["max_model_len"]) if eng.get("max_model_len") else None)
+                       int(eng["max_model_len"]) if eng.get("max_model_len") else None,
+                       logprob_token_ms=lp_cost[0], logprob_top_k_ms=lp_cost[1])

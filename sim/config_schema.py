@@ -92,6 +92,8 @@ class HostSpec(_Strict):
     """A calibration's `host`: what the engine's loop spends outside its steps."""
 
     add_request_ms: Annotated[float, Field(ge=0)] = 0.0
+    logprob_token_ms: Annotated[float, Field(ge=0)] = 0.0
+    logprob_top_k_ms: Annotated[float, Field(ge=0)] = 0.0
 
 
 class CalibrationSpec(_Strict):

@@ -181,10 +181,17 @@ class ProgramDriver:
         group = self._groups.setdefault((run.idx, key), len(self._groups))
         # A scoring request needs its tail's log-probabilities, which vLLM has none of for
         # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
-        scored = spec.sampling.prompt_logprobs
+        s = spec.sampling
+        scored = s.prompt_logprobs
+        cal = self.cluster.specs[rid][0]
+        # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
+        # positions, and for sampled tokens when it asks their log-probabilities
+        row_ms = cal.logprob_token_ms + cal.logprob_top_k_ms * s.top_logprobs
         r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
                 group=group, prefix_tokens=prefix, chain=spec.prefix_chain or None,
-                score_from=prompt - scored if scored else 0)
+                score_from=prompt - scored if scored else 0,
+                lp_prompt_ms=row_ms if scored else 0.0,
+                lp_sample_ms=row_ms if s.top_logprobs or s.logprobs else 0.0)
         self.owner.append((run, spec))
         self.req_arrival.append(self.env.now)
         self.req_prompt.append(prompt)

@@ -234,11 +234,17 @@ class Replica:
             self.run = None
             self._release_device()
             return
+        lp_ms = 0.0  # the log-probabilities the step returns (`sim.logprob_cost`)
         for r, n in sched:
             context += r.computed + n
             if r.computed < r.target:
                 prefill_tokens += n
                 prefill_seqs += 1
+                lp_ms += n * r.lp_prompt_ms
+                if r.computed + n >= r.target:
+                    lp_ms += r.lp_sample_ms
+            else:
+                lp_ms += r.lp_sample_ms
         decode_seqs = len(sched) - prefill_seqs
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
@@ -261,6 +267,9 @@ class Replica:
             if k > 1:
                 a_ms, b_ms = closed
                 factor = self._noise(k)
+        # The log-probability term was fitted beyond the mean step (`sim.logprob_cost`): it
+        # takes no residual factor.
+        a_ms += lp_ms / factor
         self.busy = True
         self._seg_start = now
         self._seg_index = self.res.add_segment((

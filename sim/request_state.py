@@ -12,10 +12,11 @@ class Req:
 
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
-                 "started", "seq", "done", "aborted")
+                 "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
-                 prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0):
+                 prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
+                 lp_prompt_ms: float = 0.0, lp_sample_ms: float = 0.0):
         self.idx = idx
         self.prompt = prompt
         self.output = output
@@ -34,6 +35,10 @@ class Req:
         self.seq = 0               # arrival order at the replica (priority tie-break)
         self.done = False
         self.aborted = False
+        # step time of the log-probabilities it returns (`sim.logprob_cost`): per prompt
+        # position computed, per token sampled
+        self.lp_prompt_ms = lp_prompt_ms
+        self.lp_sample_ms = lp_sample_ms
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",

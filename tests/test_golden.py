@@ -17,7 +17,9 @@ every HELIOS summary gained `candidates` (with the repository shortlist). The A1
 REBASE) and ToT goldens were regenerated when the prefix cache began keying blocks by content,
 as vLLM does: a hit is whole blocks of the request's own prefix (it had been a group's longest
 prefix, to the last token), ToT prompts name their text, and a scoring request whose tail is
-cached runs uncached (the live engine re-runs it).
+cached runs uncached (the live engine re-runs it); and the Dynasor (CoT, SC, REBASE) and ToT
+goldens again when a block began joining the cache as its prefill is scheduled, as vLLM caches
+at allocation (a request admitted in the same step reads it).
 """
 
 from __future__ import annotations

@@ -143,6 +143,10 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
         cal = json.loads(Path(path).read_text())
         # the two-engine loop's host time per added request (measured 0.16-0.37 ms here)
         assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5, pool
+        assert cal["provenance"]["logprob_cost"], pool
+    # the target's scoring steps return log-probabilities; the recorder counted them
+    cal_target = tmp_path / "rep" / "calibration" / "seed" / "live0" / "target"
+    assert read_table(cal_target, "step_logprobs").num_rows > 0
     assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0

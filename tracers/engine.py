@@ -178,6 +178,8 @@ class Engine:
         self.config_hash = config_hash(model)
         self._last: dict[str, int] | None = None
         self._last_ids: list[str] = []
+        self.last_logprobs = (0, 0)
+        """(positions, summed top-k) the last iteration returned log-probabilities for"""
         self.last_spec_tokens: dict[str, int] = {}
         """draft tokens the last iteration verified, per request (speculative decoding)"""
         self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
@@ -198,15 +200,28 @@ class Engine:
         self.last_spec_tokens = {self._external.get(i, i): len(t) for i, t in
                                  (out.scheduled_spec_decode_tokens or {}).items()}
         prefill_tokens = prefill_seqs = decode_seqs = context = 0
+        lp_tokens = lp_top_k = 0
         for req_id, n in out.num_scheduled_tokens.items():
             r = reqs[req_id]
             computed_after = r.num_computed_tokens  # already advanced by the scheduler
             context += computed_after
+            sp = r.sampling_params
+            samples = True
             if computed_after - n < r.num_tokens - 1:  # prompt (or recompute) chunk
                 prefill_tokens += n
                 prefill_seqs += 1
+                if sp is not None and sp.prompt_logprobs is not None:
+                    lp_tokens += n
+                    lp_top_k += n * sp.prompt_logprobs
+                samples = computed_after >= r.num_tokens  # the last chunk samples a token
             else:
                 decode_seqs += 1
+            if samples and sp is not None and sp.logprobs is not None:
+                lp_tokens += 1
+                lp_top_k += sp.logprobs
+        # Log-probability positions cost host time on the output path (whole distributions
+        # most): the step_logprobs table, fitted by `sim.logprob_cost`.
+        self.last_logprobs = (lp_tokens, lp_top_k)
         return {
             "prefill_tokens": prefill_tokens, "prefill_seqs": prefill_seqs,
             "decode_seqs": decode_seqs, "context_tokens": context,
@@ -219,6 +234,7 @@ class Engine:
         """Run one engine iteration: (outputs, start perf_counter, duration s, scheduler summary)."""
         self._last = None
         self._last_ids = []
+        self.last_logprobs = (0, 0)
         t0 = time.perf_counter()
         outputs = self.engine.step()
         dt = time.perf_counter() - t0

@@ -73,6 +73,11 @@ class StepRecorder:
                             kv_blocks_total=self.engine.kv_blocks_total,
                             is_warmup=bool(warmup(sched)) if warmup else False,
                             **sched)
+            lp_tokens, lp_top_k = self.engine.last_logprobs
+            if lp_tokens:
+                self.writer.add("step_logprobs", replica_id=self.replica_id,
+                                step_id=self.step_id, logprob_tokens=lp_tokens,
+                                logprob_top_k=lp_top_k)
             self.step_id += 1
             for req_id in self.engine.scheduler_last_ids():
                 r = self.reqs.get(req_id)

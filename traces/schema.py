@@ -200,6 +200,17 @@ LAYERS = [
        "(median of repeats)"),
 ]
 
+STEP_LOGPROBS = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "replica that ran the iteration"),
+    _f("step_id", pa.int64(), "iteration (joins to steps); only iterations with rows"),
+    _f("logprob_tokens", pa.int32(), "positions the iteration returned log-probabilities for "
+       "(prompt positions it computed for requests asking prompt log-probabilities, tokens it "
+       "sampled for requests asking sampled ones)"),
+    _f("logprob_top_k", pa.int64(), "summed over those positions: top-k entries returned "
+       "(k per position; a whole distribution is the vocabulary size)"),
+]
+
 LAYER_TIMES = [
     _RUN_ID,
     _f("replica_id", pa.int32(), "replica that ran the iteration"),
@@ -334,7 +345,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
-        "spec_steps": SPEC_STEPS,
+        "step_logprobs": STEP_LOGPROBS, "spec_steps": SPEC_STEPS,
         "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS,
     }.items()
 }
@@ -360,6 +371,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "branches": ("program_id", "branch_id"),
     "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
     "layer_times": ("replica_id", "step_id", "layer"),
+    "step_logprobs": ("replica_id", "step_id"),
     "conformity": ("program_id", "sample", "path"),
     "spec_steps": ("request_id", "step_index"),
     "tot_requests": ("program_id", "node", "kind", "round"),

@@ -1,0 +1,59 @@
+"""The step time that returned log-probabilities add, fitted from steps with and without them.
+
+vLLM computes and returns a log-probability row per prompt position a request asks prompt
+log-probabilities for, and per sampled token of a request asking sampled ones; each row costs
+host time on the step's output path, growing with its top-k (measured on the 2-core EPYC VM,
+target-large, one 200-token prefill: 3.1 ms without, 5.0 ms with k = 1, 10.8 ms with k = 8,
+107 ms with whole distributions, k = 128). The step-time model has no term for it, so a fit on
+scoring traffic spreads it over every step. Here it is a per-step term, `per_token_ms *
+logprob_tokens + per_top_k_ms * logprob_top_k` (the `step_logprobs` table's columns): the
+step-time model is fitted on the steps without log-probabilities, the two coefficients on what
+the steps with them take beyond it (non-negative least squares), and the step-time model is
+then refitted on every step less its log-probability term. Without enough steps free of
+log-probabilities the two cannot be told apart: the term stays 0 and the step-time model keeps
+the cost, which then holds for traffic like the traced only (the calibration says so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from traces import read_table
+
+MIN_PLAIN_STEPS = 20
+"""steps without log-probabilities the fit needs to separate their cost"""
+
+
+def attach_logprobs(steps: pd.DataFrame, trace_dirs: list[str | Path]) -> pd.DataFrame:
+    """The steps with their `logprob_tokens` and `logprob_top_k` (0 where the trace has none)."""
+    rows = pd.concat([read_table(d, "step_logprobs").to_pandas() for d in trace_dirs])
+    out = steps.merge(rows, on=["run_id", "replica_id", "step_id"], how="left")
+    for col in ("logprob_tokens", "logprob_top_k"):
+        out[col] = out[col].fillna(0).astype(np.int64)
+    return out
+
+
+def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms) -> tuple[float, float] | None:
+    """(per_token_ms, per_top_k_ms) of the steps' log-probability rows, or None when too few
+    steps are free of them to tell the two apart: `fit(plain steps)` is the step-time model,
+    `predict_ms(model, steps)` its mean prediction."""
+    has = steps.logprob_tokens.to_numpy() > 0
+    if not has.any():
+        return 0.0, 0.0
+    if (~has).sum() < MIN_PLAIN_STEPS:
+        return None
+    model = fit(steps[~has])
+    lp = steps[has]
+    excess = lp.duration_ms.to_numpy() - predict_ms(model, lp)
+    x = lp[["logprob_tokens", "logprob_top_k"]].to_numpy(dtype=float)
+    coef, _ = nnls(x, excess)
+    return float(coef[0]), float(coef[1])
+
+
+def logprob_ms(steps: pd.DataFrame, cost: tuple[float, float]) -> np.ndarray:
+    """Each step's log-probability term."""
+    return cost[0] * steps.logprob_tokens.to_numpy() + cost[1] * steps.logprob_top_k.to_numpy()
