@@ -223,11 +223,12 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     # Steps that returned log-probabilities carry a term of their own: fitted, then taken
     # out of their durations so the step-time model sees the step alone.
     lp_cost = fit_logprob_cost(steps[~held], fit_rows, predict_ms)
-    lp_note = ("fitted" if any(lp_cost) or (steps.logprob_tokens > 0).any() else
-               "no step returned log-probabilities") if lp_cost is not None else \
-        f"not separable: under {MIN_PLAIN_STEPS} training steps without log-probabilities; " \
-        "the step time holds their cost, for traffic like this only"
-    lp_cost = lp_cost or (0.0, 0.0)
+    if lp_cost is None:
+        lp_note = (f"not separable: under {MIN_PLAIN_STEPS} training steps without "
+                   "log-probabilities; the step time holds their cost, for traffic like this only")
+        lp_cost = (0.0, 0.0)
+    else:
+        lp_note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
     if any(lp_cost):
         own = steps.duration_ms - logprob_ms(steps, lp_cost)
         steps = steps.assign(duration_ms=np.maximum(own, 0.05 * steps.duration_ms))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -115,3 +116,31 @@ def test_old_calibrations_charge_nothing_and_bad_costs_are_refused(tmp_path):
     bad.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="logprob_token_ms"):
         load_calibration(bad)
+
+
+def test_a_tot_config_charges_its_scoring_requests_rows(tmp_path):
+    # seed-greedy's verifications ask prompt log-probabilities (k = 1) and its evaluations a
+    # sampled one: a target calibration with a log-probability cost lengthens the trees.
+    import yaml
+
+    from sim.config import load_config
+    from sim.simulate import simulate
+
+    cfg = yaml.safe_load((REPO / "examples" / "seed-greedy.yaml").read_text())
+    groups = cfg["cluster"]["replicas"]
+    sources = [json.loads((REPO / "examples" / g["calibration"]).read_text()) for g in groups]
+    progs = cfg["workload"]["programs"]
+    progs["trace"] = str((REPO / "examples" / progs["trace"]).resolve())
+    path = tmp_path / "seed.yaml"
+
+    def mean_latency_s(token_ms: float) -> float:
+        for g, cal in zip(groups, sources):
+            cal.setdefault("host", {})["logprob_token_ms"] = \
+                token_ms if g["pool"] == "target" else 0.0
+            g["calibration"] = str(tmp_path / f"{g['pool']}.json")
+            Path(g["calibration"]).write_text(json.dumps(cal))
+        path.write_text(yaml.safe_dump(cfg))
+        return simulate(load_config(path)).summary["program_latency_s"]["mean"]
+
+    base, charged = mean_latency_s(0.0), mean_latency_s(0.05)
+    assert charged > base * 1.1
