@@ -220,18 +220,24 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
 
         def errs(m, rows):
             return errors(m, *(rows[c] for c in cols), rows.duration_ms)
-    # Steps that returned log-probabilities carry a term of their own: fitted, then taken
+    # Steps that returned log-probabilities carry a term of their own: fitted on every step
+    # (two coefficients; a mode that asks for none may hold the only plain steps), then taken
     # out of their durations so the step-time model sees the step alone.
-    lp_cost = fit_logprob_cost(steps[~held], fit_rows, predict_ms)
+    lp_cost = fit_logprob_cost(steps, fit_rows, predict_ms)
+    lp_note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
     if lp_cost is None:
-        lp_note = (f"not separable: under {MIN_PLAIN_STEPS} training steps without "
-                   "log-probabilities; the step time holds their cost, for traffic like this only")
+        lp_note = (f"not separable: under {MIN_PLAIN_STEPS} steps without log-probabilities; "
+                   "the step time holds their cost, for traffic like this only")
         lp_cost = (0.0, 0.0)
-    else:
-        lp_note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
+    lp_steps, lp_dominated = int((steps.logprob_tokens > 0).sum()), 0
     if any(lp_cost):
-        own = steps.duration_ms - logprob_ms(steps, lp_cost)
-        steps = steps.assign(duration_ms=np.maximum(own, 0.05 * steps.duration_ms))
+        # A step whose term is over half its time leaves a small difference of two large
+        # numbers as its own time: a relative-error fit would chase it, so it is left out.
+        lp_ms = logprob_ms(steps, lp_cost)
+        keep = lp_ms <= 0.5 * steps.duration_ms.to_numpy()
+        lp_dominated = int((~keep).sum())
+        own_ms = steps.duration_ms.to_numpy() - lp_ms
+        steps, held = steps[keep].assign(duration_ms=own_ms[keep]), held[keep]
     train, test = steps[~held], steps[held]
     fitted = fit_rows(train)
 
@@ -241,6 +247,9 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     for name, mask in breakdown(test).items():
         if mask.any():
             heldout[name] = err(test[mask])
+    # The held-out error measures the fit on steps it never saw; the calibration itself is
+    # then fitted on every step (with few runs a held-out run may be a whole regime).
+    fitted = fit_rows(steps)
     run0 = runs[0][1]
     eng = run0["params"].get("engine", {})
     provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
@@ -255,8 +264,10 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                       "sampling", {"sampling": "unrecorded"})}, sort_keys=True)
                       for _, r in runs}),
                   "step_time_model": model,
-                  "logprob_steps": int((steps.logprob_tokens > 0).sum()),
+                  "logprob_steps": lp_steps,
                   "logprob_cost": lp_note,
+                  "logprob_dominated_steps": lp_dominated,
+                  "fitted_on": "every step; heldout_* from a fit without the held-out ones",
                   "fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),

@@ -2,9 +2,9 @@
 
 vLLM computes and returns a log-probability row per prompt position a request asks prompt
 log-probabilities for, and per sampled token of a request asking sampled ones; each row costs
-host time on the step's output path, growing with its top-k (measured on the 2-core EPYC VM,
-target-large, one 200-token prefill: 3.1 ms without, 5.0 ms with k = 1, 10.8 ms with k = 8,
-107 ms with whole distributions, k = 128). The step-time model has no term for it, so a fit on
+host time on the step's output path, growing with its top-k (`benchmarks/logprob_cost.py` on
+the 2-core EPYC VM, target-large, one 200-token prefill: 3.5 ms without, 3.9 ms with k = 1,
+5.0 ms with k = 8, 13.3 ms with whole distributions, k = 128). The step-time model has no term for it, so a fit on
 scoring traffic spreads it over every step. Here it is a per-step term, `per_token_ms *
 logprob_tokens + per_top_k_ms * logprob_top_k` (the `step_logprobs` table's columns): the
 step-time model is fitted on the steps without log-probabilities, the two coefficients on what

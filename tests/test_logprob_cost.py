@@ -144,3 +144,57 @@ def test_a_tot_config_charges_its_scoring_requests_rows(tmp_path):
 
     base, charged = mean_latency_s(0.0), mean_latency_s(0.05)
     assert charged > base * 1.1
+
+
+def _scoring_trace(path: Path, scored: bool, seed: int) -> Path:
+    """A live-like trace (no grid cells: held out by run) with a known step time and, when
+    `scored`, whole-distribution log-probabilities on every step (10% multiplicative noise)."""
+    from datetime import datetime, timezone
+
+    from traces import TraceWriter
+
+    run = {"kind": "replay", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+           "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+           "load_format": "dummy", "seed": seed, "git_rev": "x", "command": "c",
+           "created_at": datetime.now(timezone.utc),
+           "params_json": json.dumps({"engine": {"max_num_seqs": 8, "max_num_batched_tokens": 2048,
+                                                 "block_size": 16, "kv_blocks_total": 100}})}
+    w = TraceWriter(path, run)
+    rng = np.random.default_rng(seed)
+    for i in range(400):
+        prefill = int(rng.integers(1, 60)) if scored or i % 4 == 0 else 0
+        decode = 0 if scored else int(rng.integers(1, 4))
+        lp_tokens = prefill if scored else 0
+        ms = (1.0 + 0.02 * prefill + 0.5 * decode + 0.004 * 128 * lp_tokens) * \
+            rng.uniform(0.9, 1.1)
+        w.add("steps", replica_id=0, step_id=i, cell_id=None, start_s=0.01 * i,
+              duration_ms=ms, prefill_tokens=prefill, prefill_seqs=int(prefill > 0),
+              decode_seqs=decode, num_running=1, num_waiting=0, context_tokens=prefill + 40,
+              kv_blocks_used=1, kv_blocks_total=100, preemptions=0, is_warmup=False)
+        if lp_tokens:
+            w.add("step_logprobs", replica_id=0, step_id=i, logprob_tokens=lp_tokens,
+                  logprob_top_k=128 * lp_tokens)
+    w.flush("all")
+    return path
+
+
+def test_calibrate_separates_the_cost_whichever_run_is_held_out(tmp_path):
+    # One run asks no log-probabilities (a mode like ar), two ask whole distributions on every
+    # step, where the term is most of the step. Whichever runs the held-out split takes, the
+    # term is fitted, and the step model still prices plain steps (not chasing the small own
+    # times left on the scored steps).
+    from sim.calibration import calibrate
+
+    dirs = [_scoring_trace(tmp_path / "plain", False, 1),
+            _scoring_trace(tmp_path / "s1", True, 2), _scoring_trace(tmp_path / "s2", True, 3)]
+    plain = pd.DataFrame({"prefill_tokens": [0, 0, 30], "decode_seqs": [1, 3, 0],
+                          "context_tokens": [40, 40, 70], "prefill_seqs": [0, 0, 1],
+                          "new_shape": [False] * 3, "idle_ms": [0.0] * 3})
+    truth = 1.0 + 0.02 * plain.prefill_tokens + 0.5 * plain.decode_seqs
+    for seed in range(6):
+        cal = calibrate(dirs, seed=seed)
+        per_entry = cal.logprob_top_k_ms + cal.logprob_token_ms / 128
+        assert per_entry == pytest.approx(0.004, rel=0.15), seed
+        got = cal.latency.predict_ms(plain) * cal.latency.residual_sampler()[0]
+        assert np.allclose(got, truth, rtol=0.2), (seed, got)
+        assert cal.provenance["logprob_dominated_steps"] > 0
