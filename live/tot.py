@@ -76,7 +76,7 @@ def open_session(draft_model: str, target_model: str, out_dir: str | Path, kind:
         return tok.decode(list(token_ids), skip_special_tokens=True)
 
     probe_ids = encode(PROBE_SUFFIX)
-    params = {**params, "probe_tokens": len(probe_ids),
+    params = {**params, "probe_tokens": len(probe_ids), "vocab": vocab,
               "draft": {"model_id": str(models["draft"]),
                                   "model_config_hash": engines["draft"].config_hash,
                                   "engine": engines["draft"].params()},

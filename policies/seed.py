@@ -12,6 +12,10 @@
   decoding: one thought at a time, draft then verify), `seed` (every thought drafts in parallel
   and the target verifies one drafted sequence at a time, first come first served: SEED's
   Rounds-Scheduled strategy), `seed_batched` (drafts in parallel, verifications batched).
+- **Multi-candidate drafts** (MCSD; SEED's tree drafts, `k_config`): a branching position
+  has k candidates (greedy: the draft's top k; sampled: independent draws), each continued as
+  its own path; the target verifies every path and `verify_tree` keeps the longest accepted
+  one by SpecInfer's rule, still distributed as the target's sampling.
 - **ToT BFS**: the `breadth` best states by value (ties: the earlier) go on to the next level.
 """
 
@@ -63,6 +67,8 @@ class Verdict:
     token: int
     positions: tuple[bool, ...]
     """per drafted position: accepted (False from the first rejection on)"""
+    leaf: int = 0
+    """multi-candidate drafts: the candidate path whose tokens were kept"""
 
 
 def verify(drafted: list, draft_rows: list, target_rows: list, temperature: float,
@@ -97,6 +103,90 @@ def verify(drafted: list, draft_rows: list, target_rows: list, temperature: floa
     return Verdict(k, token, (True,) * k)
 
 
+def candidates(row: dict, own: int, k: int, temperature: float, uniforms: list) -> list[int]:
+    """A branching draft position's `k` candidates, the draft's own token first: greedy, the
+    draft's top k (ties: the lower id); sampled, k - 1 more independent draws from the draft's
+    distribution (`uniforms`, k - 1 of them), as multi-candidate speculative sampling needs."""
+    if temperature == 0.0:
+        rest = sorted((t for t in row if t != own), key=lambda t: (-row[t], t))
+        return [own] + rest[:k - 1]
+    q = distribution(row, temperature)
+    return [own] + [sample(q, u) for u in uniforms[:k - 1]]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One candidate path of a multi-candidate draft, with its rows."""
+
+    choice: tuple[int, ...]
+    """candidate index at each branching position"""
+    tokens: tuple[int, ...]
+    """the drafted path (branching positions, then the draft's continuation)"""
+    draft_rows: tuple
+    """the draft's raw log-probabilities at each position (unused when greedy)"""
+    target_rows: tuple
+    """the target's at each position and one after the last (its verification's rows)"""
+
+
+def verify_tree(leaves: list[Leaf], temperature: float, uniforms: list, slots: int) -> Verdict:
+    """Multi-candidate acceptance over candidate paths (SpecInfer's multi-step speculative
+    sampling): at each position the candidates are tried in order, each accepted with
+    probability min(1, p(c) / q(c)) where p becomes the normalised residual max(0, p - q) after
+    every rejection; if none is kept, a token is drawn from what p has become; the output is
+    distributed as the target's sampling. Greedy: the candidate that is the target's argmax.
+    `uniforms` holds `slots` per position (slots - 1 tests, then the draw) and one after the
+    last; with one path it decides as `verify`."""
+    for leaf in leaves:
+        if len(leaf.target_rows) != len(leaf.tokens) + 1:
+            raise ValueError(f"verify_tree: {len(leaf.target_rows)} target rows for "
+                             f"{len(leaf.tokens)} drafted tokens")
+    under = list(range(len(leaves)))  # the paths through the node reached so far
+    depth = 0
+    while True:
+        first = leaves[under[0]]
+        kids: dict[int, list[int]] = {}  # candidate index -> its paths
+        for i in under:
+            if len(leaves[i].tokens) > depth:
+                j = leaves[i].choice[depth] if depth < len(leaves[i].choice) else 0
+                kids.setdefault(j, []).append(i)
+        base = depth * slots
+        if not kids:  # every drafted token kept: the target's next token
+            last = first.target_rows[depth]
+            token = argmax(last) if temperature == 0.0 else \
+                sample(distribution(last, temperature), uniforms[base])
+            return Verdict(depth, token, (True,) * depth, under[0])
+        p_row = first.target_rows[depth]
+        order = sorted(kids)
+        if temperature == 0.0:
+            best = argmax(p_row)
+            nxt = next((kids[j] for j in order if leaves[kids[j][0]].tokens[depth] == best), None)
+            if nxt is None:
+                return Verdict(depth, best, _positions(depth, first), under[0])
+            under, depth = nxt, depth + 1
+            continue
+        p = distribution(p_row, temperature)
+        q = distribution(leaves[kids[order[0]][0]].draft_rows[depth], temperature)
+        if len(order) > slots - 1:
+            raise ValueError(f"verify_tree: {len(order)} candidates, {slots - 1} test slots")
+        for n, j in enumerate(order):
+            c = leaves[kids[j][0]].tokens[depth]
+            if uniforms[base + n] * q.get(c, 0.0) < p.get(c, 0.0):  # u < p/q
+                under = kids[j]
+                break
+            residual = {t: max(0.0, p.get(t, 0.0) - q.get(t, 0.0)) for t in p.keys() | q.keys()}
+            total = sum(residual.values())
+            if total > 0.0:  # else p == q up to rounding: the rejection had probability ~0
+                p = {t: x / total for t, x in residual.items()}
+        else:
+            return Verdict(depth, sample(p, uniforms[base + slots - 1]),
+                           _positions(depth, first), under[0])
+        depth += 1
+
+
+def _positions(accepted: int, leaf: Leaf) -> tuple[bool, ...]:
+    return (True,) * accepted + (False,) * (len(leaf.tokens) - accepted)
+
+
 @dataclass(frozen=True)
 class ToTSettings:
     """Tree-of-Thoughts BFS on one question, and how thoughts are decoded."""
@@ -113,6 +203,9 @@ class ToTSettings:
     """thought sampling temperature (0: greedy; acceptance then keeps the target's argmax)"""
     draft_tokens: int = 4
     """K: tokens drafted per speculative round"""
+    k_config: tuple[int, ...] = ()
+    """multi-candidate drafts (MCSD; SEED's tree drafts): candidates per drafted position,
+    e.g. (2, 1, 1, 1); () or all ones: one candidate"""
 
     def __post_init__(self):
         for k in ("breadth", "thoughts", "depth", "thought_tokens", "draft_tokens"):
@@ -120,6 +213,22 @@ class ToTSettings:
                 raise ValueError(f"tot: {k} must be >= 1, got {getattr(self, k)!r}")
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"tot: temperature must be in [0, 2], got {self.temperature!r}")
+        k_config = tuple(self.k_config)
+        if len(k_config) > self.draft_tokens or \
+                not all(isinstance(k, int) and 1 <= k <= 8 for k in k_config):
+            raise ValueError(f"tot: k_config must be at most draft_tokens ({self.draft_tokens}) "
+                             f"counts of 1 to 8 candidates, got {self.k_config!r}")
+        while k_config and k_config[-1] == 1:  # trailing ones: one candidate, as if absent
+            k_config = k_config[:-1]
+        object.__setattr__(self, "k_config", k_config)
+
+    def branching(self, drafted: int) -> tuple[int, ...]:
+        """Candidates per position of a round drafting `drafted` tokens, up to the last
+        position that branches (() when none does)."""
+        k = self.k_config[:drafted]
+        while k and k[-1] == 1:
+            k = k[:-1]
+        return k
 
 
 @dataclass(frozen=True)
@@ -151,8 +260,12 @@ class SeedPolicy:
     @property
     def tree(self) -> str:
         """Whose outputs build the tree: the target's own sampling (ar) or the speculative
-        rounds' (sd, seed): the same for every speculative mode, whatever the schedule."""
-        return "sd" if self.speculative else "ar"
+        rounds' (sd, seed): the same for every speculative mode, whatever the schedule; with
+        multi-candidate drafts, their own rounds (`sd-k2.1`: k_config (2, 1))."""
+        if not self.speculative:
+            return "ar"
+        k = self.settings.k_config
+        return "sd" + ("-k" + ".".join(map(str, k)) if k else "")
 
     @property
     def samples(self) -> int:

@@ -24,29 +24,18 @@ from __future__ import annotations
 
 import math
 import random
-import zlib
 from dataclasses import dataclass, field
 
 from policies.certaindex import extract_boxed
 from policies.seed import SeedPolicy, VerifyQueue, select, verify
 from programs.base import Outcome, RequestSpec, Sampling
+from programs.tot_branch import BranchRound, DraftPath, MultiCandidateRounds, content_link, \
+    tot_seed
 from traces import ids
 
 
 PROBE_TEXT = "\x00value prompt"
 """the value prompt's content key (its text is the testbed's probe suffix)"""
-
-
-def tot_seed(program_seed: int, key: str, rnd: int, what: str) -> int:
-    """A seed for one thought's round (`what`: draft, target, accept)."""
-    return zlib.crc32(f"{program_seed}:{key}:{rnd}:{what}".encode()) & 0x7FFFFFFF
-
-
-def content_link(previous: int, text: str, end_tokens: int) -> tuple[int, int]:
-    """The link after `text`: a key for all content so far (the previous link's key and this
-    text) and where it ends. Equal texts written in equal pieces get equal keys, as equal token
-    blocks get equal hashes in vLLM's prefix cache."""
-    return hash((previous, text)), end_tokens
 
 
 @dataclass(eq=False)
@@ -84,10 +73,12 @@ class Thought:
     rounds: int = 0
     eos: bool = False
     drafted: Outcome | None = None
+    branch: BranchRound | None = None
+    """the round's draft tree (multi-candidate drafts)"""
     child: State | None = None
 
 
-class ToTProgram:
+class ToTProgram(MultiCandidateRounds):
     """ToT BFS under one mode, written once for the simulator and the live runner."""
 
     def __init__(self, question_id: str, policy: SeedPolicy, prompt_tokens: int, seed: int,
@@ -134,8 +125,8 @@ class ToTProgram:
     # -- requests ---------------------------------------------------------------------------
 
     def _spec(self, t: Thought, kind: str, role: str, extra_ids: list, extra_tokens: int,
-              sampling: Sampling, state: State | None = None,
-              extra_text: str = "") -> RequestSpec:
+              sampling: Sampling, state: State | None = None, extra_text: str = "",
+              extra_links: tuple = ()) -> RequestSpec:
         base = state if state is not None else t.parent
         own = [] if state is not None else t.ids
         own_tokens = 0 if state is not None else t.tokens
@@ -144,9 +135,9 @@ class ToTProgram:
             token_ids = list(self.prompt_ids) + base.ids + own + extra_ids
         prompt = self.prompt_tokens + base.tokens + own_tokens + extra_tokens
         p0 = self.prompt_tokens
-        links = base.links if state is not None else t.links
+        links = (base.links if state is not None else t.links) + extra_links
         chain = ((self._question_key, p0),) + tuple((k, p0 + end) for k, end in links)
-        if extra_tokens:
+        if extra_tokens and not extra_links:
             chain += (content_link(chain[-1][0], extra_text, prompt),)
         spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt, sampling=sampling,
                            path=0, position=base.tokens + own_tokens,
@@ -156,9 +147,13 @@ class ToTProgram:
         self._flight[spec] = t
         return spec
 
-    def _to_target(self, spec: RequestSpec) -> list:
-        self._queue.push(spec)
-        return self._queue.ready()
+    def _to_target(self, item) -> list:
+        self._queue.push(item)  # a spec, or a round's verifications (one item: they go at once)
+        return self._ready()
+
+    def _ready(self) -> list:
+        return [x for item in self._queue.ready()
+                for x in (item if isinstance(item, tuple) else (item,))]
 
     def _first(self, t: Thought) -> list:
         s = self.settings
@@ -170,6 +165,11 @@ class ToTProgram:
 
     def _draft(self, t: Thought) -> RequestSpec:
         s = self.settings
+        room = min(s.draft_tokens, s.thought_tokens - t.tokens)
+        widths = s.branching(room)
+        if widths:  # a multi-candidate round: its first token, to branch on
+            t.branch = BranchRound(widths, room, {(): DraftPath(())}, drafting=1)
+            return self._path_draft(t, ())
         return self._spec(t, "draft", "draft", [], 0, Sampling(
             max_tokens=min(s.draft_tokens, s.thought_tokens - t.tokens), temperature=s.temperature,
             seed=tot_seed(self.seed, t.key, t.rounds, "draft"), stop=("\n",),
@@ -219,13 +219,15 @@ class ToTProgram:
     def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
         """Advance the thought the request belonged to."""
         t = self._flight.pop(spec)
+        if t.branch is not None and spec in t.branch.of:
+            return self._on_branch(t, spec, outcome)
         self._log(spec, t, outcome)
         if spec.kind == "draft":
             t.drafted = outcome
             self.drafted_tokens += outcome.tokens
             return self._to_target(self._verify(t))
         self._queue.done()
-        out = self._queue.ready()
+        out = self._ready()
         if spec.kind == "eval":
             t.child.value, t.child.answer = float(outcome.score), outcome.answer
             self.probe_tokens_used += outcome.tokens
@@ -233,25 +235,28 @@ class ToTProgram:
             self._active -= 1
             self._left -= 1
             return out + (self._pump() if self._left else self._next_level())
+        return out + self._extend(t, spec.kind, outcome)
+
+    def _extend(self, t: Thought, kind: str, outcome: Outcome) -> list:
+        """The thought grows by what a request kept; then its next round, or its evaluation."""
         t.tokens += outcome.tokens
         t.ids += list(outcome.token_ids)
         t.text += outcome.text
-        previous = t.links[-1][0] if t.links else self._question_key
-        t.links += (content_link(previous, outcome.text, t.parent.tokens + t.tokens),)
+        t.links += (content_link(self._thought_key(t), outcome.text, t.parent.tokens + t.tokens),)
         t.eos = t.eos or outcome.eos
         t.rounds += 1
         self.reasoning += outcome.tokens
         self.tokens += outcome.tokens
-        if spec.kind == "verify":
+        if kind == "verify":
             self.rounds += 1
             self.accepted_tokens += outcome.step[0]
             if not outcome.ended and t.tokens < self.settings.thought_tokens:
-                return out + [self._draft(t)]
+                return [self._draft(t)]
         p = t.parent
         final = t.eos or extract_boxed(t.text) is not None
         t.child = State(t.key, p.level + 1, p.tokens + t.tokens, p.ids + t.ids, p.text + t.text,
                         t.links, final=final)
-        return out + self._to_target(self._evaluate(t))
+        return self._to_target(self._evaluate(t))
 
     def _next_level(self) -> list:
         children = [t.child for t in self._level]
@@ -274,7 +279,7 @@ class ToTProgram:
         if spec.kind == "verify":
             row.update(drafted_tokens=o.step[1], accepted_tokens=o.step[0],
                        accepted_positions=list(o.step[2]))
-        elif spec.kind == "draft":
+        elif spec.kind.startswith("draft"):
             row.update(drafted_tokens=o.tokens)
         self.rows.append(row)
 
@@ -311,6 +316,8 @@ class ToTProgram:
     def interpret(self, spec: RequestSpec, raw: Outcome, answer_of) -> Outcome:
         """A live engine's outcome in the program's terms (acceptance decided here)."""
         t = self._flight[spec]
+        if t.branch is not None and spec in t.branch.of:
+            return self._interpret_branch(t, spec, raw)
         if spec.kind == "eval":
             # 4 decimals: batching changes the last bits, and equal states must tie exactly
             return Outcome(raw.tokens, score=round(math.exp(raw.logprobs[0]), 4),
@@ -329,14 +336,17 @@ class ToTProgram:
         rng = random.Random(tot_seed(self.seed, t.key, t.rounds, "accept"))
         v = verify(drafted, t.drafted.top_logprobs, list(raw.top_logprobs),
                    self.settings.temperature, [rng.random() for _ in range(2 * k + 1)])
-        new = drafted[:v.accepted] + [v.token]
+        return self._kept(t, drafted[:v.accepted] + [v.token], (v.accepted, k, v.positions))
+
+    def _kept(self, t: Thought, new: list, step: tuple) -> Outcome:
+        """What a round adds to the thought: `new` cut at its end or cap."""
         room = self.settings.thought_tokens - t.tokens
         stop = next((i + 1 for i, x in enumerate(new) if x in (self.newline_id, self.eos_id)),
                     len(new))
         new = new[:min(room, stop)]
         ended = new[-1] in (self.newline_id, self.eos_id) or len(new) >= room
         return Outcome(len(new), token_ids=tuple(new), text=self.decode(new), ended=ended,
-                       eos=self.eos_id in new, step=(v.accepted, k, v.positions))
+                       eos=self.eos_id in new, step=step)
 
 
 def tot_program_seed(seed: int, question_id: str) -> int:

@@ -42,15 +42,23 @@ class ToTBank:
     probe_tokens: int
     difficulty_factor: dict
     seed: int
+    vocab: int = 0
+    """the target's vocabulary: the top-k of whole-distribution log-probabilities (sampled
+    acceptance asks them; 0 in traces that did not record it)"""
 
     def check(self, policy) -> None:
         """Raise unless a policy's tree is in the trace: the same settings, depth at most the
         traced depth (BFS never looks ahead, so a shallower tree is the deeper one's top)."""
-        if replace(policy.settings, depth=self.settings.depth) != self.settings or \
+        if replace(policy.settings, depth=self.settings.depth, k_config=()) != self.settings or \
                 policy.settings.depth > self.settings.depth:
             raise ValueError(f"tot policy settings {policy.settings} are not in the trace "
                              f"({self.settings}; any depth up to its own): trace them with "
                              "reasonsim trace tot")
+        trees = set(self.questions[0].requests) if self.questions else set()
+        if policy.tree not in trees:
+            raise ValueError(f"tot policy {policy.mode} with k_config {policy.settings.k_config}: "
+                             f"its tree {policy.tree!r} is not in the trace (trees: "
+                             f"{sorted(trees)}): trace it with reasonsim trace tot --k-config")
 
 
 def load_tot(trace_dir: str | Path) -> ToTBank:
@@ -68,7 +76,7 @@ def load_tot(trace_dir: str | Path) -> ToTBank:
         rows = g.to_dict("records")
         trees = {}
         for r in rows:
-            tree = "ar" if r["program_id"].endswith("totar") else "sd"
+            tree = r["program_id"][len(qid) + len("-tot"):]  # ar, sd, sd-k2.1 (ids.tot_program_id)
             trees.setdefault(tree, {})[(r["node"], r["kind"], int(r["round"]))] = r
         first = next(r for r in rows if r["node"] == "0" and r["round"] == 0 and
                      r["kind"] in ("ar", "draft"))
@@ -79,4 +87,4 @@ def load_tot(trace_dir: str | Path) -> ToTBank:
     level = np.array([q.difficulty or 0 for q in questions])
     factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
     return ToTBank(tuple(questions), ToTSettings(**wl["settings"]), int(params["probe_tokens"]),
-                   factor, int(wl["seed"]))
+                   factor, int(wl["seed"]), int(params.get("vocab", 0)))

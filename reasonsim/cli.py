@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--model", choices=["serving", "linear"], default="serving",
                      help="step-time model: serving (linear + first-of-shape, idle and prefill-"
                      "step terms) or linear")
+    cal.add_argument("--host-from", nargs="+", default=[], metavar="RUN_DIR",
+                     help="live runs of in-process engines stepped from one loop (each a trace "
+                     "or a directory of one per engine): fit the host time per added request "
+                     "(charged on shared devices) from their gaps between steps")
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=cmd_calibrate)
 

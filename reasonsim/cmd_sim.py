@@ -13,9 +13,13 @@ DEMO_CONFIG = REPO / "examples" / "demo.yaml"
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim calibrate`."""
-    from sim.calibration import calibrate
+    from dataclasses import replace
+
+    from sim.calibration import calibrate, fit_add_request_ms
 
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model)
+    if args.host_from:
+        cal = replace(cal, add_request_ms=fit_add_request_ms(args.host_from))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
@@ -23,7 +27,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     summary = {"heldout_mape": h["mape"], "heldout_p50_ape": h["p50_ape"],
                "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
                "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
-               "step_time_model": cal.latency.kind, "output": str(out)}
+               "step_time_model": cal.latency.kind, "add_request_ms": cal.add_request_ms,
+               "logprob_token_ms": cal.logprob_token_ms,
+               "logprob_top_k_ms": cal.logprob_top_k_ms, "output": str(out)}
     for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus"):
         if part in h:
             summary[f"heldout_mape_{part}"] = h[part]["mape"]

@@ -17,10 +17,13 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
     from tracers.tot import TotWorkload, trace_tot
 
     try:
-        wl = TotWorkload(args.questions, ToTSettings(
+        settings = ToTSettings(
             breadth=args.breadth, thoughts=args.thoughts, depth=args.depth,
             thought_tokens=args.thought_tokens, temperature=args.temperature,
-            draft_tokens=args.draft_tokens), args.seed)
+            draft_tokens=args.draft_tokens)
+        k_configs = tuple(ToTSettings(draft_tokens=args.draft_tokens, k_config=tuple(
+            int(x) for x in k.split(","))).k_config for k in args.k_config)
+        wl = TotWorkload(args.questions, settings, args.seed, k_configs)
     except ValueError as e:
         raise UserError(str(e)) from None
     print_summary(trace_tot(args.draft, args.target, args.out, wl, args.kv_cache_gb,
@@ -208,8 +211,9 @@ def add_tot_trace_parser(tsub) -> None:
                         description="Grow a Tree-of-Thoughts BFS on held-out testbed questions "
                         "twice, through the live runner on two in-process vLLM engines: by the "
                         "target alone (ar) and in speculative rounds (sd: the draft writes K "
-                        "tokens, the target verifies them from prompt log-probabilities). "
-                        "Every request's outcome goes to the tot_requests table.")
+                        "tokens, the target verifies them from prompt log-probabilities), and "
+                        "with --k-config in multi-candidate rounds. Every request's outcome "
+                        "goes to the tot_requests table.")
     s.add_argument("--draft", default=str(TESTBED / "draft"), help="draft model directory")
     s.add_argument("--target", default=str(TESTBED / "target-large"),
                    help="target model directory")
@@ -221,6 +225,10 @@ def add_tot_trace_parser(tsub) -> None:
     s.add_argument("--thought-tokens", type=int, default=24, help="cap on one thought")
     s.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     s.add_argument("--draft-tokens", type=int, default=4, help="K drafted per round")
+    s.add_argument("--k-config", action="append", default=[], metavar="K1,K2,..",
+                   help="also grow the tree of multi-candidate rounds (MCSD; SEED's tree "
+                   "drafts) with this many candidates per drafted position, e.g. 2,1,1,1 "
+                   "(repeatable)")
     s.add_argument("--kv-cache-gb", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")

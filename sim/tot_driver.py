@@ -7,7 +7,9 @@ to the `draft` pool; verifications (a prefill of the drafted tokens over the cac
 token generated), the target's own thoughts and value prompts to the `target` pool. What each
 prompt finds in a replica's prefix cache follows from its content (the program's chain of text
 pieces), as on the live engine: identical sibling thoughts share blocks, and a verification
-whose drafted tail is already cached runs uncached, as the live engine re-runs it.
+whose drafted tail is already cached runs uncached, as the live engine re-runs it. A
+multi-candidate round's draft tree is the one traced: a candidate was drafted further where
+the trace holds the request that did it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class TracedToT:
 
     def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
         """Tokens the engine generates: the drafted or written thought tokens, else one."""
-        if spec.kind in ("draft", "ar"):
+        if spec.kind == "ar" or spec.kind.startswith("draft"):
             return int(self._row(run, spec)["output_tokens"])
         return 1
 
@@ -49,6 +51,12 @@ class TracedToT:
         r = self._row(run, spec)
         if spec.kind == "eval":
             return Outcome(tokens, score=float(r["value"]), answer=r["answer"])
+        kids = run.program.branch_children(spec)
+        if kids is not None:  # which candidates were drafted further: the requests traced
+            node, _, rnd = run.program.key_of(spec)
+            tree = run.question.requests[run.program.policy.tree]
+            return Outcome(int(r["output_tokens"]), text=r["text"],
+                           step=tuple((node, k, rnd) in tree for k in kids))
         step = None
         if spec.kind == "verify":
             step = (int(r["accepted_tokens"]), int(r["drafted_tokens"]),
@@ -63,7 +71,8 @@ def build_tot_runs(wl, bank: ToTBank, plans) -> tuple[list[SimProgram], int, Tra
     by_id = {q.question_id: q for q in bank.questions}
     runs = [SimProgram(p, ToTProgram(p.question_id, wl.policy, by_id[p.question_id].prompt_tokens,
                                      tot_program_seed(bank.seed, p.question_id),
-                                     bank.probe_tokens), by_id[p.question_id]) for p in plans]
+                                     bank.probe_tokens, vocab=bank.vocab), by_id[p.question_id])
+            for p in plans]
     capacity = sum(len(r.question.requests[wl.policy.tree]) for r in runs)
     return runs, capacity, TracedToT()
 

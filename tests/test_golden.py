@@ -19,7 +19,9 @@ as vLLM does: a hit is whole blocks of the request's own prefix (it had been a g
 prefix, to the last token), ToT prompts name their text, and a scoring request whose tail is
 cached runs uncached (the live engine re-runs it); and the Dynasor (CoT, SC, REBASE) and ToT
 goldens again when a block began joining the cache as its prefill is scheduled, as vLLM caches
-at allocation (a request admitted in the same step reads it).
+at allocation (a request admitted in the same step reads it). `seed-mcsd` (multi-candidate
+rounds) was added with its first output when the ToT traces gained multi-candidate trees (their
+ar and sd trees unchanged, row for row).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli
-from policies.seed import (SeedPolicy, ToTSettings, VerifyQueue, distribution, make_seed_policy,
-                           sample, select, verify)
+from policies.seed import (Leaf, SeedPolicy, ToTSettings, VerifyQueue, candidates, distribution,
+                           make_seed_policy, sample, select, verify, verify_tree)
 
 
 # -------------------------------------------------------------------- the policy (pure)
@@ -45,6 +45,97 @@ def test_sampled_acceptance_reproduces_the_targets_distribution():
             assert abs(counts[t] / n - p[t]) < 0.01, (temperature, t)
 
 
+def test_multi_candidate_greedy_keeps_the_path_the_target_would_write():
+    draft0 = {5: -0.1, 6: -0.5, 3: -2.0}
+    assert candidates(draft0, 5, 2, 0.0, []) == [5, 6]
+    # the draft's top choice 5 is wrong, its second 6 is the target's argmax, then 7 and 9
+    target = [{6: -0.1, 5: -1.0}, {7: -0.2}, {9: -0.3}, {2: -0.1}]
+    leaves = [Leaf((0,), (5, 7, 9), (), tuple(target)),
+              Leaf((1,), (6, 7, 9), (), tuple(target))]
+    v = verify_tree(leaves, 0.0, [], 3)
+    assert (v.accepted, v.token, v.leaf, v.positions) == (3, 2, 1, (True,) * 3)
+    # one path: the single-candidate rule
+    v = verify_tree(leaves[:1], 0.0, [], 2)
+    assert (v.accepted, v.token, v.positions) == (0, 6, (False,) * 3)
+    with pytest.raises(ValueError, match="2 target rows for 2 drafted"):
+        verify_tree([Leaf((0,), (5, 7), (), tuple(target[:2]))], 0.0, [], 2)
+
+
+def test_multi_candidate_sampling_reproduces_the_targets_distribution():
+    """Two or three candidates drawn from the draft, SpecInfer's rule: the kept first token is
+    distributed as the target's sampling; with one path it decides exactly as `verify`."""
+    rng = random.Random(1)
+    vocab = range(5)
+    for k in (2, 3):
+        target = {t: rng.gauss(0, 1.5) for t in vocab}
+        draft = {t: rng.gauss(0, 1.5) for t in vocab}
+        p, q = distribution(target, 0.8), distribution(draft, 0.8)
+        counts = dict.fromkeys(vocab, 0)
+        n = 40_000
+        for _ in range(n):
+            own = sample(q, rng.random())
+            cands = candidates(draft, own, k, 0.8, [rng.random() for _ in range(k - 1)])
+            leaves = [Leaf((j,), (c,), (draft,), (target, target)) for j, c in enumerate(cands)]
+            v = verify_tree(leaves, 0.8, [rng.random() for _ in range(2 * (k + 1) + 1)], k + 1)
+            counts[leaves[v.leaf].tokens[0] if v.accepted else v.token] += 1
+        for t in vocab:
+            assert abs(counts[t] / n - p[t]) < 0.01, (k, t)
+    for _ in range(200):
+        rows = [{t: rng.gauss(0, 1) for t in vocab} for _ in range(4)]
+        drows = [{t: rng.gauss(0, 1) for t in vocab} for _ in range(3)]
+        drafted = [rng.choice(list(vocab)) for _ in range(3)]
+        u = [rng.random() for _ in range(7)]
+        a = verify(drafted, drows, rows, 0.9, u)
+        b = verify_tree([Leaf((), tuple(drafted), tuple(drows), tuple(rows))], 0.9, u, 2)
+        assert (a.accepted, a.token, a.positions) == (b.accepted, b.token, b.positions)
+
+
+def _drive(prog, answer) -> list:
+    """Run a program to the end, every request answered at once by `answer(spec)`; the specs."""
+    sent, todo = [], prog.start()
+    while todo:
+        spec = todo.pop(0)
+        sent.append(spec)
+        todo += prog.on_done(spec, prog.interpret(spec, answer(spec), None))
+    assert prog.done
+    return sent
+
+
+def test_a_multi_candidate_round_keeps_the_second_candidate_the_target_writes():
+    """The program's side of MCSD (engine-free): the draft's top two first tokens are drafted
+    further, both paths are verified at once, and the path the target agrees with is kept."""
+    from programs.base import Outcome
+    from programs.tot import ToTProgram
+
+    policy = SeedPolicy("sd", ToTSettings(breadth=1, thoughts=1, depth=1, k_config=(2,),
+                                          temperature=0.0))
+    prog = ToTProgram("q", policy, 3, 0, 2, prompt_ids=[1, 2, 3], probe_ids=[9, 9],
+                      decode=lambda ids: "".join(chr(97 + i) for i in ids), newline_id=10,
+                      eos_id=11, vocab=20)
+    target = {(): 6, (6,): 7, (6, 7): 8, (6, 7, 8): 12, (6, 7, 8, 12): 10}  # path -> argmax
+
+    def answer(spec):
+        drafted = spec.prompt_ids[3:]
+        if spec.kind == "draft":
+            return Outcome(1, token_ids=(5,), top_logprobs=({5: -0.1, 6: -0.9, 4: -2.0},))
+        if spec.kind.startswith("draft@"):
+            return Outcome(3, token_ids=(7, 8, 12), text="hi!", top_logprobs=({},) * 3)
+        if spec.kind.startswith("verify"):
+            tail = drafted[-spec.sampling.prompt_logprobs:]
+            rows = [{target.get(tuple(tail[:i]), 0): -0.1} for i in range(len(tail) + 1)]
+            return Outcome(1, top_logprobs=tuple(rows))
+        return Outcome(1, text="4", logprobs=(-0.2,))
+
+    sent = _drive(prog, answer)
+    assert [s.kind for s in sent] == ["draft", "draft@0", "draft@1", "verify", "verify@1",
+                                      "eval"]
+    assert sent[3].prompt_ids[3:] == [5, 7, 8, 12] and sent[4].prompt_ids[3:] == [6, 7, 8, 12]
+    assert sent[1].sampling.max_tokens == 3 and sent[0].sampling.top_logprobs == 2
+    row = next(r for r in prog.rows if r["kind"] == "verify")
+    assert (row["accepted_tokens"], row["drafted_tokens"], row["output_tokens"]) == (4, 4, 5)
+    assert prog.accepted_tokens == 4 and prog.rounds == 1 and prog.reasoning == 5
+
+
 def test_selection_queue_and_config_errors():
     assert select([0.2, 0.9, 0.9, 0.1], 2) == [1, 2]
     assert select([0.5, 0.5, 0.5], 2) == [0, 1]             # ties: the earlier
@@ -58,6 +149,11 @@ def test_selection_queue_and_config_errors():
     assert SeedPolicy("seed", ToTSettings()).target_limit == 1
     assert SeedPolicy("sd", ToTSettings()).thought_limit == 1
     assert {SeedPolicy(m, ToTSettings()).tree for m in ("sd", "seed", "seed_batched")} == {"sd"}
+    mcsd = ToTSettings(k_config=[2, 1, 1, 1])
+    assert mcsd.k_config == (2,) and mcsd.branching(1) == (2,) and ToTSettings().branching(4) == ()
+    assert SeedPolicy("seed", mcsd).tree == "sd-k2" and SeedPolicy("ar", mcsd).tree == "ar"
+    with pytest.raises(ValueError, match="k_config must be"):
+        make_seed_policy("sd", k_config=[2, 2, 1, 1, 1])
     with pytest.raises(ValueError, match="mode 'fast'"):
         make_seed_policy("fast")
     with pytest.raises(ValueError, match="unknown key 'width'"):
@@ -71,14 +167,14 @@ def test_selection_queue_and_config_errors():
 def greedy_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("tot") / "tot"
     run_cli("trace", "tot", "-o", str(out), "--questions", "1", "--depth", "2",
-            "--temperature", "0", "-q", "--json")
+            "--temperature", "0", "--k-config", "1,2", "-q", "--json")
     return out
 
 
 def _trees(table):
     """question -> {thought key: its text} per tree (ar: one request; sd: its verifications)."""
     out = {}
-    for tree, kind in (("totar", "ar"), ("totsd", "verify")):
+    for tree, kind in (("totar", "ar"), ("totsd", "verify"), ("totsd-k1.2", "verify")):
         t = table[table.program_id.str.endswith(tree) & (table.kind == kind)]
         t = t.sort_values("round").groupby(["question_id", "node"]).text.apply("".join)
         out[tree] = t.to_dict()
@@ -96,6 +192,12 @@ def test_greedy_speculative_tree_equals_the_targets_own(greedy_trace):
     trees = _trees(t)
     assert len(trees["totar"]) == 8 * (3 + 2 * 3)          # 8 questions, 3 + 6 thoughts
     assert trees["totsd"] == trees["totar"]
+    # multi-candidate rounds (two second tokens): the same tree, every path verified at once
+    assert trees["totsd-k1.2"] == trees["totar"]
+    mc = t[t.program_id.str.endswith("totsd-k1.2")]
+    rounds = mc[mc.kind == "verify"]
+    assert set(mc.kind.str.split("@").str[0]) == {"draft", "verify", "eval"}
+    assert (mc.kind == "verify@0.1").sum() > 0.5 * len(rounds)
     v = t[t.kind == "verify"]
     assert 0.3 < v.accepted_tokens.sum() / v.drafted_tokens.sum() <= 1.0
     assert (v.output_tokens <= v.accepted_tokens + 1).all()
@@ -132,6 +234,21 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     # the schedule changes the timing, never the tree
     assert sim.set_index(key).accepted_tokens.sort_index().equals(
         sd.set_index(key).accepted_tokens.sort_index())
+    # MCSD: the simulator sends the traced draft tree's requests and keeps its decisions
+    mcsd = yaml.safe_load(Path(_config(tmp_path, greedy_trace, "seed")).read_text())
+    mcsd["workload"]["programs"]["policy"]["k_config"] = [1, 2]
+    (tmp_path / "mcsd.yaml").write_text(yaml.safe_dump(mcsd))
+    run_cli("simulate", str(tmp_path / "mcsd.yaml"), "-o", str(tmp_path / "mcsd"), "--json")
+    got = read_table(tmp_path / "mcsd", "tot_requests").to_pandas()
+    traced = read_table(greedy_trace, "tot_requests").to_pandas()
+    traced = traced[traced.program_id.isin({f"{q}-totsd-k1.2" for q in got.question_id})]
+    key = ["question_id", "node", "kind", "round"]
+    assert got.set_index(key).accepted_tokens.sort_index().fillna(-1).equals(
+        traced.set_index(key).accepted_tokens.sort_index().fillna(-1))
+    mcsd["workload"]["programs"]["policy"]["k_config"] = [2, 2]  # a tree the trace lacks
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(mcsd))
+    bad = run_cli("simulate", str(tmp_path / "bad.yaml"), "-o", str(tmp_path / "bad"), check=False)
+    assert bad.returncode != 0 and "trace tot --k-config" in bad.stderr
     proc = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
                    "--repeats", "1", "-o", str(tmp_path / "rep"), "--calibrate-here", "--json")
     report = json.loads(proc.stdout.strip().splitlines()[-1])

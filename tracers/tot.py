@@ -3,15 +3,17 @@
 Each held-out testbed question's tree is grown twice through the live runner (`live.tot`): by
 the target alone (`ar`, the tree its own sampling builds) and in speculative rounds (`sd`:
 draft, then the target verifies; every speculative mode, SEED's included, builds this same tree,
-whatever the schedule). Every request's outcome goes to the `tot_requests` table keyed by
-(program, thought, kind, round): what the simulator answers a ToT program's requests from.
+whatever the schedule), and once more per `k_config` in multi-candidate rounds (tree `sd-k2`
+for (2, 1, 1, 1): their accepted lengths are their own). Every request's outcome goes to the
+`tot_requests` table keyed by (program, thought, kind, round): what the simulator answers a ToT
+program's requests from.
 Programs of a tree run at once (timing here is not the measurement: the steps are).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from live.runner import LiveRun
@@ -22,8 +24,6 @@ from tracers.testbed import tasks
 from traces import ids
 from traces.store import check_out_dir
 
-TREES = ("ar", "sd")
-
 
 @dataclass(frozen=True)
 class TotWorkload:
@@ -33,10 +33,20 @@ class TotWorkload:
     """questions per family x level"""
     settings: ToTSettings = ToTSettings()
     seed: int = 0
+    k_configs: tuple = ()
+    """multi-candidate rounds' k_configs: a tree each, beside ar and sd"""
 
     def __post_init__(self) -> None:
         if self.questions_per_cell < 1:
             raise ValueError("trace tot: questions must be >= 1")
+        if self.settings.k_config:
+            raise ValueError("trace tot: the settings' k_config must be empty (k_configs lists "
+                             "the multi-candidate trees)")
+
+    def policies(self) -> list[SeedPolicy]:
+        """The policies whose trees are traced: ar, sd, then sd per k_config."""
+        return [SeedPolicy("ar", self.settings), SeedPolicy("sd", self.settings)] + \
+            [SeedPolicy("sd", replace(self.settings, k_config=tuple(k))) for k in self.k_configs]
 
 
 @dataclass(frozen=True)
@@ -59,16 +69,16 @@ def tot_questions(seed: int, per_cell: int) -> list[tuple[str, object]]:
 
 def trace_tot(draft_model: str, target_model: str, out_dir: str | Path, workload: TotWorkload,
               kv_cache_gb: float = 0.5, progress: bool = True) -> dict:
-    """Grow every question's tree under ar and sd; write tot_requests, programs and both
-    engines' steps and requests."""
+    """Grow every question's tree under ar, sd and each k_config; write tot_requests, programs
+    and both engines' steps and requests."""
     out_dir = check_out_dir(out_dir, False, can_resume=False)
     session = open_session(draft_model, target_model, out_dir, "tot", workload.seed,
                            kv_cache_gb, {"workload": asdict(workload)})
     questions = tot_questions(workload.seed, workload.questions_per_cell)
     stats = {}
     t0 = time.perf_counter()
-    for tree in TREES:
-        policy = SeedPolicy(tree, workload.settings)
+    for policy in workload.policies():
+        tree = policy.tree
         runs, meta = [], {}
         for qid, item in questions:
             key = ids.tot_program_id(qid, tree)
