@@ -19,13 +19,9 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from policies.seed import Leaf, candidates, verify_tree
 from programs.base import Outcome, RequestSpec, Sampling
-
-if TYPE_CHECKING:
-    from programs.tot import Thought
 
 
 def tot_seed(program_seed: int, key: str, rnd: int, what: str) -> int:
@@ -114,9 +110,10 @@ class BranchRound:
 
 
 class MultiCandidateRounds:
-    """`ToTProgram`'s multi-candidate rounds (its settings, seed, queue and request helpers)."""
+    """`ToTProgram`'s multi-candidate rounds (its settings, seed, queue and request helpers);
+    `t` is always the round's `programs.tot.Thought`."""
 
-    def _path_draft(self, t: Thought, choice: tuple) -> RequestSpec:
+    def _path_draft(self, t, choice: tuple) -> RequestSpec:
         b, s = t.branch, self.settings
         p, branches = b.paths[choice], b.branches(choice)
         spec = self._spec(t, draft_kind(choice), "draft", p.ids, p.n, Sampling(
@@ -127,7 +124,7 @@ class MultiCandidateRounds:
         b.of[spec] = choice
         return spec
 
-    def _verify_paths(self, t: Thought) -> list:
+    def _verify_paths(self, t) -> list:
         b, s = t.branch, self.settings
         specs = []
         for p in sorted(b.leaves, key=lambda p: p.choice):
@@ -140,7 +137,7 @@ class MultiCandidateRounds:
         b.verifying = len(specs)
         return self._to_target(tuple(specs))
 
-    def _on_branch(self, t: Thought, spec: RequestSpec, o: Outcome) -> list:
+    def _on_branch(self, t, spec: RequestSpec, o: Outcome) -> list:
         """A request of a multi-candidate round: grow the draft tree, verify its paths once
         drafted, decide once every path is verified."""
         b = t.branch
@@ -184,7 +181,7 @@ class MultiCandidateRounds:
         t.branch = None
         return out + self._extend(t, "verify", decision)
 
-    def _thought_key(self, t: Thought) -> int:
+    def _thought_key(self, t) -> int:
         return t.links[-1][0] if t.links else self._question_key
 
     def branch_children(self, spec: RequestSpec) -> list[str] | None:
@@ -196,7 +193,7 @@ class MultiCandidateRounds:
             return None
         return b.child_kinds(b.of[spec])
 
-    def _interpret_branch(self, t: Thought, spec: RequestSpec, raw: Outcome) -> Outcome:
+    def _interpret_branch(self, t, spec: RequestSpec, raw: Outcome) -> Outcome:
         b = t.branch
         choice = b.of[spec]
         if spec.kind.startswith("verify"):
@@ -217,7 +214,7 @@ class MultiCandidateRounds:
         return Outcome(1, token_ids=tuple(cands), top_logprobs=(row,), step=tuple(
             more and c not in (self.newline_id, self.eos_id) for c in cands))
 
-    def _decide(self, t: Thought) -> Outcome:
+    def _decide(self, t) -> Outcome:
         """A multi-candidate round's decision from its paths' rows (live)."""
         b = t.branch
         leaves = b.to_leaves(self.settings.temperature > 0)
