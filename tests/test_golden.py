@@ -21,7 +21,8 @@ cached runs uncached (the live engine re-runs it); and the Dynasor (CoT, SC, REB
 goldens again when a block began joining the cache as its prefill is scheduled, as vLLM caches
 at allocation (a request admitted in the same step reads it). `seed-mcsd` (multi-candidate
 rounds) was added with its first output when the ToT traces gained multi-candidate trees (their
-ar and sd trees unchanged, row for row).
+ar and sd trees unchanged, row for row); `seed-greedy-small` (the second draft/target pair)
+with its first output when it was added.
 """
 
 from __future__ import annotations
