@@ -218,17 +218,19 @@ class ToTSettings:
                 not all(isinstance(k, int) and 1 <= k <= 8 for k in k_config):
             raise ValueError(f"tot: k_config must be at most draft_tokens ({self.draft_tokens}) "
                              f"counts of 1 to 8 candidates, got {self.k_config!r}")
-        while k_config and k_config[-1] == 1:  # trailing ones: one candidate, as if absent
-            k_config = k_config[:-1]
-        object.__setattr__(self, "k_config", k_config)
+        # trailing ones: one candidate, as if absent
+        object.__setattr__(self, "k_config", _up_to_last_branch(k_config))
 
     def branching(self, drafted: int) -> tuple[int, ...]:
         """Candidates per position of a round drafting `drafted` tokens, up to the last
         position that branches (() when none does)."""
-        k = self.k_config[:drafted]
-        while k and k[-1] == 1:
-            k = k[:-1]
-        return k
+        return _up_to_last_branch(self.k_config[:drafted])
+
+
+def _up_to_last_branch(k_config: tuple[int, ...]) -> tuple[int, ...]:
+    while k_config and k_config[-1] == 1:
+        k_config = k_config[:-1]
+    return k_config
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,18 @@
 
 vLLM computes and returns a log-probability row per prompt position a request asks prompt
 log-probabilities for, and per sampled token of a request asking sampled ones; each row costs
-host time on the step's output path, growing with its top-k (`benchmarks/logprob_cost.py` on
-the 2-core EPYC VM, target-large, one 200-token prefill: 3.5 ms without, 3.9 ms with k = 1,
-5.0 ms with k = 8, 13.3 ms with whole distributions, k = 128). The step-time model has no term for it, so a fit on
-scoring traffic spreads it over every step. Here it is a per-step term, `per_token_ms *
-logprob_tokens + per_top_k_ms * logprob_top_k` (the `step_logprobs` table's columns): the
-step-time model is fitted on the steps without log-probabilities, the two coefficients on what
-the steps with them take beyond it (non-negative least squares), and the step-time model is
-then refitted on every step less its log-probability term. Without enough steps free of
-log-probabilities the two cannot be told apart: the term stays 0 and the step-time model keeps
-the cost, which then holds for traffic like the traced only (the calibration says so).
+host time on the step's output path, growing with its top-k (`benchmarks/logprob_cost.py` on the
+2-core EPYC VM, target-large, one 200-token prefill: 3.5 ms without, 3.9 ms with k = 1, 5.0 ms
+with k = 8, 13.3 ms with whole distributions, k = 128). The step-time model has no term for it,
+so a fit on scoring traffic spreads it over every step. Here it is a per-step term,
+`per_token_ms * logprob_tokens + per_top_k_ms * logprob_top_k` (the `step_logprobs` table's
+columns): the step-time model is fitted on the steps without log-probabilities, the two
+coefficients on what the steps with them take beyond it (non-negative least squares), and the
+step-time model is then refitted on every step less its log-probability term (`calibrate`
+leaves out the steps the term makes up more than half of). Without enough
+steps free of log-probabilities the two cannot be told apart: the term stays 0 and the step-time
+model keeps the cost, which then holds for traffic like the traced only (the calibration says
+so).
 """
 
 from __future__ import annotations
