@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="live runs of in-process engines stepped from one loop (each a trace "
                      "or a directory of one per engine): fit the host time per added request "
                      "(charged on shared devices) from their gaps between steps")
+    cal.add_argument("--spec-k", type=int, default=None, metavar="K",
+                     help="fit the steps of vLLM's speculative decoding with K draft tokens (a "
+                     "spec trace's K cells, or live replays of a speculative engine)")
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=cmd_calibrate)
 

@@ -17,7 +17,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from sim.calibration import calibrate, fit_add_request_ms
 
-    cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model)
+    cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
         cal = replace(cal, add_request_ms=fit_add_request_ms(args.host_from))
     out = Path(args.out)
@@ -204,7 +204,23 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
                        or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
                        params={"config": json.loads(cfg.to_json())}, progress=progress,
                        prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
-                       enable_prefix_caching=group.enable_prefix_caching)
+                       enable_prefix_caching=group.enable_prefix_caching,
+                       speculative=live_speculative(group, cal, cfg.base_dir),
+                       prompt_text=cfg.workload.get("prompt_text", "random"))
+
+
+def live_speculative(group, cal, base_dir: Path) -> dict | None:
+    """The speculative decoding a replay's engine runs: the K and draft its calibration was
+    fitted on (the group must ask for speculation, as the simulator checks)."""
+    from sim.cluster import speculative
+
+    spec = speculative(group, cal, base_dir)
+    if spec is None:
+        return None
+    drafts = cal.provenance["speculative"]["draft_model_id"]
+    if len(drafts) != 1:
+        raise UserError(f"{group.calibration}: fitted on several draft models {drafts}")
+    return {"k": spec.k, "draft": resolve_model(drafts[0])}
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

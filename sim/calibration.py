@@ -159,17 +159,43 @@ def breakdown(steps: pd.DataFrame) -> dict[str, pd.Series]:
             "seqs_5_16": (seqs >= 5) & (seqs <= 16), "seqs_17_plus": seqs >= 17}
 
 
-def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving") -> Calibration:
+def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
+                      ) -> tuple[pd.DataFrame, str | None]:
+    """A trace's steps to fit for `spec_k` (None: plain decoding), and its draft model; a clear
+    error where the trace's decoding is not the one asked for."""
+    engine = run["params"].get("engine", {})
+    if run["kind"] == "spec":  # one engine per K, in cells k{K}-...
+        if spec_k is None:
+            raise ValueError(f"{d}: a spec trace (speculative steps at K = "
+                             f"{run['params']['workload']['k_values']}): calibrate --spec-k K")
+        keep = steps.cell_id.fillna("").str.startswith(f"k{spec_k}-")
+        if not keep.any():
+            raise ValueError(f"{d}: no steps at K = {spec_k}")
+        return steps[keep], run["params"]["draft"]["model_id"]
+    spec = engine.get("speculative")
+    k = spec["k"] if spec else None
+    if k != spec_k:
+        raise ValueError(f"{d}: its engine decoded " + (f"speculatively at K = {k}" if k else
+                         "without speculation") + (f", not at K = {spec_k}" if spec_k else
+                                                   "; calibrate without --spec-k or with it"))
+    return steps, spec["draft_model_id"] if spec else None
+
+
+def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving",
+              spec_k: int | None = None) -> Calibration:
     """Fit a step-time model (`serving` or `linear`) on the traces' steps; evaluate on held-out
-    cells or runs."""
+    cells or runs. `spec_k`: fit the spec-decoding steps of K speculative tokens."""
     t0 = time.perf_counter()
     frames, runs = [], []
+    drafts = set()
     for d in trace_dirs:
         run = read_run(d)
         if run["kind"] == "exits":  # steps at several loaded depths: one linear fit is wrong
             raise ValueError(f"{d}: an exits trace (steps at several loaded depths); a helios: "
                              "config fits its per-layer step time (sim/layered.py)")
         steps = read_table(d, "steps").to_pandas()
+        steps, draft = speculative_steps(d, run, steps, spec_k)
+        drafts.add(draft)
         if steps.empty:
             raise ValueError(f"{d}: steps table is empty; nothing to calibrate")
         runs.append((str(d), run))
@@ -268,6 +294,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                   "logprob_cost": lp_note,
                   "logprob_dominated_steps": lp_dominated,
                   "fitted_on": "every step; heldout_* from a fit without the held-out ones",
+                  **({"speculative": {"k": spec_k, "method": "draft_model",
+                                      "draft_model_id": sorted(drafts)}} if spec_k else {}),
                   "fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),

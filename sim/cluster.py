@@ -35,6 +35,7 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
             kv = kv_blocks_from_memory(g.model_config, g.memory_gb, block,
                                        g.gpu_memory_utilization)
         rc = ReplicaConfig(max_num_seqs=g.max_num_seqs or cal.max_num_seqs,
+                           spec=speculative(g, cal, cfg.base_dir),
                            max_num_batched_tokens=g.max_num_batched_tokens
                            or cal.max_num_batched_tokens,
                            block_size=block, kv_blocks=kv,
@@ -42,6 +43,22 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
                            priority_scheduling=cfg.scheduler != "fcfs")
         out.extend([(cal, rc)] * g.count)
     return out
+
+
+def speculative(g, cal: Calibration, base_dir: Path):
+    """A group's speculative decoding, checked against what its calibration was fitted on."""
+    from sim.spec_decode import parse
+
+    k = (cal.provenance.get("speculative") or {}).get("k")
+    if g.speculative is not None and k is None:
+        raise ValueError(f"{g.calibration}: fitted on plain decode steps; a speculative group "
+                         "needs a calibration of spec-decoding steps (reasonsim calibrate "
+                         "SPEC_TRACE --spec-k K)")
+    if g.speculative is None and k is not None:
+        raise ValueError(f"{g.calibration}: fitted on speculative steps (K = {k}); its group "
+                         "needs speculative: {acceptance_rates: [...]} or {acceptance_trace: "
+                         "DIR}")
+    return None if k is None else parse(g.speculative, int(k), base_dir)
 
 
 class Device:
@@ -106,7 +123,8 @@ class Cluster:
             Replica(self.env, i, cal, rc, self.res,
                     np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
                     on_finish=lambda r, i=i: on_finish(i, r), fast_forward=fast_forward,
-                    device=device_of[i])
+                    device=device_of[i], spec_rng=np.random.default_rng(
+                        np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
             for i, (cal, rc) in enumerate(specs)]
         pool_of = [g.pool for g in cfg.replicas for _ in range(g.count)]
         self.pools = {name: np.array([i for i, p in enumerate(pool_of) if p == name])

@@ -42,6 +42,10 @@ class ReplicaGroup:
     """groups naming the same device share it, replica by replica (the j-th replica of each):
     their iterations run one at a time, in turn, as two engines driven from one process on one
     machine do; None: a device of its own"""
+    speculative: dict | None = None
+    """in-engine speculative decoding (`sim.spec_decode`): acceptance_rates (per position) or
+    acceptance_trace (+ temperature); the calibration must be fitted on spec-decoding steps
+    (`calibrate --spec-k K`)"""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
         for key in ("calibration", "model_config"):
             if grp.get(key) is not None:
                 grp[key] = (base / grp[key]).resolve()
+        if grp["speculative"] is not None:
+            grp["speculative"] = {k: v for k, v in grp["speculative"].items() if v is not None}
         if grp["memory_gb"] is not None and grp["model_config"] is None:
             i = spec.cluster.replicas.index(g)
             raise ValueError(f"cluster.replicas[{i}]: memory_gb needs model_config")

@@ -23,6 +23,15 @@ class _Strict(BaseModel):
                               protected_namespaces=())
 
 
+class SpeculativeSpec(_Strict):
+    """A replica group's `speculative:` (see `sim.spec_decode`)."""
+
+    acceptance_rates: Annotated[list[Annotated[float, Field(ge=0, le=1)]],
+                                Field(min_length=1)] | None = None
+    acceptance_trace: str | None = None
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+
+
 class GroupSpec(_Strict):
     """One replica group (see `sim.config.ReplicaGroup` for each field's meaning)."""
 
@@ -38,6 +47,7 @@ class GroupSpec(_Strict):
     enable_prefix_caching: bool = False
     pool: Annotated[str, Field(min_length=1)] = "target"
     device: Annotated[str, Field(min_length=1)] | None = None
+    speculative: SpeculativeSpec | None = None
 
     @field_validator("calibration", "model_config_path", mode="before")
     @classmethod

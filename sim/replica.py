@@ -27,6 +27,7 @@ from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
 from sim.request_state import PriorityWaiting, Req, Results, priority_key
 from sim.serving_latency import EngineState
+from sim.spec_decode import SpecDecoding, spec_tokens
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class ReplicaConfig:
     """reuse KV blocks of a shared prompt prefix (request prefix_group / prefix_tokens)"""
     priority_scheduling: bool = False
     """vLLM's scheduling_policy="priority": waiting by (priority, arrival); preempt the lowest"""
+    spec: SpecDecoding | None = None
+    """in-engine speculative decoding: each decode iteration verifies K drafted tokens"""
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):
@@ -57,7 +60,8 @@ class Replica:
 
     def __init__(self, env, replica_id: int, cal: Calibration, cfg: ReplicaConfig,
                  results: Results, rng: np.random.Generator | None, on_finish=None,
-                 fast_forward: bool = True, device=None):
+                 fast_forward: bool = True, device=None,
+                 spec_rng: np.random.Generator | None = None):
         self.env = env
         self.id = replica_id
         self.lat = cal.latency
@@ -95,6 +99,11 @@ class Replica:
         self.busy_s = 0.0
         # Engine state some step-time models charge for (sim/serving_latency.py).
         self.engine = EngineState() if getattr(self.lat, "engine_state", False) else None
+        # Speculative decoding: a decode iteration schedules (and holds KV for) 1 + K tokens
+        # and yields 1 + accepted; the accepted lengths come from their own generator.
+        self.spec = cfg.spec
+        self.width = 1 + cfg.spec.k if cfg.spec else 1
+        self.spec_rng = spec_rng if spec_rng is not None else np.random.default_rng(replica_id)
 
     # ------------------------------------------------------------------ public
     def submit(self, req: Req) -> None:
@@ -182,17 +191,19 @@ class Replica:
         sched: list[tuple[Req, int]] = []
         prefill_tokens = prefill_seqs = decode_seqs = context = preempted = 0
         bs = cfg.block_size
+        w = self.width
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            if r.computed >= r.target and -(-(r.computed + 1) // bs) <= r.shared + r.blocks:
-                sched.append((r, 1))  # a decode token within the blocks it holds: the usual case
-                budget -= 1
+            if r.computed >= r.target and -(-(r.computed + w) // bs) <= r.shared + r.blocks:
+                sched.append((r, 1))  # a decode iteration within the blocks it holds: usual
+                budget -= w
                 i += 1
                 continue
-            n = min(r.target - r.computed, budget) if r.computed < r.target else 1
-            while not self._alloc(r, r.computed + n):
+            prefill = r.computed < r.target
+            n = min(r.target - r.computed, budget) if prefill else 1
+            while not self._alloc(r, r.computed + (n if prefill else w)):
                 victim = self.running[-1] if not cfg.priority_scheduling else \
                     max(self.running, key=priority_key)
                 self._preempt(victim)
@@ -201,9 +212,9 @@ class Replica:
                     break
             else:
                 sched.append((r, n))
-                if self._caching and r.group >= 0 and r.computed < r.target:
+                if self._caching and r.group >= 0 and prefill:
                     self.prefix_cache.store(r, r.computed + n)
-                budget -= n
+                budget -= n if prefill else w
                 i += 1
                 continue
             # r itself was preempted; the element at i is now the next request
@@ -236,7 +247,8 @@ class Replica:
             return
         lp_ms = 0.0  # the log-probabilities the step returns (`sim.logprob_cost`)
         for r, n in sched:
-            context += r.computed + n
+            # as vLLM counts it: tokens computed once the step is done (decode: 1 + K verified)
+            context += r.computed + (n if r.computed < r.target else w)
             if r.computed < r.target:
                 prefill_tokens += n
                 prefill_seqs += 1
@@ -265,7 +277,9 @@ class Replica:
         if closed is not None:
             k = self._stable_run_length()
             if k > 1:
-                a_ms, b_ms = closed
+                # speculative: the context grows by the mean tokens an iteration yields
+                a_ms, b_ms = closed[0], closed[1] * (self.spec.tokens_per_iteration
+                                                     if self.spec else 1.0)
                 factor = self._noise(k)
         # The log-probability term was fitted beyond the mean step (`sim.logprob_cost`): it
         # takes no residual factor.
@@ -292,7 +306,9 @@ class Replica:
             if self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
                     self.free_blocks + self.prefix_cache.evictable:
                 return 1  # the head could be admitted next iteration
-        k = min(r.output - r.generated for r in self.running)
+        spec = self.spec is not None
+        k = min((len(r.spec_cum) - r.spec_it) if spec else (r.output - r.generated)
+                for r in self.running)
         if k <= 1:
             return 1
         bs = self.cfg.block_size
@@ -301,7 +317,8 @@ class Replica:
         def extra(j: int) -> int:  # new blocks needed to run j iterations (plain Python: small)
             need = 0
             for r in running:
-                x = -(-(r.computed + j) // bs) - r.blocks - r.shared
+                x = -(-(r.computed + (spec_tokens(r, j) if spec else j)) // bs) \
+                    - r.blocks - r.shared
                 if x > 0:
                     need += x
             return need
@@ -357,16 +374,22 @@ class Replica:
         bs = self.cfg.block_size
         first_token_s = self.res.first_token_s
         # Per request in the batch: the hot loop of the simulator, kept to plain attribute work
+        spec = self.spec
         for r, n in self._sched:
             if k > 1 or r.computed >= r.target:  # decode iterations
-                r.computed += k
-                r.generated += k
+                d = spec_tokens(r, k) if spec else k
+                r.spec_it += k
+                r.computed += d
+                r.generated += d
                 if -(-r.computed // bs) > r.shared + r.blocks:
                     self._alloc(r, r.computed)  # accounted in _stable_run_length: always fits
             else:  # a prefill chunk
                 r.computed += n
                 if r.computed >= r.target:
                     r.generated += 1  # the prefill's last chunk samples a token
+                    if spec:  # its decode's accepted lengths, drawn at once
+                        r.spec_cum = spec.cumulative_tokens(self.spec_rng, r.output - r.generated)
+                        r.spec_it = 0
                     if r.generated == 1:  # first token (a re-prefill after preemption has more)
                         first_token_s[r.idx] = t_end
             if r.generated >= r.output or r.aborted:
@@ -386,3 +409,4 @@ class Replica:
         nxt = self.device.release() if self.device is not None else None
         if nxt is not None:
             self.env.timeout(0).callbacks.append(lambda _e: nxt._plan())
+

@@ -12,7 +12,8 @@ class Req:
 
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
-                 "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms")
+                 "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms",
+                 "spec_cum", "spec_it")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
@@ -39,6 +40,10 @@ class Req:
         # position computed, per token sampled
         self.lp_prompt_ms = lp_prompt_ms
         self.lp_sample_ms = lp_sample_ms
+        # speculative replicas (`sim.spec_decode`): cumulative tokens after each verify
+        # iteration of the decode, drawn when it starts, and the iterations done
+        self.spec_cum = None
+        self.spec_it = 0
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",

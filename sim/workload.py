@@ -29,8 +29,11 @@ from sim.workload_types import Workload, check_keys, integer, number, positive, 
 __all__ = ["TRACE_FORMATS", "Workload", "workload_from_config", "workload_to_vidur_csv"]
 
 _SYNTHETIC_KEYS = ("arrival", "num_requests", "duration_s", "prompt_tokens", "output_tokens",
-                   "prefix")
-_TRACE_FORM_KEYS = ("trace", "prefix")
+                   "prefix", "prompt_text")
+_TRACE_FORM_KEYS = ("trace", "prefix", "prompt_text")
+PROMPT_TEXTS = ("random", "testbed")
+"""what a live replay's prompts are made of (the simulator sees lengths only): random token ids,
+or the testbed's questions (text a draft model predicts: it sets speculative acceptance)"""
 _ARRIVAL_KEYS = {"poisson": ("kind", "rate_per_s"), "gamma": ("kind", "rate_per_s", "cv"),
                  "constant": ("kind", "rate_per_s")}
 _LENGTH_KEYS = {"uniform": ("kind", "low", "high"), "lognormal": ("kind", "mean", "sigma", "max"),
@@ -205,6 +208,9 @@ def workload_from_config(cfg: dict, seed: int, base_dir: str | Path = ".") -> Wo
     """Build the workload of a config's `workload:` mapping (trace paths relative to base_dir)."""
     if not isinstance(cfg, dict):
         raise ValueError(f"workload must be a mapping, got {type(cfg).__name__}: {cfg!r}")
+    if cfg.get("prompt_text", "random") not in PROMPT_TEXTS:
+        raise ValueError(f"workload.prompt_text is {cfg['prompt_text']!r}; allowed: "
+                         f"{', '.join(PROMPT_TEXTS)}")
     if "trace" in cfg:
         check_keys(cfg, _TRACE_FORM_KEYS, "workload (a trace replay)")
         w = replay(cfg["trace"], Path(base_dir))

@@ -22,7 +22,8 @@ goldens again when a block began joining the cache as its prefill is scheduled, 
 at allocation (a request admitted in the same step reads it). `seed-mcsd` (multi-candidate
 rounds) was added with its first output when the ToT traces gained multi-candidate trees (their
 ar and sd trees unchanged, row for row); `seed-greedy-small` (the second draft/target pair)
-with its first output when it was added.
+with its first output when it was added; `spec-k4` (in-engine speculative decoding) with its
+first output when speculative replicas were added.
 """
 
 from __future__ import annotations

@@ -90,3 +90,48 @@ def test_seed_offline_reports_acceptance_and_step_costs(spec_trace, tmp_path):
     bad = run_cli("seed", "offline", str(TESTBED.parent.parent / "traces" / "data" /
                                           "testbed-probes-cpu"), check=False)
     assert bad.returncode == 2 and "not a spec trace" in bad.stderr
+
+
+def test_a_speculative_replica_replays_live_and_simulates_its_iterations(spec_trace, tmp_path):
+    """Calibrate the trace's K = 3 steps, replay a workload live on a speculative engine (which
+    records its own acceptance), then simulate it with that acceptance: the simulated replica
+    runs as many iterations as the live engine did."""
+    import json
+
+    import numpy as np
+    import yaml
+
+    from traces.store import read_run, read_table
+
+    cal = tmp_path / "k3.json"
+    run_cli("calibrate", str(spec_trace), "--spec-k", "3", "-o", str(cal))
+    config = {"seed": 2, "workload": {
+        "arrival": {"kind": "poisson", "rate_per_s": 1.0}, "num_requests": 8,
+        "prompt_tokens": {"kind": "uniform", "low": 32, "high": 128},
+        "output_tokens": {"kind": "uniform", "low": 32, "high": 96}},
+        "cluster": {"replicas": [{"calibration": str(cal),
+                                  "speculative": {"acceptance_trace": str(spec_trace)}}]}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(config))
+    live = tmp_path / "live"
+    run_cli("replay", str(path), "-o", str(live), "--json")
+    run_cli("traces", "check", str(live))
+    assert read_run(live)["params"]["engine"]["speculative"]["k"] == 3
+    s = read_table(live, "spec_steps").to_pandas()
+    req = read_table(live, "requests").to_pandas().set_index("request_id")
+    assert len(s) > 50 and (s.accepted_tokens <= 3).all() and (s.proposed_tokens == 3).all()
+    # a verified step yields accepted + 1 tokens; with the prefill's token and the last
+    # (unrecorded) step, that makes each request's output
+    gained = s.groupby("request_id").accepted_tokens.sum() + s.groupby("request_id").size()
+    assert (gained + 1 <= req.output_tokens.loc[gained.index]).all()
+    assert (req.output_tokens.loc[gained.index] - gained - 1 <= 4).all()
+    # the live run is a calibration source of its own K, and nothing else's
+    run_cli("calibrate", str(live), "--spec-k", "3", "-o", str(tmp_path / "here.json"))
+    assert run_cli("calibrate", str(live), "-o", str(tmp_path / "x.json"),
+                   check=False).returncode != 0
+    config["cluster"]["replicas"][0]["speculative"] = {"acceptance_trace": str(live)}
+    path.write_text(yaml.safe_dump(config))
+    summary = json.loads(run_cli("simulate", str(path), "--json").stdout)
+    live_steps = len(read_table(live, "steps"))
+    assert abs(summary["iterations"] / live_steps - 1) < 0.15, (summary["iterations"], live_steps)
+    assert summary["output_tokens"] == int(np.sum(req.output_tokens))

@@ -22,11 +22,13 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 seed: int, max_num_seqs: int, max_num_batched_tokens: int, kv_cache_gb: float,
                 params: dict, warmup_requests: int = 4, progress: bool = True,
                 prefix_group=None, prefix_tokens=None, enable_prefix_caching: bool = False,
-                ) -> dict:
+                speculative: dict | None = None, prompt_text: str = "random") -> dict:
     """Serve the workload live on an in-process vLLM engine; write requests/steps/token_times.
 
     With `prefix_group`/`prefix_tokens`, requests of a group start with the same tokens (the
-    simulator's shared prefixes)."""
+    simulator's shared prefixes). With `speculative` ({k, draft}), the engine decodes with
+    vLLM's draft-model speculative decoding and the trace gets its `spec_steps`. `prompt_text`
+    "testbed": prompts are windows of the testbed's questions instead of random token ids."""
     from rich.progress import Progress
     from vllm import SamplingParams
 
@@ -40,17 +42,28 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                                max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens,
                                kv_cache_gb=kv_cache_gb,
-                               enable_prefix_caching=enable_prefix_caching))
+                               enable_prefix_caching=enable_prefix_caching,
+                               extra={"speculative_config": {
+                                   "method": "draft_model", "model": str(speculative["draft"]),
+                                   "num_speculative_tokens": int(speculative["k"])}}
+                               if speculative else {}))
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
+    if prompt_text == "testbed":
+        prompts = testbed_prompts(engine.engine.get_tokenizer(), prompt_tokens, seed)
     if prefix_group is not None:
         shared = {int(g): rng.integers(FIRST_TOKEN_ID, vocab, size=int(max(
             np.asarray(prefix_tokens)[np.asarray(prefix_group) == g]))).tolist()
             for g in np.unique(prefix_group)}
         prompts = [shared[int(g)][:int(t)] + p[int(t):]
                    for g, t, p in zip(prefix_group, prefix_tokens, prompts)]
-    run = engine.run_row("replay", seed, {**params, "engine": engine.params(), "sampling": {
+    eng = engine.params()
+    if speculative:  # what `calibrate --spec-k` checks
+        eng["speculative"] = {"k": int(speculative["k"]), "method": "draft_model",
+                              "draft_model_id": str(speculative["draft"])}
+    run = engine.run_row("replay", seed, {**params, "engine": eng, "prompt_text": prompt_text,
+                                          "sampling": {
         "temperature": 0.0, "logprobs": None, "ignore_eos": True}})
     writer = TraceWriter(out_dir, run)
     # Warm the engine on the workload's shapes first (not recorded): one-off kernel setup costs
@@ -62,6 +75,12 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     while engine.has_unfinished():
         engine.step()
     rec = StepRecorder(engine, writer, t0=time.perf_counter())
+    spec = None
+    if speculative:
+        from tracers.spec import SpecRows
+
+        spec = SpecRows(engine, writer, int(speculative["k"]), str(speculative["draft"]),
+                        str(model), 0.0)
     i = 0
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("live replay", total=n)
@@ -74,10 +93,31 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 rec.add(ids.request_id(i), prompts[i], sp, arrival_s=float(arrival_s[i]))
                 i += 1
             if engine.has_unfinished():
-                before = len(rec.finished)
-                rec.step()
+                before, step_id = len(rec.finished), rec.step_id
+                outputs = rec.step()
+                if spec is not None:
+                    spec.after_step(step_id, rec.step_id != step_id, outputs,
+                                    rec.last_duration_ms)
                 bar.advance(task, len(rec.finished) - before)
             elif i < n:
                 time.sleep(max(0.0, arrival_s[i] - rec.now_s()))
     writer.flush("all")
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
+
+
+def testbed_prompts(tok, prompt_tokens, seed: int) -> list[list[int]]:
+    """Prompts of the given lengths cut from the testbed's questions: request i starts at
+    question i and runs on through the next ones as far as its length needs."""
+    from tracers.testbed import tasks
+
+    items = tasks.items(seed, 64)
+    encoded = [tok.encode(it.prompt + "\n", add_special_tokens=False) for it in items]
+    out = []
+    for i, n in enumerate(int(p) for p in prompt_tokens):
+        ids: list[int] = []
+        j = i
+        while len(ids) < n:
+            ids += encoded[j % len(encoded)]
+            j += 1
+        out.append(ids[:n])
+    return out

@@ -109,11 +109,10 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
                                                          params | {"engine": engine.params()}))
         tok = engine.engine.get_tokenizer()
         engine.warm_up()
-        timer = DraftTimer(engine)
-        timer.take()
         rec = StepRecorder(engine, writer, t0, replica_id=0)
         rec.step_id = step_base
         for temp in workload.temperatures:
+            rows = SpecRows(engine, writer, k, str(draft_dir), str(target_dir), temp)
             for batch in workload.batch_sizes:
                 for w0 in range(0, workload.questions_per_wave, batch):
                     wave = list(range(w0, min(w0 + batch, workload.questions_per_wave)))
@@ -127,51 +126,70 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
                         rec.add(rid, tok.encode(item.prompt, add_special_tokens=False), sp,
                                 cell_id=unit)
                         meta[rid] = item
-                    stats["spec_rows"] += _run_wave(rec, timer, writer, meta, unit, k,
-                                                    str(draft_dir), str(target_dir), temp)
+                    stats["spec_rows"] += _run_wave(rec, rows, meta, unit)
                     stats["requests"] += len(wave)
                     writer.flush(unit)
         step_base = rec.step_id
-        del rec, timer, engine
+        del rec, rows, engine
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
 
 
-def _run_wave(rec: StepRecorder, timer: DraftTimer, writer: TraceWriter, meta: dict, unit: str,
-              k: int, draft_id: str, target_id: str, temperature: float) -> int:
+def _run_wave(rec: StepRecorder, spec: "SpecRows", meta: dict, unit: str) -> int:
     """Step the engine until the wave is done; one spec_steps row per verified request-step."""
-    engine = rec.engine
-    have = {rid: 0 for rid in meta}
-    rounds = {rid: 0 for rid in meta}
     rows = 0
-    while engine.has_unfinished():
+    while rec.engine.has_unfinished():
         step_id = rec.step_id
         outputs = rec.step(cell_id=unit)  # the cell names K: calibrate one K's steps
-        draft_ms = timer.take()
-        if rec.step_id == step_id:   # nothing scheduled
-            continue
-        verified = engine.last_spec_tokens
-        duration_ms = rec.last_duration_ms
+        rows += spec.after_step(step_id, rec.step_id != step_id, outputs,
+                                rec.last_duration_ms, meta)
+    return rows
+
+
+class SpecRows:
+    """`spec_steps` rows of a speculative engine's steps: a verified request gains accepted + 1
+    tokens, read from its outputs; drafting timed around the drafter's `propose`."""
+
+    def __init__(self, engine: Engine, writer: TraceWriter, k: int, draft_id: str,
+                 target_id: str, temperature: float):
+        self.engine, self.writer, self.k = engine, writer, k
+        self.draft_id, self.target_id, self.temperature = draft_id, target_id, temperature
+        self.timer = DraftTimer(engine)
+        self.timer.take()
+        self.have: dict[str, int] = {}
+        self.rounds: dict[str, int] = {}
+
+    def after_step(self, step_id: int, ran: bool, outputs, duration_ms: float,
+                   meta: dict | None = None) -> int:
+        """Rows of the step just run (`ran`: it scheduled something); `meta` maps request ids to
+        testbed items (family, level)."""
+        draft_ms = self.timer.take()
+        if not ran:
+            return 0
+        verified = self.engine.last_spec_tokens
+        rows = 0
         for out in outputs:
             rid = out.request_id
-            if rid not in meta:
+            if meta is not None and rid not in meta:
                 continue
             n = len(out.outputs[0].token_ids)
-            gained, have[rid] = n - have[rid], n
+            gained, self.have[rid] = n - self.have.get(rid, 0), n
             proposed = verified.get(rid, 0)
             if proposed == 0 or out.finished:
                 # nothing verified (a prefill step), or the request stopped inside the step (the
                 # stop truncates what was accepted: the length is unknown)
                 continue
             accepted = gained - 1
-            writer.add("spec_steps", request_id=rid, draft_model_id=draft_id,
-                       target_model_id=target_id, replica_id=0, step_id=step_id,
-                       step_index=rounds[rid], proposed_tokens=proposed,
-                       accepted_tokens=accepted,
-                       accepted_positions=[i < accepted for i in range(proposed)],
-                       num_speculative_tokens=k, temperature=temperature,
-                       difficulty=meta[rid].level, family=meta[rid].family,
-                       draft_ms=draft_ms, verify_ms=max(0.0, duration_ms - draft_ms))
-            rounds[rid] += 1
+            item = meta[rid] if meta is not None else None
+            r = self.rounds.get(rid, 0)
+            self.writer.add("spec_steps", request_id=rid, draft_model_id=self.draft_id,
+                            target_model_id=self.target_id, replica_id=0, step_id=step_id,
+                            step_index=r, proposed_tokens=proposed, accepted_tokens=accepted,
+                            accepted_positions=[i < accepted for i in range(proposed)],
+                            num_speculative_tokens=self.k, temperature=self.temperature,
+                            difficulty=item.level if item else None,
+                            family=item.family if item else None,
+                            draft_ms=draft_ms, verify_ms=max(0.0, duration_ms - draft_ms))
+            self.rounds[rid] = r + 1
             rows += 1
-    return rows
+        return rows
