@@ -377,8 +377,11 @@ class Replica:
         spec = self.spec
         for r, n in self._sched:
             if k > 1 or r.computed >= r.target:  # decode iterations
-                d = spec_tokens(r, k) if spec else k
-                r.spec_it += k
+                if spec:
+                    d = spec_tokens(r, k)
+                    r.spec_it += k
+                else:
+                    d = k
                 r.computed += d
                 r.generated += d
                 if -(-r.computed // bs) > r.shared + r.blocks:
