@@ -64,7 +64,8 @@ def calibration_fingerprints(cfg) -> list[dict]:
         cal = load_calibration(g.calibration)
         out.append({"pool": g.pool, "calibration": str(g.calibration),
                     **fingerprint(cal.provenance),
-                    "step_time_model": step_time.to_json(cal.latency)})
+                    "step_time_model": step_time.to_json(cal.latency),
+                    "speculative": g.speculative})
     return out
 
 
@@ -125,7 +126,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if not args.json:  # which device's timings this simulation stands on
         for c in calibration_fingerprints(cfg):
             print(f"pool {c['pool']}: {c['calibration']} (traced on {c['device']}, "
-                  f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})")
+                  f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})"
+                  + (f"; speculative: {c['speculative']}" if c["speculative"] else ""))
     try:
         result = simulate(cfg)
     except ValueError as e:  # workload generation and limits: name the config they came from
