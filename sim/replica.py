@@ -10,6 +10,8 @@ sequence slot, or no KV room), the batch cannot change until a request finishes 
 runs out, so the replica schedules ONE event for the whole run of iterations (closed form from
 the latency model). An arrival that could be admitted truncates the run at the iteration
 boundary after it (solved in closed form), so results equal a per-iteration simulation.
+With `spec` (vLLM's in-engine speculative decoding, `sim.spec_decode`) a decode iteration holds
+1 + K tokens and yields 1 + accepted; a run's context then grows by the mean yield.
 """
 
 from __future__ import annotations
