@@ -107,3 +107,21 @@ def test_calibrate_fits_one_k_of_a_spec_trace(tmp_path):
     proc = run_cli("calibrate", str(REPO / "traces" / "data" / "testbed-large-cpu"),
                    "--spec-k", "2", "-o", str(tmp_path / "y.json"), check=False)
     assert proc.returncode != 0 and "without speculation" in proc.stderr
+
+
+def test_testbed_prompts_have_the_workload_lengths_and_the_testbeds_text():
+    from transformers import AutoTokenizer
+
+    from tracers.replay import testbed_prompts
+    from tracers.testbed import tasks
+
+    tok = AutoTokenizer.from_pretrained(str(REPO / "models" / "testbed" / "target-large"))
+    lengths = [5, 40, 300]
+    prompts = testbed_prompts(tok, lengths, seed=1)
+    assert [len(p) for p in prompts] == lengths
+    first = tasks.items(1, 64)[1].prompt  # request i starts at question i
+    assert tok.decode(prompts[1]).startswith(first[:20])
+    cfg = _config(rates=[0.5] * 4)
+    cfg["workload"]["prompt_text"] = "lorem"
+    with pytest.raises(ValueError, match="prompt_text is 'lorem'; allowed: random, testbed"):
+        simulate(parse_config(cfg, "."))
