@@ -105,6 +105,8 @@ class Replica:
         # and yields 1 + accepted; the accepted lengths come from their own generator.
         self.spec = cfg.spec
         self.width = 1 + cfg.spec.k if cfg.spec else 1
+        # KV for the draft's K positions past them too (vLLM's num_lookahead_tokens)
+        self.lookahead = cfg.spec.k if cfg.spec else 0
         self.spec_rng = spec_rng if spec_rng is not None else np.random.default_rng(replica_id)
 
     # ------------------------------------------------------------------ public
@@ -193,19 +195,19 @@ class Replica:
         sched: list[tuple[Req, int]] = []
         prefill_tokens = prefill_seqs = decode_seqs = context = preempted = 0
         bs = cfg.block_size
-        w = self.width
+        w, la = self.width, self.lookahead
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            if r.computed >= r.target and -(-(r.computed + w) // bs) <= r.shared + r.blocks:
+            if r.computed >= r.target and -(-(r.computed + w + la) // bs) <= r.shared + r.blocks:
                 sched.append((r, 1))  # a decode iteration within the blocks it holds: usual
                 budget -= w
                 i += 1
                 continue
             prefill = r.computed < r.target
             n = min(r.target - r.computed, budget) if prefill else 1
-            while not self._alloc(r, r.computed + (n if prefill else w)):
+            while not self._alloc(r, r.computed + (n if prefill else w) + la):
                 victim = self.running[-1] if not cfg.priority_scheduling else \
                     max(self.running, key=priority_key)
                 self._preempt(victim)
@@ -225,7 +227,7 @@ class Replica:
             if self._caching and r.group >= 0 and not r.computed:
                 self.prefix_cache.hit(r)
             n = min(r.target - r.computed, budget)
-            if not self._alloc(r, r.computed + n):
+            if not self._alloc(r, r.computed + n + la):
                 if r.shared:  # undo the borrowed prefix: not admitted this time
                     self.prefix_cache.unref(r)
                     r.computed = 0
