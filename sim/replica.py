@@ -29,6 +29,7 @@ from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
 from sim.request_state import PriorityWaiting, Req, Results, priority_key
 from sim.serving_latency import EngineState
+from sim.run_length import decode_run_length
 from sim.spec_decode import SpecDecoding, spec_tokens
 
 
@@ -310,33 +311,8 @@ class Replica:
             if self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
                     self.free_blocks + self.prefix_cache.evictable:
                 return 1  # the head could be admitted next iteration
-        spec = self.spec is not None
-        k = min((len(r.spec_cum) - r.spec_it) if spec else (r.output - r.generated)
-                for r in self.running)
-        if k <= 1:
-            return 1
-        bs = self.cfg.block_size
-        running = self.running
-
-        def extra(j: int) -> int:  # new blocks needed to run j iterations (plain Python: small)
-            need = 0
-            for r in running:
-                x = -(-(r.computed + (spec_tokens(r, j) if spec else j)) // bs) \
-                    - r.blocks - r.shared
-                if x > 0:
-                    need += x
-            return need
-
-        if extra(k) <= self.free_blocks:
-            return k
-        lo, hi = 1, k  # extra(lo) fits (the planned iteration allocated it), extra(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if extra(mid) <= self.free_blocks:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return decode_run_length(self.running, self.free_blocks, self.cfg.block_size,
+                                 self.spec is not None)
 
     def _noise(self, k: int) -> float:
         if self.rng is None:
@@ -389,7 +365,7 @@ class Replica:
                 r.computed += d
                 r.generated += d
                 if -(-r.computed // bs) > r.shared + r.blocks:
-                    self._alloc(r, r.computed)  # accounted in _stable_run_length: always fits
+                    self._alloc(r, r.computed)  # accounted in decode_run_length: always fits
             else:  # a prefill chunk
                 r.computed += n
                 if r.computed >= r.target:
