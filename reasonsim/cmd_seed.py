@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from reasonsim.cmd_tot import add_replay_parser, add_tot_trace_parser
-from reasonsim.common import TESTBED, UserError, ints, print_summary
+from reasonsim.common import TESTBED, UserError, counts, ints, print_summary
 
 
 def cmd_trace_spec(args: argparse.Namespace) -> int:
@@ -15,7 +15,8 @@ def cmd_trace_spec(args: argparse.Namespace) -> int:
     try:
         wl = SpecWorkload(k_values=tuple(args.k), batch_sizes=tuple(args.batch_sizes),
                           questions_per_wave=args.questions, max_tokens=args.max_tokens,
-                          temperatures=tuple(args.temperatures), seed=args.seed)
+                          temperatures=tuple(args.temperatures),
+                          prompt_tokens=tuple(args.prompt_tokens), seed=args.seed)
     except ValueError as e:
         raise UserError(str(e)) from None
     summary = trace_spec(args.target, args.draft, args.out, wl, kv_cache_gb=args.kv_cache_gb,
@@ -43,6 +44,9 @@ def add_trace_parser(tsub) -> None:
     s.add_argument("--max-tokens", type=int, default=160)
     s.add_argument("--temperatures", type=lambda t: [float(x) for x in t.split(",")],
                    default=[0.0, 0.8], help="0 = greedy acceptance")
+    s.add_argument("--prompt-tokens", type=counts, default=[0],
+                   help="prompt lengths, a pass of the waves each (0: the question itself; n: n "
+                   "tokens cut from the testbed's questions)")
     s.add_argument("--kv-cache-gb", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")

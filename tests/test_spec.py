@@ -14,7 +14,8 @@ pytestmark = pytest.mark.engine
 def spec_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("spec") / "trace"
     run_cli("trace", "spec", "-o", str(out), "--k", "3", "--batch-sizes", "1,4",
-            "--questions", "4", "--max-tokens", "96", "--temperatures", "0,0.8", "-q")
+            "--questions", "4", "--max-tokens", "96", "--temperatures", "0,0.8",
+            "--prompt-tokens", "0,160", "-q")
     return out
 
 
@@ -33,6 +34,11 @@ def test_spec_trace_validates_and_records_acceptance(spec_trace):
     assert 0.3 < greedy.accepted_tokens.sum() / greedy.proposed_tokens.sum() <= 1.0
     assert (s.draft_ms > 0).all() and set(s.step_id) <= set(steps.step_id)
     assert steps.cell_id.str.startswith("k3-t").all()  # every step names its K and wave
+    # a second pass of the waves at 160-token prompts cut from the testbed's questions
+    req = read_table(spec_trace, "requests").to_pandas()
+    long = req.request_id.str.contains("-p160-")
+    assert long.sum() == (~long).sum() and (req[long].prompt_tokens == 160).all()
+    assert (req[~long].prompt_tokens < 160).all()
 
 
 def test_greedy_speculative_output_equals_the_targets_greedy_output():

@@ -105,12 +105,14 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
 
-def testbed_prompts(tok, prompt_tokens, seed: int) -> list[list[int]]:
-    """Prompts of the given lengths cut from the testbed's questions: request i starts at
-    question i and runs on through the next ones as far as its length needs."""
+def testbed_prompts(tok, prompt_tokens, seed: int, items: list | None = None
+                    ) -> list[list[int]]:
+    """Prompts of the given lengths cut from the testbed's questions (`items`, or 64 drawn from
+    `seed`): request i starts at question i and runs on through the next ones as far as its
+    length needs."""
     from tracers.testbed import tasks
 
-    items = tasks.items(seed, 64)
+    items = items or tasks.items(seed, 64)
     encoded = [tok.encode(it.prompt + "\n", add_special_tokens=False) for it in items]
     out = []
     for i, n in enumerate(int(p) for p in prompt_tokens):

@@ -29,6 +29,10 @@ from traces.seeds import request_seed
 from traces.store import TraceWriter, check_out_dir
 
 
+MAX_MODEL_LEN = 512
+"""the traced engine's longest prompt + output"""
+
+
 @dataclass(frozen=True)
 class SpecWorkload:
     """What `trace spec` records."""
@@ -41,6 +45,9 @@ class SpecWorkload:
     """questions per (K, mode, batch) cell, in waves of the batch size"""
     max_tokens: int = 160
     temperatures: tuple[float, ...] = (0.0, 0.8)
+    prompt_tokens: tuple[int, ...] = (0,)
+    """prompt lengths, one pass of the waves each: 0 = the question itself, n = n tokens cut from
+    the testbed's questions starting at it (longer prompts: the prefill steps served traffic has)"""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -48,12 +55,16 @@ class SpecWorkload:
             raise ValueError(f"trace spec: K values must be >= 1, got {self.k_values}")
         if not self.batch_sizes or min(self.batch_sizes) < 1 or self.questions_per_wave < 1:
             raise ValueError("trace spec: batch sizes and questions must be >= 1")
+        if not self.prompt_tokens or min(self.prompt_tokens) < 0 or \
+                max(self.prompt_tokens) + self.max_tokens > MAX_MODEL_LEN:
+            raise ValueError(f"trace spec: prompt lengths must be >= 0 and, with max_tokens, "
+                             f"fit {MAX_MODEL_LEN} tokens; got {self.prompt_tokens}")
         if self.max_tokens < 1 or any(t < 0 for t in self.temperatures):
             raise ValueError("trace spec: max_tokens >= 1 and temperatures >= 0")
 
 
 def spec_engine(target: Path, draft: Path, k: int, seed: int, kv_cache_gb: float,
-                max_model_len: int = 512) -> Engine:
+                max_model_len: int = MAX_MODEL_LEN) -> Engine:
     """An in-process vLLM engine doing draft-model speculative decoding with K tokens."""
     return Engine(EngineSpec(model=str(target), seed=seed, kv_cache_gb=kv_cache_gb,
                              max_model_len=max_model_len, extra={"speculative_config": {
@@ -108,23 +119,24 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
             writer = TraceWriter(out_dir, engine.run_row("spec", workload.seed,
                                                          params | {"engine": engine.params()}))
         tok = engine.engine.get_tokenizer()
+        prompts = {n: prompt_ids(tok, items, n, workload.seed) for n in workload.prompt_tokens}
         engine.warm_up()
         rec = StepRecorder(engine, writer, t0, replica_id=0)
         rec.step_id = step_base
         for temp in workload.temperatures:
             rows = SpecRows(engine, writer, k, str(draft_dir), str(target_dir), temp)
-            for batch in workload.batch_sizes:
+            for batch, n in ((b, n) for n in workload.prompt_tokens
+                             for b in workload.batch_sizes):
                 for w0 in range(0, workload.questions_per_wave, batch):
                     wave = list(range(w0, min(w0 + batch, workload.questions_per_wave)))
-                    unit = f"k{k}-t{temp:g}-b{batch}-w{w0}"
+                    unit = f"k{k}-t{temp:g}-b{batch}-w{w0}" + (f"-p{n}" if n else "")
                     meta = {}
                     for qi in wave:
                         item = items[qi]
                         rid = f"{unit}-{ids.question_id(qi, item.family, item.level)}"
                         sp = SamplingParams(max_tokens=workload.max_tokens, temperature=temp,
                                             seed=request_seed(workload.seed, qi, 0))
-                        rec.add(rid, tok.encode(item.prompt, add_special_tokens=False), sp,
-                                cell_id=unit)
+                        rec.add(rid, prompts[n][qi], sp, cell_id=unit)
                         meta[rid] = item
                     stats["spec_rows"] += _run_wave(rec, rows, meta, unit)
                     stats["requests"] += len(wave)
@@ -133,6 +145,16 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
         del rec, rows, engine
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
+
+
+def prompt_ids(tok, items: list, n: int, seed: int) -> list[list[int]]:
+    """Each question's prompt ids: the question (n = 0), or n tokens cut from the testbed's
+    questions starting at it."""
+    if n == 0:
+        return [tok.encode(it.prompt, add_special_tokens=False) for it in items]
+    from tracers.replay import testbed_prompts
+
+    return testbed_prompts(tok, [n] * len(items), seed, items)
 
 
 def _run_wave(rec: StepRecorder, spec: "SpecRows", meta: dict, unit: str) -> int:
