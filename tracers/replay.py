@@ -15,6 +15,7 @@ import numpy as np
 from tracers.engine import Engine, EngineSpec, check_model
 from tracers.step_profile import FIRST_TOKEN_ID
 from traces import ids
+from tracers.testbed import tasks
 from traces.store import TraceWriter
 
 
@@ -51,7 +52,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
     if prompt_text == "testbed":
-        prompts = testbed_prompts(engine.engine.get_tokenizer(), prompt_tokens, seed)
+        prompts = tasks.testbed_prompts(engine.engine.get_tokenizer(), prompt_tokens, seed)
     if prefix_group is not None:
         shared = {int(g): rng.integers(FIRST_TOKEN_ID, vocab, size=int(max(
             np.asarray(prefix_tokens)[np.asarray(prefix_group) == g]))).tolist()
@@ -104,22 +105,3 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     writer.flush("all")
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
-
-def testbed_prompts(tok, prompt_tokens, seed: int, items: list | None = None
-                    ) -> list[list[int]]:
-    """Prompts of the given lengths cut from the testbed's questions (`items`, or 64 drawn from
-    `seed`): request i starts at question i and runs on through the next ones as far as its
-    length needs."""
-    from tracers.testbed import tasks
-
-    items = items or tasks.items(seed, 64)
-    encoded = [tok.encode(it.prompt + "\n", add_special_tokens=False) for it in items]
-    out = []
-    for i, n in enumerate(int(p) for p in prompt_tokens):
-        ids: list[int] = []
-        j = i
-        while len(ids) < n:
-            ids += encoded[j % len(encoded)]
-            j += 1
-        out.append(ids[:n])
-    return out

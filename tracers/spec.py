@@ -152,9 +152,7 @@ def prompt_ids(tok, items: list, n: int, seed: int) -> list[list[int]]:
     questions starting at it."""
     if n == 0:
         return [tok.encode(it.prompt, add_special_tokens=False) for it in items]
-    from tracers.replay import testbed_prompts
-
-    return testbed_prompts(tok, [n] * len(items), seed, items)
+    return tasks.testbed_prompts(tok, [n] * len(items), seed, items)
 
 
 def _run_wave(rec: StepRecorder, spec: "SpecRows", meta: dict, unit: str) -> int:

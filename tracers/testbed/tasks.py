@@ -135,3 +135,21 @@ def items(seed: int, n: int, families: tuple[str, ...] = FAMILIES,
     rng = random.Random(seed)
     cells = [(f, lv) for f in families for lv in levels]
     return [draw(rng, *cells[i % len(cells)], held_out=held_out) for i in range(n)]
+
+
+def testbed_prompts(tok, prompt_tokens, seed: int, questions: list | None = None
+                    ) -> list[list[int]]:
+    """Prompts of the given lengths cut from the testbed's questions (`questions`, or 64 drawn
+    from `seed`): request i starts at question i and runs on through the next ones as far as its
+    length needs. `tok` is any tokenizer with `encode`."""
+    questions = questions or items(seed, 64)
+    encoded = [tok.encode(q.prompt + "\n", add_special_tokens=False) for q in questions]
+    out = []
+    for i, n in enumerate(int(p) for p in prompt_tokens):
+        ids: list[int] = []
+        j = i
+        while len(ids) < n:
+            ids += encoded[j % len(encoded)]
+            j += 1
+        out.append(ids[:n])
+    return out
