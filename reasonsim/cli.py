@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--host-from", nargs="+", default=[], metavar="RUN_DIR",
                      help="live runs of in-process engines stepped from one loop (each a trace "
                      "or a directory of one per engine): fit the host time per added request "
-                     "(charged on shared devices) from their gaps between steps")
+                     "and after idle from them (default: from the live replays among the "
+                     "traces)")
     cal.add_argument("--spec-k", type=int, default=None, metavar="K",
                      help="fit the steps of vLLM's speculative decoding with K draft tokens (a "
                      "spec trace's K cells, or live replays of a speculative engine)")

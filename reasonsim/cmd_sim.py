@@ -15,11 +15,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim calibrate`."""
     from dataclasses import replace
 
-    from sim.calibration import calibrate, fit_add_request_ms
+    from sim.calibration import calibrate
+    from sim.host_time import fit_host_ms
 
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
-        cal = replace(cal, add_request_ms=fit_add_request_ms(args.host_from))
+        add_ms, wake_ms = fit_host_ms(args.host_from)
+        cal = replace(cal, add_request_ms=add_ms, wake_ms=wake_ms)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
@@ -28,6 +30,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
                "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
                "step_time_model": cal.latency.kind, "add_request_ms": cal.add_request_ms,
+               "wake_ms": cal.wake_ms,
                "logprob_token_ms": cal.logprob_token_ms,
                "logprob_top_k_ms": cal.logprob_top_k_ms, "output": str(out)}
     for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus"):

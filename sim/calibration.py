@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sim import step_time
+from sim.host_time import fit_host_ms
 from sim.latency import LatencyModel, errors, fit
 from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
 from sim.serving_latency import engine_features, fit_serving, serving_errors
@@ -51,11 +52,14 @@ class Calibration:
     add_request_ms: float = 0.0
     """host time per request added between steps (input processing) in an in-process engine
     loop: on a shared device (`sim.cluster.Device`, the live runner's loop) it delays the next
-    step; 0: not measured (`fit_add_request_ms`)"""
+    step; 0: not measured (`sim.host_time.fit_host_ms`)"""
     logprob_token_ms: float = 0.0
     """step time per log-probability position returned (`sim.logprob_cost`; 0: not measured)"""
     logprob_top_k_ms: float = 0.0
     """and per top-k entry of those positions"""
+    wake_ms: float = 0.0
+    """host time before the first step after the loop sat idle (it wakes for an arrival);
+    0: not measured"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -69,7 +73,7 @@ class Calibration:
                 "provenance": self.provenance, "heldout": self.heldout,
                 "host": {"add_request_ms": self.add_request_ms,
                          "logprob_token_ms": self.logprob_token_ms,
-                         "logprob_top_k_ms": self.logprob_top_k_ms}}
+                         "logprob_top_k_ms": self.logprob_top_k_ms, "wake_ms": self.wake_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -101,40 +105,8 @@ def load_calibration(path: str | Path) -> Calibration:
     host = spec.host or HostSpec()
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
                        lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
-                       host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms)
-
-
-GAP_CAP_MS = 5.0
-"""gaps between steps longer than this are waits for work, not host time"""
-
-
-def fit_add_request_ms(run_dirs: list[str | Path]) -> float:
-    """Host ms per request added between steps, from live runs of in-process engines: each run
-    directory is an engine trace or holds one per engine (stepped from one loop). The gaps
-    between consecutive steps (any engine) that add no request give the loop's own time; a gap
-    that adds n requests costs (gap - that) / n each: the median of those."""
-    costs = []
-    for run in run_dirs:
-        run = Path(run)
-        engines = [run] if (run / "steps").is_dir() else \
-            [d for d in sorted(run.iterdir()) if (d / "steps").is_dir()]
-        steps = pd.concat([read_table(d, "steps").to_pandas() for d in engines])
-        arrivals = np.sort(pd.concat([read_table(d, "requests").to_pandas()
-                                      for d in engines]).arrival_s.to_numpy())
-        if len(steps) < 2 or not len(arrivals):
-            continue
-        steps = steps.sort_values("start_s")
-        ends = (steps.start_s + steps.duration_ms / 1e3).to_numpy()[:-1]
-        starts = steps.start_s.to_numpy()[1:]
-        gap_ms = (starts - ends) * 1e3
-        added = np.searchsorted(arrivals, starts) - np.searchsorted(arrivals, ends)
-        short = (gap_ms < GAP_CAP_MS) & (gap_ms >= 0)
-        idle = gap_ms[short & (added == 0)]
-        base = float(np.median(idle)) if len(idle) else 0.0
-        some = short & (added > 0)
-        costs.append((gap_ms[some] - base) / added[some])
-    costs = np.concatenate(costs) if costs else np.zeros(0)
-    return max(float(np.median(costs)), 0.0) if len(costs) else 0.0
+                       host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
+                       host.wake_ms)
 
 
 def fingerprint(provenance: dict) -> dict:
@@ -278,6 +250,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     fitted = fit_rows(steps)
     run0 = runs[0][1]
     eng = run0["params"].get("engine", {})
+    # The in-process replay loop's host time, from the live replays among the traces.
+    add_ms, wake_ms = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
     provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
                   "engine": run0["engine"], "engine_version": run0["engine_version"],
                   "device": run0["device"], "device_count": run0["device_count"],
@@ -302,4 +276,5 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
                        provenance, heldout,
                        int(eng["max_model_len"]) if eng.get("max_model_len") else None,
-                       logprob_token_ms=lp_cost[0], logprob_top_k_ms=lp_cost[1])
+                       add_request_ms=add_ms, logprob_token_ms=lp_cost[0],
+                       logprob_top_k_ms=lp_cost[1], wake_ms=wake_ms)

@@ -84,9 +84,9 @@ class Replica:
         # replicas take turns iteration by iteration)
         self.fast_forward = fast_forward and device is None
         self.device = device
-        # On a shared device (the live runner's one loop) the host's input processing of each
-        # submitted request runs between steps, so it delays the device's next step.
-        self.add_s = cal.add_request_ms / 1e3 if device is not None else 0.0
+        # The loop's host time (`sim.host_time`): adding a request delays the next step (on a
+        # shared device, the device's); an idle loop first wakes. Charged at the next plan.
+        self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._ending = False  # inside _on_end: no iteration is in flight
@@ -114,11 +114,14 @@ class Replica:
     def submit(self, req: Req) -> None:
         """A request arrives at this replica."""
         req.seq = next(self._arrivals)
-        if self.add_s:
+        if self.device is None:
+            self._host_s += self.add_s
+        elif self.add_s:
             self.device.busy_until = max(self.device.busy_until, self.env.now) + self.add_s
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
         if not self.busy and self.device is None:
+            self._host_s += self.wake_s
             self._plan()
         elif not self.busy:  # compose once every request of this instant is in (live: a step)
             self.busy, self._sched = True, []
@@ -190,7 +193,10 @@ class Replica:
         if self.device is not None and not self.device.take(self):
             self.busy, self._sched = True, []  # waiting for its turn: submissions only queue
             return
-        now = self.env.now if self.device is None else max(self.env.now, self.device.busy_until)
+        if self.device is None:  # the loop's host time first (a run truncated meanwhile: 1 step)
+            now, self._host_s = self.env.now + self._host_s, 0.0
+        else:
+            now = max(self.env.now, self.device.busy_until)
         cfg = self.cfg
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []

@@ -23,7 +23,9 @@ at allocation (a request admitted in the same step reads it). `seed-mcsd` (multi
 rounds) was added with its first output when the ToT traces gained multi-candidate trees (their
 ar and sd trees unchanged, row for row); `seed-greedy-small` (the second draft/target pair)
 with its first output when it was added; `spec-k4` (in-engine speculative decoding) with its
-first output when speculative replicas were added.
+first output when speculative replicas were added; `seed-separate` (engines on devices of their
+own) when replicas without a shared device began charging their loop's host time per added
+request (`sim.host_time`; before, only shared devices did).
 """
 
 from __future__ import annotations

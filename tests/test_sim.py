@@ -340,18 +340,19 @@ def test_a_missing_trace_directory_is_named():
     assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr
 
 
-def test_a_shared_device_charges_host_time_per_submitted_request(tmp_path):
-    """With `host.add_request_ms` (the live runner's loop processes each added request between
-    steps), every request submitted to a replica on a shared device delays the device's next
-    step by that much; a replica with a device of its own is not charged."""
+def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
+    """With `host.add_request_ms` (the loop processes each added request between steps) and
+    `host.wake_ms` (an idle loop first wakes): on a shared device every request submitted delays
+    the device's next step; a replica of its own wakes, adds the first request and steps, and the
+    two that arrived meanwhile are added before its next step."""
     from sim.cluster import Cluster
     from sim.request_state import Req
 
     d = json.loads(CAL.read_text())
-    d["host"] = {"add_request_ms": 0.5}
+    d["host"] = {"add_request_ms": 0.5, "wake_ms": 0.25}
     cal = tmp_path / "host.calib.json"
     cal.write_text(json.dumps(d))
-    starts = {}
+    seg = {}
     for device in ("cpu", None):
         group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
         cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson",
@@ -367,9 +368,14 @@ def test_a_shared_device_charges_host_time_per_submitted_request(tmp_path):
                 cluster.replicas[0].submit(Req(i, 40, 2))
 
         cluster.run(arrivals())
-        starts[device] = cluster.res.seg["start_s"][0]
-    assert starts["cpu"] == pytest.approx(1.0 + 3 * 0.5e-3)
-    assert starts[None] == pytest.approx(1.0)
+        seg[device] = cluster.res.seg
+    assert seg["cpu"]["start_s"][0] == pytest.approx(1.0 + 3 * 0.5e-3)
+    assert seg["cpu"]["prefill_seqs"][0] == 3
+    solo = seg[None]
+    assert solo["start_s"][0] == pytest.approx(1.0 + 0.25e-3 + 0.5e-3)
+    assert solo["prefill_seqs"][0] == 1 and solo["prefill_seqs"][1] == 2
+    first_end = solo["start_s"][0] + solo["k_iters"][0] * solo["a_ms"][0] * solo["factor"][0] / 1e3
+    assert solo["start_s"][1] == pytest.approx(first_end + 2 * 0.5e-3)
     d["host"] = {"add_request_ms": -1}
     cal.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="host.add_request_ms"):
