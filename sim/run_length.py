@@ -24,7 +24,9 @@ def decode_run_length(running: list, free_blocks: int, block_size: int, spec: bo
                 need += x
         return need
 
-    if extra(k) <= free_blocks:
+    # Each request holds blocks for its computed tokens, so k iterations of one token need at
+    # most k // bs + 1 new blocks each: when even that fits, skip the per-request count.
+    if (not spec and len(running) * (k // bs + 2) <= free_blocks) or extra(k) <= free_blocks:
         return k
     lo, hi = 1, k  # extra(lo) fits (the planned iteration allocated it), extra(hi) does not
     while hi - lo > 1:
