@@ -9,7 +9,7 @@ from pathlib import Path
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
-    from reasonsim.fidelity import SUITE, run_fidelity
+    from reasonsim.fidelity import SUITE, run_fidelity, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json)
@@ -29,6 +29,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                           " ".join(f"{x:.4g}" for x in v["live"]), f"{v['error']:+.1%}",
                           f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]",
                           f"{sum(v['in_band'])}/{len(v['in_band'])}" if "in_band" in v else "")
+        if r.get("step_speed"):
+            table.add_row(r["workload"], "steps/predicted", "",
+                          " ".join(speed_text(v) for v in r["step_speed"]), "", "", "", "")
         if "decision_agreement" in r:
             table.add_row(r["workload"], "decision agreement", "", "",
                           f"{r['decision_agreement']:.3f}", "", "", "")

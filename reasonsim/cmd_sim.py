@@ -261,6 +261,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         console.print(f"[bold red]SPEED MISMATCH[/]: the live run's decode steps took "
                       f"{speed['decode_step_ratio']:.2f}x what the calibration predicts "
                       f"(median of {speed['steps']}); its timings are not this device's")
+    if speed is not None:
+        pf = speed["prefill_step_ratio"]
+        console.print(f"live steps / the calibration's prediction (median): decode "
+                      f"{speed['decode_step_ratio']:.2f}x ({speed['steps']} steps), prefill "
+                      + (f"{pf:.2f}x ({speed['prefill_steps']} steps)" if pf is not None
+                         else "none"))
     table = Table(title="simulated vs live")
     banded = any("band" in v for v in rows.values())
     for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")

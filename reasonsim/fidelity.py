@@ -135,7 +135,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
 def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
     """Simulate one request workload and replay it live LIVE_RUNS times; its table row."""
     from sim.config import parse_config
-    from sim.validate import TOLERANCE, compare, plot_cdfs
+    from sim.validate import TOLERANCE, compare, plot_cdfs, speed_check
 
     from reasonsim.cmd_sim import replay_config
 
@@ -158,7 +158,14 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     for m in REQUEST_METRICS:
         live_values = [r[m]["live"] for r in rows]
         metrics[m] = judge(rows[0][m]["sim"], live_values, TOLERANCE[m], band.get(m))
-    return {"workload": name, "kind": "requests", "metrics": metrics}
+    return {"workload": name, "kind": "requests", "metrics": metrics,
+            "step_speed": [step_speed(speed_check(out / name / "sim", live)) for live in lives]}
+
+
+def step_speed(speed: dict | None) -> dict:
+    """A live run's decode and prefill steps over the calibration's prediction (medians)."""
+    speed = speed or {}
+    return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio")}
 
 
 def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
@@ -238,6 +245,11 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     return result
 
 
+def speed_text(v: dict) -> str:
+    """`decode/prefill` ratios of one live run, e.g. 0.96x/1.36x."""
+    return "/".join(f"{v[k]:.2f}x" if v[k] is not None else "-" for k in ("decode", "prefill"))
+
+
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
     lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
@@ -256,6 +268,9 @@ def report(result: dict) -> str:
                          + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
                             f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
                             " | |"))
+        if r.get("step_speed"):
+            lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
+                         + ", ".join(speed_text(v) for v in r["step_speed"]) + " | | | | | |")
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
                          f"{r['decision_agreement']:.3f} | | "

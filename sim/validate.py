@@ -54,8 +54,11 @@ device in speed, whatever its name says (virtual machines report coarse CPU name
 
 
 def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
-    """Median of live decode-only step time / the calibration's prediction for the same step;
-    None when the simulation did not record its step-time model or the live run has no steps."""
+    """Median of live step time / the calibration's prediction for the same step, for decode-only
+    steps (`decode_step_ratio`, what the device check judges) and for steps that prefill
+    (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
+    than the machine's speed. None when the simulation did not record its step-time model or
+    the live run has no decode steps."""
     from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
@@ -65,14 +68,23 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
         return None
     model = step_time.from_json(json.loads(models.pop()))
     steps = read_table(live_dir, "steps").to_pandas()
-    steps = steps[(steps.prefill_tokens == 0) & (steps.decode_seqs > 0) & ~steps.is_warmup]
-    if steps.empty:
+    if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
+        steps = serving_latency.engine_features(steps)
+        pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
+    else:
+        steps = steps[~steps.is_warmup]
+        pred = np.array([model.step_ms(p, d, c) for p, d, c in zip(
+            steps.prefill_tokens, steps.decode_seqs, steps.context_tokens)])
+    ratio = steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9)
+    decode = (steps.prefill_tokens == 0).to_numpy() & (steps.decode_seqs > 0).to_numpy()
+    if not decode.any():
         return None
-    pred = np.array([model.step_ms(0, d, c) for d, c in zip(steps.decode_seqs,
-                                                            steps.context_tokens)])
-    ratio = float(np.median(steps.duration_ms.to_numpy() / pred))
-    return {"decode_step_ratio": ratio, "steps": int(len(steps)),
-            "match": bool(1 / SPEED_TOLERANCE <= ratio <= SPEED_TOLERANCE)}
+    prefill = (steps.prefill_tokens > 0).to_numpy()
+    r = float(np.median(ratio[decode]))
+    return {"decode_step_ratio": r, "steps": int(decode.sum()),
+            "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
+            "prefill_steps": int(prefill.sum()),
+            "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}
 
 
 def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,

@@ -30,13 +30,18 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
         for m, v in r["metrics"].items():
             assert len(v["live"]) == 2 and v["spread"] >= 0, (r["workload"], m)
             assert v["ok"] == (abs(v["error"]) <= max(v["tolerance"], v["spread"]))
-    assert (out / "report.md").read_text().count("| poisson |") == 7
+    assert (out / "report.md").read_text().count("| poisson |") == 8  # 7 metrics, step speed
+    for r in result["workloads"][:2]:  # each live run's steps against the calibration
+        assert len(r["step_speed"]) == 2 and all(
+            0.2 < v["decode"] < 5 and 0.2 < v["prefill"] < 5 for v in r["step_speed"]), r
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
     # Calibrated on the grid and the live calibration traffic (a workload never evaluated).
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \
         ["grid", "calibration_traffic_mixed"]
+    # The live calibration traffic also gives the replay loop's host time (~0.4 ms each here).
+    assert 0 < cal["host"]["add_request_ms"] < 5 and 0 < cal["host"]["wake_ms"] < 5
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.
     assert result["band_coverage"]["of"] == 2 * 7 * 2 + 2 * 2
     band = json.loads((out / "poisson" / "sim" / "bands.json").read_text())["metrics"]

@@ -45,6 +45,7 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert (tmp_path / "v" / "validate_cdf.png").stat().st_size > 0
     # Calibrated here: the devices match, by name and by step speed, and validate gives a verdict.
     assert result["device"]["match"] and result["speed"]["match"], result["speed"]
+    assert result["speed"]["prefill_steps"] > 0 and 0.2 < result["speed"]["prefill_step_ratio"] < 5
     assert result["verdict"]["status"] in ("pass", "fail")
 
     # A calibration traced on another device: flagged, and no verdict unless allowed.
