@@ -56,7 +56,8 @@ def add_trace_parser(tsub) -> None:
 
 
 def cmd_seed_offline(args: argparse.Namespace) -> int:
-    """`reasonsim seed offline`: acceptance distributions and step costs of a spec trace."""
+    """`reasonsim seed offline`: acceptance distributions and step costs of a spec trace (a ToT
+    trace: its program-level acceptance)."""
     import json
     from pathlib import Path
 
@@ -66,7 +67,8 @@ def cmd_seed_offline(args: argparse.Namespace) -> int:
         spec, steps = load_spec(args.trace)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
-    result = {"acceptance": acceptance(spec), "step_costs": step_costs(spec, steps)}
+    result = {"acceptance": acceptance(spec),
+              "step_costs": step_costs(spec, steps) if steps is not None else []}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -96,7 +98,8 @@ def cmd_seed_offline(args: argparse.Namespace) -> int:
                   f"{r['draft_ms']:.2f}", f"{r['verify_ms']:.2f}")
     console = Console(width=160)
     console.print(t)
-    console.print(c)
+    if result["step_costs"]:  # a ToT trace's rounds have no engine steps of their own
+        console.print(c)
     return 0
 
 
@@ -108,8 +111,10 @@ def add_seed_parser(sub) -> None:
                         description="Acceptance rate, accepted-length distribution and per-"
                         "position acceptance per K and sampling mode (and per difficulty), and "
                         "the median cost of a speculative step split into drafting and the "
-                        "rest, per K and batch band.")
-    o.add_argument("trace", help="spec trace directory (reasonsim trace spec)")
+                        "rest, per K and batch band. A ToT trace gives its program-level "
+                        "verifications' acceptance (full chain-draft rounds; no step costs).")
+    o.add_argument("trace", help="spec trace directory (reasonsim trace spec) or ToT trace "
+                   "(reasonsim tot trace)")
     o.add_argument("-o", "--out", help="write spec_offline.json and acceptance.png here")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=cmd_seed_offline)

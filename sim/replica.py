@@ -27,7 +27,8 @@ import numpy as np
 from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
-from sim.request_state import PriorityWaiting, Req, Results, priority_key
+from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
+                                step_totals)
 from sim.serving_latency import EngineState
 from sim.run_length import decode_run_length
 from sim.spec_decode import SpecDecoding, spec_tokens
@@ -206,7 +207,7 @@ class Replica:
         running = self.running
         lp_ms = 0.0  # the log-probabilities the step returns (`sim.logprob_cost`)
         # The step's totals are summed as entries are scheduled, in schedule order (one pass;
-        # `_step_totals` again if a preemption changed an entry's state meanwhile).
+        # `step_totals` again if a preemption changed an entry's state meanwhile).
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -232,16 +233,9 @@ class Replica:
                     self.prefix_cache.store(r, r.computed + n)
                 budget -= n if prefill else w
                 i += 1
-                if prefill:
-                    context += r.computed + n
-                    prefill_tokens += n
-                    prefill_seqs += 1
-                    lp_ms += n * r.lp_prompt_ms
-                    if r.computed + n >= r.target:
-                        lp_ms += r.lp_sample_ms
-                else:
-                    context += r.computed + w
-                    lp_ms += r.lp_sample_ms
+                c, p, lp_ms = entry_totals(r, n, w, lp_ms)
+                context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
+                    prefill_seqs + (p > 0)
                 continue
             # r itself was preempted; the element at i is now the next request
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
@@ -266,23 +260,16 @@ class Replica:
             if self._caching and r.group >= 0:
                 self.prefix_cache.store(r, r.computed + n)
             budget -= n
-            if r.computed < r.target:
-                context += r.computed + n
-                prefill_tokens += n
-                prefill_seqs += 1
-                lp_ms += n * r.lp_prompt_ms
-                if r.computed + n >= r.target:
-                    lp_ms += r.lp_sample_ms
-            else:
-                context += r.computed + w
-                lp_ms += r.lp_sample_ms
+            c, p, lp_ms = entry_totals(r, n, w, lp_ms)
+            context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
+                prefill_seqs + (p > 0)
         if not sched:
             self.busy = False
             self.run = None
             self._release_device()
             return
         if preempted:
-            prefill_tokens, prefill_seqs, context, lp_ms = self._step_totals(sched)
+            prefill_tokens, prefill_seqs, context, lp_ms = step_totals(sched, w)
         decode_seqs = len(sched) - prefill_seqs
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
@@ -324,23 +311,6 @@ class Replica:
         if self.device is not None:
             self.device.busy_until = t_end
         self._schedule_end(t_end, k)
-
-    def _step_totals(self, sched: list) -> tuple[int, int, int, float]:
-        """(prefill tokens, prefill sequences, context, log-probability ms) of a step."""
-        prefill_tokens = prefill_seqs = context = 0
-        lp_ms = 0.0
-        for r, n in sched:
-            # as vLLM counts it: tokens computed once the step is done (decode: 1 + K verified)
-            context += r.computed + (n if r.computed < r.target else self.width)
-            if r.computed < r.target:
-                prefill_tokens += n
-                prefill_seqs += 1
-                lp_ms += n * r.lp_prompt_ms
-                if r.computed + n >= r.target:
-                    lp_ms += r.lp_sample_ms
-            else:
-                lp_ms += r.lp_sample_ms
-        return prefill_tokens, prefill_seqs, context, lp_ms
 
     def _stable_run_length(self) -> int:
         """Iterations the current all-decode batch can run unchanged (>= 1)."""

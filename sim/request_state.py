@@ -1,4 +1,5 @@
-"""Per-request scheduling state, the run's result buffers, and vLLM's priority waiting queue."""
+"""Per-request scheduling state, what a scheduled request adds to its step, the run's result
+buffers, and vLLM's priority waiting queue."""
 
 from __future__ import annotations
 
@@ -50,6 +51,29 @@ SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "pr
                "prefill_seqs", "decode_seqs", "context_tokens", "num_running", "num_waiting",
                "kv_blocks_used", "kv_blocks_total", "preemptions")
 
+
+
+def entry_totals(r: Req, n: int, width: int, lp_ms: float) -> tuple[int, int, float]:
+    """(context tokens, prefill tokens, log-probability ms so far) with step entry (r, n): as
+    vLLM counts context, tokens computed once the step is done (decode: 1 + K verified, `width`
+    1 + K)."""
+    if r.computed < r.target:
+        lp_ms += n * r.lp_prompt_ms
+        if r.computed + n >= r.target:
+            lp_ms += r.lp_sample_ms
+        return r.computed + n, n, lp_ms
+    return r.computed + width, 0, lp_ms + r.lp_sample_ms
+
+
+def step_totals(sched: list, width: int) -> tuple[int, int, int, float]:
+    """(prefill tokens, prefill sequences, context, log-probability ms) of a step's entries."""
+    prefill_tokens = prefill_seqs = context = 0
+    lp_ms = 0.0
+    for r, n in sched:
+        c, p, lp_ms = entry_totals(r, n, width, lp_ms)
+        context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
+            prefill_seqs + (p > 0)
+    return prefill_tokens, prefill_seqs, context, lp_ms
 
 class Results:
     """Column buffers of per-request results and per-run-of-iterations step records."""

@@ -84,16 +84,17 @@ def from_rates(rates: list[float]) -> SpecDecoding:
 
 
 def from_trace(trace_dir: str | Path, k: int, temperature: float = 0.0) -> SpecDecoding:
-    """The accepted-length distribution a trace's `spec_steps` measured for K and temperature."""
-    from traces.store import read_table
+    """The accepted-length distribution a trace measured for K and temperature: a spec trace's
+    `spec_steps`, or a ToT trace's program-level verifications (`sim.speculative.spec_rows`)."""
+    from sim.speculative import spec_rows
 
-    spec = read_table(trace_dir, "spec_steps").to_pandas()
+    spec = spec_rows(trace_dir)
     rows = spec[(spec.num_speculative_tokens == k) & ((spec.temperature - temperature).abs()
                                                       < 1e-9)]
     if rows.empty:
         have = sorted({(int(a), float(b)) for a, b in
                        zip(spec.num_speculative_tokens, spec.temperature)})
-        raise ValueError(f"{trace_dir}: no spec_steps rows for K = {k} at temperature "
+        raise ValueError(f"{trace_dir}: no verify steps for K = {k} at temperature "
                          f"{temperature:g}; it has (K, temperature) {have}")
     def share(a: np.ndarray) -> tuple[float, ...]:
         counts = np.bincount(a, minlength=k + 1)[:k + 1]

@@ -1,9 +1,12 @@
-"""Speculative decoding measured on a spec trace (`seed offline`): acceptance distributions per
-K, sampling mode, position and difficulty, and what a speculative step costs.
+"""Speculative decoding measured on a trace (`seed offline`): acceptance distributions per K,
+sampling mode, position and difficulty, and what a speculative step costs.
 
-The simulator's speculative step model will sample accepted lengths from these distributions
-(per pair, per position), not from one mean rate: the distribution is what sets the tokens a
-verify step yields.
+A spec trace (`reasonsim trace spec`) holds vLLM's own verify steps (`spec_steps`). A ToT trace
+(`reasonsim tot trace`) holds program-level verifications in `tot_requests`: each full round of
+a chain draft (K drafted tokens, not cut at the thought's end; tree drafts left out) is one
+verify step of K, with the exact acceptance rule at the trace's temperature, which vLLM's CPU
+build does not apply to sampled drafts (vllm-project/vllm#40149). The simulator's speculative
+replicas draw accepted lengths from either (`sim.spec_decode.from_trace`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,36 @@ import pandas as pd
 from traces.store import read_run, read_table
 
 
-def load_spec(trace_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(spec_steps, steps) of a spec trace, the steps joined with their drafted tokens."""
+def spec_rows(trace_dir: str | Path) -> pd.DataFrame:
+    """Verify steps with the `spec_steps` columns acceptance reads: a spec trace's (or a
+    speculative replay's) own, or a ToT trace's full chain-draft rounds (`request_id`: the
+    program, one question's tree)."""
     run = read_run(trace_dir)
-    if run["kind"] != "spec":
-        raise ValueError(f"{trace_dir}: a {run['kind']} trace, not a spec trace "
-                         "(reasonsim trace spec)")
+    if run["kind"] == "tot":
+        settings = run["params"]["workload"]["settings"]
+        k = int(settings["draft_tokens"])
+        t = read_table(trace_dir, "tot_requests").to_pandas()
+        # chain drafts only: tree programs (k_config) end in -k<config>
+        v = t[(t.kind == "verify") & (t.drafted_tokens == k)
+              & ~t.program_id.str.contains(r"-k[\d.]+$", regex=True)]
+        return pd.DataFrame({
+            "request_id": v.program_id, "proposed_tokens": v.drafted_tokens.astype(int),
+            "accepted_tokens": v.accepted_tokens.astype(int),
+            "accepted_positions": v.accepted_positions, "num_speculative_tokens": k,
+            "temperature": float(settings["temperature"]), "difficulty": v.difficulty})
     spec = read_table(trace_dir, "spec_steps").to_pandas()
+    if spec.empty:  # a spec trace, or a live replay of a speculative engine, records them
+        raise ValueError(f"{trace_dir}: a {run['kind']} trace without verify steps: neither a "
+                         "spec trace (reasonsim trace spec) nor a ToT trace")
+    return spec
+
+
+def load_spec(trace_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(verify steps, engine steps joined with their drafted tokens) of a spec trace; a ToT
+    trace's program-level rounds have no engine steps of their own (None)."""
+    spec = spec_rows(trace_dir)
+    if read_run(trace_dir)["kind"] == "tot":
+        return spec, None
     steps = read_table(trace_dir, "steps").to_pandas()
     drafted = spec.groupby("step_id").proposed_tokens.sum().rename("drafted_tokens")
     steps = steps.join(drafted, on="step_id")

@@ -95,7 +95,7 @@ def test_seed_offline_reports_acceptance_and_step_costs(spec_trace, tmp_path):
     assert (tmp_path / "acceptance.png").stat().st_size > 0
     bad = run_cli("seed", "offline", str(TESTBED.parent.parent / "traces" / "data" /
                                           "testbed-probes-cpu"), check=False)
-    assert bad.returncode == 2 and "not a spec trace" in bad.stderr
+    assert bad.returncode == 2 and "without verify steps" in bad.stderr
 
 
 def test_a_speculative_replica_replays_live_and_simulates_its_iterations(spec_trace, tmp_path):

@@ -49,7 +49,7 @@ def test_a_traced_distribution_is_drawn_request_by_request():
     assert s.k == 4 and len(s.per_request) > 10
     means = [np.dot(np.arange(5), p) for p in s.per_request]
     assert np.ptp(means) > 0.5  # requests differ: that spread is what each request keeps
-    with pytest.raises(ValueError, match="no spec_steps rows for K = 3"):
+    with pytest.raises(ValueError, match="no verify steps for K = 3"):
         from_trace(SPEC_TRACE, 3)
 
 
@@ -143,3 +143,28 @@ def test_programs_on_speculative_replicas_answer_the_same_in_less_time():
     assert got["accuracy"] == none["accuracy"]
     assert got["tokens_per_program"] == pytest.approx(none["tokens_per_program"], rel=0.01)
     assert got["program_latency_s"]["p50"] < 0.7 * none["program_latency_s"]["p50"]
+
+
+def test_a_tot_trace_gives_program_level_acceptance_to_offline_and_to_replicas():
+    """A ToT trace's full chain-draft rounds are verify steps of K with the exact acceptance rule
+    (sampled too, which this CPU build's engine gets wrong); tree drafts and rounds cut at a
+    thought's end are left out; a trace with no verifications is refused by name."""
+    from sim.speculative import acceptance, spec_rows
+    from traces.store import read_table
+
+    tot = REPO / "traces" / "data" / "testbed-tot-sampled-cpu"
+    rows = spec_rows(tot)
+    t = read_table(tot, "tot_requests").to_pandas()
+    verify = t[t.kind == "verify"]
+    assert 0 < len(rows) < len(verify)  # partial rounds and tree programs are not K-rounds
+    assert (rows.proposed_tokens == 4).all() and not rows.request_id.str.contains("-k").any()
+    (acc,) = acceptance(rows)
+    assert acc["k"] == 4 and acc["temperature"] == 0.7
+    assert acc["acceptance_rate"] == pytest.approx(rows.accepted_tokens.sum() / (4 * len(rows)))
+    spec = from_trace(tot, 4, 0.7)
+    assert spec.tokens_per_iteration == pytest.approx(acc["tokens_per_step"])
+    assert len(spec.per_request) == rows.request_id.nunique()
+    with pytest.raises(ValueError, match="without verify steps"):
+        spec_rows(REPO / "traces" / "data" / "testbed-large-cpu")
+    out = run_cli("seed", "offline", str(tot), "--json")
+    assert json.loads(out.stdout)["acceptance"][0]["steps"] == len(rows)
