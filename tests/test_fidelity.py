@@ -34,6 +34,9 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     for r in result["workloads"][:2]:  # each live run's steps against the calibration
         assert len(r["step_speed"]) == 2 and all(
             0.2 < v["decode"] < 5 and 0.2 < v["prefill"] < 5 for v in r["step_speed"]), r
+        # and each metric again with the simulation's steps at the live runs' decode speed
+        assert all(abs(v["error_at_live_speed"]) < 5 for v in r["metrics"].values()), r
+        assert (out / r["workload"] / "sim_at_live2" / "sim" / "requests").is_dir()
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
