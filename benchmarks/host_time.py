@@ -18,7 +18,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.host_time import idle_waits_ms, fit_host_ms  # noqa: E402
+from sim.host_time import fit_host_ms, idle_waits_ms, step_gaps  # noqa: E402
 from traces.store import read_table  # noqa: E402
 
 
@@ -32,13 +32,8 @@ def spread(v: np.ndarray) -> str:
 def main(dirs: list[str]) -> None:
     """One line per run directory."""
     for d in map(Path, dirs):
-        steps = read_table(d, "steps").to_pandas().sort_values("start_s")
         reqs = read_table(d, "requests").to_pandas()
-        start = steps.start_s.to_numpy()
-        end = start + steps.duration_ms.to_numpy() / 1e3
-        a = np.sort(reqs.arrival_s.to_numpy())
-        gap_ms = (start[1:] - end[:-1]) * 1e3
-        added = np.searchsorted(a, start[1:]) - np.searchsorted(a, start[:-1])
+        start, end, gap_ms, added = step_gaps(read_table(d, "steps").to_pandas(), reqs)
         short = gap_ms < 5.0
         add_ms, wake_ms = fit_host_ms([d])
         print(f"{d}\n  gap, none added: {spread(gap_ms[short & (added == 0)])}\n"

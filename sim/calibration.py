@@ -51,8 +51,8 @@ class Calibration:
     """longest prompt + output the traced engine accepts (None: not recorded)"""
     add_request_ms: float = 0.0
     """host time per request added between steps (input processing) in an in-process engine
-    loop: on a shared device (`sim.cluster.Device`, the live runner's loop) it delays the next
-    step; 0: not measured (`sim.host_time.fit_host_ms`)"""
+    loop: it delays the replica's next step (on a shared device, `sim.cluster.Device`, the
+    device's); 0: not measured (`sim.host_time.fit_host_ms`)"""
     logprob_token_ms: float = 0.0
     """step time per log-probability position returned (`sim.logprob_cost`; 0: not measured)"""
     logprob_top_k_ms: float = 0.0

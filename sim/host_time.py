@@ -43,14 +43,7 @@ def fit_host_ms(run_dirs: list[str | Path]) -> tuple[float, float]:
         reqs = pd.concat([read_table(d, "requests").to_pandas() for d in engines])
         if len(steps) < 2 or reqs.empty:
             continue
-        steps = steps.sort_values("start_s")
-        start = steps.start_s.to_numpy()
-        end = start + steps.duration_ms.to_numpy() / 1e3
-        arrivals = np.sort(reqs.arrival_s.to_numpy())
-        # Requests that arrived while the previous step ran or in the gap after it are added
-        # in that gap, before the next step starts.
-        gap_ms = (start[1:] - end[:-1]) * 1e3
-        added = np.searchsorted(arrivals, start[1:]) - np.searchsorted(arrivals, start[:-1])
+        start, end, gap_ms, added = step_gaps(steps, reqs)
         short = (gap_ms < GAP_CAP_MS) & (gap_ms >= 0)
         idle = gap_ms[short & (added == 0)]
         base = float(np.median(idle)) if len(idle) else 0.0
@@ -60,6 +53,18 @@ def fit_host_ms(run_dirs: list[str | Path]) -> tuple[float, float]:
     add_ms = _median(adds)
     w = np.concatenate(waits) if waits else np.zeros(0)
     return add_ms, max(float(np.median(w)) - add_ms, 0.0) if len(w) else 0.0
+
+
+def step_gaps(steps: pd.DataFrame, reqs: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """(start_s, end_s) of each step in time order, and per gap between two steps its length in
+    ms and the requests added in it: those that arrived while the previous step ran or in the
+    gap after it (the loop adds them there, before the next step starts)."""
+    steps = steps.sort_values("start_s")
+    start = steps.start_s.to_numpy()
+    end = start + steps.duration_ms.to_numpy() / 1e3
+    arrivals = np.sort(reqs.arrival_s.to_numpy())
+    added = np.searchsorted(arrivals, start[1:]) - np.searchsorted(arrivals, start[:-1])
+    return start, end, (start[1:] - end[:-1]) * 1e3, added
 
 
 def idle_waits_ms(reqs: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -103,12 +103,10 @@ class Replica:
         self.busy_s = 0.0
         # Engine state some step-time models charge for (sim/serving_latency.py).
         self.engine = EngineState() if getattr(self.lat, "engine_state", False) else None
-        # Speculative decoding: a decode iteration schedules (and holds KV for) 1 + K tokens
-        # and yields 1 + accepted; the accepted lengths come from their own generator.
+        # Speculation: an iteration schedules 1 + K tokens, holds KV for K more (the draft's:
+        # vLLM's num_lookahead_tokens), yields 1 + accepted (drawn from its own generator).
         self.spec = cfg.spec
-        self.width = 1 + cfg.spec.k if cfg.spec else 1
-        # KV for the draft's K positions past them too (vLLM's num_lookahead_tokens)
-        self.lookahead = cfg.spec.k if cfg.spec else 0
+        self.width, self.lookahead = (1 + cfg.spec.k, cfg.spec.k) if cfg.spec else (1, 0)
         self.spec_rng = spec_rng if spec_rng is not None else np.random.default_rng(replica_id)
 
     # ------------------------------------------------------------------ public
@@ -206,8 +204,7 @@ class Replica:
         w, la = self.width, self.lookahead
         running = self.running
         lp_ms = 0.0  # the log-probabilities the step returns (`sim.logprob_cost`)
-        # The step's totals are summed as entries are scheduled, in schedule order (one pass;
-        # `step_totals` again if a preemption changed an entry's state meanwhile).
+        # Totals summed as entries are scheduled (`step_totals` again after a preemption)
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]

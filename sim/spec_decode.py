@@ -96,6 +96,7 @@ def from_trace(trace_dir: str | Path, k: int, temperature: float = 0.0) -> SpecD
                        zip(spec.num_speculative_tokens, spec.temperature)})
         raise ValueError(f"{trace_dir}: no verify steps for K = {k} at temperature "
                          f"{temperature:g}; it has (K, temperature) {have}")
+
     def share(a: np.ndarray) -> tuple[float, ...]:
         counts = np.bincount(a, minlength=k + 1)[:k + 1]
         return tuple(float(c) for c in counts / counts.sum())
