@@ -345,7 +345,7 @@ class Replica:
         start, a_ms, b_ms, factor, _ = self.run
         self.gen += 1
         self.run = (start, a_ms, b_ms, factor, k_new)
-        self.res.seg["k_iters"][self._seg_index] = k_new
+        self.res.truncate_segment(self._seg_index, k_new)
         self._schedule_end(start + run_ms(a_ms, b_ms, k_new) * factor / 1e3, k_new)
 
     def _on_end(self, gen: int, k: int, t_end: float, _event) -> None:

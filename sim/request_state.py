@@ -50,6 +50,7 @@ class Req:
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
                "prefill_seqs", "decode_seqs", "context_tokens", "num_running", "num_waiting",
                "kv_blocks_used", "kv_blocks_total", "preemptions")
+_K = SEG_COLUMNS.index("k_iters")
 
 
 
@@ -87,16 +88,31 @@ class Results:
         self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
         self.aborted = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int32)
-        # One record per scheduled run of iterations (k_iters >= 1); expanded on output.
-        self.seg = {k: [] for k in SEG_COLUMNS}
-        self._seg_cols = tuple(self.seg.values())
+        # One record per scheduled run of iterations (k_iters >= 1); expanded on output. Rows
+        # are appended as tuples (one append per run, the hot path) and turned to columns once.
+        self._rows: list[tuple] = []
+        self._seg: tuple[int, dict] | None = None  # (rows when built, columns)
         self.events = 0
 
     def add_segment(self, values: tuple) -> int:
         """Append one run-of-iterations record (values in SEG_COLUMNS order); its index."""
-        for col, v in zip(self._seg_cols, values):
-            col.append(v)
-        return len(self._seg_cols[0]) - 1
+        self._rows.append(values)
+        return len(self._rows) - 1
+
+    def truncate_segment(self, index: int, k_iters: int) -> None:
+        """Cut record `index` to its first k_iters iterations (an event ended its run early)."""
+        row = self._rows[index]
+        self._rows[index] = row[:_K] + (k_iters,) + row[_K + 1:]
+        self._seg = None
+
+    @property
+    def seg(self) -> dict[str, np.ndarray]:
+        """The run-of-iterations records as float columns, one per SEG_COLUMNS name."""
+        n = len(self._rows)
+        if self._seg is None or self._seg[0] != n:  # built once after the run, read many times
+            table = np.array(self._rows, dtype=float).reshape(n, len(SEG_COLUMNS))
+            self._seg = (n, dict(zip(SEG_COLUMNS, table.T)))
+        return self._seg[1]
 
 
 def priority_key(r: Req) -> tuple[int, int]:

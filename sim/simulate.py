@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from policies.routing import RequestView
-from sim.cluster import Cluster
+from sim.cluster import Cluster, gc_paused
 from sim.config import SimConfig
 from sim.metrics import summarize
 from sim.request_state import Req, Results
@@ -25,6 +25,11 @@ def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: boo
 
     fast_forward=False simulates one event per iteration: the reference the fast path must equal.
     """
+    with gc_paused():
+        return _simulate(cfg, workload, fast_forward)
+
+
+def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool) -> SimResult:
     if workload is None and "programs" in cfg.workload:
         from sim.programs import simulate_programs
 

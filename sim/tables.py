@@ -29,16 +29,16 @@ class SimResult:
 def kv_usage(res: Results) -> float:
     """Iteration-weighted mean KV usage over the run."""
     seg = res.seg
-    if not seg["k_iters"]:
+    k = seg["k_iters"]
+    if not len(k):
         return 0.0
-    used = np.asarray(seg["kv_blocks_used"], float) / np.asarray(seg["kv_blocks_total"], float)
-    k = np.asarray(seg["k_iters"], float)
+    used = seg["kv_blocks_used"] / seg["kv_blocks_total"]
     return float((used * k).sum() / k.sum())  # iteration-weighted
 
 
 def steps_table(res: Results) -> pa.Table:
     """Expand runs of iterations into one row per iteration (vectorised, after the run)."""
-    seg = {k: np.asarray(v) for k, v in res.seg.items()}
+    seg = res.seg
     k = seg["k_iters"].astype(np.int64)
     total = int(k.sum())
     rep = np.repeat(np.arange(len(k)), k)
