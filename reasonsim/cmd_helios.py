@@ -195,11 +195,15 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
                   f"{'equal' if d['events_equal'] else 'DIFFER'} ({d['events']}), same "
                   f"output lengths {d['same_output_tokens']:.0%}, same exit layers "
                   f"{d['same_exit_layers']:.1%} of tokens")
-        for col in ("metric", "sim", "live (median)", "error", "live-vs-live spread"):
+        for col in ("metric", "sim", "live (median)", "error", "at live step speed",
+                    "live-vs-live spread"):
             t.add_column(col, justify="right")
         for m in METRICS:
             x = r["metrics"][m]
+            lvl = x.get("error_at_live_speed")
             t.add_row(m, f"{x['sim']:.4g}", f"{x['live']:.4g}", f"{x['error']:+.1%}",
-                      f"{x['live_spread']:.1%}")
+                      "" if lvl is None else f"{lvl:+.1%}", f"{x['live_spread']:.1%}")
         console.print(t)
+        console.print("live step time / simulated, per run: "
+                      + ", ".join(f"{v:.2f}x" for v in r["step_speed"]))
     return 0

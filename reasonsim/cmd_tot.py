@@ -52,7 +52,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from reasonsim.cmd_sim import write_sim
     from reasonsim.fidelity import fresh_process
     from sim.simulate import simulate
-    from sim.tot_metrics import compare_modes
+    from sim.tot_metrics import add_at_live_speed, compare_modes
     from traces.store import read_table
 
     path, out = Path(args.config), Path(args.out)
@@ -87,6 +87,8 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
                           read_table(out / mode / "sim", "tot_requests").to_pandas()),
                          lives[mode])
     result = compare_modes(results)
+    add_at_live_speed(result, {mode: at_live_speed(path, args, mode, out, calibrations)
+                               for mode in modes})
     if calibrations:
         result["calibrations"] = calibrations
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -96,6 +98,32 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     _print_modes(result, f"ToT sim vs live: {path.name}")
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[dict]:
+    """The mode re-simulated once per live run, every pool's step times scaled to that run's
+    measured speed (`sim.live_speed`); per run: the factors by pool and the simulated programs."""
+    from dataclasses import replace
+
+    from sim.live_speed import scaled_calibration, step_speed_ratio
+    from sim.simulate import simulate
+
+    cfg, _ = _config(path, mode, args.count, seed=args.seed, calibrations=calibrations)
+    pools = {g.pool: g.calibration for g in cfg.replicas}
+    runs = []
+    for i in range(args.repeats):
+        # a pool the mode never used (ar: the draft) ran no step: left as calibrated
+        live = out / mode / f"live{i}"
+        speed = {p: step_speed_ratio(cal, live / p) if (live / p).is_dir() else None
+                 for p, cal in pools.items()}
+        scaled = {p: str(scaled_calibration(pools[p], f, out / mode / f"sim_at_live{i}"
+                                            / f"{p}.calib.json"))
+                  for p, f in speed.items() if f is not None}
+        cfg_i, _ = _config(path, mode, args.count, seed=args.seed,
+                           calibrations={**(calibrations or {}), **scaled})
+        runs.append({"step_speed": speed,
+                     "programs": simulate(replace(cfg_i, write_steps=False)).programs.to_pandas()})
+    return runs
 
 
 CALIBRATION_SEED_OFFSET = 1000
@@ -191,19 +219,23 @@ def _print_modes(result: dict, title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    cols = ("mode", "sim mean s", "live mean s", "error", "live vs live", "agreement",
-            "speedup vs ar sim", "live", "vs sd sim", "live")
+    cols = ("mode", "sim mean s", "live mean s", "error", "at live speed", "live vs live",
+            "agreement", "speedup vs ar sim", "at live speed", "live", "vs sd sim",
+            "at live speed", "live")
     for c in cols:
         t.add_column(c, justify="left" if c == "mode" else "right")
     f = lambda x, p="{:.3f}": "-" if x is None else p.format(x)
+    x = "{:.2f}x"
     for mode, r in result["modes"].items():
-        t.add_row(mode, f(r["sim_mean_s"]), " ".join(f(x) for x in r["live_mean_s"]),
-                  f(r["error"], "{:+.1%}"), f(r.get("live_vs_live"), "{:+.1%}"),
-                  f(r.get("decision_agreement")), f(r["speedup_vs_ar"]["sim"], "{:.2f}x"),
-                  f(r["speedup_vs_ar"]["live"], "{:.2f}x"),
-                  f(r["speedup_vs_sd"]["sim"], "{:.2f}x"), f(r["speedup_vs_sd"]["live"],
-                                                             "{:.2f}x"))
-    Console(width=170).print(t)
+        ar, sd = r["speedup_vs_ar"], r["speedup_vs_sd"]
+        t.add_row(mode, f(r["sim_mean_s"]), " ".join(f(v) for v in r["live_mean_s"]),
+                  f(r["error"], "{:+.1%}"), f(r.get("at_live_speed", {}).get("error"), "{:+.1%}"),
+                  f(r.get("live_vs_live"), "{:+.1%}"), f(r.get("decision_agreement")),
+                  f(ar["sim"], x), f(ar.get("sim_at_live_speed"), x), f(ar["live"], x),
+                  f(sd["sim"], x), f(sd.get("sim_at_live_speed"), x), f(sd["live"], x))
+    Console(width=200).print(t)
+    print("at live speed: re-simulated with every engine's step times scaled to each live run's "
+          "measured speed (median live step / predicted), beside the raw figures")
 
 
 def add_tot_trace_parser(tsub) -> None:

@@ -171,6 +171,7 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
     that run's measured decode speed: the step model's error with the machine's speed level of
     the moment taken out (reported beside the raw error, never instead of it)."""
     from sim.config import parse_config
+    from sim.live_speed import scaled_calibration
     from sim.simulate import simulate
     from sim.validate import compare
 
@@ -178,12 +179,10 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
 
     if factor is None:
         return None
-    cal = json.loads(Path(d["cluster"]["replicas"][0]["calibration"]).read_text())
-    cal["step_time_model"]["coef_ms"] = [c * factor for c in cal["step_time_model"]["coef_ms"]]
-    out_dir.mkdir(parents=True)
-    (out_dir / "calibration.json").write_text(json.dumps(cal, indent=1) + "\n")
+    cal = scaled_calibration(d["cluster"]["replicas"][0]["calibration"], factor,
+                             out_dir / "calibration.json")
     scaled = {**d, "cluster": {"replicas": [{**d["cluster"]["replicas"][0],
-                                             "calibration": str(out_dir / "calibration.json")}]}}
+                                             "calibration": str(cal)}]}}
     cfg = parse_config(scaled, out_dir)
     write_sim(cfg, simulate(cfg), out_dir / "sim")
     rows = compare(out_dir / "sim", live)

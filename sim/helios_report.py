@@ -53,16 +53,29 @@ def plot_timeline(results: dict[str, HeliosResult], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+# How a metric scales with step time: throughput inversely, latencies along, the rest not at all
+_TIME_POWER = {"throughput_tok_s": -1, "ttft_p50_s": 1, "tpot_p50_s": 1}
+
+
 def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
-    """Decision agreement and, per metric, sim, live median, error and live-vs-live spread."""
+    """Decision agreement and, per metric, sim, live median, error and live-vs-live spread; for
+    time metrics also the error at the live runs' step speed (`step_speed`: a live run's step
+    time over the simulated, summed over rounds; the simulated times scaled by its median,
+    loads included), beside the raw error."""
     s = sim.summary()
-    out: dict = {"decisions": agreement(sim, lives[0]), "metrics": {}}
+    sim_busy_ms = float(sim.rounds.busy_ms.sum())
+    speed = [float(lv.rounds.busy_ms.sum()) / sim_busy_ms if sim_busy_ms else math.nan
+             for lv in lives]
+    level = float(np.median(speed))
+    out: dict = {"decisions": agreement(sim, lives[0]), "step_speed": speed, "metrics": {}}
     for m in METRICS:
         vals = [lv.summary()[m] for lv in lives]
         live = float(np.median(vals))
         spread = (max(vals) - min(vals)) / live if len(vals) > 1 and live else math.nan
-        out["metrics"][m] = {"sim": s[m], "live": live, "error": (s[m] - live) / live
-                             if live else math.nan, "live_spread": spread}
+        out["metrics"][m] = row = {"sim": s[m], "live": live, "error": (s[m] - live) / live
+                                   if live else math.nan, "live_spread": spread}
+        if m in _TIME_POWER and live:
+            row["error_at_live_speed"] = s[m] * level ** _TIME_POWER[m] / live - 1.0
     return out
 
 

@@ -90,3 +90,23 @@ def compare_modes(results: dict) -> dict:
                 "live": float(np.mean(b["live_mean_s"])) / float(np.mean(r["live_mean_s"]))
                 if b else None}
     return {"modes": modes}
+
+
+def add_at_live_speed(result: dict, sims: dict) -> None:
+    """Add to `compare_modes`' result each mode's simulation at its live runs' step speed:
+    `sims`: mode -> per live run {"step_speed": pool -> factor, "programs": simulated}. Per
+    mode: mean latency per run, the error against that run (mean over runs) and the speedups
+    over ar and sd between the modes so simulated (each at its own runs' speed, as live)."""
+    modes = result["modes"]
+    for mode, runs in sims.items():
+        r = modes[mode]
+        sim = [_mean_latency_s(run["programs"]) for run in runs]
+        r["at_live_speed"] = {
+            "step_speed": [run["step_speed"] for run in runs], "sim_mean_s": sim,
+            "error": float(np.mean([s / live - 1.0 for s, live in zip(sim, r["live_mean_s"])]))}
+    for mode, r in modes.items():
+        for base in ("ar", "sd"):
+            if base in sims and mode in sims:
+                r[f"speedup_vs_{base}"]["sim_at_live_speed"] = float(
+                    np.mean(modes[base]["at_live_speed"]["sim_mean_s"])
+                    / np.mean(r["at_live_speed"]["sim_mean_s"]))

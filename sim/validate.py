@@ -59,7 +59,8 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
     than the machine's speed. None when the simulation did not record its step-time model or
     the live run has no decode steps."""
-    from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
+    from sim import step_time
+    from sim.live_speed import live_over_predicted
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
@@ -67,15 +68,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     if len(models) != 1:  # none recorded, or several pools: no single prediction to compare
         return None
     model = step_time.from_json(json.loads(models.pop()))
-    steps = read_table(live_dir, "steps").to_pandas()
-    if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
-        steps = serving_latency.engine_features(steps)
-        pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
-    else:
-        steps = steps[~steps.is_warmup]
-        pred = np.array([model.step_ms(p, d, c) for p, d, c in zip(
-            steps.prefill_tokens, steps.decode_seqs, steps.context_tokens)])
-    ratio = steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9)
+    ratio, steps = live_over_predicted(model, read_table(live_dir, "steps").to_pandas())
     decode = (steps.prefill_tokens == 0).to_numpy() & (steps.decode_seqs > 0).to_numpy()
     if not decode.any():
         return None

@@ -165,10 +165,15 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
         assert d["same_output_tokens"] >= 0.95 and d["same_exit_layers"] >= 0.95, (name, d)
         m = r["metrics"]
         assert m["mean_batch"]["error"] == 0 and abs(m["perplexity"]["error"]) < 0.01
-        # Within 10% on a quiet machine (closing note); a single live run on a shared CI machine
-        # has moved 26% against another minutes apart, so this bound only catches gross errors.
+        # Within 10% on a quiet machine (closing note). On a shared CI machine one live run has
+        # moved 26% against another minutes apart, and the same round (target-large at depth 1,
+        # 32 sequences, 96 steps) took 356 and 208 ms in two runs: the raw error only catches
+        # gross errors; at the live run's own step speed the rounds' structure must hold.
+        (speed,) = r["step_speed"]
+        assert 0.2 < speed < 5, (name, speed)
         for metric in ("throughput_tok_s", "tpot_p50_s"):
-            assert abs(m[metric]["error"]) < 0.4, (name, metric, m[metric])
+            assert abs(m[metric]["error"]) < 1.0, (name, metric, m[metric])
+            assert abs(m[metric]["error_at_live_speed"]) < 0.4, (name, metric, m[metric])
     assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7
     proc = run_cli("helios", "replay", str(REPO / "examples" / "helios-opt-whatif.yaml"),
                    "--retrace", str(tmp_path / "x"), check=False)

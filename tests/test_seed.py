@@ -268,6 +268,27 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert result["decision_agreement"] >= 0.95
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
     assert abs(result["error"]) < 1.0    # loose: four programs on a noisy 2-core machine
+    # beside it, the simulation at the live run's own step speed, per engine
+    (speed,) = result["at_live_speed"]["step_speed"]
+    assert set(speed) == {"draft", "target"} and all(0.2 < f < 5 for f in speed.values())
+    assert abs(result["at_live_speed"]["error"]) < 1.0
+
+
+def test_a_calibration_scaled_to_a_live_runs_step_speed(tmp_path):
+    """The speed of steps against the calibration fitted on them is ~1; scaled steps follow."""
+    from sim.live_speed import scaled_calibration, step_speed_ratio
+
+    cal = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
+    steps = REPO / "traces" / "data" / "testbed-tot-cpu" / "target"
+    ratio = step_speed_ratio(cal, steps)
+    assert 0.8 < ratio < 1.25
+    doubled = scaled_calibration(cal, 2.0, tmp_path / "doubled.calib.json")
+    assert step_speed_ratio(doubled, steps) == pytest.approx(ratio / 2)
+    bad = json.loads(cal.read_text())
+    bad["step_time_model"] = {"kind": "other"}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="no millisecond coefficients"):
+        scaled_calibration(tmp_path / "bad.json", 2.0, tmp_path / "out.json")
 
 
 def test_seed_modes_on_the_shipped_trace(tmp_path):

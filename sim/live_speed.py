@@ -1,0 +1,61 @@
+"""A live run's step speed against a calibration, and a calibration scaled to that speed.
+
+A shared machine's speed drifts between the runs a calibration was fitted on and the live runs
+it is validated against. The ratio of live step time to the calibration's prediction for the
+same steps measures that level; re-simulating with the step times scaled by it gives the error of
+everything else in the model (scheduling, queueing, acceptance, step counts) at the machine's
+speed of the moment. Such an error is reported beside the raw one, never instead of it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
+from traces import read_table
+
+# Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
+_MS_KEYS = ("coef_ms", "fixed_ms", "layer_ms", "prefill_seq_ms")
+
+
+def live_over_predicted(model, steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Live step time over the model's prediction, per step; the steps compared (warm-up
+    steps dropped unless the model prices first-of-shape steps itself)."""
+    if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
+        steps = serving_latency.engine_features(steps)
+        pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
+    else:
+        steps = steps[~steps.is_warmup]
+        pred = np.array([model.step_ms(p, d, c) for p, d, c in zip(
+            steps.prefill_tokens, steps.decode_seqs, steps.context_tokens)])
+    return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9), steps
+
+
+def step_speed_ratio(calibration: str | Path, steps_dir: str | Path) -> float | None:
+    """Median of live step time over the calibration's prediction over every step an engine
+    recorded under `steps_dir`; None when it ran none."""
+    model_json = json.loads(Path(calibration).read_text())["step_time_model"]
+    steps = read_table(steps_dir, "steps").to_pandas()
+    if not len(steps):
+        return None
+    ratio, _ = live_over_predicted(step_time.from_json(model_json), steps)
+    return float(np.median(ratio)) if len(ratio) else None
+
+
+def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -> Path:
+    """Write the calibration with its step times multiplied by `factor` to out_path."""
+    cal = json.loads(Path(calibration).read_text())
+    model = cal["step_time_model"]
+    keys = [k for k in _MS_KEYS if k in model]
+    if not keys:
+        raise ValueError(f"{calibration}: step-time model {model.get('kind')!r} has no "
+                         f"millisecond coefficients ({', '.join(_MS_KEYS)}) to scale")
+    for k in keys:
+        model[k] = [c * factor for c in model[k]]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(cal, indent=1) + "\n")
+    return out_path
