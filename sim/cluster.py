@@ -19,6 +19,7 @@ import simpy
 from policies.routing import ClusterView, RequestView, make_router
 from sim.calibration import Calibration, load_calibration
 from sim.config import SimConfig, kv_blocks_from_memory
+from sim.lazy_replica import LazyReplica
 from sim.replica import Replica, ReplicaConfig
 from sim.request_state import Results
 
@@ -120,8 +121,11 @@ class Cluster:
         devices: dict[tuple, Device] = {}
         device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
                      for g in cfg.replicas for j in range(g.count)]
+        # the fast path where it applies (`sim.lazy_replica`); the reference one event an
+        # iteration otherwise
+        kind = LazyReplica if fast_forward else Replica
         self.replicas = [
-            Replica(self.env, i, cal, rc, self.res,
+            kind(self.env, i, cal, rc, self.res,
                     np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
                     on_finish=lambda r, i=i: on_finish(i, r), fast_forward=fast_forward,
                     device=device_of[i], spec_rng=np.random.default_rng(

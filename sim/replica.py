@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -30,33 +29,9 @@ from sim.prefix_cache import PrefixCache
 from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
                                 step_totals)
 from sim.serving_latency import EngineState
+from sim.replica_config import ReplicaConfig
 from sim.run_length import decode_run_length
-from sim.spec_decode import SpecDecoding, spec_tokens
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """Engine limits of one replica (defaults come from the calibration's traced engine)."""
-
-    max_num_seqs: int
-    """max sequences per iteration"""
-    max_num_batched_tokens: int
-    """token budget per iteration (chunked prefill splits longer prompts)"""
-    block_size: int
-    """KV block size in tokens"""
-    kv_blocks: int
-    """KV blocks available"""
-    enable_prefix_caching: bool = False
-    """reuse KV blocks of a shared prompt prefix (request prefix_group / prefix_tokens)"""
-    priority_scheduling: bool = False
-    """vLLM's scheduling_policy="priority": waiting by (priority, arrival); preempt the lowest"""
-    spec: SpecDecoding | None = None
-    """in-engine speculative decoding: each decode iteration verifies K drafted tokens"""
-
-    def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"replica {name} must be >= 1, got {getattr(self, name)}")
+from sim.spec_decode import spec_tokens
 
 
 class Replica:
@@ -90,6 +65,7 @@ class Replica:
         self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
+        self._positions = itertools.count()  # admissions: the running list's order
         self._ending = False  # inside _on_end: no iteration is in flight
         self.running: list[Req] = []
         self.free_blocks = cfg.kv_blocks
@@ -235,7 +211,26 @@ class Replica:
                     prefill_seqs + (p > 0)
                 continue
             # r itself was preempted; the element at i is now the next request
-        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
+        budget, lp_ms, c, p, n = self._admit(now, budget, sched, lp_ms)
+        context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, prefill_seqs + n
+        if not sched:
+            self.busy = False
+            self.run = None
+            self._release_device()
+            return
+        if preempted:
+            prefill_tokens, prefill_seqs, context, lp_ms = step_totals(sched, w)
+        self._launch(now, sched, (prefill_tokens, prefill_seqs, len(sched) - prefill_seqs, context,
+                                  lp_ms), preempted)
+
+    def _admit(self, now: float, budget: int, sched: list, lp_ms: float,
+               ) -> tuple[int, float, int, int, int]:
+        """Admit waiting requests in queue order while a slot, budget and KV room last: (budget
+        left, log-probability ms so far, and the context, prefill tokens and sequences they
+        add)."""
+        la, w = self.lookahead, self.width
+        context = prefill_tokens = prefill_seqs = 0
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             r = self.waiting[0]
             if self._caching and r.group >= 0 and not r.computed:
                 self.prefix_cache.hit(r)
@@ -246,6 +241,7 @@ class Replica:
                     r.computed = 0
                 break
             self.waiting.popleft()
+            r.pos = next(self._positions)  # running order, kept as an attribute
             self.running.append(r)
             if not r.started:
                 r.started = True
@@ -260,14 +256,14 @@ class Replica:
             c, p, lp_ms = entry_totals(r, n, w, lp_ms)
             context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
                 prefill_seqs + (p > 0)
-        if not sched:
-            self.busy = False
-            self.run = None
-            self._release_device()
-            return
-        if preempted:
-            prefill_tokens, prefill_seqs, context, lp_ms = step_totals(sched, w)
-        decode_seqs = len(sched) - prefill_seqs
+        return budget, lp_ms, context, prefill_tokens, prefill_seqs
+
+    def _launch(self, now: float, sched: list, totals: tuple[int, int, int, int, float],
+                preempted: int) -> None:
+        """Price the composed step (a run of decode iterations where it may fast-forward),
+        record it and schedule its end; `totals`: prefill tokens and sequences, decode
+        sequences, context, log-probability ms."""
+        prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms = totals
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
@@ -311,13 +307,18 @@ class Replica:
 
     def _stable_run_length(self) -> int:
         """Iterations the current all-decode batch can run unchanged (>= 1)."""
-        if self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            head = self.waiting[0]
-            if self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
-                    self.free_blocks + self.prefix_cache.evictable:
-                return 1  # the head could be admitted next iteration
+        if self._head_admissible():
+            return 1
         return decode_run_length(self.running, self.free_blocks, self.cfg.block_size,
                                  self.spec is not None)
+
+    def _head_admissible(self) -> bool:
+        """Whether the head of the queue could be admitted next iteration."""
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        head = self.waiting[0]
+        return self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
+            self.free_blocks + self.prefix_cache.evictable
 
     def _noise(self, k: int) -> float:
         if self.rng is None:
@@ -355,6 +356,14 @@ class Replica:
         if self.engine is not None:
             self.engine.last_end_s = t_end
         self._ending = True
+        self._retire(self._advance(k, t_end))
+        self.run = None
+        self._ending = False
+        self._release_device()
+        self._plan()
+
+    def _advance(self, k: int, t_end: float) -> list[Req]:
+        """Apply the step's k finished iterations to its requests; those now done, in order."""
         done = []
         bs = self.cfg.block_size
         first_token_s = self.res.first_token_s
@@ -382,15 +391,14 @@ class Replica:
                         first_token_s[r.idx] = t_end
             if r.generated >= r.output or r.aborted:
                 done.append(r)
+        return done
+
+    def _retire(self, done: list[Req]) -> None:
         for r in done:
             r.done = True
             self.running.remove(r)
         for r in done:  # callbacks may submit or abort requests: state is consistent here
             self._finish(r)
-        self.run = None
-        self._ending = False
-        self._release_device()
-        self._plan()
 
     def _release_device(self) -> None:
         # The next replica composes its iteration once this event's callbacks are done.

@@ -14,7 +14,7 @@ class Req:
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
                  "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms",
-                 "spec_cum", "spec_it")
+                 "spec_cum", "spec_it", "pos", "clock0")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
@@ -45,6 +45,8 @@ class Req:
         # iteration of the decode, drawn when it starts, and the iterations done
         self.spec_cum = None
         self.spec_it = 0
+        self.pos = 0               # admission order at the replica (its place in `running`)
+        self.clock0 = -1           # lazy decode (`sim.decode_cohort`): clock at its last sync
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
