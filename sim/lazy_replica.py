@@ -6,9 +6,10 @@ length. `LazyReplica` keeps the decoding requests in a `DecodeCohort` (one clock
 blocks and the context by aggregate; the next finish from a heap) and touches a request only
 when it is admitted, prefills, finishes, is aborted or preempted. Where a step could preempt,
 would run out of token budget among running requests, or a feature needs per-request work
-(speculative decoding, a shared device, engine-state or log-probability costs), it syncs the cohort and composes that step as `Replica` does. `Replica` is the
-reference: simulations with `fast_forward=False` use it alone and the tests require equal
-results (`tests/test_lazy_replica.py`, `tests/test_sim.py`).
+(speculative decoding, a shared device, engine-state or log-probability costs), it syncs the
+cohort and composes that step as `Replica` does. `Replica` is the reference: simulations with
+`fast_forward=False` use it alone, and the tests require equal results, step for step
+(`tests/test_lazy_replica.py`, `tests/test_sim.py`).
 """
 
 from __future__ import annotations

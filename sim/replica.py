@@ -11,7 +11,8 @@ runs out, so the replica schedules ONE event for the whole run of iterations (cl
 the latency model). An arrival that could be admitted truncates the run at the iteration
 boundary after it (solved in closed form), so results equal a per-iteration simulation.
 With `spec` (vLLM's in-engine speculative decoding, `sim.spec_decode`) a decode iteration holds
-1 + K tokens and yields 1 + accepted; a run's context then grows by the mean yield.
+1 + K tokens and yields 1 + accepted; a run's context then grows by the mean yield. This is the
+reference; `sim.lazy_replica` is its faster equal where it applies.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Replica:
         cfg = self.cfg
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []
-        prefill_tokens = prefill_seqs = decode_seqs = context = preempted = 0
+        prefill_tokens = prefill_seqs = context = preempted = 0
         bs = cfg.block_size
         w, la = self.width, self.lookahead
         running = self.running
@@ -225,9 +226,8 @@ class Replica:
 
     def _admit(self, now: float, budget: int, sched: list, lp_ms: float,
                ) -> tuple[int, float, int, int, int]:
-        """Admit waiting requests in queue order while a slot, budget and KV room last: (budget
-        left, log-probability ms so far, and the context, prefill tokens and sequences they
-        add)."""
+        """Admit waiting requests while a slot, budget and KV room last: (budget left, lp ms so
+        far, and the context, prefill tokens and sequences they add)."""
         la, w = self.lookahead, self.width
         context = prefill_tokens = prefill_seqs = 0
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
@@ -307,18 +307,15 @@ class Replica:
 
     def _stable_run_length(self) -> int:
         """Iterations the current all-decode batch can run unchanged (>= 1)."""
-        if self._head_admissible():
-            return 1
-        return decode_run_length(self.running, self.free_blocks, self.cfg.block_size,
-                                 self.spec is not None)
+        return 1 if self._head_admissible() else decode_run_length(
+            self.running, self.free_blocks, self.cfg.block_size, self.spec is not None)
 
     def _head_admissible(self) -> bool:
         """Whether the head of the queue could be admitted next iteration."""
         if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
             return False
-        head = self.waiting[0]
-        return self._blocks_for(min(head.target, self.cfg.max_num_batched_tokens)) <= \
-            self.free_blocks + self.prefix_cache.evictable
+        need = self._blocks_for(min(self.waiting[0].target, self.cfg.max_num_batched_tokens))
+        return need <= self.free_blocks + self.prefix_cache.evictable
 
     def _noise(self, k: int) -> float:
         if self.rng is None:
@@ -357,25 +354,19 @@ class Replica:
             self.engine.last_end_s = t_end
         self._ending = True
         self._retire(self._advance(k, t_end))
-        self.run = None
-        self._ending = False
+        self.run, self._ending = None, False
         self._release_device()
         self._plan()
 
     def _advance(self, k: int, t_end: float) -> list[Req]:
         """Apply the step's k finished iterations to its requests; those now done, in order."""
-        done = []
-        bs = self.cfg.block_size
-        first_token_s = self.res.first_token_s
-        # Per request in the batch: the hot loop of the simulator, kept to plain attribute work
-        spec = self.spec
+        done, bs, first_token_s, spec = [], self.cfg.block_size, self.res.first_token_s, self.spec
+        # Per request in the batch: the reference's hot loop, kept to plain attribute work
         for r, n in self._sched:
             if k > 1 or r.computed >= r.target:  # decode iterations
+                d = spec_tokens(r, k) if spec else k
                 if spec:
-                    d = spec_tokens(r, k)
                     r.spec_it += k
-                else:
-                    d = k
                 r.computed += d
                 r.generated += d
                 if -(-r.computed // bs) > r.shared + r.blocks:
