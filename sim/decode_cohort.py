@@ -11,7 +11,6 @@ block size of additions), and who finishes first (a heap on the clock a member f
 from __future__ import annotations
 
 import heapq
-import itertools
 
 
 class DecodeCohort:
@@ -23,8 +22,9 @@ class DecodeCohort:
         self.n = 0               # members
         self.off_sum = 0         # sum of (computed - clock) over members
         self.residues = [0] * block_size  # members by (computed - clock) mod block size
-        self._heap: list[tuple[int, int, int, object]] = []  # (finish clock, pos, tie, req)
-        self._tie = itertools.count()
+        # (finish clock, pos, req): a request joins a cohort once (re-prefilling after a
+        # preemption rebuilds the cohort), so pos breaks every tie
+        self._heap: list[tuple[int, int, object]] = []
 
     def add(self, r) -> None:
         """A running request starts decoding (its computed/generated are current)."""
@@ -33,8 +33,7 @@ class DecodeCohort:
         self.n += 1
         self.off_sum += off
         self.residues[off % self.bs] += 1
-        heapq.heappush(self._heap, (self.clock + r.output - r.generated, r.pos, next(self._tie),
-                                    r))
+        heapq.heappush(self._heap, (self.clock + r.output - r.generated, r.pos, r))
 
     def sync(self, r) -> None:
         """Bring a member's computed/generated/blocks up to the clock (blocks: those of its
@@ -52,7 +51,7 @@ class DecodeCohort:
         self.n -= 1
         self.off_sum -= off
         self.residues[off % self.bs] -= 1
-        r.clock0 = -1  # its heap entry is stale from now on
+        r.clock0 = -1  # its heap entry, if still there, is stale from now on
 
     def context(self) -> int:
         """Members' context after one more iteration (vLLM's count: computed + 1)."""
@@ -68,23 +67,20 @@ class DecodeCohort:
             need += res[-t % bs]
         return need
 
-    def _top(self):
-        heap = self._heap
-        while heap and (heap[0][3].clock0 < 0 or
-                        heap[0][0] != heap[0][3].clock0 + heap[0][3].output
-                        - heap[0][3].generated):
-            heapq.heappop(heap)  # left or re-joined since
-        return heap[0] if heap else None
-
     def remaining(self) -> int:
         """Iterations until the first member finishes."""
-        return self._top()[0] - self.clock
+        heap = self._heap
+        while heap[0][2].clock0 < 0:  # aborted since it joined
+            heapq.heappop(heap)
+        return heap[0][0] - self.clock
 
     def finished(self) -> list:
         """Members whose output is complete at the clock (popped from the heap, unsynced)."""
-        out = []
-        while (top := self._top()) is not None and top[0] <= self.clock:
-            out.append(heapq.heappop(self._heap)[3])
+        out, heap, clock = [], self._heap, self.clock
+        while heap and heap[0][0] <= clock:
+            r = heapq.heappop(heap)[2]
+            if r.clock0 >= 0:
+                out.append(r)
         return out
 
     def run_length(self, free_blocks: int) -> int:

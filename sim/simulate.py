@@ -56,23 +56,24 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool) -> 
             raise ValueError(f"replica {i}: a {longest}-token request needs more than its "
                              f"{rc.kv_blocks} KV blocks; it could never run")
     env, res, replicas = cluster.env, cluster.res, cluster.replicas
-    arrival = workload.arrival_s
-    prompt = workload.prompt_tokens
-    output = workload.output_tokens
-    group = workload.prefix_group if workload.prefix_group is not None else np.full(n, -1)
-    prefix = workload.prefix_tokens if workload.prefix_tokens is not None else np.zeros(n, int)
+    # Python lists: indexing numpy arrays per request costs more than the conversion
+    arrival, prompt, output = (workload.arrival_s.tolist(), workload.prompt_tokens.tolist(),
+                               workload.output_tokens.tolist())
+    group = workload.prefix_group.tolist() if workload.prefix_group is not None else [-1] * n
+    prefix = workload.prefix_tokens.tolist() if workload.prefix_tokens is not None else [0] * n
+    replica_of = [0] * n
 
     def arrivals():
         for i in range(n):
             gap = arrival[i] - env.now
             if gap > 0:
                 yield env.timeout(gap)
-            p, o = int(prompt[i]), int(output[i])
-            rid = cluster.route(RequestView(i, p, o), p + o)
-            res.replica_id[i] = rid
-            replicas[rid].submit(Req(i, p, o, group=int(group[i]), prefix_tokens=int(prefix[i])))
+            p, o = prompt[i], output[i]
+            replica_of[i] = rid = cluster.route(RequestView(i, p, o), p + o)
+            replicas[rid].submit(Req(i, p, o, group=group[i], prefix_tokens=prefix[i]))
 
     cluster.run(arrivals())
+    res.replica_id[:] = replica_of
     events = res.events + n
     if n and np.isnan(res.finish_s).any():
         stuck = int(np.flatnonzero(np.isnan(res.finish_s))[0])
