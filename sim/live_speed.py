@@ -16,15 +16,22 @@ import numpy as np
 import pandas as pd
 
 from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
+from sim.logprob_cost import attach_logprobs, logprob_ms
 from traces import read_table
 
 # Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
 _MS_KEYS = ("coef_ms", "fixed_ms", "layer_ms", "prefill_seq_ms")
+# ... and the calibration's step-time terms outside the model: log-probability rows
+_HOST_MS_KEYS = ("logprob_token_ms", "logprob_top_k_ms")
 
 
-def live_over_predicted(model, steps: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+def live_over_predicted(model, steps: pd.DataFrame, logprob_cost: tuple[float, float] = (0.0, 0.0),
+                        ) -> tuple[np.ndarray, pd.DataFrame]:
     """Live step time over the model's prediction, per step; the steps compared (warm-up
-    steps dropped unless the model prices first-of-shape steps itself)."""
+    steps dropped unless the model prices first-of-shape steps itself). With `logprob_cost`
+    (a calibration's per-row and per-top-k ms) and the steps' log-probability rows
+    (`sim.logprob_cost.attach_logprobs`), the prediction includes what the simulator charges
+    for them."""
     if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
         steps = serving_latency.engine_features(steps)
         pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
@@ -32,17 +39,23 @@ def live_over_predicted(model, steps: pd.DataFrame) -> tuple[np.ndarray, pd.Data
         steps = steps[~steps.is_warmup]
         pred = np.array([model.step_ms(p, d, c) for p, d, c in zip(
             steps.prefill_tokens, steps.decode_seqs, steps.context_tokens)])
+    if any(logprob_cost) and "logprob_tokens" in steps and len(steps):
+        pred = pred + logprob_ms(steps, logprob_cost)
     return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9), steps
 
 
 def step_speed_ratio(calibration: str | Path, steps_dir: str | Path) -> float | None:
-    """Median of live step time over the calibration's prediction over every step an engine
-    recorded under `steps_dir`; None when it ran none."""
-    model_json = json.loads(Path(calibration).read_text())["step_time_model"]
+    """Median of live step time over the calibration's prediction (its log-probability term
+    included) over every step an engine recorded under `steps_dir`; None when it ran none."""
+    cal = json.loads(Path(calibration).read_text())
     steps = read_table(steps_dir, "steps").to_pandas()
     if not len(steps):
         return None
-    ratio, _ = live_over_predicted(step_time.from_json(model_json), steps)
+    host = cal.get("host", {})
+    cost = (host.get("logprob_token_ms", 0.0), host.get("logprob_top_k_ms", 0.0))
+    if any(cost):
+        steps = attach_logprobs(steps, [steps_dir])
+    ratio, _ = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost)
     return float(np.median(ratio)) if len(ratio) else None
 
 
@@ -56,6 +69,9 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -
                          f"millisecond coefficients ({', '.join(_MS_KEYS)}) to scale")
     for k in keys:
         model[k] = [c * factor for c in model[k]]
+    for k in _HOST_MS_KEYS:  # the log-probability rows: step time too (host time is not)
+        if k in cal.get("host", {}):
+            cal["host"][k] *= factor
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(cal, indent=1) + "\n")
     return out_path

@@ -291,6 +291,27 @@ def test_a_calibration_scaled_to_a_live_runs_step_speed(tmp_path):
         scaled_calibration(tmp_path / "bad.json", 2.0, tmp_path / "out.json")
 
 
+def test_step_speed_counts_the_log_probability_term(tmp_path):
+    """A step's predicted time includes the log-probability rows it returned, as simulated: a
+    calibration fitted on the steps with that term finds them at their own speed (~1), the same
+    one without it finds the scoring steps slower, and scaling scales the term too."""
+    from sim.calibration import calibrate
+    from sim.live_speed import scaled_calibration, step_speed_ratio
+
+    steps = REPO / "traces" / "data" / "testbed-tot-cpu" / "target"
+    cal = calibrate([steps]).to_json()
+    assert cal["host"]["logprob_token_ms"] + cal["host"]["logprob_top_k_ms"] > 0
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal))
+    cal["host"].update(logprob_token_ms=0.0, logprob_top_k_ms=0.0)
+    (tmp_path / "no_lp.json").write_text(json.dumps(cal))
+    ratio = step_speed_ratio(path, steps)
+    assert 0.9 < ratio < 1.1
+    assert step_speed_ratio(tmp_path / "no_lp.json", steps) > ratio * 1.05
+    doubled = scaled_calibration(path, 2.0, tmp_path / "doubled.json")
+    assert step_speed_ratio(doubled, steps) == pytest.approx(ratio / 2)
+
+
 def test_seed_modes_on_the_shipped_trace(tmp_path):
     """Every mode simulates the shipped tree; a shallower tree is the deeper trace's top."""
     proc = run_cli("seed", "modes", str(REPO / "examples" / "seed-greedy.yaml"), "--depths",
