@@ -48,12 +48,13 @@ def config(n: int, replicas: int, per_replica_rate: float = 15.0):
         "output": {"steps": False}})
 
 
-def measure(cfg, workload, repeats: int) -> dict:
-    """Median CPU seconds of simulate() over repeats, with min/max."""
+def measure(cfg, workload, repeats: int, lazy: bool = True) -> dict:
+    """Median CPU seconds of simulate() over repeats, with min/max (lazy=False: the reference
+    replica, `sim.lazy_replica`)."""
     cpu = []
     for _ in range(repeats):
         t0 = time.process_time()
-        res = simulate(cfg, workload)
+        res = simulate(cfg, workload, lazy=lazy)
         cpu.append(time.process_time() - t0)
     n = len(workload)
     med = statistics.median(cpu)
@@ -110,12 +111,19 @@ def main() -> None:
     half = config(n, replicas, per_replica_rate=3.75)
     w_half = workload_from_config(half.workload, half.seed)
     double_half = measure(half, w_half.with_output_scale(2.0), args.repeats)
+    # The same doubling on the reference replica (every running request touched per event)
+    ref_base = measure(cfg, w, args.repeats, lazy=False)
+    ref_double = measure(cfg, w.with_output_scale(2.0), args.repeats, lazy=False)
     prog = programs(*((20_000, 40) if args.quick else (1_000_000, 1_000)))
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "events_per_request": rows[0]["events_per_request"],
            "double_tokens_cost_ratio": double["cpu_s"] / base["cpu_s"],
            "double_tokens_token_ratio": double["output_tokens"] / base["output_tokens"],
-           "double_tokens_half_rate_cost_ratio": double_half["cpu_s"] / base["cpu_s"]}
+           "double_tokens_half_rate_cost_ratio": double_half["cpu_s"] / base["cpu_s"],
+           "reference_replica": {"cpu_s": ref_base["cpu_s"],
+                                 "lazy_speedup": ref_base["cpu_s"] / base["cpu_s"],
+                                 "double_tokens_cost_ratio": ref_double["cpu_s"]
+                                 / ref_base["cpu_s"]}}
     if args.vidur:
         csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
         proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vidur_runner.py"),
@@ -132,6 +140,8 @@ def main() -> None:
             out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
                                                   / vid["requests_per_cpu_s"])
             out["vidur_predictor_cached"] = vid.get("predictor_cache") == "hit"
+            # the ratios' own numerator: reasonsim on the very workload Vidur ran
+            out["same_workload_requests_per_cpu_s"] = base["requests_per_cpu_s"]
     if args.json:
         print(json.dumps(out))
         return
@@ -146,6 +156,10 @@ def main() -> None:
     print(f"doubled output tokens ({out['double_tokens_token_ratio']:.2f}x tokens): "
           f"cost ratio {out['double_tokens_cost_ratio']:.2f} at the same rate (twice the "
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")
+    ref = out["reference_replica"]
+    print(f"reference replica (sim/replica.py, every running request per event): "
+          f"{ref['cpu_s']:.2f} CPU-s, the lazy one {ref['lazy_speedup']:.2f}x faster; doubled "
+          f"output tokens there: cost ratio {ref['double_tokens_cost_ratio']:.2f}")
     if "speedup_vs_vidur_loop" in out:
         v = out["vidur"]
         print(f"vidur {v['vidur_version']} on the same {v['requests']} requests: "

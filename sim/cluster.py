@@ -105,7 +105,8 @@ class Cluster:
     work (a request, a program) is routed and finishes.
     """
 
-    def __init__(self, cfg: SimConfig, capacity: int, on_finish, fast_forward: bool = True):
+    def __init__(self, cfg: SimConfig, capacity: int, on_finish, fast_forward: bool = True,
+                 lazy: bool = True):
         self.wall0 = time.perf_counter()
         specs = build_replicas(cfg)
         self.specs = specs
@@ -121,9 +122,8 @@ class Cluster:
         devices: dict[tuple, Device] = {}
         device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
                      for g in cfg.replicas for j in range(g.count)]
-        # the fast path where it applies (`sim.lazy_replica`); the reference one event an
-        # iteration otherwise
-        kind = LazyReplica if fast_forward else Replica
+        # the fast path where it applies (`sim.lazy_replica`), else the reference
+        kind = LazyReplica if fast_forward and lazy else Replica
         self.replicas = [
             kind(self.env, i, cal, rc, self.res,
                     np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,

@@ -94,6 +94,8 @@ class DecodeCohort:
         # size add one per member, then step one clock at a time (at most a block size).
         cycles = min((k_max - 1) // bs, free_blocks // self.n)
         j, used = 1 + cycles * bs, cycles * self.n
+        if used + self.n <= free_blocks:  # fewer than a block size left: each needs <= 1 more
+            return k_max
         while j < k_max:
             add = res[-(t0 + j) % bs]
             if used + add > free_blocks:

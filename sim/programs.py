@@ -72,7 +72,7 @@ def build_runs(wl, bank, plans) -> tuple[list[SimProgram], int, object]:
     return runs, capacity, TracedReasoning()
 
 
-def simulate_programs(cfg, fast_forward: bool = True) -> SimResult:
+def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult."""
     wl = program_workload(cfg.workload["programs"], cfg.base_dir)
     bank = load_bank(wl)
@@ -83,7 +83,7 @@ def simulate_programs(cfg, fast_forward: bool = True) -> SimResult:
     def on_finish(_replica_id: int, r: Req) -> None:
         driver.on_request_done(r)
 
-    cluster = Cluster(cfg, capacity, on_finish, fast_forward)
+    cluster = Cluster(cfg, capacity, on_finish, fast_forward, lazy)
     env = cluster.env
 
     def on_program_done(run) -> None:

@@ -20,20 +20,22 @@ from traces import ids
 
 
 def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: bool = True,
-             ) -> SimResult:
+             lazy: bool = True) -> SimResult:
     """Run one simulation of the config (or of an explicit workload) and return its tables.
 
-    fast_forward=False simulates one event per iteration: the reference the fast path must equal.
+    fast_forward=False simulates one event per iteration on the reference replica: what the fast
+    path must equal; lazy=False fast-forwards the reference replica (`sim.lazy_replica`).
     """
     with gc_paused():
-        return _simulate(cfg, workload, fast_forward)
+        return _simulate(cfg, workload, fast_forward, lazy)
 
 
-def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool) -> SimResult:
+def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
+              lazy: bool) -> SimResult:
     if workload is None and "programs" in cfg.workload:
         from sim.programs import simulate_programs
 
-        return simulate_programs(cfg, fast_forward)
+        return simulate_programs(cfg, fast_forward, lazy)
     if workload is None:
         workload = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
     n = len(workload)
@@ -42,7 +44,7 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool) -> 
         cluster.outstanding[replica_id] -= r.prompt + r.output
         cluster.in_flight[replica_id] -= 1
 
-    cluster = Cluster(cfg, n, on_finish, fast_forward)
+    cluster = Cluster(cfg, n, on_finish, fast_forward, lazy)
     total = workload.prompt_tokens + workload.output_tokens
     for i, (cal, rc) in enumerate(cluster.specs):
         if cal.max_model_len is not None and n and int(total.max()) > cal.max_model_len:

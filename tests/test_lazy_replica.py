@@ -12,14 +12,11 @@ import random
 
 import numpy as np
 import pandas as pd
-import pytest
 from hypothesis import given, settings, strategies as st
 
-import sim.cluster
 from conftest import REPO
 from sim.config import parse_config, read_yaml
 from sim.decode_cohort import DecodeCohort
-from sim.replica import Replica
 from sim.request_state import Req
 from sim.run_length import decode_run_length
 from sim.simulate import simulate
@@ -28,10 +25,8 @@ CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
 
 def _reference(cfg):
-    """The same simulation on the reference replica."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(sim.cluster, "LazyReplica", Replica)
-        return simulate(cfg)
+    """The same simulation on the reference replica, fast-forwarded too."""
+    return simulate(cfg, lazy=False)
 
 
 def _equal(lazy, ref):
