@@ -48,13 +48,13 @@ def config(n: int, replicas: int, per_replica_rate: float = 15.0):
         "output": {"steps": False}})
 
 
-def measure(cfg, workload, repeats: int, lazy: bool = True) -> dict:
+def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = True) -> dict:
     """Median CPU seconds of simulate() over repeats, with min/max (lazy=False: the reference
-    replica, `sim.lazy_replica`)."""
+    replica, `sim.lazy_replica`; compiled=False: under SimPy, `sim.compiled`)."""
     cpu = []
     for _ in range(repeats):
         t0 = time.process_time()
-        res = simulate(cfg, workload, lazy=lazy)
+        res = simulate(cfg, workload, lazy=lazy, compiled=compiled)
         cpu.append(time.process_time() - t0)
     n = len(workload)
     med = statistics.median(cpu)
@@ -62,7 +62,9 @@ def measure(cfg, workload, repeats: int, lazy: bool = True) -> dict:
             "cpu_s_min": min(cpu), "cpu_s_max": max(cpu),
             "requests_per_cpu_s": n / med, "events_per_request": res.summary["events_per_request"],
             "iterations_per_request": res.summary["iterations"] / n,
-            "output_tokens": res.summary["output_tokens"]}
+            "output_tokens": res.summary["output_tokens"],
+            "simulated_s": res.summary["makespan_s"],
+            "real_time_factor": med / res.summary["makespan_s"]}
 
 
 def programs(n: int, replicas: int) -> dict:
@@ -96,6 +98,11 @@ def main() -> None:
     args = ap.parse_args()
     grid = [(10_000, 4)] if args.quick else [(1_000, 1), (10_000, 10), (100_000, 100),
                                               (1_000_000, 1_000)]
+    # The compiled kernel's first call in a process loads it from numba's cache (compiling it
+    # anew, ~10 s, once per checkout): timed apart, as Vidur's predictor training is.
+    t0 = time.process_time()
+    simulate(config(100, 1), compiled=True)
+    kernel_load_cpu_s = time.process_time() - t0
     rows = []
     for n, replicas in grid:
         cfg = config(n, replicas)
@@ -114,12 +121,19 @@ def main() -> None:
     # The same doubling on the reference replica (every running request touched per event)
     ref_base = measure(cfg, w, args.repeats, lazy=False)
     ref_double = measure(cfg, w.with_output_scale(2.0), args.repeats, lazy=False)
+    # The same workload under SimPy (the lazy replica): what the compiled kernel must equal
+    simpy_base = measure(cfg, w, args.repeats, compiled=False)
+    simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
     prog = programs(*((20_000, 40) if args.quick else (1_000_000, 1_000)))
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "events_per_request": rows[0]["events_per_request"],
            "double_tokens_cost_ratio": double["cpu_s"] / base["cpu_s"],
            "double_tokens_token_ratio": double["output_tokens"] / base["output_tokens"],
            "double_tokens_half_rate_cost_ratio": double_half["cpu_s"] / base["cpu_s"],
+           "kernel_load_cpu_s": kernel_load_cpu_s,
+           "simpy": {"requests_per_cpu_s": simpy_base["requests_per_cpu_s"],
+                     "compiled_speedup": simpy_base["cpu_s"] / base["cpu_s"],
+                     "double_tokens_cost_ratio": simpy_double["cpu_s"] / simpy_base["cpu_s"]},
            "reference_replica": {"cpu_s": ref_base["cpu_s"],
                                  "lazy_speedup": ref_base["cpu_s"] / base["cpu_s"],
                                  "double_tokens_cost_ratio": ref_double["cpu_s"]
@@ -139,16 +153,25 @@ def main() -> None:
                                             / vid["requests_per_event_loop_cpu_s"])
             out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
                                                   / vid["requests_per_cpu_s"])
+            out["simpy_speedup_vs_vidur_loop"] = (simpy_base["requests_per_cpu_s"]
+                                                  / vid["requests_per_event_loop_cpu_s"])
             out["vidur_predictor_cached"] = vid.get("predictor_cache") == "hit"
             # the ratios' own numerator: reasonsim on the very workload Vidur ran
             out["same_workload_requests_per_cpu_s"] = base["requests_per_cpu_s"]
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{'requests':>10} {'replicas':>8} {'cpu_s':>8} {'req/cpu-s':>10} {'events/req':>10}")
+    print(f"{'requests':>10} {'replicas':>8} {'cpu_s':>8} {'req/cpu-s':>10} {'events/req':>10} "
+          f"{'x real time':>11}")
     for r in rows:
         print(f"{r['requests']:>10} {r['replicas']:>8} {r['cpu_s']:>8.2f} "
-              f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f}")
+              f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f} "
+              f"{r['real_time_factor']:>11.3f}")
+    sp = out["simpy"]
+    print(f"plain requests compiled (sim/compiled_kernel.py; its cached load {kernel_load_cpu_s:.2f}"
+          f" CPU-s apart); under SimPy {sp['requests_per_cpu_s']:.0f} req/cpu-s, the kernel "
+          f"{sp['compiled_speedup']:.1f}x faster; doubled output tokens there: cost ratio "
+          f"{sp['double_tokens_cost_ratio']:.2f}")
     print(f"{prog['programs']} Dynasor CoT programs ({prog['requests']} requests) on "
           f"{prog['replicas']} replicas: {prog['cpu_s']:.1f} CPU-s, "
           f"{prog['programs_per_cpu_s']:.0f} programs/cpu-s, "
@@ -166,7 +189,8 @@ def main() -> None:
               f"{v['requests_per_event_loop_cpu_s']:.0f} req/cpu-s (event loop), "
               f"{v['requests_per_cpu_s']:.0f} end to end; reasonsim "
               f"{base['requests_per_cpu_s']:.0f}: {out['speedup_vs_vidur_loop']:.1f}x loop to "
-              f"loop, {out['speedup_vs_vidur_end_to_end']:.1f}x end to end"
+              f"loop, {out['speedup_vs_vidur_end_to_end']:.1f}x end to end (under SimPy "
+              f"{out['simpy_speedup_vs_vidur_loop']:.1f}x loop to loop)"
               + ("" if out["vidur_predictor_cached"] else
                  " (Vidur's predictor was trained in this run: run again for a cached one)"))
     elif "vidur" in out:

@@ -174,13 +174,19 @@ class Cluster:
 
     def summary(self, events: int, makespan_s: float) -> dict:
         """Run-level figures every simulation reports."""
-        iters = np.asarray(self.res.seg["k_iters"], dtype=np.int64)
-        busy = np.array([r.busy_s for r in self.replicas])
-        return {"wall_s": round(time.perf_counter() - self.wall0, 4),
-                "event_loop_s": round(self.loop_s, 4), "events": int(events),
-                "iterations": int(iters.sum()), "replicas": len(self.replicas),
-                "utilization": float(busy.mean() / (makespan_s or 1.0)),
-                "preemptions": int(self.res.preemptions.sum())}
+        return run_summary(self.res, np.array([r.busy_s for r in self.replicas]), self.wall0,
+                           self.loop_s, events, makespan_s)
+
+
+def run_summary(res: Results, busy_s: np.ndarray, wall0: float, loop_s: float, events: int,
+                makespan_s: float) -> dict:
+    """Run-level figures every simulation reports (SimPy or compiled)."""
+    iters = np.asarray(res.seg["k_iters"], dtype=np.int64)
+    return {"wall_s": round(time.perf_counter() - wall0, 4),
+            "event_loop_s": round(loop_s, 4), "events": int(events),
+            "iterations": int(iters.sum()), "replicas": len(busy_s),
+            "utilization": float(busy_s.mean() / (makespan_s or 1.0)),
+            "preemptions": int(res.preemptions.sum())}
 
 
 @contextlib.contextmanager

@@ -107,6 +107,12 @@ class Results:
         self._rows[index] = row[:_K] + (k_iters,) + row[_K + 1:]
         self._seg = None
 
+    def load_segments(self, table: np.ndarray) -> None:
+        """Take every run-of-iterations record at once (rows in SEG_COLUMNS order: a compiled
+        run's, `sim.compiled`) in place of appended rows."""
+        self._rows = []
+        self._seg = (0, dict(zip(SEG_COLUMNS, table.T)))  # `seg` keeps it while no row is added
+
     @property
     def seg(self) -> dict[str, np.ndarray]:
         """The run-of-iterations records as float columns, one per SEG_COLUMNS name."""

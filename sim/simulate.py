@@ -6,11 +6,14 @@ completion ends. Nothing here runs per token; tables are written once from colum
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 
 from policies.routing import RequestView
-from sim.cluster import Cluster, gc_paused
+from sim.cluster import Cluster, build_replicas, gc_paused, run_summary
+from sim.compiled import simulate_compiled, why_not_compiled
 from sim.config import SimConfig
 from sim.metrics import summarize
 from sim.request_state import Req, Results
@@ -20,33 +23,53 @@ from traces import ids
 
 
 def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: bool = True,
-             lazy: bool = True) -> SimResult:
+             lazy: bool = True, compiled: bool = True) -> SimResult:
     """Run one simulation of the config (or of an explicit workload) and return its tables.
 
     fast_forward=False simulates one event per iteration on the reference replica: what the fast
-    path must equal; lazy=False fast-forwards the reference replica (`sim.lazy_replica`).
+    paths must equal; lazy=False fast-forwards the reference replica (`sim.lazy_replica`);
+    compiled=False keeps a plain workload that the compiled kernel covers under SimPy
+    (`sim.compiled`).
     """
     with gc_paused():
-        return _simulate(cfg, workload, fast_forward, lazy)
+        return _simulate(cfg, workload, fast_forward, lazy, compiled)
 
 
 def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
-              lazy: bool) -> SimResult:
+              lazy: bool, compiled: bool) -> SimResult:
     if workload is None and "programs" in cfg.workload:
         from sim.programs import simulate_programs
 
         return simulate_programs(cfg, fast_forward, lazy)
     if workload is None:
         workload = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
+    wall0 = time.perf_counter()
     n = len(workload)
+    specs = build_replicas(cfg)
+    _check_fits(workload, specs)
+    if fast_forward and lazy and compiled and why_not_compiled(cfg, specs, workload) is None:
+        res, busy_s, loop_s = simulate_compiled(cfg, specs, workload)
+    else:
+        res, busy_s, loop_s = _simulate_simpy(cfg, workload, fast_forward, lazy)
+    events = res.events + n
+    if n and np.isnan(res.finish_s).any():
+        stuck = int(np.flatnonzero(np.isnan(res.finish_s))[0])
+        raise RuntimeError(f"simulation ended with request {stuck} unfinished (a bug: please "
+                           "report with the config)")
+    requests = _requests_table(workload, res)
+    steps = steps_table(res) if cfg.write_steps else None
+    summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
+    summary.update(run_summary(res, busy_s, wall0, loop_s, events, summary["makespan_s"]))
+    summary.update({"events_per_request": events / n if n else 0.0,
+                    "kv_usage_mean": kv_usage(res)})
+    return SimResult(requests, steps, summary)
 
-    def on_finish(replica_id: int, r: Req) -> None:
-        cluster.outstanding[replica_id] -= r.prompt + r.output
-        cluster.in_flight[replica_id] -= 1
 
-    cluster = Cluster(cfg, n, on_finish, fast_forward, lazy)
+def _check_fits(workload: Workload, specs: list) -> None:
+    """Refuse requests a replica could never serve (the engine would reject them)."""
+    n = len(workload)
     total = workload.prompt_tokens + workload.output_tokens
-    for i, (cal, rc) in enumerate(cluster.specs):
+    for i, (cal, rc) in enumerate(specs):
         if cal.max_model_len is not None and n and int(total.max()) > cal.max_model_len:
             j = int(np.argmax(total > cal.max_model_len))
             raise ValueError(f"workload: request {j} (prompt {int(workload.prompt_tokens[j])} + "
@@ -57,6 +80,18 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
         if -(-longest // rc.block_size) > rc.kv_blocks:
             raise ValueError(f"replica {i}: a {longest}-token request needs more than its "
                              f"{rc.kv_blocks} KV blocks; it could never run")
+
+
+def _simulate_simpy(cfg: SimConfig, workload: Workload, fast_forward: bool,
+                    lazy: bool) -> tuple[Results, np.ndarray, float]:
+    """The SimPy run: (results buffers, busy seconds per replica, event loop seconds)."""
+    n = len(workload)
+
+    def on_finish(replica_id: int, r: Req) -> None:
+        cluster.outstanding[replica_id] -= r.prompt + r.output
+        cluster.in_flight[replica_id] -= 1
+
+    cluster = Cluster(cfg, n, on_finish, fast_forward, lazy)
     env, res, replicas = cluster.env, cluster.res, cluster.replicas
     # Python lists: indexing numpy arrays per request costs more than the conversion
     arrival, prompt, output = (workload.arrival_s.tolist(), workload.prompt_tokens.tolist(),
@@ -76,18 +111,7 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
 
     cluster.run(arrivals())
     res.replica_id[:] = replica_of
-    events = res.events + n
-    if n and np.isnan(res.finish_s).any():
-        stuck = int(np.flatnonzero(np.isnan(res.finish_s))[0])
-        raise RuntimeError(f"simulation ended with request {stuck} unfinished (a bug: please "
-                           "report with the config)")
-    requests = _requests_table(workload, res)
-    steps = steps_table(res) if cfg.write_steps else None
-    summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
-    summary.update(cluster.summary(events, summary["makespan_s"]))
-    summary.update({"events_per_request": events / n if n else 0.0,
-                    "kv_usage_mean": kv_usage(res)})
-    return SimResult(requests, steps, summary)
+    return res, np.array([r.busy_s for r in replicas]), cluster.loop_s
 
 
 def _requests_table(w: Workload, res: Results) -> pa.Table:

@@ -54,7 +54,7 @@ def test_lazy_replica_equals_the_reference(rate, kv, seqs, batched, prefix, seed
         workload["prefix"] = {"groups": 3, "tokens": 128}
     cfg = parse_config({"seed": seed, "workload": workload,
                         "cluster": {"router": "least_outstanding", "replicas": [group]}})
-    lazy = simulate(cfg)
+    lazy = simulate(cfg, compiled=False)  # the lazy replica under SimPy
     _equal(lazy, _reference(cfg))
     if kv == 30 and rate == 300.0 and seqs is None:
         assert lazy.summary["preemptions"] > 0  # the reference steps were exercised

@@ -1,0 +1,88 @@
+"""When a plain request simulation may run compiled (`sim.compiled_kernel`), and running it.
+
+The compiled kernel is the SimPy reference's equal on what it covers; everything else (program
+workloads, sampled latency, speculative or layered replicas, shared devices, prefix caching,
+priority scheduling, user routers, step-time models with engine state) runs under SimPy.
+`why_not_compiled` names the first thing that keeps a config off the compiled path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from sim.calibration import Calibration
+from sim.config import SimConfig
+from sim.latency import LatencyModel
+from sim.replica_config import ReplicaConfig
+from sim.request_state import Results
+from sim.workload import Workload
+
+ROUTERS = ("round_robin", "least_outstanding")
+
+
+def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
+                     workload: Workload) -> str | None:
+    """None if the compiled kernel covers this run; else what keeps it under SimPy."""
+    if cfg.latency != "mean":
+        return f"latency {cfg.latency!r} (the kernel runs the mean step time)"
+    if cfg.router not in ROUTERS:
+        return f"router {cfg.router!r}"
+    if len({g.pool for g in cfg.replicas}) > 1:
+        return "several model pools"
+    if any(g.device is not None for g in cfg.replicas):
+        return "a shared device"
+    if workload.prefix_group is not None and any(g.enable_prefix_caching for g in cfg.replicas):
+        return "prefix caching"
+    for cal, rc in specs:
+        if type(cal.latency) is not LatencyModel:
+            return f"step-time model {cal.latency.kind!r}"
+        if rc.spec is not None:
+            return "speculative decoding"
+        if rc.priority_scheduling:
+            return "priority scheduling"
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "numba is not installed"
+    return None
+
+
+def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
+                      workload: Workload) -> tuple[Results, np.ndarray, float]:
+    """Run the kernel: (results buffers as the SimPy run fills them, busy seconds per replica,
+    event loop seconds)."""
+    from sim import compiled_kernel as K
+
+    n, nrep = len(workload), len(specs)
+    rq = np.zeros((n, K.RQ_COLS), dtype=np.int64)
+    rq[:, K.PROMPT] = workload.prompt_tokens
+    rq[:, K.OUTPUT] = workload.output_tokens
+    rq[:, K.TARGET] = workload.prompt_tokens
+    rq[:, [K.RNEXT, K.RPREV, K.WNEXT]] = -1
+    rp = np.zeros((nrep, K.RP_COLS), dtype=np.int64)
+    rf = np.zeros((nrep, K.RF_COLS))
+    for j, (cal, rc) in enumerate(specs):
+        rp[j, [K.MAX_SEQS, K.BUDGET, K.BS, K.KV_BLOCKS, K.FREE]] = (
+            rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
+            rc.kv_blocks)
+        rf[j, K.C0:K.CX + 1] = cal.latency.coef_ms
+        rf[j, K.NOISE] = cal.latency.residual_sampler()[0]
+        rf[j, K.ADD_S], rf[j, K.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
+    rp[:, [K.RHEAD, K.RTAIL, K.WHEAD, K.WTAIL]] = -1
+    loop0 = time.perf_counter()
+    rt, replica_of, seg, events = K.simulate_kernel(
+        np.ascontiguousarray(workload.arrival_s, dtype=np.float64), rq, rp, rf,
+        cfg.router == "least_outstanding")
+    loop_s = time.perf_counter() - loop0
+    res = Results(n)
+    res.scheduled_s = np.ascontiguousarray(rt[:, K.SCHEDULED_S])
+    res.first_token_s = np.ascontiguousarray(rt[:, K.FIRST_TOKEN_S])
+    res.finish_s = np.ascontiguousarray(rt[:, K.FINISH_S])
+    res.replica_id[:] = replica_of
+    res.output_tokens[:] = rq[:, K.GENERATED]
+    res.preemptions[:] = rq[:, K.PREEMPTS]
+    res.load_segments(seg)
+    res.events = int(events)
+    return res, rf[:, K.BUSY_S].copy(), loop_s

@@ -1,0 +1,433 @@
+"""The plain-request simulation compiled (numba): the reference replica's logic, event for event.
+
+`sim.replica.Replica` under SimPy is the reference: this kernel runs the same decisions in the
+same event order (a heap on (time, creation order), as SimPy's queue of timeouts), with the same
+float expressions in the same order, so its tables equal the SimPy run's bit for bit
+(`tests/test_compiled.py`). It covers what a plain request workload needs (FCFS, chunked prefill,
+KV blocks with recompute preemption, runs of decode iterations and their truncation by arrivals,
+the linear step-time model at its mean, the loop's host time, the built-in routers); `sim.compiled`
+decides when it applies. Compiled, the per-request work of the reference (every running request
+touched at every event) costs nanoseconds, so the kernel keeps the reference's simple lists.
+
+State is in a few arrays with named columns (module constants, compile-time in numba): per
+request `rq`, per replica `rp` (integers) and `rf` (floats).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# per request (int64)
+PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, RPREV, WNEXT, \
+    PREEMPTS, RQ_COLS = range(13)
+# per replica (int64)
+MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL, RCOUNT, \
+    WHEAD, WTAIL, WCOUNT, OUTSTANDING, IN_FLIGHT, RP_COLS = range(18)
+# per replica (float64): the linear model's coefficients, then state
+C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, \
+    BUSY_S, RF_COLS = range(16)
+# per request results (float64)
+SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS = range(4)
+# counters
+EID, EVENTS, SEG_N, HEAP_N = range(4)
+SEG_COLS = 15  # sim.request_state.SEG_COLUMNS
+
+
+@njit(cache=True)
+def _push(h, ctr, t, rep, gen, k, t_end):
+    i = ctr[HEAP_N]
+    ctr[HEAP_N] = i + 1
+    eid = ctr[EID]
+    ctr[EID] = eid + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if h[p, 0] < t or (h[p, 0] == t and h[p, 1] < eid):
+            break
+        h[i] = h[p]
+        i = p
+    h[i, 0], h[i, 1], h[i, 2], h[i, 3], h[i, 4], h[i, 5] = t, eid, rep, gen, k, t_end
+
+
+@njit(cache=True)
+def _pop(h, ctr):
+    n = ctr[HEAP_N] - 1
+    ctr[HEAP_N] = n
+    top = h[0].copy()
+    last = h[n].copy()
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and (h[c + 1, 0] < h[c, 0] or
+                          (h[c + 1, 0] == h[c, 0] and h[c + 1, 1] < h[c, 1])):
+            c += 1
+        if last[0] < h[c, 0] or (last[0] == h[c, 0] and last[1] < h[c, 1]):
+            break
+        h[i] = h[c]
+        i = c
+    if n > 0:
+        h[i] = last
+    return top
+
+
+@njit(cache=True)
+def run_ms(a_ms, b_ms, k):
+    """Total duration of the first k iterations of a decode run (`sim.latency.run_ms`)."""
+    return k * a_ms + b_ms * k * (k - 1) / 2.0
+
+
+@njit(cache=True)
+def iterations_within(a_ms, b_ms, dt_ms):
+    """`sim.latency.iterations_within`, the same float steps."""
+    if dt_ms <= 0:
+        return 1
+    if b_ms <= 1e-12:
+        k = math.ceil(dt_ms / a_ms)
+    else:
+        h = a_ms - b_ms / 2.0
+        k = math.ceil((-h + math.sqrt(h * h + 2.0 * b_ms * dt_ms)) / b_ms)
+    k = max(k, 1)
+    while k > 1 and run_ms(a_ms, b_ms, k - 1) >= dt_ms:
+        k -= 1
+    while run_ms(a_ms, b_ms, k) < dt_ms:
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@njit(cache=True)
+def _alloc(rq, rp, j, r, tokens_after):
+    need = _cdiv(tokens_after, rp[j, BS]) - rq[r, BLOCKS]
+    if need <= 0:
+        return True
+    if need > rp[j, FREE]:
+        return False
+    rp[j, FREE] -= need
+    rq[r, BLOCKS] += need
+    return True
+
+
+@njit(cache=True)
+def _unlink_running(rq, rp, j, r):
+    p, q = rq[r, RPREV], rq[r, RNEXT]
+    if p >= 0:
+        rq[p, RNEXT] = q
+    else:
+        rp[j, RHEAD] = q
+    if q >= 0:
+        rq[q, RPREV] = p
+    else:
+        rp[j, RTAIL] = p
+    rp[j, RCOUNT] -= 1
+
+
+@njit(cache=True)
+def _append_running(rq, rp, j, r):
+    t = rp[j, RTAIL]
+    rq[r, RPREV], rq[r, RNEXT] = t, -1
+    if t >= 0:
+        rq[t, RNEXT] = r
+    else:
+        rp[j, RHEAD] = r
+    rp[j, RTAIL] = r
+    rp[j, RCOUNT] += 1
+
+
+@njit(cache=True)
+def _append_waiting(rq, rp, j, r):
+    rq[r, WNEXT] = -1
+    if rp[j, WTAIL] >= 0:
+        rq[rp[j, WTAIL], WNEXT] = r
+    else:
+        rp[j, WHEAD] = r
+    rp[j, WTAIL] = r
+    rp[j, WCOUNT] += 1
+
+
+@njit(cache=True)
+def _pop_waiting(rq, rp, j):
+    r = rp[j, WHEAD]
+    rp[j, WHEAD] = rq[r, WNEXT]
+    if rp[j, WHEAD] < 0:
+        rp[j, WTAIL] = -1
+    rp[j, WCOUNT] -= 1
+    return r
+
+
+@njit(cache=True)
+def _preempt(rq, rp, j, v):
+    _unlink_running(rq, rp, j, v)
+    rp[j, FREE] += rq[v, BLOCKS]
+    rq[v, BLOCKS] = 0
+    rq[v, COMPUTED] = 0
+    rq[v, TARGET] = rq[v, PROMPT] + rq[v, GENERATED]
+    rq[v, PREEMPTS] += 1
+    rq[v, WNEXT] = rp[j, WHEAD]  # appendleft
+    rp[j, WHEAD] = v
+    if rp[j, WTAIL] < 0:
+        rp[j, WTAIL] = v
+    rp[j, WCOUNT] += 1
+
+
+@njit(cache=True)
+def _step_ms(rf, j, p, d, c):
+    return rf[j, C0] + rf[j, CP] * p + rf[j, CD] * d + rf[j, CC] * c + rf[j, CX] * p * c / 1e3
+
+
+@njit(cache=True)
+def _run_length(rq, rp, j):
+    """`sim.run_length.decode_run_length` without speculation."""
+    bs, free = rp[j, BS], rp[j, FREE]
+    k = 1 << 62
+    r = rp[j, RHEAD]
+    while r >= 0:
+        k = min(k, rq[r, OUTPUT] - rq[r, GENERATED])
+        r = rq[r, RNEXT]
+    if k <= 1:
+        return 1
+    if rp[j, RCOUNT] * (k // bs + 2) <= free or _extra(rq, rp, j, k) <= free:
+        return k
+    lo, hi = 1, k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _extra(rq, rp, j, mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _extra(rq, rp, j, it):
+    need, bs = 0, rp[j, BS]
+    r = rp[j, RHEAD]
+    while r >= 0:
+        x = _cdiv(rq[r, COMPUTED] + it, bs) - rq[r, BLOCKS]
+        if x > 0:
+            need += x
+        r = rq[r, RNEXT]
+    return need
+
+
+@njit(cache=True)
+def _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now):
+    """`Replica._plan` (no device, no prefix cache, FCFS) and `_launch` (linear model, mean)."""
+    now = env_now + rf[j, HOST_S]
+    rf[j, HOST_S] = 0.0
+    bs = rp[j, BS]
+    budget = rp[j, BUDGET]
+    prefill_tokens = prefill_seqs = context = preempted = n_sched = 0
+    r = rp[j, RHEAD]
+    while r >= 0 and budget > 0:
+        nxt = rq[r, RNEXT]
+        computed, target = rq[r, COMPUTED], rq[r, TARGET]
+        if computed >= target and _cdiv(computed + 1, bs) <= rq[r, BLOCKS]:
+            rq[r, SCHED_N] = 1
+            n_sched += 1
+            budget -= 1
+            context += computed + 1
+            r = nxt
+            continue
+        prefill = computed < target
+        n = min(target - computed, budget) if prefill else 1
+        scheduled = True
+        while not _alloc(rq, rp, j, r, computed + n):
+            v = rp[j, RTAIL]
+            _preempt(rq, rp, j, v)
+            preempted += 1
+            if v == r:
+                scheduled = False
+                break
+        if not scheduled:
+            r = -1  # r was the last running request
+            continue
+        nxt = rq[r, RNEXT]  # preemptions may have cut the list after r
+        rq[r, SCHED_N] = n
+        n_sched += 1
+        budget -= n
+        context += computed + n
+        if prefill:
+            prefill_tokens += n
+            prefill_seqs += 1
+        r = nxt
+    # admit waiting requests (`Replica._admit`)
+    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
+        r = rp[j, WHEAD]
+        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+        if not _alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
+            break
+        _pop_waiting(rq, rp, j)
+        _append_running(rq, rp, j, r)
+        if rq[r, STARTED] == 0:
+            rq[r, STARTED] = 1
+            rt[r, SCHEDULED_S] = now
+        rq[r, SCHED_N] = n
+        n_sched += 1
+        budget -= n
+        if rq[r, COMPUTED] < rq[r, TARGET]:
+            context += rq[r, COMPUTED] + n
+            prefill_tokens += n
+            prefill_seqs += 1
+        else:
+            context += rq[r, COMPUTED] + 1
+    if n_sched == 0:
+        rp[j, BUSY] = 0
+        rp[j, RUN_K] = 0
+        return
+    decode_seqs = n_sched - prefill_seqs
+    step = _step_ms(rf, j, prefill_tokens, decode_seqs, context)
+    factor = rf[j, NOISE]
+    k = 1
+    a_ms, b_ms = step, 0.0
+    if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+        head = rp[j, WHEAD]
+        admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
+            _cdiv(min(rq[head, TARGET], rp[j, BUDGET]), bs) <= rp[j, FREE]
+        if not admissible:
+            k = _run_length(rq, rp, j)
+        if k > 1:
+            context0 = context - decode_seqs
+            a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
+            b_ms = rf[j, CC] * decode_seqs
+    a_ms += 0.0 / factor  # the reference adds its log-probability term (none here)
+    rp[j, BUSY] = 1
+    rf[j, SEG_START] = now
+    m = ctr[SEG_N]
+    ctr[SEG_N] = m + 1
+    rp[j, SEG_INDEX] = m
+    row = seg[m]
+    row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
+    row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
+    row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
+    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
+    rp[j, RUN_K] = k if k > 1 else 0
+    rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
+    rp[j, GEN] += 1
+    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+    _push(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
+    ctr[EVENTS] += 1
+
+
+@njit(cache=True)
+def _on_end(rq, rp, rf, rt, seg, h, ctr, j, k, t_end, env_now):
+    """`Replica._on_end`: apply the k iterations, retire who is done, plan the next step."""
+    rf[j, BUSY_S] += t_end - rf[j, SEG_START]
+    bs = rp[j, BS]
+    r = rp[j, RHEAD]
+    while r >= 0:
+        nxt = rq[r, RNEXT]
+        n = rq[r, SCHED_N]
+        if n > 0:
+            rq[r, SCHED_N] = 0
+            if k > 1 or rq[r, COMPUTED] >= rq[r, TARGET]:
+                rq[r, COMPUTED] += k
+                rq[r, GENERATED] += k
+                if _cdiv(rq[r, COMPUTED], bs) > rq[r, BLOCKS]:
+                    _alloc(rq, rp, j, r, rq[r, COMPUTED])
+            else:
+                rq[r, COMPUTED] += n
+                if rq[r, COMPUTED] >= rq[r, TARGET]:
+                    rq[r, GENERATED] += 1
+                    if rq[r, GENERATED] == 1:
+                        rt[r, FIRST_TOKEN_S] = t_end
+            if rq[r, GENERATED] >= rq[r, OUTPUT]:  # done: retire and finish
+                _unlink_running(rq, rp, j, r)
+                rp[j, FREE] += rq[r, BLOCKS]
+                rq[r, BLOCKS] = 0
+                rt[r, FINISH_S] = env_now
+                rp[j, OUTSTANDING] -= rq[r, PROMPT] + rq[r, OUTPUT]
+                rp[j, IN_FLIGHT] -= 1
+        r = nxt
+    rp[j, RUN_K] = 0
+    _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now)
+
+
+@njit(cache=True)
+def _submit(rq, rp, rf, rt, seg, h, ctr, i, env_now, least_outstanding, rr):
+    """Route request i (`policies.routing`) and submit it (`Replica.submit`)."""
+    nrep = rp.shape[0]
+    if least_outstanding:
+        j = 0
+        for q in range(1, nrep):
+            if rp[q, OUTSTANDING] < rp[j, OUTSTANDING]:
+                j = q
+    else:
+        j = rr % nrep
+    rp[j, OUTSTANDING] += rq[i, PROMPT] + rq[i, OUTPUT]
+    rp[j, IN_FLIGHT] += 1
+    rf[j, HOST_S] += rf[j, ADD_S]
+    _append_waiting(rq, rp, j, i)
+    if rp[j, BUSY] == 0:
+        rf[j, HOST_S] += rf[j, WAKE_S]
+        _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now)
+    elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
+        start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
+        k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
+        if k_new < rp[j, RUN_K]:
+            rp[j, GEN] += 1
+            rp[j, RUN_K] = k_new
+            seg[rp[j, SEG_INDEX], 2] = k_new
+            t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
+            _push(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
+            ctr[EVENTS] += 1
+    return j
+
+
+@njit(cache=True)
+def simulate_kernel(arrival_s, rq, rp, rf, least_outstanding):
+    """Run the whole simulation; (results per request, replica of each request, segment rows,
+    events scheduled). `rq`, `rp`, `rf` come initialised (`sim.compiled`)."""
+    n, nrep = arrival_s.shape[0], rp.shape[0]
+    rt = np.full((n, RT_COLS), np.nan)
+    replica_of = np.zeros(n, dtype=np.int64)
+    h = np.empty((n + nrep + 2, 6))  # pending events: live ends, superseded ends, one arrival
+    seg = np.empty((n + 16, SEG_COLS))  # grown by doubling: ~2.5 rows a request
+    ctr = np.zeros(4, dtype=np.int64)
+    now = 0.0
+    i = 0
+    while True:
+        # the arrival process: submit every request due, then wait for the next one
+        while i < n:
+            gap = arrival_s[i] - now
+            if gap > 0:
+                _push(h, ctr, now + gap, -1, 0, 0, 0.0)
+                break
+            if ctr[SEG_N] + 2 > seg.shape[0]:
+                seg = _grow(seg)
+            replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, i, now, least_outstanding, i)
+            i += 1
+        # the next event; an arrival's resumption submits its request before waiting again
+        while ctr[HEAP_N] > 0:
+            ev = _pop(h, ctr)
+            now = ev[0]
+            j = int(ev[2])
+            if j < 0:
+                if ctr[SEG_N] + 2 > seg.shape[0]:
+                    seg = _grow(seg)
+                replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, i, now, least_outstanding,
+                                        i)
+                i += 1
+                break
+            if int(ev[3]) != rp[j, GEN]:
+                continue  # superseded by a truncation
+            if ctr[SEG_N] + 2 > seg.shape[0]:
+                seg = _grow(seg)
+            _on_end(rq, rp, rf, rt, seg, h, ctr, j, int(ev[4]), ev[5], now)
+        else:
+            break
+    return rt, replica_of, seg[:ctr[SEG_N]].copy(), ctr[EVENTS]
+
+
+@njit(cache=True)
+def _grow(seg):
+    out = np.empty((2 * seg.shape[0], SEG_COLS))
+    out[:seg.shape[0]] = seg
+    return out
