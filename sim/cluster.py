@@ -47,6 +47,15 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
     return out
 
 
+def noise_seeds(cfg: SimConfig, replicas: int) -> list[np.random.SeedSequence]:
+    """The seed of each replica's latency noise (then one more): one generator for the run, split
+    per purpose so adding noise never shifts routing; `noise_seed` redraws the noise alone."""
+    seeds = np.random.SeedSequence(cfg.seed).spawn(replicas + 1)
+    if cfg.noise_seed is not None:  # other latency noise, same routing
+        seeds[:replicas] = np.random.SeedSequence([cfg.seed, cfg.noise_seed]).spawn(replicas)
+    return seeds
+
+
 def speculative(g, cal: Calibration, base_dir: Path):
     """A group's speculative decoding, checked against what its calibration was fitted on."""
     from sim.spec_decode import parse
@@ -112,11 +121,7 @@ class Cluster:
         self.specs = specs
         self.env = simpy.Environment()
         self.res = Results(capacity)
-        # One generator for the run, split per purpose so adding noise never shifts routing.
-        self.seeds = np.random.SeedSequence(cfg.seed).spawn(len(specs) + 1)
-        if cfg.noise_seed is not None:  # other latency noise, same routing
-            self.seeds[:len(specs)] = np.random.SeedSequence(
-                [cfg.seed, cfg.noise_seed]).spawn(len(specs))
+        self.seeds = noise_seeds(cfg, len(specs))
         self.outstanding = np.zeros(len(specs), dtype=np.int64)
         self.in_flight = np.zeros(len(specs), dtype=np.int64)
         devices: dict[tuple, Device] = {}
@@ -171,6 +176,14 @@ class Cluster:
         with gc_paused():
             self.env.run()
         self.loop_s = time.perf_counter() - loop0
+
+    def close(self) -> None:
+        """Break the cycle a run leaves (replica -> on_finish -> the caller's state -> this
+        cluster), so reference counting frees the run at once: left to the cyclic collector,
+        its first pass after `gc_paused` scans every object the run allocated (1.2 s of a 9 s
+        run of 20,000 programs)."""
+        for r in self.replicas:
+            r.on_finish = None
 
     def summary(self, events: int, makespan_s: float) -> dict:
         """Run-level figures every simulation reports."""

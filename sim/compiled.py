@@ -1,18 +1,21 @@
 """When a plain request simulation may run compiled (`sim.compiled_kernel`), and running it.
 
-The compiled kernel is the SimPy reference's equal on what it covers; everything else (program
-workloads, sampled latency, speculative or layered replicas, shared devices, prefix caching,
+The compiled kernel is the SimPy reference's equal on what it covers (mean or sampled step
+time); everything else (program workloads, speculative or layered replicas, shared devices, prefix caching,
 priority scheduling, user routers, step-time models with engine state) runs under SimPy.
 `why_not_compiled` names the first thing that keeps a config off the compiled path.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from pathlib import Path
 
 import numpy as np
 
 from sim.calibration import Calibration
+from sim.cluster import noise_seeds
 from sim.config import SimConfig
 from sim.latency import LatencyModel
 from sim.replica_config import ReplicaConfig
@@ -25,8 +28,6 @@ ROUTERS = ("round_robin", "least_outstanding")
 def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
                      workload: Workload) -> str | None:
     """None if the compiled kernel covers this run; else what keeps it under SimPy."""
-    if cfg.latency != "mean":
-        return f"latency {cfg.latency!r} (the kernel runs the mean step time)"
     if cfg.router not in ROUTERS:
         return f"router {cfg.router!r}"
     if len({g.pool for g in cfg.replicas}) > 1:
@@ -68,12 +69,13 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.kv_blocks)
         rf[j, K.C0:K.CX + 1] = cal.latency.coef_ms
-        rf[j, K.NOISE] = cal.latency.residual_sampler()[0]
+        rf[j, K.NOISE], rf[j, K.NOISE_STD] = cal.latency.residual_sampler()
         rf[j, K.ADD_S], rf[j, K.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
     rp[:, [K.RHEAD, K.RTAIL, K.WHEAD, K.WTAIL]] = -1
+    rngs, quantiles = _noise(cfg, specs, rp, rf)
     loop0 = time.perf_counter()
     rt, replica_of, seg, events = K.simulate_kernel(
-        np.ascontiguousarray(workload.arrival_s, dtype=np.float64), rq, rp, rf,
+        np.ascontiguousarray(workload.arrival_s, dtype=np.float64), rq, rp, rf, rngs, quantiles,
         cfg.router == "least_outstanding")
     loop_s = time.perf_counter() - loop0
     res = Results(n)
@@ -86,3 +88,46 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
     res.load_segments(seg)
     res.events = int(events)
     return res, rf[:, K.BUSY_S].copy(), loop_s
+
+
+def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
+    """Each replica's noise generator (seeded as `Cluster` seeds its replicas') and residual
+    quantiles (rows padded; their count in rp[:, N_QUANTILES]); sets each run factor."""
+    from numba.typed import List
+
+    from sim import compiled_kernel as K
+
+    sampled = cfg.latency == "sampled"
+    seeds = noise_seeds(cfg, len(specs))
+    rngs = List([np.random.default_rng(seeds[j] if sampled else 0) for j in range(len(specs))])
+    qs = [cal.latency.residual_log_quantiles for cal, _ in specs]
+    quantiles = np.zeros((len(specs), max(len(q) for q in qs)))
+    for j, (cal, _) in enumerate(specs):
+        quantiles[j, :len(qs[j])] = qs[j]
+        rp[j, K.N_QUANTILES] = len(qs[j])
+        runs = getattr(cal.latency, "run_log_quantiles", (0.0,))
+        # as `Replica.__init__` draws it, before any step's noise
+        rf[j, K.RUN_FACTOR] = 1.0 if not sampled or len(runs) < 2 else \
+            math.exp(runs[int(rngs[j].integers(len(runs)))])
+    rp[:, K.SAMPLED] = sampled
+    return rngs, quantiles
+
+
+def warm() -> float:
+    """Compile the kernel (or load it from numba's cache) with a tiny run; the seconds it took."""
+    from sim.config import parse_config
+    from sim.simulate import simulate
+
+    cal = Path(__file__).parent / "data" / "testbed-large-cpu.calib.json"
+    cfg = parse_config({"workload": {"arrival": {"kind": "poisson", "rate_per_s": 5.0},
+                                     "num_requests": 10,
+                                     "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
+                                     "output_tokens": {"kind": "uniform", "low": 1, "high": 16}},
+                        "cluster": {"replicas": [{"calibration": str(cal)}]}})
+    t0 = time.perf_counter()
+    simulate(cfg)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    print(f"compiled kernel: ready ({warm():.1f} s)")

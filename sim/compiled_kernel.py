@@ -5,7 +5,7 @@ same event order (a heap on (time, creation order), as SimPy's queue of timeouts
 float expressions in the same order, so its tables equal the SimPy run's bit for bit
 (`tests/test_compiled.py`). It covers what a plain request workload needs (FCFS, chunked prefill,
 KV blocks with recompute preemption, runs of decode iterations and their truncation by arrivals,
-the linear step-time model at its mean, the loop's host time, the built-in routers); `sim.compiled`
+the linear step-time model at its mean or sampled, the loop's host time, the built-in routers); `sim.compiled`
 decides when it applies. Compiled, the per-request work of the reference (every running request
 touched at every event) costs nanoseconds, so the kernel keeps the reference's simple lists.
 
@@ -25,10 +25,10 @@ PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, RP
     PREEMPTS, RQ_COLS = range(13)
 # per replica (int64)
 MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL, RCOUNT, \
-    WHEAD, WTAIL, WCOUNT, OUTSTANDING, IN_FLIGHT, RP_COLS = range(18)
+    WHEAD, WTAIL, WCOUNT, OUTSTANDING, IN_FLIGHT, SAMPLED, N_QUANTILES, RP_COLS = range(20)
 # per replica (float64): the linear model's coefficients, then state
-C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, \
-    BUSY_S, RF_COLS = range(16)
+C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, \
+    RUN_B, RUN_F, SEG_START, BUSY_S, RF_COLS = range(18)
 # per request results (float64)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS = range(4)
 # counters
@@ -183,6 +183,19 @@ def _step_ms(rf, j, p, d, c):
 
 
 @njit(cache=True)
+def _noise(rp, rf, rngs, quantiles, j, k):
+    """`Replica._noise`: the step's residual factor (mean, or drawn from the replica's
+    generator: numba's Generator draws NumPy's stream)."""
+    if rp[j, SAMPLED] == 0:
+        return rf[j, NOISE]
+    g = rngs[j]
+    if k == 1:
+        return rf[j, RUN_FACTOR] * math.exp(quantiles[j, g.integers(0, rp[j, N_QUANTILES])])
+    return rf[j, RUN_FACTOR] * max(0.05, rf[j, NOISE] + rf[j, NOISE_STD] / math.sqrt(k)
+                                   * g.standard_normal())
+
+
+@njit(cache=True)
 def _run_length(rq, rp, j):
     """`sim.run_length.decode_run_length` without speculation."""
     bs, free = rp[j, BS], rp[j, FREE]
@@ -218,7 +231,7 @@ def _extra(rq, rp, j, it):
 
 
 @njit(cache=True)
-def _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now):
+def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     """`Replica._plan` (no device, no prefix cache, FCFS) and `_launch` (linear model, mean)."""
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
@@ -284,7 +297,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now):
         return
     decode_seqs = n_sched - prefill_seqs
     step = _step_ms(rf, j, prefill_tokens, decode_seqs, context)
-    factor = rf[j, NOISE]
+    factor = _noise(rp, rf, rngs, quantiles, j, 1)
     k = 1
     a_ms, b_ms = step, 0.0
     if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
@@ -297,6 +310,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now):
             context0 = context - decode_seqs
             a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
             b_ms = rf[j, CC] * decode_seqs
+            factor = _noise(rp, rf, rngs, quantiles, j, k)
     a_ms += 0.0 / factor  # the reference adds its log-probability term (none here)
     rp[j, BUSY] = 1
     rf[j, SEG_START] = now
@@ -317,7 +331,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now):
 
 
 @njit(cache=True)
-def _on_end(rq, rp, rf, rt, seg, h, ctr, j, k, t_end, env_now):
+def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, k, t_end, env_now):
     """`Replica._on_end`: apply the k iterations, retire who is done, plan the next step."""
     rf[j, BUSY_S] += t_end - rf[j, SEG_START]
     bs = rp[j, BS]
@@ -347,11 +361,12 @@ def _on_end(rq, rp, rf, rt, seg, h, ctr, j, k, t_end, env_now):
                 rp[j, IN_FLIGHT] -= 1
         r = nxt
     rp[j, RUN_K] = 0
-    _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now)
+    _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
 
 
 @njit(cache=True)
-def _submit(rq, rp, rf, rt, seg, h, ctr, i, env_now, least_outstanding, rr):
+def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outstanding,
+            rr):
     """Route request i (`policies.routing`) and submit it (`Replica.submit`)."""
     nrep = rp.shape[0]
     if least_outstanding:
@@ -367,7 +382,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, i, env_now, least_outstanding, rr):
     _append_waiting(rq, rp, j, i)
     if rp[j, BUSY] == 0:
         rf[j, HOST_S] += rf[j, WAKE_S]
-        _plan(rq, rp, rf, rt, seg, h, ctr, j, env_now)
+        _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
     elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
         start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
         k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
@@ -382,7 +397,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, i, env_now, least_outstanding, rr):
 
 
 @njit(cache=True)
-def simulate_kernel(arrival_s, rq, rp, rf, least_outstanding):
+def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
     """Run the whole simulation; (results per request, replica of each request, segment rows,
     events scheduled). `rq`, `rp`, `rf` come initialised (`sim.compiled`)."""
     n, nrep = arrival_s.shape[0], rp.shape[0]
@@ -402,7 +417,8 @@ def simulate_kernel(arrival_s, rq, rp, rf, least_outstanding):
                 break
             if ctr[SEG_N] + 2 > seg.shape[0]:
                 seg = _grow(seg)
-            replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, i, now, least_outstanding, i)
+            replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
+                                    least_outstanding, i)
             i += 1
         # the next event; an arrival's resumption submits its request before waiting again
         while ctr[HEAP_N] > 0:
@@ -412,15 +428,16 @@ def simulate_kernel(arrival_s, rq, rp, rf, least_outstanding):
             if j < 0:
                 if ctr[SEG_N] + 2 > seg.shape[0]:
                     seg = _grow(seg)
-                replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, i, now, least_outstanding,
-                                        i)
+                replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
+                                        least_outstanding, i)
                 i += 1
                 break
             if int(ev[3]) != rp[j, GEN]:
                 continue  # superseded by a truncation
             if ctr[SEG_N] + 2 > seg.shape[0]:
                 seg = _grow(seg)
-            _on_end(rq, rp, rf, rt, seg, h, ctr, j, int(ev[4]), ev[5], now)
+            _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, int(ev[4]), ev[5],
+                    now)
         else:
             break
     return rt, replica_of, seg[:ctr[SEG_N]].copy(), ctr[EVENTS]

@@ -122,6 +122,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimR
     if isinstance(bank, ToTBank):
         tables, extra = tot_results(runs, driver, cluster, summary["makespan_s"])
         summary.update(extra)
+    cluster.close()
     return SimResult(requests, steps, summary, progs, tables)
 
 

@@ -1,7 +1,9 @@
 """`simulate`: one run of a config, a plain request workload or a program workload.
 
 Event budget per request: one arrival event, plus the replica runs its arrival truncates and its
-completion ends. Nothing here runs per token; tables are written once from column buffers.
+completion ends. Nothing here runs per token; tables are written once from column buffers. A
+plain workload that the compiled kernel covers runs there (`sim.compiled`, equal to the SimPy
+run bit for bit); the rest runs under SimPy.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ def _simulate_simpy(cfg: SimConfig, workload: Workload, fast_forward: bool,
 
     cluster.run(arrivals())
     res.replica_id[:] = replica_of
+    cluster.close()
     return res, np.array([r.busy_s for r in replicas]), cluster.loop_s
 
 
