@@ -114,6 +114,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimR
     summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
+    summary["simulator"] = "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
     if isinstance(bank, A1Bank):

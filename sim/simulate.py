@@ -49,7 +49,9 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     n = len(workload)
     specs = build_replicas(cfg)
     _check_fits(workload, specs)
-    if fast_forward and lazy and compiled and why_not_compiled(cfg, specs, workload) is None:
+    on_kernel = fast_forward and lazy and compiled and \
+        why_not_compiled(cfg, specs, workload) is None
+    if on_kernel:
         res, busy_s, loop_s = simulate_compiled(cfg, specs, workload)
     else:
         res, busy_s, loop_s = _simulate_simpy(cfg, workload, fast_forward, lazy)
@@ -63,7 +65,8 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(run_summary(res, busy_s, wall0, loop_s, events, summary["makespan_s"]))
     summary.update({"events_per_request": events / n if n else 0.0,
-                    "kv_usage_mean": kv_usage(res)})
+                    "kv_usage_mean": kv_usage(res),
+                    "simulator": "compiled" if on_kernel else "simpy"})
     return SimResult(requests, steps, summary)
 
 

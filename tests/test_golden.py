@@ -25,7 +25,9 @@ ar and sd trees unchanged, row for row); `seed-greedy-small` (the second draft/t
 with its first output when it was added; `spec-k4` (in-engine speculative decoding) with its
 first output when speculative replicas were added; `seed-separate` (engines on devices of their
 own) when replicas without a shared device began charging their loop's host time per added
-request (`sim.host_time`; before, only shared devices did).
+request (`sim.host_time`; before, only shared devices did). Every non-HELIOS golden gained its
+`simulator` key when plain workloads began running on the compiled kernel (`sim.compiled`):
+`demo` and `replay-small` run there now, their figures unchanged.
 """
 
 from __future__ import annotations
