@@ -93,11 +93,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10k requests only (< 1 minute)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    pair = lambda v: tuple(int(x) for x in v.split(","))  # noqa: E731
+    ap.add_argument("--scale", type=pair, action="append", metavar="REQUESTS,REPLICAS",
+                    help="plain request scales to time, instead of the grid (repeatable)")
+    ap.add_argument("--programs", type=pair, metavar="PROGRAMS,REPLICAS",
+                    help="the Dynasor CoT program scale (default 20000,40 quick, else "
+                         "1000000,1000)")
+    ap.add_argument("--double-at", type=pair,
+                    metavar="REQUESTS,REPLICAS",
+                    help="where to measure doubled output lengths (default: the first scale)")
     ap.add_argument("--vidur", action="store_true",
                     help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
     args = ap.parse_args()
-    grid = [(10_000, 4)] if args.quick else [(1_000, 1), (10_000, 10), (100_000, 100),
-                                              (1_000_000, 1_000)]
+    grid = args.scale or ([(10_000, 4)] if args.quick else [(1_000, 1), (10_000, 10),
+                                                             (100_000, 100), (1_000_000, 1_000)])
     # The compiled kernel's first call in a process loads it from numba's cache (compiling it
     # anew, ~10 s, once per checkout): timed apart, as Vidur's predictor training is.
     t0 = time.process_time()
@@ -109,7 +118,7 @@ def main() -> None:
         w = workload_from_config(cfg.workload, cfg.seed)
         rows.append(measure(cfg, w, args.repeats if n <= 100_000 else 1))
     # Same requests, outputs doubled: cost should track events, not tokens.
-    n, replicas = grid[0] if args.quick else grid[1]
+    n, replicas = args.double_at or (grid[0] if args.quick else grid[1])
     cfg = config(n, replicas, per_replica_rate=7.5)  # half rate keeps load equal when doubled
     w = workload_from_config(cfg.workload, cfg.seed)
     base = measure(cfg, w, args.repeats)
@@ -124,8 +133,9 @@ def main() -> None:
     # The same workload under SimPy (the lazy replica): what the compiled kernel must equal
     simpy_base = measure(cfg, w, args.repeats, compiled=False)
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
-    prog = programs(*((20_000, 40) if args.quick else (1_000_000, 1_000)))
+    prog = programs(*(args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))))
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
+           "double_at": [n, replicas],
            "events_per_request": rows[0]["events_per_request"],
            "double_tokens_cost_ratio": double["cpu_s"] / base["cpu_s"],
            "double_tokens_token_ratio": double["output_tokens"] / base["output_tokens"],
@@ -135,7 +145,7 @@ def main() -> None:
                      "compiled_speedup": simpy_base["cpu_s"] / base["cpu_s"],
                      "double_tokens_cost_ratio": simpy_double["cpu_s"] / simpy_base["cpu_s"]},
            "reference_replica": {"cpu_s": ref_base["cpu_s"],
-                                 "lazy_speedup": ref_base["cpu_s"] / base["cpu_s"],
+                                 "lazy_speedup": ref_base["cpu_s"] / simpy_base["cpu_s"],
                                  "double_tokens_cost_ratio": ref_double["cpu_s"]
                                  / ref_base["cpu_s"]}}
     if args.vidur:
@@ -166,7 +176,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['requests']:>10} {r['replicas']:>8} {r['cpu_s']:>8.2f} "
               f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f} "
-              f"{r['real_time_factor']:>11.3f}")
+              f"{r['real_time_factor']:>11.2g}")
     sp = out["simpy"]
     print(f"plain requests compiled (sim/compiled_kernel.py; its cached load {kernel_load_cpu_s:.2f}"
           f" CPU-s apart); under SimPy {sp['requests_per_cpu_s']:.0f} req/cpu-s, the kernel "
@@ -181,7 +191,7 @@ def main() -> None:
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")
     ref = out["reference_replica"]
     print(f"reference replica (sim/replica.py, every running request per event): "
-          f"{ref['cpu_s']:.2f} CPU-s, the lazy one {ref['lazy_speedup']:.2f}x faster; doubled "
+          f"{ref['cpu_s']:.2f} CPU-s, the lazy one (SimPy) {ref['lazy_speedup']:.2f}x faster; doubled "
           f"output tokens there: cost ratio {ref['double_tokens_cost_ratio']:.2f}")
     if "speedup_vs_vidur_loop" in out:
         v = out["vidur"]
