@@ -115,8 +115,9 @@ def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
 
 def warm() -> float:
     """Compile the kernel (or load it from numba's cache) with a tiny run; the seconds it took."""
+    from sim.cluster import build_replicas
     from sim.config import parse_config
-    from sim.simulate import simulate
+    from sim.workload import workload_from_config
 
     cal = Path(__file__).parent / "data" / "testbed-large-cpu.calib.json"
     cfg = parse_config({"workload": {"arrival": {"kind": "poisson", "rate_per_s": 5.0},
@@ -125,7 +126,7 @@ def warm() -> float:
                                      "output_tokens": {"kind": "uniform", "low": 1, "high": 16}},
                         "cluster": {"replicas": [{"calibration": str(cal)}]}})
     t0 = time.perf_counter()
-    simulate(cfg)
+    simulate_compiled(cfg, build_replicas(cfg), workload_from_config(cfg.workload, cfg.seed))
     return time.perf_counter() - t0
 
 
