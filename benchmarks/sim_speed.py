@@ -178,8 +178,9 @@ def main() -> None:
               f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f} "
               f"{r['real_time_factor']:>11.2g}")
     sp = out["simpy"]
-    print(f"plain requests compiled (sim/compiled_kernel.py; its cached load {kernel_load_cpu_s:.2f}"
-          f" CPU-s apart); under SimPy {sp['requests_per_cpu_s']:.0f} req/cpu-s, the kernel "
+    print(f"plain requests compiled (sim/compiled_kernel.py; its cached load "
+          f"{kernel_load_cpu_s:.2f} CPU-s apart); under SimPy {sp['requests_per_cpu_s']:.0f} "
+          f"req/cpu-s, the kernel "
           f"{sp['compiled_speedup']:.1f}x faster; doubled output tokens there: cost ratio "
           f"{sp['double_tokens_cost_ratio']:.2f}")
     print(f"{prog['programs']} Dynasor CoT programs ({prog['requests']} requests) on "
@@ -191,7 +192,8 @@ def main() -> None:
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")
     ref = out["reference_replica"]
     print(f"reference replica (sim/replica.py, every running request per event): "
-          f"{ref['cpu_s']:.2f} CPU-s, the lazy one (SimPy) {ref['lazy_speedup']:.2f}x faster; doubled "
+          f"{ref['cpu_s']:.2f} CPU-s, the lazy one (SimPy) {ref['lazy_speedup']:.2f}x faster; "
+          f"doubled "
           f"output tokens there: cost ratio {ref['double_tokens_cost_ratio']:.2f}")
     if "speedup_vs_vidur_loop" in out:
         v = out["vidur"]

@@ -1,8 +1,9 @@
 """When a plain request simulation may run compiled (`sim.compiled_kernel`), and running it.
 
 The compiled kernel is the SimPy reference's equal on what it covers (mean or sampled step
-time); everything else (program workloads, speculative or layered replicas, shared devices, prefix caching,
-priority scheduling, user routers, step-time models with engine state) runs under SimPy.
+time); everything else (program workloads, speculative or layered replicas, shared devices,
+prefix caching, priority scheduling, user routers, step-time models with engine state, several
+pools) runs under SimPy.
 `why_not_compiled` names the first thing that keeps a config off the compiled path.
 """
 
@@ -54,24 +55,24 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
                       workload: Workload) -> tuple[Results, np.ndarray, float]:
     """Run the kernel: (results buffers as the SimPy run fills them, busy seconds per replica,
     event loop seconds)."""
-    from sim import compiled_kernel as K
+    from sim import compiled_kernel as K, compiled_state as S
 
     n, nrep = len(workload), len(specs)
-    rq = np.zeros((n, K.RQ_COLS), dtype=np.int64)
-    rq[:, K.PROMPT] = workload.prompt_tokens
-    rq[:, K.OUTPUT] = workload.output_tokens
-    rq[:, K.TARGET] = workload.prompt_tokens
-    rq[:, [K.RNEXT, K.RPREV, K.WNEXT]] = -1
-    rp = np.zeros((nrep, K.RP_COLS), dtype=np.int64)
-    rf = np.zeros((nrep, K.RF_COLS))
+    rq = np.zeros((n, S.RQ_COLS), dtype=np.int64)
+    rq[:, S.PROMPT] = workload.prompt_tokens
+    rq[:, S.OUTPUT] = workload.output_tokens
+    rq[:, S.TARGET] = workload.prompt_tokens
+    rq[:, [S.RNEXT, S.RPREV, S.WNEXT]] = -1
+    rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
+    rf = np.zeros((nrep, S.RF_COLS))
     for j, (cal, rc) in enumerate(specs):
-        rp[j, [K.MAX_SEQS, K.BUDGET, K.BS, K.KV_BLOCKS, K.FREE]] = (
+        rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.kv_blocks)
-        rf[j, K.C0:K.CX + 1] = cal.latency.coef_ms
-        rf[j, K.NOISE], rf[j, K.NOISE_STD] = cal.latency.residual_sampler()
-        rf[j, K.ADD_S], rf[j, K.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
-    rp[:, [K.RHEAD, K.RTAIL, K.WHEAD, K.WTAIL]] = -1
+        rf[j, S.C0:S.CX + 1] = cal.latency.coef_ms
+        rf[j, S.NOISE], rf[j, S.NOISE_STD] = cal.latency.residual_sampler()
+        rf[j, S.ADD_S], rf[j, S.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
+    rp[:, [S.RHEAD, S.RTAIL, S.WHEAD, S.WTAIL]] = -1
     rngs, quantiles = _noise(cfg, specs, rp, rf)
     loop0 = time.perf_counter()
     rt, replica_of, seg, events = K.simulate_kernel(
@@ -79,15 +80,15 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
         cfg.router == "least_outstanding")
     loop_s = time.perf_counter() - loop0
     res = Results(n)
-    res.scheduled_s = np.ascontiguousarray(rt[:, K.SCHEDULED_S])
-    res.first_token_s = np.ascontiguousarray(rt[:, K.FIRST_TOKEN_S])
-    res.finish_s = np.ascontiguousarray(rt[:, K.FINISH_S])
+    res.scheduled_s = np.ascontiguousarray(rt[:, S.SCHEDULED_S])
+    res.first_token_s = np.ascontiguousarray(rt[:, S.FIRST_TOKEN_S])
+    res.finish_s = np.ascontiguousarray(rt[:, S.FINISH_S])
     res.replica_id[:] = replica_of
-    res.output_tokens[:] = rq[:, K.GENERATED]
-    res.preemptions[:] = rq[:, K.PREEMPTS]
+    res.output_tokens[:] = rq[:, S.GENERATED]
+    res.preemptions[:] = rq[:, S.PREEMPTS]
     res.load_segments(seg)
     res.events = int(events)
-    return res, rf[:, K.BUSY_S].copy(), loop_s
+    return res, rf[:, S.BUSY_S].copy(), loop_s
 
 
 def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
@@ -95,7 +96,7 @@ def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
     quantiles (rows padded; their count in rp[:, N_QUANTILES]); sets each run factor."""
     from numba.typed import List
 
-    from sim import compiled_kernel as K
+    from sim import compiled_state as S
 
     sampled = cfg.latency == "sampled"
     seeds = noise_seeds(cfg, len(specs))
@@ -104,12 +105,12 @@ def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
     quantiles = np.zeros((len(specs), max(len(q) for q in qs)))
     for j, (cal, _) in enumerate(specs):
         quantiles[j, :len(qs[j])] = qs[j]
-        rp[j, K.N_QUANTILES] = len(qs[j])
+        rp[j, S.N_QUANTILES] = len(qs[j])
         runs = getattr(cal.latency, "run_log_quantiles", (0.0,))
         # as `Replica.__init__` draws it, before any step's noise
-        rf[j, K.RUN_FACTOR] = 1.0 if not sampled or len(runs) < 2 else \
+        rf[j, S.RUN_FACTOR] = 1.0 if not sampled or len(runs) < 2 else \
             math.exp(runs[int(rngs[j].integers(len(runs)))])
-    rp[:, K.SAMPLED] = sampled
+    rp[:, S.SAMPLED] = sampled
     return rngs, quantiles
 
 

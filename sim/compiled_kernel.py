@@ -5,12 +5,12 @@ same event order (a heap on (time, creation order), as SimPy's queue of timeouts
 float expressions in the same order, so its tables equal the SimPy run's bit for bit
 (`tests/test_compiled.py`). It covers what a plain request workload needs (FCFS, chunked prefill,
 KV blocks with recompute preemption, runs of decode iterations and their truncation by arrivals,
-the linear step-time model at its mean or sampled, the loop's host time, the built-in routers); `sim.compiled`
-decides when it applies. Compiled, the per-request work of the reference (every running request
-touched at every event) costs nanoseconds, so the kernel keeps the reference's simple lists.
+the linear step-time model at its mean or sampled, the loop's host time, the built-in
+routers); `sim.compiled` decides when it applies. Compiled, the per-request work of the
+reference (every running request touched at every event) costs nanoseconds, so the kernel keeps
+the reference's simple lists.
 
-State is in a few arrays with named columns (module constants, compile-time in numba): per
-request `rq`, per replica `rp` (integers) and `rf` (floats).
+Its state, the event heap and the request lists are in `sim.compiled_state`.
 """
 
 from __future__ import annotations
@@ -20,161 +20,14 @@ import math
 import numpy as np
 from numba import njit
 
-# per request (int64)
-PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, RPREV, WNEXT, \
-    PREEMPTS, RQ_COLS = range(13)
-# per replica (int64)
-MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL, RCOUNT, \
-    WHEAD, WTAIL, WCOUNT, OUTSTANDING, IN_FLIGHT, SAMPLED, N_QUANTILES, RP_COLS = range(20)
-# per replica (float64): the linear model's coefficients, then state
-C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, \
-    RUN_B, RUN_F, SEG_START, BUSY_S, RF_COLS = range(18)
-# per request results (float64)
-SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS = range(4)
-# counters
-EID, EVENTS, SEG_N, HEAP_N = range(4)
-SEG_COLS = 15  # sim.request_state.SEG_COLUMNS
-
-
-@njit(cache=True)
-def _push(h, ctr, t, rep, gen, k, t_end):
-    i = ctr[HEAP_N]
-    ctr[HEAP_N] = i + 1
-    eid = ctr[EID]
-    ctr[EID] = eid + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if h[p, 0] < t or (h[p, 0] == t and h[p, 1] < eid):
-            break
-        h[i] = h[p]
-        i = p
-    h[i, 0], h[i, 1], h[i, 2], h[i, 3], h[i, 4], h[i, 5] = t, eid, rep, gen, k, t_end
-
-
-@njit(cache=True)
-def _pop(h, ctr):
-    n = ctr[HEAP_N] - 1
-    ctr[HEAP_N] = n
-    top = h[0].copy()
-    last = h[n].copy()
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and (h[c + 1, 0] < h[c, 0] or
-                          (h[c + 1, 0] == h[c, 0] and h[c + 1, 1] < h[c, 1])):
-            c += 1
-        if last[0] < h[c, 0] or (last[0] == h[c, 0] and last[1] < h[c, 1]):
-            break
-        h[i] = h[c]
-        i = c
-    if n > 0:
-        h[i] = last
-    return top
-
-
-@njit(cache=True)
-def run_ms(a_ms, b_ms, k):
-    """Total duration of the first k iterations of a decode run (`sim.latency.run_ms`)."""
-    return k * a_ms + b_ms * k * (k - 1) / 2.0
-
-
-@njit(cache=True)
-def iterations_within(a_ms, b_ms, dt_ms):
-    """`sim.latency.iterations_within`, the same float steps."""
-    if dt_ms <= 0:
-        return 1
-    if b_ms <= 1e-12:
-        k = math.ceil(dt_ms / a_ms)
-    else:
-        h = a_ms - b_ms / 2.0
-        k = math.ceil((-h + math.sqrt(h * h + 2.0 * b_ms * dt_ms)) / b_ms)
-    k = max(k, 1)
-    while k > 1 and run_ms(a_ms, b_ms, k - 1) >= dt_ms:
-        k -= 1
-    while run_ms(a_ms, b_ms, k) < dt_ms:
-        k += 1
-    return k
-
-
-@njit(cache=True)
-def _cdiv(a, b):
-    return -(-a // b)
-
-
-@njit(cache=True)
-def _alloc(rq, rp, j, r, tokens_after):
-    need = _cdiv(tokens_after, rp[j, BS]) - rq[r, BLOCKS]
-    if need <= 0:
-        return True
-    if need > rp[j, FREE]:
-        return False
-    rp[j, FREE] -= need
-    rq[r, BLOCKS] += need
-    return True
-
-
-@njit(cache=True)
-def _unlink_running(rq, rp, j, r):
-    p, q = rq[r, RPREV], rq[r, RNEXT]
-    if p >= 0:
-        rq[p, RNEXT] = q
-    else:
-        rp[j, RHEAD] = q
-    if q >= 0:
-        rq[q, RPREV] = p
-    else:
-        rp[j, RTAIL] = p
-    rp[j, RCOUNT] -= 1
-
-
-@njit(cache=True)
-def _append_running(rq, rp, j, r):
-    t = rp[j, RTAIL]
-    rq[r, RPREV], rq[r, RNEXT] = t, -1
-    if t >= 0:
-        rq[t, RNEXT] = r
-    else:
-        rp[j, RHEAD] = r
-    rp[j, RTAIL] = r
-    rp[j, RCOUNT] += 1
-
-
-@njit(cache=True)
-def _append_waiting(rq, rp, j, r):
-    rq[r, WNEXT] = -1
-    if rp[j, WTAIL] >= 0:
-        rq[rp[j, WTAIL], WNEXT] = r
-    else:
-        rp[j, WHEAD] = r
-    rp[j, WTAIL] = r
-    rp[j, WCOUNT] += 1
-
-
-@njit(cache=True)
-def _pop_waiting(rq, rp, j):
-    r = rp[j, WHEAD]
-    rp[j, WHEAD] = rq[r, WNEXT]
-    if rp[j, WHEAD] < 0:
-        rp[j, WTAIL] = -1
-    rp[j, WCOUNT] -= 1
-    return r
-
-
-@njit(cache=True)
-def _preempt(rq, rp, j, v):
-    _unlink_running(rq, rp, j, v)
-    rp[j, FREE] += rq[v, BLOCKS]
-    rq[v, BLOCKS] = 0
-    rq[v, COMPUTED] = 0
-    rq[v, TARGET] = rq[v, PROMPT] + rq[v, GENERATED]
-    rq[v, PREEMPTS] += 1
-    rq[v, WNEXT] = rp[j, WHEAD]  # appendleft
-    rp[j, WHEAD] = v
-    if rp[j, WTAIL] < 0:
-        rp[j, WTAIL] = v
-    rp[j, WCOUNT] += 1
+from sim.compiled_state import (
+    PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, MAX_SEQS, BUDGET,
+    BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL, RCOUNT, WHEAD, WCOUNT,
+    OUTSTANDING, IN_FLIGHT, SAMPLED, N_QUANTILES, C0, CP, CD, CC, CX, NOISE, NOISE_STD,
+    RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, BUSY_S,
+    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS, EVENTS, SEG_N, HEAP_N, SEG_COLS, push_event,
+    pop_event, run_ms, iterations_within, cdiv, alloc, unlink_running, append_running,
+    append_waiting, pop_waiting, preempt, grow_rows)
 
 
 @njit(cache=True)
@@ -223,7 +76,7 @@ def _extra(rq, rp, j, it):
     need, bs = 0, rp[j, BS]
     r = rp[j, RHEAD]
     while r >= 0:
-        x = _cdiv(rq[r, COMPUTED] + it, bs) - rq[r, BLOCKS]
+        x = cdiv(rq[r, COMPUTED] + it, bs) - rq[r, BLOCKS]
         if x > 0:
             need += x
         r = rq[r, RNEXT]
@@ -242,7 +95,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     while r >= 0 and budget > 0:
         nxt = rq[r, RNEXT]
         computed, target = rq[r, COMPUTED], rq[r, TARGET]
-        if computed >= target and _cdiv(computed + 1, bs) <= rq[r, BLOCKS]:
+        if computed >= target and cdiv(computed + 1, bs) <= rq[r, BLOCKS]:
             rq[r, SCHED_N] = 1
             n_sched += 1
             budget -= 1
@@ -252,9 +105,9 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
         prefill = computed < target
         n = min(target - computed, budget) if prefill else 1
         scheduled = True
-        while not _alloc(rq, rp, j, r, computed + n):
+        while not alloc(rq, rp, j, r, computed + n):
             v = rp[j, RTAIL]
-            _preempt(rq, rp, j, v)
+            preempt(rq, rp, j, v)
             preempted += 1
             if v == r:
                 scheduled = False
@@ -275,10 +128,10 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
         n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        if not _alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
+        if not alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
             break
-        _pop_waiting(rq, rp, j)
-        _append_running(rq, rp, j, r)
+        pop_waiting(rq, rp, j)
+        append_running(rq, rp, j, r)
         if rq[r, STARTED] == 0:
             rq[r, STARTED] = 1
             rt[r, SCHEDULED_S] = now
@@ -303,7 +156,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
         head = rp[j, WHEAD]
         admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
-            _cdiv(min(rq[head, TARGET], rp[j, BUDGET]), bs) <= rp[j, FREE]
+            cdiv(min(rq[head, TARGET], rp[j, BUDGET]), bs) <= rp[j, FREE]
         if not admissible:
             k = _run_length(rq, rp, j)
         if k > 1:
@@ -326,7 +179,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
     rp[j, GEN] += 1
     t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
-    _push(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
+    push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
     ctr[EVENTS] += 1
 
 
@@ -344,8 +197,8 @@ def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, k, t_end, env_now):
             if k > 1 or rq[r, COMPUTED] >= rq[r, TARGET]:
                 rq[r, COMPUTED] += k
                 rq[r, GENERATED] += k
-                if _cdiv(rq[r, COMPUTED], bs) > rq[r, BLOCKS]:
-                    _alloc(rq, rp, j, r, rq[r, COMPUTED])
+                if cdiv(rq[r, COMPUTED], bs) > rq[r, BLOCKS]:
+                    alloc(rq, rp, j, r, rq[r, COMPUTED])
             else:
                 rq[r, COMPUTED] += n
                 if rq[r, COMPUTED] >= rq[r, TARGET]:
@@ -353,7 +206,7 @@ def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, k, t_end, env_now):
                     if rq[r, GENERATED] == 1:
                         rt[r, FIRST_TOKEN_S] = t_end
             if rq[r, GENERATED] >= rq[r, OUTPUT]:  # done: retire and finish
-                _unlink_running(rq, rp, j, r)
+                unlink_running(rq, rp, j, r)
                 rp[j, FREE] += rq[r, BLOCKS]
                 rq[r, BLOCKS] = 0
                 rt[r, FINISH_S] = env_now
@@ -379,7 +232,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
     rp[j, OUTSTANDING] += rq[i, PROMPT] + rq[i, OUTPUT]
     rp[j, IN_FLIGHT] += 1
     rf[j, HOST_S] += rf[j, ADD_S]
-    _append_waiting(rq, rp, j, i)
+    append_waiting(rq, rp, j, i)
     if rp[j, BUSY] == 0:
         rf[j, HOST_S] += rf[j, WAKE_S]
         _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
@@ -391,7 +244,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
             rp[j, RUN_K] = k_new
             seg[rp[j, SEG_INDEX], 2] = k_new
             t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
-            _push(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
+            push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
             ctr[EVENTS] += 1
     return j
 
@@ -413,21 +266,21 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
         while i < n:
             gap = arrival_s[i] - now
             if gap > 0:
-                _push(h, ctr, now + gap, -1, 0, 0, 0.0)
+                push_event(h, ctr, now + gap, -1, 0, 0, 0.0)
                 break
             if ctr[SEG_N] + 2 > seg.shape[0]:
-                seg = _grow(seg)
+                seg = grow_rows(seg)
             replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
                                     least_outstanding, i)
             i += 1
         # the next event; an arrival's resumption submits its request before waiting again
         while ctr[HEAP_N] > 0:
-            ev = _pop(h, ctr)
+            ev = pop_event(h, ctr)
             now = ev[0]
             j = int(ev[2])
             if j < 0:
                 if ctr[SEG_N] + 2 > seg.shape[0]:
-                    seg = _grow(seg)
+                    seg = grow_rows(seg)
                 replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
                                         least_outstanding, i)
                 i += 1
@@ -435,16 +288,9 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
             if int(ev[3]) != rp[j, GEN]:
                 continue  # superseded by a truncation
             if ctr[SEG_N] + 2 > seg.shape[0]:
-                seg = _grow(seg)
+                seg = grow_rows(seg)
             _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, int(ev[4]), ev[5],
                     now)
         else:
             break
     return rt, replica_of, seg[:ctr[SEG_N]].copy(), ctr[EVENTS]
-
-
-@njit(cache=True)
-def _grow(seg):
-    out = np.empty((2 * seg.shape[0], SEG_COLS))
-    out[:seg.shape[0]] = seg
-    return out
