@@ -118,7 +118,7 @@ def main() -> None:
         w = workload_from_config(cfg.workload, cfg.seed)
         rows.append(measure(cfg, w, args.repeats if n <= 100_000 else 1))
     # Same requests, outputs doubled: cost should track events, not tokens.
-    n, replicas = args.double_at or (grid[0] if args.quick else grid[1])
+    n, replicas = args.double_at or (grid[0] if args.quick or len(grid) < 2 else grid[1])
     cfg = config(n, replicas, per_replica_rate=7.5)  # half rate keeps load equal when doubled
     w = workload_from_config(cfg.workload, cfg.seed)
     base = measure(cfg, w, args.repeats)
