@@ -115,9 +115,9 @@ class Cluster:
     """
 
     def __init__(self, cfg: SimConfig, capacity: int, on_finish, fast_forward: bool = True,
-                 lazy: bool = True):
+                 lazy: bool = True, specs: list | None = None):
         self.wall0 = time.perf_counter()
-        specs = build_replicas(cfg)
+        specs = specs if specs is not None else build_replicas(cfg)  # given: loaded already
         self.specs = specs
         self.env = simpy.Environment()
         self.res = Results(capacity)

@@ -164,7 +164,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
             b_ms = rf[j, CC] * decode_seqs
             factor = _noise(rp, rf, rngs, quantiles, j, k)
-    a_ms += 0.0 / factor  # the reference adds its log-probability term (none here)
+    # (the reference adds a log-probability term here: plain requests have none)
     rp[j, BUSY] = 1
     rf[j, SEG_START] = now
     m = ctr[SEG_N]

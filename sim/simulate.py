@@ -54,7 +54,7 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     if on_kernel:
         res, busy_s, loop_s = simulate_compiled(cfg, specs, workload)
     else:
-        res, busy_s, loop_s = _simulate_simpy(cfg, workload, fast_forward, lazy)
+        res, busy_s, loop_s = _simulate_simpy(cfg, specs, workload, fast_forward, lazy)
     events = res.events + n
     if n and np.isnan(res.finish_s).any():
         stuck = int(np.flatnonzero(np.isnan(res.finish_s))[0])
@@ -87,7 +87,7 @@ def _check_fits(workload: Workload, specs: list) -> None:
                              f"{rc.kv_blocks} KV blocks; it could never run")
 
 
-def _simulate_simpy(cfg: SimConfig, workload: Workload, fast_forward: bool,
+def _simulate_simpy(cfg: SimConfig, specs: list, workload: Workload, fast_forward: bool,
                     lazy: bool) -> tuple[Results, np.ndarray, float]:
     """The SimPy run: (results buffers, busy seconds per replica, event loop seconds)."""
     n = len(workload)
@@ -96,7 +96,7 @@ def _simulate_simpy(cfg: SimConfig, workload: Workload, fast_forward: bool,
         cluster.outstanding[replica_id] -= r.prompt + r.output
         cluster.in_flight[replica_id] -= 1
 
-    cluster = Cluster(cfg, n, on_finish, fast_forward, lazy)
+    cluster = Cluster(cfg, n, on_finish, fast_forward, lazy, specs)
     env, res, replicas = cluster.env, cluster.res, cluster.replicas
     # Python lists: indexing numpy arrays per request costs more than the conversion
     arrival, prompt, output = (workload.arrival_s.tolist(), workload.prompt_tokens.tolist(),
