@@ -15,6 +15,18 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
     grid = StepGrid(batch_sizes=args.batch_sizes, prompt_tokens=args.prompt_tokens,
                     output_tokens=args.output_tokens, repeats=args.repeats,
                     warmup_steps=args.warmup_steps, idle_ms=tuple(args.idle_ms))
+    if args.engine == "torch":
+        from tracers.torch_steps import profile_torch_steps
+
+        if args.resume:
+            raise UserError("--resume: the torch engine's grid runs whole (start a new directory)")
+        summary = profile_torch_steps(model=args.model, out_dir=args.out, grid=grid,
+                                      load_format=args.load_format, dtype=args.dtype,
+                                      seed=args.seed, max_num_seqs=args.max_num_seqs,
+                                      max_num_batched_tokens=args.max_num_batched_tokens,
+                                      max_model_len=args.max_model_len, progress=not args.quiet)
+        print_summary(summary, args.json)
+        return 0
     summary = profile_steps(model=args.model, out_dir=args.out, grid=grid,
                             load_format=args.load_format, dtype=args.dtype, seed=args.seed,
                             resume=args.resume, max_num_seqs=args.max_num_seqs,

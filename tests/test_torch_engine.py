@@ -140,3 +140,51 @@ def test_layer_skipping_recomputes_the_skipped_kv_exactly():
                                          "max_num_seqs 1"):
         TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=2, exit_threshold=0.9,
                               skip_layers=True))
+
+
+def test_torch_step_grid_traces_calibrate_and_time_every_layer(tmp_path):
+    from conftest import run_cli
+    from sim.calibration import load_calibration
+    from traces import check_trace, read_run, read_table
+
+    out = tmp_path / "grid"
+    proc = run_cli("trace", "steps", "--engine", "torch", "--model", str(TARGET), "-o", str(out),
+                   "--batch-sizes", "1,3", "--prompt-tokens", "8,40", "--output-tokens", "6",
+                   "--json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert check_trace(out) == []
+    run = read_run(out)
+    assert (run["kind"], run["engine"], run["dtype"]) == ("steps", "torch", "float32")
+    steps = read_table(out, "steps").to_pandas()
+    reqs = read_table(out, "requests").to_pandas()
+    assert len(reqs) == 2 * (1 + 3) * 2 and (reqs.output_tokens == 6).all()  # 2 repeats
+    layers = read_table(out, "layer_times").to_pandas()
+    assert len(layers) == 4 * len(steps)  # every step ran the 4 layers
+    per_step = layers.groupby("step_id").duration_ms.sum()
+    step_ms = steps.set_index("step_id").duration_ms.loc[per_step.index]
+    assert (per_step <= step_ms + 1e-6).all()
+    assert steps.decode_seqs.max() == 3 and steps.prefill_seqs.max() == 3
+    cal_path = tmp_path / "grid.calib.json"
+    proc = run_cli("calibrate", str(out), "-o", str(cal_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    cal = load_calibration(cal_path)
+    assert cal.provenance["engine"] == "torch" and cal.max_num_seqs == 3
+
+
+@pytest.mark.parametrize("name", ["testbed-large-h100", "llama-3.1-8b-h100",
+                                  "testbed-exits-target-large-h100"])
+def test_shipped_gpu_traces_are_valid_and_say_their_device(name):
+    import json
+
+    from conftest import REPO
+    from traces import check_trace, read_run
+
+    trace = REPO / "traces" / "data" / name
+    assert check_trace(trace) == []
+    run = read_run(trace)
+    assert run["engine"] == "torch" and run["device"] == "NVIDIA H100 80GB HBM3"
+    assert run["dtype"] == "bfloat16" and run["engine_version"].endswith("+cu130")
+    cal = REPO / "sim" / "data" / f"{name}.calib.json"
+    if cal.exists():
+        prov = json.loads(cal.read_text())["provenance"]
+        assert prov["device"] == run["device"] and prov["run_ids"] == [run["run_id"]]

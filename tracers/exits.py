@@ -26,6 +26,7 @@ from pathlib import Path
 from tracers.engine import device_info
 from tracers.testbed import lm, tasks
 from tracers.torch_engine import TorchEngine, TorchSpec
+from tracers.torch_rows import BLOCK_SIZE, TorchStepWriter
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
 
@@ -33,8 +34,6 @@ WAVES = (1, 4, 2, 8, 3, 12)
 """prompts per arrival wave (cycled) within a phase"""
 WAVE_EVERY_STEPS = 6
 """steps between waves (a wave also comes at once when the engine runs dry)"""
-BLOCK_SIZE = 16
-"""tokens per reported KV block (the engine's cache is slot-based; blocks are for the steps table)"""
 
 
 @dataclass(frozen=True)
@@ -137,57 +136,24 @@ def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: st
     only at a loaded depth); (next step id, tokens)."""
     depth = int(label.removeprefix("depth")) if label.startswith("depth") else None
     prefix = f"d{depth}" if depth is not None else label
-    meta: dict[str, dict] = {}
+    rows = TorchStepWriter(engine, writer, t0, step_id)
     pending, waves, k = list(chunk), itertools.cycle(WAVES), 0
     tokens = 0
-    kv_total = engine.spec.max_num_seqs * engine.spec.max_model_len // BLOCK_SIZE
     while pending or engine.has_unfinished():
         if pending and (k % WAVE_EVERY_STEPS == 0 or not engine.has_unfinished()):
             wave = next(waves)
             for n, cell, item in pending[:wave]:
-                rid = f"{prefix}-q{n}"
-                ids = lm.encode(item.prompt)
-                engine.add(rid, ids, max_tokens)
-                meta[rid] = {"cell_id": cell, "arrival_s": time.perf_counter() - t0,
-                             "prompt_tokens": len(ids)}
+                rows.add(f"{prefix}-q{n}", lm.encode(item.prompt), max_tokens, cell)
             pending = pending[wave:]
         k += 1
-        res = engine.step()
-        start_s = engine.t0 + res.start_s - t0  # the engine's clock started before ours
-        end_s = start_s + res.duration_ms / 1e3
-        writer.add("steps", replica_id=0, step_id=step_id, cell_id=label,
-                   start_s=start_s, duration_ms=res.duration_ms,
-                   prefill_tokens=res.prefill_tokens, prefill_seqs=res.prefill_seqs,
-                   decode_seqs=res.decode_seqs, num_running=len(engine.running),
-                   num_waiting=len(engine.waiting), context_tokens=res.context_tokens,
-                   kv_blocks_used=sum(-(-s.length // BLOCK_SIZE)
-                                      for s in engine.running.values()),
-                   kv_blocks_total=kv_total, preemptions=0, is_warmup=False)
-        for layer, ms in enumerate(res.layer_ms):
-            writer.add("layer_times", replica_id=0, step_id=step_id, layer=layer + 1,
-                       duration_ms=ms)
-        for t in res.tokens:
-            m = meta[t.request_id]
-            m.setdefault("scheduled_s", start_s)
-            m.setdefault("first_token_s", end_s)
+        res = rows.step(label, is_warmup=False)
+        for t in res.tokens if depth is not None else ():
             for layer, (p, tok) in enumerate(zip(t.max_probs, t.argmax_ids)):
-                if depth is None:
-                    break
                 writer.add("exits", model_id=model, loaded_layers=depth,
                            request_id=t.request_id, token_index=t.token_index, layer=layer + 1,
                            max_prob=p, token_id=tok)
-            tokens += 1
-        for rid in res.finished:
-            m, out = meta.pop(rid), engine.output_ids(rid)
-            writer.add("requests", request_id=rid, replica_id=0, cell_id=m["cell_id"],
-                       program_id=None, role="main", priority=0, arrival_s=m["arrival_s"],
-                       scheduled_s=m["scheduled_s"], first_token_s=m["first_token_s"],
-                       finish_s=end_s, prompt_tokens=m["prompt_tokens"],
-                       output_tokens=len(out), cached_prompt_tokens=0,
-                       finish_reason="stop" if out[-1] == engine.config.eos_token_id
-                       else "length")
-        step_id += 1
-    return step_id, tokens
+        tokens += len(res.tokens)
+    return rows.step_id, tokens
 
 
 def _warm_up(engine: TorchEngine) -> None:

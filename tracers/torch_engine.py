@@ -34,8 +34,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tracers.engine import check_model
+from tracers.layer_clock import LayerClock
 from tracers.torch_spec import StepResult, Token, TorchSpec
 from tracers.torch_weights import load_partial, read_layer_weights
 
@@ -66,7 +68,7 @@ class TorchEngine:
     """Batched decoding of a Llama model with early exits and a loaded-depth limit."""
 
     def __init__(self, spec: TorchSpec):
-        from transformers import AutoConfig, LlamaForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
         self.spec = spec
         self.path = check_model(spec.model, spec.load_format)
@@ -83,8 +85,10 @@ class TorchEngine:
         torch.manual_seed(spec.seed)
         # Build the full module skeleton without touching memory, then keep `depth` layers.
         self.config.num_hidden_layers = depth
-        if spec.load_format == "dummy":
-            model = LlamaForCausalLM(self.config)
+        if spec.load_format == "dummy":  # built where it runs: an 8B model's random init on
+            # the GPU takes seconds, in float32 on the host minutes and twice its memory
+            with torch.device(self.device):
+                model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
         else:
             model = load_partial(LlamaForCausalLM, self.path, self.config, self.dtype)
         self.config.num_hidden_layers = self.num_layers
@@ -205,14 +209,20 @@ class TorchEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def step(self) -> StepResult:
         """One iteration: admit and prefill waiting requests, then decode the running ones."""
+        # Not cuDNN's attention: it builds a plan per new shape, and a decode step's attention
+        # span grows every step (measured on an H100: 9 ms of host time per layer call).
+        with sdpa_kernel(_SDPA_BACKENDS):
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> StepResult:
         if not self.loaded_layers:
             raise RuntimeError("no layers loaded: load_layers() first")
         self._sync()
         t0 = time.perf_counter()
-        layer_s = [0.0] * self.loaded_layers
+        clock = LayerClock(self.device.type == "cuda", self.loaded_layers)
         decoding = list(self.running.values())
         admitted, budget = [], self.spec.max_num_batched_tokens
         free = [s for s in range(self.spec.max_num_seqs) if s not in self.running]
@@ -229,20 +239,20 @@ class TorchEngine:
         for seq in admitted:
             ids = torch.tensor([seq.prompt_ids], device=self.device)
             pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
-            logits = self._forward(ids, pos, [seq], layer_s, prefill=True)
+            logits = self._forward(ids, pos, [seq], clock, prefill=True)
             seq.full_length = seq.length
             tokens += self._choose(logits, [seq])
         recomputed = 0
         if decoding and self.spec.skip_layers:
             seq = decoding[0]
             recomputed = seq.length - seq.full_length
-            logits = self._forward_skipping(seq, layer_s)
+            logits = self._forward_skipping(seq, clock)
             tokens += self._choose(logits, [seq])
-            layer_s = layer_s[:len(logits)]  # nothing else ran (one sequence)
+            clock.ran = len(logits)  # nothing else ran (one sequence)
         elif decoding:
             ids = torch.tensor([[s.output_ids[-1]] for s in decoding], device=self.device)
             pos = torch.tensor([[s.length] for s in decoding], device=self.device)
-            logits = self._forward(ids, pos, decoding, layer_s, prefill=False)
+            logits = self._forward(ids, pos, decoding, clock, prefill=False)
             tokens += self._choose(logits, decoding)
         finished = self._finish()
         self._sync()
@@ -250,10 +260,10 @@ class TorchEngine:
         return StepResult(start_s=t0 - self.t0, duration_ms=dt * 1e3,
                           prefill_tokens=sum(len(s.prompt_ids) for s in admitted) + recomputed,
                           prefill_seqs=len(admitted), decode_seqs=len(decoding),
-                          context_tokens=context, layer_ms=[x * 1e3 for x in layer_s],
+                          context_tokens=context, layer_ms=clock.read_ms(),
                           tokens=tokens, finished=finished, recomputed_tokens=recomputed)
 
-    def _forward(self, ids, pos, seqs: list[_Seq], layer_s: list[float], prefill: bool):
+    def _forward(self, ids, pos, seqs: list[_Seq], clock: LayerClock, prefill: bool):
         """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position."""
         m = self.model.model
         h = m.embed_tokens(ids)
@@ -267,19 +277,17 @@ class TorchEngine:
             mask = (torch.arange(span, device=self.device)[None] <= lengths[:, None])[:, None, None]
         exits = []
         for i, layer in enumerate(m.layers):
-            t = time.perf_counter()
+            mark = clock.start()
             h = self._layer(layer, i, h, cos, sin, slots, pos, span, mask)
             exits.append(h[:, -1])
-            if self.device.type == "cuda":
-                self._sync()
-            layer_s[i] += time.perf_counter() - t
+            clock.stop(i, mark)
         for s in seqs:
             s.length += ids.shape[1]
         if self.spec.exit_threshold is None and not self.spec.record_exits:
             exits = exits[-1:]  # only the last loaded exit decides
         return self.model.lm_head(m.norm(torch.stack(exits))).float()
 
-    def _forward_skipping(self, seq: _Seq, layer_s: list[float]):
+    def _forward_skipping(self, seq: _Seq, clock: LayerClock):
         """One sequence's decode step that stops at its exit: the pending tokens and the new one
         run layer by layer until the new token's max probability reaches the threshold (or the
         last loaded layer); logits [layers run, 1, vocab]."""
@@ -293,14 +301,12 @@ class TorchEngine:
         mask = (torch.arange(hi, device=self.device)[None] <= pos[0][:, None])[None, None]
         exits = []
         for i, layer in enumerate(m.layers):
-            t = time.perf_counter()
+            mark = clock.start()
             h = self._layer(layer, i, h, cos, sin, slots, pos, hi, mask)
             logits = self.model.lm_head(m.norm(h[:, -1])).float()
             exits.append(logits)
-            top = float(torch.softmax(logits, dim=-1).max())
-            if self.device.type == "cuda":
-                self._sync()
-            layer_s[i] += time.perf_counter() - t
+            top = float(torch.softmax(logits, dim=-1).max())  # the exit decision: a sync
+            clock.stop(i, mark)
             if top >= self.spec.exit_threshold:
                 break
         seq.length = hi
@@ -343,13 +349,14 @@ class TorchEngine:
         probs = torch.softmax(logits, dim=-1)
         max_p, argmax = probs.max(dim=-1)  # [layers, batch]
         depth = logits.shape[0]
-        if self.spec.exit_threshold is None:
-            exit_idx = torch.full((len(seqs),), depth - 1)
-        else:
-            reached = (max_p >= self.spec.exit_threshold).cpu()
+        exit_idx = torch.full((len(seqs),), depth - 1)
+        # One device-to-host copy per step (each is a sync): argmax ids are exact in float32.
+        max_p, argmax = torch.stack((max_p, argmax.to(max_p.dtype))).cpu()
+        argmax = argmax.long()
+        if self.spec.exit_threshold is not None:
+            reached = max_p >= self.spec.exit_threshold
             reached[-1] = True
             exit_idx = reached.float().argmax(0)
-        max_p, argmax = max_p.cpu(), argmax.cpu()
         out = []
         for j, seq in enumerate(seqs):
             e = int(exit_idx[j])
@@ -381,6 +388,9 @@ class TorchEngine:
     def output_ids(self, request_id: str) -> list[int]:
         """Generated token ids of a finished request (and forget it)."""
         return self.outputs.pop(request_id)
+
+
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _check_skipping(spec: TorchSpec) -> None:

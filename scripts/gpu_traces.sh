@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Record the PyTorch engine's traces on a GPU machine (torch + transformers, no vLLM): the
+# testbed models' step grids and exits traces, and a dummy-weight Llama-3.1-8B step grid.
+#   scripts/gpu_traces.sh OUT_DIR [TAG]     (TAG names the device in the trace names: h100)
+# Each trace directory is tarred into OUT_DIR (with its log) as soon as it is written; unpack
+# them under traces/data/ and check them with `reasonsim traces check`.
+set -u
+out=${1:?usage: scripts/gpu_traces.sh OUT_DIR [TAG]}
+tag=${2:-h100}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+work=$(mktemp -d)
+mkdir -p "$out"
+
+trace() {  # NAME SECONDS REASONSIM-ARGS...: one trace, stopped after SECONDS
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" "$py" -m reasonsim.cli "$@" -o "$work/$name" --json -q >"$work/$name.log" 2>&1
+    rc=$?
+    echo "== $name: rc=$rc, $(($(date +%s) - start)) s"
+    tail -c 700 "$work/$name.log"
+    echo
+    tar czf "$out/$name.tar.gz" -C "$work" "$name" "$name.log" 2>/dev/null
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+"$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in all
+    [ "${PROFILE:-1}" = 1 ] && for args in "--batch 8 --record-exits" "--model models/configs/llama-3.1-8b --load-format dummy --batch 16 --prompt 256"; do
+        "$py" benchmarks/torch_engine_profile.py $args 2>&1 | grep -v -e USDT -e AttentionInterface
+    done
+    trace "testbed-large-$tag" 90 trace steps --engine torch --model models/testbed/target-large \
+        --batch-sizes 1,4,16 --prompt-tokens 32,128,512 --output-tokens 16,64
+    trace "testbed-exits-target-large-$tag" 70 trace exits --model models/testbed/target-large \
+        --prompts-per-phase 8 --max-tokens 48
+    trace "llama-3.1-8b-$tag" 100 trace steps --engine torch --model models/configs/llama-3.1-8b \
+        --load-format dummy --batch-sizes 1,16 --prompt-tokens 128,1024 --output-tokens 16,64
+    exit 0
+fi
+"$py" benchmarks/gpu_overheads.py --json
+"$py" benchmarks/gpu_overheads.py --json --batch 64
+trace "testbed-large-$tag" 70 trace steps --engine torch --model models/testbed/target-large
+trace "testbed-draft-$tag" 50 trace steps --engine torch --model models/testbed/draft
+trace "testbed-exits-target-large-$tag" 50 trace exits --model models/testbed/target-large
+trace "testbed-exits-target-small-$tag" 40 trace exits --model models/testbed/target-small
+trace "llama-3.1-8b-$tag" 270 trace steps --engine torch --model models/configs/llama-3.1-8b \
+    --load-format dummy --batch-sizes 1,4,16,64 --prompt-tokens 128,512,2048 \
+    --output-tokens 16,64,256

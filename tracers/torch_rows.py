@@ -1,0 +1,69 @@
+"""Trace rows of the PyTorch engine: one `steps` row (with its `layer_times`) per iteration and
+one `requests` row per finished request, shared by the tracers that drive it."""
+
+from __future__ import annotations
+
+import time
+
+from tracers.torch_engine import TorchEngine
+from tracers.torch_spec import StepResult
+from traces.store import TraceWriter
+
+BLOCK_SIZE = 16
+"""tokens per reported KV block (the engine's cache is slot-based; blocks are for the steps table)"""
+
+
+def kv_blocks_total(engine: TorchEngine) -> int:
+    """The slot cache's size in reported blocks."""
+    return engine.spec.max_num_seqs * engine.spec.max_model_len // BLOCK_SIZE
+
+
+class TorchStepWriter:
+    """Writes what each engine step did and each request's life, on one clock (`t0`)."""
+
+    def __init__(self, engine: TorchEngine, writer: TraceWriter, t0: float, step_id: int = 0):
+        self.engine, self.writer, self.t0 = engine, writer, t0
+        self.step_id = step_id
+        self.meta: dict[str, dict] = {}
+
+    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, cell_id: str,
+            stop_at_eos: bool = True) -> None:
+        """Queue a request on the engine and remember its arrival."""
+        self.engine.add(request_id, prompt_ids, max_tokens, stop_at_eos=stop_at_eos)
+        self.meta[request_id] = {"cell_id": cell_id, "arrival_s": time.perf_counter() - self.t0,
+                                 "prompt_tokens": len(prompt_ids)}
+
+    def step(self, cell_id: str, is_warmup: bool | None = None, warmup=None) -> StepResult:
+        """Run one engine step and write its rows; `warmup` flags it from its shape."""
+        eng = self.engine
+        res = eng.step()
+        start_s = eng.t0 + res.start_s - self.t0  # the engine's clock started before ours
+        end_s = start_s + res.duration_ms / 1e3
+        shape = {"prefill_tokens": res.prefill_tokens, "prefill_seqs": res.prefill_seqs,
+                 "decode_seqs": res.decode_seqs}
+        flag = warmup(shape) if warmup is not None else bool(is_warmup)
+        self.writer.add("steps", replica_id=0, step_id=self.step_id, cell_id=cell_id,
+                        start_s=start_s, duration_ms=res.duration_ms, **shape,
+                        num_running=len(eng.running), num_waiting=len(eng.waiting),
+                        context_tokens=res.context_tokens,
+                        kv_blocks_used=sum(-(-s.length // BLOCK_SIZE)
+                                           for s in eng.running.values()),
+                        kv_blocks_total=kv_blocks_total(eng), preemptions=0, is_warmup=flag)
+        for layer, ms in enumerate(res.layer_ms):
+            self.writer.add("layer_times", replica_id=0, step_id=self.step_id, layer=layer + 1,
+                            duration_ms=ms)
+        for t in res.tokens:
+            m = self.meta[t.request_id]
+            m.setdefault("scheduled_s", start_s)
+            m.setdefault("first_token_s", end_s)
+        for rid in res.finished:
+            m, out = self.meta.pop(rid), eng.output_ids(rid)
+            self.writer.add("requests", request_id=rid, replica_id=0, cell_id=m["cell_id"],
+                            program_id=None, role="main", priority=0, arrival_s=m["arrival_s"],
+                            scheduled_s=m["scheduled_s"], first_token_s=m["first_token_s"],
+                            finish_s=end_s, prompt_tokens=m["prompt_tokens"],
+                            output_tokens=len(out), cached_prompt_tokens=0,
+                            finish_reason="stop" if out[-1] == eng.config.eos_token_id
+                            else "length")
+        self.step_id += 1
+        return res
