@@ -27,7 +27,8 @@ first output when speculative replicas were added; `seed-separate` (engines on d
 own) when replicas without a shared device began charging their loop's host time per added
 request (`sim.host_time`; before, only shared devices did). Every non-HELIOS golden gained its
 `simulator` key when plain workloads began running on the compiled kernel (`sim.compiled`):
-`demo` and `replay-small` run there now, their figures unchanged.
+`demo` and `replay-small` run there now, their figures unchanged. `llama-8b-h100` (the first
+GPU calibration) was added with its first output.
 """
 
 from __future__ import annotations

@@ -188,3 +188,17 @@ def test_shipped_gpu_traces_are_valid_and_say_their_device(name):
     if cal.exists():
         prov = json.loads(cal.read_text())["provenance"]
         assert prov["device"] == run["device"] and prov["run_ids"] == [run["run_id"]]
+
+
+def test_h100_calibration_simulates_at_the_traced_step_time():
+    from conftest import REPO
+    from sim.config import load_config
+    from sim.simulate import simulate
+    from traces import read_table
+
+    steps = read_table(REPO / "traces" / "data" / "llama-3.1-8b-h100", "steps").to_pandas()
+    decode_ms = float(steps[steps.prefill_tokens == 0].duration_ms.median())
+    res = simulate(load_config(REPO / "examples" / "llama-8b-h100.yaml"))
+    tpot_ms = res.summary["tpot_s"]["p50"] * 1e3
+    assert res.summary["requests"] == 400
+    assert 0.8 * decode_ms < tpot_ms < 1.25 * decode_ms, (tpot_ms, decode_ms)
