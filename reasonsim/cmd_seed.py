@@ -19,8 +19,19 @@ def cmd_trace_spec(args: argparse.Namespace) -> int:
                           prompt_tokens=tuple(args.prompt_tokens), seed=args.seed)
     except ValueError as e:
         raise UserError(str(e)) from None
-    summary = trace_spec(args.target, args.draft, args.out, wl, kv_cache_gb=args.kv_cache_gb,
-                         progress=not args.quiet)
+    if args.engine == "torch":
+        from tracers.torch_spec_trace import trace_torch_spec
+
+        try:
+            summary = trace_torch_spec(args.target, args.draft, args.out, wl,
+                                       load_format=args.load_format, progress=not args.quiet)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    elif args.load_format != "auto":
+        raise UserError("--load-format dummy: with --engine torch (vLLM's draft needs weights)")
+    else:
+        summary = trace_spec(args.target, args.draft, args.out, wl,
+                             kv_cache_gb=args.kv_cache_gb, progress=not args.quiet)
     print_summary(summary, args.json)
     return 0
 
@@ -48,6 +59,12 @@ def add_trace_parser(tsub) -> None:
                    help="prompt lengths, a pass of the waves each (0: the question itself; n: n "
                    "tokens cut from the testbed's questions)")
     s.add_argument("--kv-cache-gb", type=float, default=0.5)
+    s.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
+                   help="torch: greedy speculative decoding on two PyTorch engines (CUDA where "
+                   "torch sees a GPU; --temperatures 0 only)")
+    s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy (torch engine): random weights from config.json, a real "
+                   "draft/target shape pair for draft and verify times (acceptance is ~0)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")

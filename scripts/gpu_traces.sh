@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Record the PyTorch engine's traces on a GPU machine (torch + transformers, no vLLM): the
-# testbed models' step grids and exits traces, and a dummy-weight Llama-3.1-8B step grid.
+# testbed models' step grids, exits and greedy speculative decoding, a dummy-weight Llama-3.1-8B
+# step grid, and draft/verify times of the Llama-3.1-8B / Llama-3.2-1B shape pair.
 #   scripts/gpu_traces.sh OUT_DIR [TAG]     (TAG names the device in the trace names: h100)
 # Each trace directory is tarred into OUT_DIR (with its log) as soon as it is written; unpack
-# them under traces/data/ and check them with `reasonsim traces check`.
+# them under traces/data/ and check them with `reasonsim traces check`. The full set needs more
+# than one 10-minute device call; QUICK=1 (smaller grids) fits one.
 set -u
 out=${1:?usage: scripts/gpu_traces.sh OUT_DIR [TAG]}
 tag=${2:-h100}
@@ -36,6 +38,11 @@ if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in a
         --prompts-per-phase 8 --max-tokens 48
     trace "llama-3.1-8b-$tag" 100 trace steps --engine torch --model models/configs/llama-3.1-8b \
         --load-format dummy --batch-sizes 1,16 --prompt-tokens 128,1024 --output-tokens 16,64
+    trace "testbed-spec-$tag" 80 trace spec --engine torch --temperatures 0 \
+        --target models/testbed/target-large --draft models/testbed/draft
+    trace "llama-3.1-8b-spec-3.2-1b-$tag" 120 trace spec --engine torch --temperatures 0 \
+        --load-format dummy --target models/configs/llama-3.1-8b \
+        --draft models/configs/llama-3.2-1b --batch-sizes 1,4 --questions 4 --max-tokens 48
     exit 0
 fi
 "$py" benchmarks/gpu_overheads.py --json
@@ -47,3 +54,8 @@ trace "testbed-exits-target-small-$tag" 40 trace exits --model models/testbed/ta
 trace "llama-3.1-8b-$tag" 270 trace steps --engine torch --model models/configs/llama-3.1-8b \
     --load-format dummy --batch-sizes 1,4,16,64 --prompt-tokens 128,512,2048 \
     --output-tokens 16,64,256
+trace "testbed-spec-$tag" 120 trace spec --engine torch --temperatures 0 \
+    --target models/testbed/target-large --draft models/testbed/draft
+trace "llama-3.1-8b-spec-3.2-1b-$tag" 200 trace spec --engine torch --temperatures 0 \
+    --load-format dummy --target models/configs/llama-3.1-8b --draft models/configs/llama-3.2-1b \
+    --batch-sizes 1,4,8 --questions 8 --max-tokens 64

@@ -33,12 +33,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from tracers.engine import check_model
 from tracers.layer_clock import LayerClock
+from tracers.slot_attention import SDPA_BACKENDS, SlotAttention
 from tracers.torch_spec import StepResult, Token, TorchSpec
+from tracers.torch_verify import VerifySteps
 from tracers.torch_weights import load_partial, read_layer_weights
 
 
@@ -64,7 +65,7 @@ def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
     return dev, getattr(torch, spec.dtype)
 
 
-class TorchEngine:
+class TorchEngine(SlotAttention, VerifySteps):
     """Batched decoding of a Llama model with early exits and a loaded-depth limit."""
 
     def __init__(self, spec: TorchSpec):
@@ -211,9 +212,7 @@ class TorchEngine:
 
     def step(self) -> StepResult:
         """One iteration: admit and prefill waiting requests, then decode the running ones."""
-        # Not cuDNN's attention: it builds a plan per new shape, and a decode step's attention
-        # span grows every step (measured on an H100: 9 ms of host time per layer call).
-        with sdpa_kernel(_SDPA_BACKENDS):
+        with sdpa_kernel(SDPA_BACKENDS):
             return self._step()
 
     @torch.inference_mode()
@@ -263,18 +262,19 @@ class TorchEngine:
                           context_tokens=context, layer_ms=clock.read_ms(),
                           tokens=tokens, finished=finished, recomputed_tokens=recomputed)
 
-    def _forward(self, ids, pos, seqs: list[_Seq], clock: LayerClock, prefill: bool):
-        """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position."""
+    def _forward(self, ids, pos, seqs: list[_Seq], clock: LayerClock, prefill: bool,
+                 all_positions: bool = False):
+        """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position
+        (`all_positions`: the last exit's at every fed position, [batch, positions, vocab])."""
         m = self.model.model
         h = m.embed_tokens(ids)
         cos, sin = m.rotary_emb(h, pos)
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
         if prefill:
             span, mask = ids.shape[1], None
-        else:
-            span = max(s.length for s in seqs) + 1
-            lengths = torch.tensor([s.length for s in seqs], device=self.device)
-            mask = (torch.arange(span, device=self.device)[None] <= lengths[:, None])[:, None, None]
+        else:  # each fed position sees the cache up to itself
+            span = max(s.length for s in seqs) + ids.shape[1]
+            mask = (torch.arange(span, device=self.device)[None, None] <= pos[:, :, None])[:, None]
         exits = []
         for i, layer in enumerate(m.layers):
             mark = clock.start()
@@ -283,6 +283,8 @@ class TorchEngine:
             clock.stop(i, mark)
         for s in seqs:
             s.length += ids.shape[1]
+        if all_positions:
+            return self.model.lm_head(m.norm(h)).float()
         if self.spec.exit_threshold is None and not self.spec.record_exits:
             exits = exits[-1:]  # only the last loaded exit decides
         return self.model.lm_head(m.norm(torch.stack(exits))).float()
@@ -313,36 +315,6 @@ class TorchEngine:
         if len(exits) == self.loaded_layers:
             seq.full_length = hi
         return torch.stack(exits)
-
-    def _layer(self, layer, i, h, cos, sin, slots, pos, span, mask):
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        c, s = cos[:, None], sin[:, None]
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
-        if mask is None:  # a prefill of one sequence: causal over its prompt
-            self.k_cache[i][slots[0], :, :n] = k[0]
-            self.v_cache[i][slots[0], :, :n] = v[0]
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                 enable_gqa=self.heads != self.kv_heads)
-        else:  # new tokens (one per sequence, or one sequence's run), attending to the cache
-            if n == 1:
-                self.k_cache[i][slots, :, pos[:, 0]] = k[:, :, 0]
-                self.v_cache[i][slots, :, pos[:, 0]] = v[:, :, 0]
-            else:
-                lo = int(pos[0, 0])
-                self.k_cache[i][slots[0], :, lo:lo + n] = k[0]
-                self.v_cache[i][slots[0], :, lo:lo + n] = v[0]
-            keys = self.k_cache[i][slots, :, :span]
-            values = self.v_cache[i][slots, :, :span]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 enable_gqa=self.heads != self.kv_heads)
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _choose(self, logits, seqs: list[_Seq]) -> list[Token]:
         """Each sequence's exit and token from the per-exit logits [layers, batch, vocab]."""
@@ -390,15 +362,7 @@ class TorchEngine:
         return self.outputs.pop(request_id)
 
 
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
 def _check_skipping(spec: TorchSpec) -> None:
     if spec.skip_layers and (spec.exit_threshold is None or spec.max_num_seqs != 1):
         raise ValueError("skip_layers (EE-LLM style exits) needs an exit_threshold and "
                          f"max_num_seqs 1 (got {spec.exit_threshold}, {spec.max_num_seqs})")
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
