@@ -5,7 +5,8 @@
 #   scripts/gpu_traces.sh OUT_DIR [TAG]     (TAG names the device in the trace names: h100)
 # Each trace directory is tarred into OUT_DIR (with its log) as soon as it is written; unpack
 # them under traces/data/ and check them with `reasonsim traces check`. The full set needs more
-# than one 10-minute device call; QUICK=1 (smaller grids) fits one.
+# than one 10-minute device call; QUICK=1 (smaller grids) fits one, ONLY="NAME ..." picks traces
+# (NAME as written, e.g. ONLY="qwen2.5-7b-h100 testbed-spec-h100").
 set -u
 out=${1:?usage: scripts/gpu_traces.sh OUT_DIR [TAG]}
 tag=${2:-h100}
@@ -17,6 +18,7 @@ mkdir -p "$out"
 trace() {  # NAME SECONDS REASONSIM-ARGS...: one trace, stopped after SECONDS
     local name=$1 limit=$2 start rc
     shift 2
+    case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac  # ONLY="a b": just those
     start=$(date +%s)
     timeout "$limit" "$py" -m reasonsim.cli "$@" -o "$work/$name" --json -q >"$work/$name.log" 2>&1
     rc=$?
@@ -37,6 +39,8 @@ if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in a
     trace "testbed-exits-target-large-$tag" 70 trace exits --model models/testbed/target-large \
         --prompts-per-phase 8 --max-tokens 48
     trace "llama-3.1-8b-$tag" 100 trace steps --engine torch --model models/configs/llama-3.1-8b \
+        --load-format dummy --batch-sizes 1,16 --prompt-tokens 128,1024 --output-tokens 16,64
+    trace "qwen2.5-7b-$tag" 100 trace steps --engine torch --model models/configs/qwen2.5-7b \
         --load-format dummy --batch-sizes 1,16 --prompt-tokens 128,1024 --output-tokens 16,64
     trace "testbed-spec-$tag" 80 trace spec --engine torch --temperatures 0 \
         --target models/testbed/target-large --draft models/testbed/draft
@@ -59,3 +63,6 @@ trace "testbed-spec-$tag" 120 trace spec --engine torch --temperatures 0 \
 trace "llama-3.1-8b-spec-3.2-1b-$tag" 200 trace spec --engine torch --temperatures 0 \
     --load-format dummy --target models/configs/llama-3.1-8b --draft models/configs/llama-3.2-1b \
     --batch-sizes 1,4,8 --questions 8 --max-tokens 64
+trace "qwen2.5-7b-$tag" 270 trace steps --engine torch --model models/configs/qwen2.5-7b \
+    --load-format dummy --batch-sizes 1,4,16,64 --prompt-tokens 128,512,2048 \
+    --output-tokens 16,64,256

@@ -202,3 +202,31 @@ def test_h100_calibration_simulates_at_the_traced_step_time():
     tpot_ms = res.summary["tpot_s"]["p50"] * 1e3
     assert res.summary["requests"] == 400
     assert 0.8 * decode_ms < tpot_ms < 1.25 * decode_ms, (tpot_ms, decode_ms)
+
+
+def test_qwen2_models_decode_as_transformers_does_and_other_kinds_are_refused(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from conftest import REPO
+
+    torch.manual_seed(3)  # a tiny Qwen2 (biased q/k/v, grouped KV heads) with random weights
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, eos_token_id=lm.EOS_ID,
+                      pad_token_id=lm.PAD_ID, use_sliding_window=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "qwen2")
+    prompts = _prompts(5, seed=11)
+    want = []
+    with torch.inference_mode():
+        for p in prompts:
+            out = model.generate(input_ids=torch.tensor([p]), do_sample=False, max_new_tokens=24,
+                                 eos_token_id=lm.EOS_ID, pad_token_id=lm.PAD_ID)
+            want.append(out[0, len(p):].tolist())
+    engine = TorchEngine(TorchSpec(model=str(tmp_path / "qwen2"), max_num_seqs=3,
+                                   max_model_len=512))
+    got, _ = _run(engine, prompts, 24, stagger=2)
+    assert got == want
+    with pytest.raises(ValueError, match="model_type 'opt'"):
+        TorchEngine(TorchSpec(model=str(REPO / "models" / "configs" / "opt-1.3b"),
+                              load_format="dummy"))

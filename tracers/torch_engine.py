@@ -1,4 +1,5 @@
-"""A PyTorch engine for Llama-architecture models with early exits and a loaded-depth limit.
+"""A PyTorch engine for Llama-architecture models (Llama, Qwen2) with early exits and a loaded-
+depth limit.
 
 vLLM cannot run a partial model or exit early, and the GPU machines we reach have torch and
 transformers but not vLLM; this engine covers both. It runs batched continuous decoding with a
@@ -66,18 +67,16 @@ def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
 
 
 class TorchEngine(SlotAttention, VerifySteps):
-    """Batched decoding of a Llama model with early exits and a loaded-depth limit."""
+    """Batched decoding of a Llama or Qwen2 model with early exits and a loaded-depth limit."""
 
     def __init__(self, spec: TorchSpec):
-        from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         self.spec = spec
         self.path = check_model(spec.model, spec.load_format)
         self.device, self.dtype = _resolve(spec)
         self.config = AutoConfig.from_pretrained(str(self.path))
-        if self.config.model_type != "llama":
-            raise ValueError(f"{self.path}: model_type {self.config.model_type!r}; the torch "
-                             "engine runs Llama-architecture models")
+        _decoder_layer(self.config)  # refuses what the engine cannot run
         self.num_layers = int(self.config.num_hidden_layers)
         depth = self.num_layers if spec.loaded_layers is None else spec.loaded_layers
         if not 1 <= depth <= self.num_layers:
@@ -91,7 +90,7 @@ class TorchEngine(SlotAttention, VerifySteps):
             with torch.device(self.device):
                 model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
         else:
-            model = load_partial(LlamaForCausalLM, self.path, self.config, self.dtype)
+            model = load_partial(AutoModelForCausalLM, self.path, self.config, self.dtype)
         self.config.num_hidden_layers = self.num_layers
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         cfg = self.config
@@ -133,11 +132,10 @@ class TorchEngine(SlotAttention, VerifySteps):
                              f"{self.num_layers}")
         if self.running or self.waiting:
             raise RuntimeError("load_layers needs an idle engine (the KV of new layers is empty)")
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
+        layer_cls = _decoder_layer(self.config)
         self._sync()
         t0 = time.perf_counter()
-        new = [LlamaDecoderLayer(self.config, i) for i in range(self.loaded_layers, depth)]
+        new = [layer_cls(self.config, i) for i in range(self.loaded_layers, depth)]
         if self.spec.load_format != "dummy":
             state = read_layer_weights(self.path, range(self.loaded_layers, depth))
             for layer, i in zip(new, range(self.loaded_layers, depth)):
@@ -360,6 +358,20 @@ class TorchEngine(SlotAttention, VerifySteps):
     def output_ids(self, request_id: str) -> list[int]:
         """Generated token ids of a finished request (and forget it)."""
         return self.outputs.pop(request_id)
+
+
+def _decoder_layer(config):
+    """The decoder layer class of a model the engine runs: Llama's architecture, or Qwen2's
+    (Llama's with biased q/k/v projections) without sliding windows."""
+    if config.model_type == "llama":
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        return LlamaDecoderLayer
+    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+        return Qwen2DecoderLayer
+    raise ValueError(f"model_type {config.model_type!r}"
+                     + (" with sliding windows" if config.model_type == "qwen2" else "")
+                     + ": the torch engine runs Llama and Qwen2 (no sliding window) models")
 
 
 def _check_skipping(spec: TorchSpec) -> None:
