@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine's longest request (prompt + output); the calibration "
                    "carries it, so set it to the deployment's (default: the grid's longest)")
     s.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU KV cache space (GiB)")
+    s.add_argument("--regimes", type=lambda t: tuple(x for x in t.split(",") if x),
+                   default=("greedy",), help="sampling regimes, each cell run in each: greedy, "
+                   "seeded (temperature 0.7, top-p 0.95, a seed per request), logprobs (seeded "
+                   "with the sampled tokens' log-probabilities); e.g. greedy,seeded,logprobs")
     s.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
                    help="vllm (CPU build here) or torch: the PyTorch engine, on CUDA when torch "
                    "sees a GPU (where vLLM is not installed); its KV cache is one slot per "

@@ -12,14 +12,20 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
     """`reasonsim trace steps`."""
     from tracers.step_profile import StepGrid, profile_steps
 
-    grid = StepGrid(batch_sizes=args.batch_sizes, prompt_tokens=args.prompt_tokens,
-                    output_tokens=args.output_tokens, repeats=args.repeats,
-                    warmup_steps=args.warmup_steps, idle_ms=tuple(args.idle_ms))
+    try:
+        grid = StepGrid(batch_sizes=args.batch_sizes, prompt_tokens=args.prompt_tokens,
+                        output_tokens=args.output_tokens, repeats=args.repeats,
+                        warmup_steps=args.warmup_steps, idle_ms=tuple(args.idle_ms),
+                        regimes=args.regimes)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.engine == "torch":
         from tracers.torch_steps import profile_torch_steps
 
         if args.resume:
             raise UserError("--resume: the torch engine's grid runs whole (start a new directory)")
+        if args.regimes != ("greedy",):
+            raise UserError("--regimes: the torch engine's grid is greedy")
         summary = profile_torch_steps(model=args.model, out_dir=args.out, grid=grid,
                                       load_format=args.load_format, dtype=args.dtype,
                                       seed=args.seed, max_num_seqs=args.max_num_seqs,

@@ -88,3 +88,26 @@ def test_missing_weights_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     ours = [line for line in proc.stderr.splitlines() if line.startswith("reasonsim:")]
     assert len(ours) == 1 and "--load-format dummy" in ours[0]
+
+
+def test_grid_regimes_run_each_cell_sampled_and_with_logprobs_and_calibrate_as_one(tmp_path):
+    out = tmp_path / "regimes"
+    run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o", str(out),
+            "--batch-sizes", "1,8", "--prompt-tokens", "16,64", "--output-tokens", "16",
+            "--repeats", "2", "--regimes", "greedy,seeded,logprobs", "-q")
+    assert check_trace(out) == []
+    steps = read_table(out, "steps").to_pandas()
+    lp = read_table(out, "step_logprobs").to_pandas()
+    regime = steps.cell_id.str.extract(r"-(seeded|logprobs)$")[0].fillna("greedy")
+    assert regime.value_counts().to_dict() == {g: len(steps) // 3
+                                                for g in ("greedy", "seeded", "logprobs")}
+    assert set(lp.step_id) == set(steps.step_id[regime == "logprobs"])  # every one, only those
+    sampling = read_run(out)["params"]["sampling"]
+    assert sampling["regimes"]["logprobs"]["logprobs"] == 1
+    cal = tmp_path / "regimes.calib.json"
+    run_cli("calibrate", str(out), "-o", str(cal))
+    prov = json.loads(cal.read_text())["provenance"]
+    assert prov["logprob_cost"] == "fitted" and prov["logprob_steps"] == len(lp)
+    bad = run_cli("trace", "steps", "-o", str(tmp_path / "bad"), "--regimes", "greedy,nucleus",
+                  check=False)
+    assert bad.returncode != 0 and "grid regimes" in bad.stderr

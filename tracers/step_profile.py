@@ -10,9 +10,19 @@ import numpy as np
 
 from tracers.engine import Engine, EngineSpec, check_model
 from traces import ids
+from traces.seeds import request_seed
 from traces.store import TraceWriter, read_table
 
 FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
+
+REGIMES = {
+    "greedy": {"temperature": 0.0},
+    "seeded": {"temperature": 0.7, "top_p": 0.95, "seeded": True},
+    "logprobs": {"temperature": 0.7, "top_p": 0.95, "seeded": True, "logprobs": 1},
+}
+"""Sampling regimes a grid can run each cell in: greedy (the default), seeded sampling as the
+Dynasor programs sample (a seed per request), and that with the sampled tokens' log-probabilities
+(top 1), as search programs ask; the log-probability steps land in `step_logprobs`."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class StepGrid:
     idle_ms: tuple[int, ...] = (0,)
     """the engine sits idle this long before cell i (cycling through the values), so the
     steps after idle that live traffic has are in the grid too"""
+    regimes: tuple[str, ...] = ("greedy",)
+    """sampling regimes (`REGIMES`), each cell run in each; cell ids name the non-greedy ones"""
 
     def __post_init__(self):
         for name in ("batch_sizes", "prompt_tokens", "output_tokens"):
@@ -43,12 +55,17 @@ class StepGrid:
             raise ValueError("grid repeats must be >= 1 and warmup_steps >= 0")
         if not self.idle_ms or any(int(v) < 0 or int(v) > 10_000 for v in self.idle_ms):
             raise ValueError(f"grid idle_ms must be integers in [0, 10000], got {self.idle_ms}")
+        unknown = [g for g in self.regimes if g not in REGIMES]
+        if not self.regimes or unknown or len(set(self.regimes)) != len(self.regimes):
+            raise ValueError(f"grid regimes {list(self.regimes)}: each one of "
+                             f"{', '.join(REGIMES)}, once")
 
-    def cells(self) -> list[tuple[str, int, int, int]]:
-        """(cell_id, batch, prompt, output) in profiling order."""
-        return [(ids.cell_id(b, p, o, r), b, p, o)
+    def cells(self) -> list[tuple[str, int, int, int, str]]:
+        """(cell_id, batch, prompt, output, regime) in profiling order (regimes innermost, so a
+        slow spell of a shared machine lands on every regime alike)."""
+        return [(ids.cell_id(b, p, o, r, g), b, p, o, g)
                 for r in range(self.repeats) for b in self.batch_sizes
-                for p in self.prompt_tokens for o in self.output_tokens]
+                for p in self.prompt_tokens for o in self.output_tokens for g in self.regimes]
 
 
 class WarmupFlagger:
@@ -101,7 +118,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     engine = Engine(spec)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     params = {"grid": asdict(grid), "engine": engine.params(),
-              "sampling": {"temperature": 0.0, "logprobs": None, "ignore_eos": True}}
+              "sampling": _sampling(grid)}
     run = engine.run_row("steps", seed, params)
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
@@ -117,14 +134,17 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     rec.step_id = max(written) + 1 if written else 0  # step ids stay unique across --resume
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("profiling cells", total=len(todo))
-        for cell_index, (cell_id, batch, prompt, output) in enumerate(grid.cells()):
+        for cell_index, (cell_id, batch, prompt, output, regime) in enumerate(grid.cells()):
             if cell_id in done:
                 continue
             rng = np.random.default_rng([seed, cell_index])
             time.sleep(grid.idle_ms[cell_index % len(grid.idle_ms)] / 1e3)
-            sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
-                                temperature=0.0, detokenize=False)
+            r = REGIMES[regime]
             for i in range(batch):
+                sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
+                                    temperature=r["temperature"], top_p=r.get("top_p", 1.0),
+                                    seed=request_seed(seed, cell_index, i) if r.get("seeded")
+                                    else None, logprobs=r.get("logprobs"), detokenize=False)
                 prompt_ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
                 rec.add(ids.cell_request_id(cell_id, i), prompt_ids, sp, cell_id=cell_id)
             while engine.has_unfinished():
@@ -134,6 +154,13 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     wall_s = time.perf_counter() - wall0
     return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
         c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
+
+
+def _sampling(grid: StepGrid) -> dict:
+    """The run's sampling settings: greedy alone as before, else each regime's."""
+    if grid.regimes == ("greedy",):
+        return {"temperature": 0.0, "logprobs": None, "ignore_eos": True}
+    return {"regimes": {g: REGIMES[g] for g in grid.regimes}, "ignore_eos": True}
 
 
 def summarize_steps(trace_dir: str | Path) -> dict:

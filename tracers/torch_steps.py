@@ -38,6 +38,8 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
     if max_model_len is not None and max_model_len < max_len:
         raise ValueError(f"max_model_len {max_model_len} < the grid's longest request "
                          f"({max_len} tokens)")
+    if grid.regimes != ("greedy",):
+        raise ValueError(f"grid regimes {list(grid.regimes)}: the torch engine's grid is greedy")
     out_dir = check_out_dir(out_dir, resume=False, can_resume=False)
     spec = TorchSpec(model=model, load_format=load_format, dtype=dtype, seed=seed,
                      max_num_seqs=max_num_seqs or max(grid.batch_sizes),
@@ -59,7 +61,7 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
     rows = TorchStepWriter(engine, writer, t0)
     warmup = WarmupFlagger(grid.warmup_steps)
     cells = grid.cells()
-    for cell_index, (cell_id, batch, prompt, output) in enumerate(cells):
+    for cell_index, (cell_id, batch, prompt, output, _) in enumerate(cells):
         rng = np.random.default_rng([seed, cell_index])
         time.sleep(grid.idle_ms[cell_index % len(grid.idle_ms)] / 1e3)
         for i in range(batch):

@@ -77,9 +77,11 @@ def search_request_id(program: str, index: int) -> str:
     return f"{program}-r{index}"
 
 
-def cell_id(batch: int, prompt_tokens: int, output_tokens: int, repeat: int) -> str:
-    """The id of one grid cell of a step trace."""
-    return f"b{batch}-p{prompt_tokens}-o{output_tokens}-r{repeat}"
+def cell_id(batch: int, prompt_tokens: int, output_tokens: int, repeat: int,
+            regime: str = "greedy") -> str:
+    """The id of one grid cell of a step trace (a sampling regime other than greedy is named)."""
+    cell = f"b{batch}-p{prompt_tokens}-o{output_tokens}-r{repeat}"
+    return cell if regime == "greedy" else f"{cell}-{regime}"
 
 
 def cell_request_id(cell: str, i: int) -> str:
