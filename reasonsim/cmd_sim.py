@@ -32,7 +32,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                "step_time_model": cal.latency.kind, "add_request_ms": cal.add_request_ms,
                "wake_ms": cal.wake_ms,
                "logprob_token_ms": cal.logprob_token_ms,
-               "logprob_top_k_ms": cal.logprob_top_k_ms, "output": str(out)}
+               "logprob_top_k_ms": cal.logprob_top_k_ms,
+               "logprob_step_ms": cal.logprob_step_ms, "output": str(out)}
     for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus"):
         if part in h:
             summary[f"heldout_mape_{part}"] = h[part]["mape"]

@@ -60,6 +60,8 @@ class Calibration:
     wake_ms: float = 0.0
     """host time before the first step after the loop sat idle (it wakes for an arrival);
     0: not measured"""
+    logprob_step_ms: float = 0.0
+    """step time of a step that returns any log-probabilities, once (`sim.logprob_cost`)"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -73,7 +75,8 @@ class Calibration:
                 "provenance": self.provenance, "heldout": self.heldout,
                 "host": {"add_request_ms": self.add_request_ms,
                          "logprob_token_ms": self.logprob_token_ms,
-                         "logprob_top_k_ms": self.logprob_top_k_ms, "wake_ms": self.wake_ms}}
+                         "logprob_top_k_ms": self.logprob_top_k_ms,
+                         "logprob_step_ms": self.logprob_step_ms, "wake_ms": self.wake_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -106,7 +109,7 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
                        lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
                        host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
-                       host.wake_ms)
+                       host.wake_ms, host.logprob_step_ms)
 
 
 def fingerprint(provenance: dict) -> dict:
@@ -226,7 +229,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     if lp_cost is None:
         lp_note = (f"not separable: under {MIN_PLAIN_STEPS} steps without log-probabilities; "
                    "the step time holds their cost, for traffic like this only")
-        lp_cost = (0.0, 0.0)
+        lp_cost = (0.0, 0.0, 0.0)
     lp_steps, lp_dominated = int((steps.logprob_tokens > 0).sum()), 0
     if any(lp_cost):
         # A step whose term is over half its time leaves a small difference of two large
@@ -276,5 +279,6 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
                        provenance, heldout,
                        int(eng["max_model_len"]) if eng.get("max_model_len") else None,
-                       add_request_ms=add_ms, logprob_token_ms=lp_cost[0],
-                       logprob_top_k_ms=lp_cost[1], wake_ms=wake_ms)
+                       add_request_ms=add_ms, logprob_token_ms=lp_cost[1],
+                       logprob_top_k_ms=lp_cost[2], wake_ms=wake_ms,
+                       logprob_step_ms=lp_cost[0])

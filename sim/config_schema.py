@@ -104,6 +104,7 @@ class HostSpec(_Strict):
     add_request_ms: Annotated[float, Field(ge=0)] = 0.0
     logprob_token_ms: Annotated[float, Field(ge=0)] = 0.0
     logprob_top_k_ms: Annotated[float, Field(ge=0)] = 0.0
+    logprob_step_ms: Annotated[float, Field(ge=0)] = 0.0
     wake_ms: Annotated[float, Field(ge=0)] = 0.0
 
 

@@ -22,10 +22,11 @@ from traces import read_table
 # Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
 _MS_KEYS = ("coef_ms", "fixed_ms", "layer_ms", "prefill_seq_ms")
 # ... and the calibration's step-time terms outside the model: log-probability rows
-_HOST_MS_KEYS = ("logprob_token_ms", "logprob_top_k_ms")
+_HOST_MS_KEYS = ("logprob_step_ms", "logprob_token_ms", "logprob_top_k_ms")
 
 
-def live_over_predicted(model, steps: pd.DataFrame, logprob_cost: tuple[float, float] = (0.0, 0.0),
+def live_over_predicted(model, steps: pd.DataFrame,
+                        logprob_cost: tuple[float, float, float] = (0.0, 0.0, 0.0),
                         ) -> tuple[np.ndarray, pd.DataFrame]:
     """Live step time over the model's prediction, per step; the steps compared (warm-up
     steps dropped unless the model prices first-of-shape steps itself). With `logprob_cost`
@@ -52,7 +53,7 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path) -> float | 
     if not len(steps):
         return None
     host = cal.get("host", {})
-    cost = (host.get("logprob_token_ms", 0.0), host.get("logprob_top_k_ms", 0.0))
+    cost = tuple(host.get(k, 0.0) for k in _HOST_MS_KEYS)
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
     ratio, _ = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost)

@@ -6,9 +6,12 @@ host time on the step's output path, growing with its top-k (`benchmarks/logprob
 2-core EPYC VM, target-large, one 200-token prefill: 3.5 ms without, 3.9 ms with k = 1, 5.0 ms
 with k = 8, 13.3 ms with whole distributions, k = 128). The step-time model has no term for it,
 so a fit on scoring traffic spreads it over every step. Here it is a per-step term,
-`per_token_ms * logprob_tokens + per_top_k_ms * logprob_top_k` (the `step_logprobs` table's
-columns): the step-time model is fitted on the steps without log-probabilities, the two
-coefficients on what the steps with them take beyond it (non-negative least squares), and the
+`per_step_ms + per_token_ms * logprob_tokens + per_top_k_ms * logprob_top_k` for a step that
+returns any (the `step_logprobs` table's columns): a step pays once for the output path's
+log-probability handling (a grid's decode steps with them took ~0.4 ms more at 1 and at 8
+sequences alike: `trace steps --regimes`), and per row. The step-time model is fitted on the
+steps without log-probabilities, the three coefficients on what the steps with them take beyond
+it (non-negative least squares), and the
 step-time model is then refitted on every step less its log-probability term (`calibrate`
 leaves out the steps the term makes up more than half of). Without enough
 steps free of log-probabilities the two cannot be told apart: the term stays 0 and the step-time
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from traces import read_table
 
@@ -39,23 +42,33 @@ def attach_logprobs(steps: pd.DataFrame, trace_dirs: list[str | Path]) -> pd.Dat
     return out
 
 
-def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms) -> tuple[float, float] | None:
-    """(per_token_ms, per_top_k_ms) of the steps' log-probability rows, or None when too few
-    steps are free of them to tell the two apart: `fit(plain steps)` is the step-time model,
-    `predict_ms(model, steps)` its mean prediction."""
+def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms
+                     ) -> tuple[float, float, float] | None:
+    """(per_step_ms, per_token_ms, per_top_k_ms) of the steps' log-probability rows, or None
+    when too few steps are free of them to tell them apart: `fit(plain steps)` is the step-time
+    model, `predict_ms(model, steps)` its mean prediction."""
     has = steps.logprob_tokens.to_numpy() > 0
     if not has.any():
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if (~has).sum() < MIN_PLAIN_STEPS:
         return None
     model = fit(steps[~has])
     lp = steps[has]
     excess = lp.duration_ms.to_numpy() - predict_ms(model, lp)
-    x = lp[["logprob_tokens", "logprob_top_k"]].to_numpy(dtype=float)
+    x = np.column_stack([np.ones(len(lp)),
+                         lp[["logprob_tokens", "logprob_top_k"]].to_numpy(dtype=float)])
     coef, _ = nnls(x, excess)
-    return float(coef[0]), float(coef[1])
+    # Robust to the one-off steps among them (vLLM's first step returning log-probabilities
+    # took 1.8 s in a grid whose others took ~0.4 ms more than plain ones): Huber loss at the
+    # excess's own spread, from the least-squares start, coefficients kept >= 0.
+    spread = max(1.4826 * float(np.median(np.abs(excess - np.median(excess)))), 0.01)
+    fit_ = least_squares(lambda c: x @ c - excess, np.maximum(coef, 1e-6), bounds=(0, np.inf),
+                         loss="huber", f_scale=spread)
+    return float(fit_.x[0]), float(fit_.x[1]), float(fit_.x[2])
 
 
-def logprob_ms(steps: pd.DataFrame, cost: tuple[float, float]) -> np.ndarray:
-    """Each step's log-probability term."""
-    return cost[0] * steps.logprob_tokens.to_numpy() + cost[1] * steps.logprob_top_k.to_numpy()
+def logprob_ms(steps: pd.DataFrame, cost: tuple[float, float, float]) -> np.ndarray:
+    """Each step's log-probability term (`cost`: per step with any, per row, per top-k)."""
+    tokens = steps.logprob_tokens.to_numpy()
+    return np.where(tokens > 0, cost[0], 0.0) + cost[1] * tokens + \
+        cost[2] * steps.logprob_top_k.to_numpy()

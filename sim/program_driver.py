@@ -17,6 +17,10 @@ from programs.traced import Question, Trajectory
 from sim.request_state import Req
 
 
+LP_FLAG_MS = 1e-9
+"""a row cost too small to tell, so that a step knows it returns log-probabilities"""
+
+
 class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
@@ -187,6 +191,8 @@ class ProgramDriver:
         # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
         # positions, and for sampled tokens when it asks their log-probabilities
         row_ms = cal.logprob_token_ms + cal.logprob_top_k_ms * s.top_logprobs
+        if cal.logprob_step_ms and not row_ms:  # rows must show for the step to pay its term
+            row_ms = LP_FLAG_MS
         r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
                 group=group, prefix_tokens=prefix, chain=spec.prefix_chain or None,
                 score_from=prompt - scored if scored else 0,

@@ -64,6 +64,7 @@ class Replica:
         # The loop's host time (`sim.host_time`): adding a request delays the next step (on a
         # shared device, the device's); an idle loop first wakes. Charged at the next plan.
         self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
+        self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._positions = itertools.count()  # admissions: the running list's order
@@ -264,6 +265,8 @@ class Replica:
         record it and schedule its end; `totals`: prefill tokens and sequences, decode
         sequences, context, log-probability ms."""
         prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms = totals
+        if lp_ms > 0.0:
+            lp_ms += self.lp_step_ms
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)

@@ -73,7 +73,8 @@ def test_the_fit_recovers_a_known_log_probability_cost():
     steps = pd.DataFrame({"prefill_tokens": prefill, "decode_seqs": decode,
                           "context_tokens": context, "logprob_tokens": tokens,
                           "logprob_top_k": top_k,
-                          "duration_ms": (plain_ms + 0.005 * tokens + 0.004 * top_k) * noise})
+                          "duration_ms": (plain_ms + np.where(tokens > 0, 0.3, 0.0)
+                                          + 0.005 * tokens + 0.004 * top_k) * noise})
     cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
 
     def fit_rows(rows):
@@ -82,13 +83,14 @@ def test_the_fit_recovers_a_known_log_probability_cost():
     def predict_ms(m, rows):
         return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
 
-    per_token, per_k = fit_logprob_cost(steps, fit_rows, predict_ms)
+    per_step, per_token, per_k = fit_logprob_cost(steps, fit_rows, predict_ms)
+    assert per_step == pytest.approx(0.3, abs=0.15)  # the step model's fit leans on it a little
     assert per_token == pytest.approx(0.005, rel=0.25) and per_k == pytest.approx(0.004, rel=0.05)
-    assert np.allclose(logprob_ms(steps, (per_token, per_k)),
-                       per_token * tokens + per_k * top_k)
+    assert np.allclose(logprob_ms(steps, (per_step, per_token, per_k)),
+                       np.where(tokens > 0, per_step, 0) + per_token * tokens + per_k * top_k)
     # every step has rows: not separable from the step time
     assert fit_logprob_cost(steps[steps.logprob_tokens > 0], fit_rows, predict_ms) is None
-    assert fit_logprob_cost(steps[steps.logprob_tokens == 0], fit_rows, predict_ms) == (0, 0)
+    assert fit_logprob_cost(steps[steps.logprob_tokens == 0], fit_rows, predict_ms) == (0, 0, 0)
 
 
 def test_a_scored_prefill_takes_its_rows_time():
@@ -105,6 +107,28 @@ def test_a_scored_prefill_takes_its_rows_time():
     base = finish()
     assert finish(lp_prompt_ms=0.5) - base == pytest.approx(100 * 0.5e-3, rel=1e-9)
     assert finish(lp_sample_ms=2.0) - base == pytest.approx(2.0e-3, rel=1e-9)
+
+
+def test_a_step_returning_log_probabilities_pays_its_step_term_once():
+    from dataclasses import replace
+
+    cal = load_calibration(CALIB)
+
+    def finish(step_ms: float, n: int, **lp) -> tuple[float, int]:
+        env = simpy.Environment()
+        res = Results(n)
+        replica = Replica(env, 0, replace(cal, logprob_step_ms=step_ms),
+                          ReplicaConfig(8, 2048, 16, 1000), res, None)
+        for i in range(n):  # the first step takes one, the next the others
+            replica.submit(Req(i, 40, 1, **lp))
+        env.run()
+        return float(res.finish_s.max()), int(res.seg["k_iters"].sum())
+
+    for n, steps in ((1, 1), (3, 2)):
+        assert finish(0.7, n) == finish(0.0, n)  # no rows: no term
+        (with_term, k), (without, _) = (finish(ms, n, lp_sample_ms=1e-9) for ms in (0.7, 0.0))
+        assert k == steps  # once a step, whatever its rows
+        assert with_term - without == pytest.approx(steps * 0.7e-3, rel=1e-6)
 
 
 def test_old_calibrations_charge_nothing_and_bad_costs_are_refused(tmp_path):
