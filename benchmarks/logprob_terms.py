@@ -1,34 +1,52 @@
-"""The log-probability term of a calibration against the per-position-only least-squares fit it
+"""A calibration's log-probability term against the per-position-only least-squares fit it
 replaced, on one trace's steps that returned log-probabilities (prints one line each).
 
     python benchmarks/logprob_terms.py TRACE_DIR CALIBRATION.json
 
-Both use the calibration's step-time model for the plain part; the errors are over the steps with
-log-probabilities (median and mean absolute percentage error, and decode steps by batch).
+Both price the plain part with the calibration's step-time model; the errors are over the steps
+with log-probabilities (median and mean absolute percentage error, and decode steps by batch).
 """
 
+from __future__ import annotations
+
 import sys
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
-from sim.calibration import load_calibration
-from sim.logprob_cost import attach_logprobs, logprob_ms
-from sim.serving_latency import engine_features
-from traces import read_table
-if len(sys.argv) != 3:
-    sys.exit(__doc__)
-trace, calp = sys.argv[1], sys.argv[2]
-cal = load_calibration(calp)
-steps = engine_features(attach_logprobs(read_table(trace,'steps').to_pandas(), [trace]))
-m = cal.latency
-base = m.predict_ms(steps) * m.residual_sampler()[0]
-lp = (steps.logprob_tokens > 0).to_numpy()
-excess = steps.duration_ms.to_numpy()[lp] - base[lp]
-c2, _ = nnls(steps.loc[lp, ['logprob_tokens','logprob_top_k']].to_numpy(float), excess)
-costs = {'two-term (least squares)': (0.0, c2[0], c2[1]), 'three-term (Huber)': (cal.logprob_step_ms, cal.logprob_token_ms, cal.logprob_top_k_ms)}
-for name, cost in costs.items():
-    pred = base + logprob_ms(steps, cost)
-    ape = np.abs(pred - steps.duration_ms.to_numpy()) / steps.duration_ms.to_numpy()
-    dec = lp & (steps.prefill_tokens == 0).to_numpy()
-    by = {int(n): round(float(np.median(ape[dec & (steps.decode_seqs == n).to_numpy()])), 3) for n in sorted(set(steps.decode_seqs[dec]))[:3]}
-    print(f"{name}: cost {[round(float(c), 4) for c in cost]}; log-prob steps median APE {np.median(ape[lp]):.3f}, MAPE {ape[lp].mean():.3f}; decode by seqs {by}")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sim.calibration import load_calibration  # noqa: E402
+from sim.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
+from sim.serving_latency import engine_features  # noqa: E402
+from traces import read_table  # noqa: E402
+
+
+def main() -> None:
+    """Fit the per-position-only term, compare, print."""
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    trace, cal = sys.argv[1], load_calibration(sys.argv[2])
+    steps = engine_features(attach_logprobs(read_table(trace, "steps").to_pandas(), [trace]))
+    base = cal.latency.predict_ms(steps) * cal.latency.residual_sampler()[0]
+    duration = steps.duration_ms.to_numpy()
+    lp = (steps.logprob_tokens > 0).to_numpy()
+    per_row, _ = nnls(steps.loc[lp, ["logprob_tokens", "logprob_top_k"]].to_numpy(float),
+                      duration[lp] - base[lp])
+    decode = lp & (steps.prefill_tokens == 0).to_numpy()
+    seqs = steps.decode_seqs.to_numpy()
+    for name, cost in (("per position only (least squares)", (0.0, *per_row)),
+                       ("calibration's", (cal.logprob_step_ms, cal.logprob_token_ms,
+                                          cal.logprob_top_k_ms))):
+        ape = np.abs(base + logprob_ms(steps, cost) - duration) / duration
+        by_seqs = {int(n): round(float(np.median(ape[decode & (seqs == n)])), 3)
+                   for n in sorted(set(seqs[decode]))}
+        print(f"{name}: cost (step, position, entry ms) {[round(float(c), 4) for c in cost]}; "
+              f"log-probability steps median APE {np.median(ape[lp]):.3f}, MAPE "
+              f"{ape[lp].mean():.3f}; decode steps' median APE by sequences {by_seqs}")
+
+
+if __name__ == "__main__":
+    main()

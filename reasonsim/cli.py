@@ -31,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="record traces from a real engine")
     tsub = trace.add_subparsers(dest="trace_command", required=True, metavar="TRACER")
 
-    s = tsub.add_parser("steps", help="profile an engine (vLLM, or PyTorch on a GPU) step by step "
-                        "over a grid",
+    s = tsub.add_parser("steps", help="profile an engine step by step over a grid",
                         description="Drive vLLM's LLMEngine step by step over a grid of batch "
                         "sizes x prompt lengths x output lengths; record every iteration "
                         "(steps table) and every request (requests table).")
@@ -65,9 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "seeded (temperature 0.7, top-p 0.95, a seed per request), logprobs (seeded "
                    "with the sampled tokens' log-probabilities); e.g. greedy,seeded,logprobs")
     s.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
-                   help="vllm (CPU build here) or torch: the PyTorch engine, on CUDA when torch "
-                   "sees a GPU (where vLLM is not installed); its KV cache is one slot per "
-                   "sequence, --kv-cache-gb does not apply")
+                   help="torch: the PyTorch engine, on CUDA where torch sees a GPU (no vLLM "
+                   "there); a KV slot per sequence, so --kv-cache-gb does not apply")
     s.add_argument("--resume", action="store_true", help="continue an interrupted trace")
     s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -24,13 +24,14 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
 
         if args.resume:
             raise UserError("--resume: the torch engine's grid runs whole (start a new directory)")
-        if args.regimes != ("greedy",):
-            raise UserError("--regimes: the torch engine's grid is greedy")
-        summary = profile_torch_steps(model=args.model, out_dir=args.out, grid=grid,
-                                      load_format=args.load_format, dtype=args.dtype,
-                                      seed=args.seed, max_num_seqs=args.max_num_seqs,
-                                      max_num_batched_tokens=args.max_num_batched_tokens,
-                                      max_model_len=args.max_model_len, progress=not args.quiet)
+        try:
+            summary = profile_torch_steps(
+                model=args.model, out_dir=args.out, grid=grid, load_format=args.load_format,
+                dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_model_len=args.max_model_len, progress=not args.quiet)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         print_summary(summary, args.json)
         return 0
     summary = profile_steps(model=args.model, out_dir=args.out, grid=grid,

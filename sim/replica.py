@@ -265,8 +265,6 @@ class Replica:
         record it and schedule its end; `totals`: prefill tokens and sequences, decode
         sequences, context, log-probability ms."""
         prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms = totals
-        if lp_ms > 0.0:
-            lp_ms += self.lp_step_ms
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
@@ -290,9 +288,9 @@ class Replica:
                 a_ms, b_ms = closed[0], closed[1] * (self.spec.tokens_per_iteration
                                                      if self.spec else 1.0)
                 factor = self._noise(k)
-        # The log-probability term was fitted beyond the mean step (`sim.logprob_cost`): it
-        # takes no residual factor.
-        a_ms += lp_ms / factor
+        # The log-probability term (its rows', and once a step that returns any) was fitted
+        # beyond the mean step (`sim.logprob_cost`): it takes no residual factor.
+        a_ms += (lp_ms + self.lp_step_ms if lp_ms > 0.0 else 0.0) / factor
         self.busy = True
         self._seg_start = now
         self._seg_index = self.res.add_segment((

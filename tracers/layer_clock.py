@@ -9,8 +9,8 @@ import torch
 
 class LayerClock:
     """Per-layer times of one step. On CUDA, events read after the step's one sync: a sync per
-    layer would time the sync (about 0.7 ms each on the GPU machines we reach) more than the
-    layer. On the CPU, wall time."""
+    layer would keep the host from queueing the next layer's kernels while the device runs this
+    one, so the step would be timed as it does not run. On the CPU, wall time."""
 
     def __init__(self, cuda: bool, layers: int):
         self.cuda, self.ms = cuda, [0.0] * layers

@@ -88,7 +88,7 @@ class SpecPair:
                 self.draft_kv[rid] += 1
         for _ in range(k):
             draft_ms += self.draft.step().duration_ms
-        proposals = {r.rid: self.draft._running(r.rid).output_ids[-k:] for r in live}
+        proposals = {r.rid: self.draft.running_output_ids(r.rid)[-k:] for r in live}
         greedy, verify_ms = self.target.extend({r.rid: [r.out[-1]] + proposals[r.rid]
                                                 for r in live})
         accepted = {}

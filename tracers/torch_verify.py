@@ -59,6 +59,10 @@ class VerifySteps:
         del self.running[seq.slot]
         return seq.output_ids
 
+    def running_output_ids(self, request_id: str) -> list[int]:
+        """The output so far of a running sequence (a draft's proposals are its last ones)."""
+        return self._running(request_id).output_ids
+
     def _running(self, request_id: str):
         for seq in self.running.values():
             if seq.request_id == request_id:
