@@ -33,8 +33,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                "wake_ms": cal.wake_ms,
                "logprob_token_ms": cal.logprob_token_ms,
                "logprob_top_k_ms": cal.logprob_top_k_ms,
-               "logprob_step_ms": cal.logprob_step_ms, "output": str(out)}
-    for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus"):
+               "logprob_step_ms": cal.logprob_step_ms, "seeded_step_ms": cal.seeded_step_ms,
+               "seeded_seq_ms": cal.seeded_seq_ms, "output": str(out)}
+    for part in ("decode", "prefill", "mixed", "seqs_1", "seqs_2_4", "seqs_5_16", "seqs_17_plus",
+                 "greedy", "seeded", "logprobs"):
         if part in h:
             summary[f"heldout_mape_{part}"] = h[part]["mape"]
     print_summary(summary, args.json)

@@ -52,8 +52,8 @@ def load_suite(path: Path) -> dict:
     if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
             not suite["workloads"]:
         raise UserError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
-    for key in ("grid", "quick_grid"):
-        if not isinstance(suite.get(key), dict):
+    for key in ("grid", "quick_grid", "sampling_grid"):
+        if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
             raise UserError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
     traffic = suite.get("calibration_traffic") or {}
     if not isinstance(traffic, dict) or not all(
@@ -108,10 +108,18 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
     from reasonsim.common import DEFAULT_MODEL
 
     grid = suite["quick_grid" if quick else "grid"]
-    spec = StepGrid(**{k: (tuple(v) if k == "idle_ms" else v) for k, v in grid.items()})
-    fresh_process(profile_steps, str(DEFAULT_MODEL), out / "grid", spec,
-                  max_model_len=int(suite.get("max_model_len", 2048)), progress=progress)
-    traces = [out / "grid"]
+    limits = {"max_model_len": int(suite.get("max_model_len", 2048)),
+              "max_num_seqs": max(grid["batch_sizes"])}  # one engine for every grid
+    traces = []
+    # The sampling grid runs small cells greedy and seeded back to back: the seeded-sampling
+    # term the program workloads pay (`sim.sampling_cost`), in the same calibration.
+    for name, g in (("grid", grid), ("sampling_grid", suite.get("sampling_grid"))):
+        if g:
+            spec = StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
+                               for k, v in g.items()})
+            fresh_process(profile_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
+                          progress=progress)
+            traces.append(out / name)
     path = out / "calibration.json"
     path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
     # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
@@ -201,6 +209,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     from live.replay import replay_workload
     from programs.workload import program_workload as build
     from sim.config import parse_config
+    from sim.live_speed import step_speed_ratio
     from sim.program_metrics import compare
     from traces.store import read_run, read_table
 
@@ -226,17 +235,46 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
         fresh_process(replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
                       max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json())
         results.append(compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas()))
+    # every chunk and probe samples with a seed: the prediction the ratio divides by says so
+    speeds = [step_speed_ratio(cal, out / name / f"live{i + 1}", all_seeded=True,
+                               decode_only=True) for i in range(LIVE_RUNS)]
+    leveled = [programs_at_live_speed(d, f, out / name / f"sim_at_live{i + 1}",
+                                      out / name / f"live{i + 1}", example.parent)
+               for i, f in enumerate(speeds)]
     metrics = {}
     for m, stat in (("program_latency_p50", "p50"), ("program_latency_p90", "p90")):
         metrics[m] = judge(results[0]["sim"]["program_latency_s"][stat],
                            [r["live"]["program_latency_s"][stat] for r in results],
                            PROGRAM_TOLERANCE[m], band.get(m))
+        if all(x is not None for x in leveled):
+            metrics[m]["error_at_live_speed"] = float(np.mean([x[m] for x in leveled]))
     metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
                                           [r["live"]["tokens_per_program"] for r in results],
                                           PROGRAM_TOLERANCE["tokens_per_program"])
     agreement = min(r["decision_agreement"] for r in results)
     return {"workload": name, "kind": "programs", "metrics": metrics,
-            "decision_agreement": agreement}
+            "decision_agreement": agreement,
+            "step_speed": [{"decode": f, "prefill": None} for f in speeds]}
+
+
+def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path,
+                           base_dir: Path) -> dict | None:
+    """A program workload's latency errors against one live run with the simulation's step
+    times scaled to that run's decode speed (`at_live_speed`, for programs)."""
+    from sim.config import parse_config
+    from sim.live_speed import scaled_calibration
+    from sim.program_metrics import compare
+    from sim.simulate import simulate
+    from traces.store import read_table
+
+    if factor is None:
+        return None
+    cal = scaled_calibration(d["cluster"]["replicas"][0]["calibration"], factor,
+                             out_dir / "calibration.json")
+    scaled = {**d, "cluster": {**d["cluster"], "replicas": [
+        {**d["cluster"]["replicas"][0], "calibration": str(cal)}]}}
+    sim = simulate(parse_config(scaled, base_dir))
+    return compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas())["error"]
 
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,

@@ -21,6 +21,7 @@ from sim import step_time
 from sim.host_time import fit_host_ms
 from sim.latency import LatencyModel, errors, fit
 from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
+from sim.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
 from sim.serving_latency import engine_features, fit_serving, serving_errors
 from traces import read_run, read_table
 
@@ -62,6 +63,10 @@ class Calibration:
     0: not measured"""
     logprob_step_ms: float = 0.0
     """step time of a step that returns any log-probabilities, once (`sim.logprob_cost`)"""
+    seeded_step_ms: float = 0.0
+    """step time of a step with any sequence sampling with a seed, once (`sim.sampling_cost`)"""
+    seeded_seq_ms: float = 0.0
+    """and per such sequence"""
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -76,7 +81,9 @@ class Calibration:
                 "host": {"add_request_ms": self.add_request_ms,
                          "logprob_token_ms": self.logprob_token_ms,
                          "logprob_top_k_ms": self.logprob_top_k_ms,
-                         "logprob_step_ms": self.logprob_step_ms, "wake_ms": self.wake_ms}}
+                         "logprob_step_ms": self.logprob_step_ms, "wake_ms": self.wake_ms,
+                         "seeded_step_ms": self.seeded_step_ms,
+                         "seeded_seq_ms": self.seeded_seq_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -109,7 +116,8 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
                        lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
                        host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
-                       host.wake_ms, host.logprob_step_ms)
+                       host.wake_ms, host.logprob_step_ms, host.seeded_step_ms,
+                       host.seeded_seq_ms)
 
 
 def fingerprint(provenance: dict) -> dict:
@@ -126,12 +134,17 @@ def _heldout_mask(cells: pd.Series, seed: int) -> np.ndarray:
 
 
 def breakdown(steps: pd.DataFrame) -> dict[str, pd.Series]:
-    """Row masks by regime (decode-only, prefill-only, mixed) and by sequences per step."""
+    """Row masks by step kind (decode-only, prefill-only, mixed), by sequences per step and,
+    where the steps say, by sampling regime (greedy, seeded, log-probabilities)."""
     p, d = steps.prefill_tokens, steps.decode_seqs
     seqs = steps.prefill_seqs + d
-    return {"decode": p == 0, "prefill": (p > 0) & (d == 0), "mixed": (p > 0) & (d > 0),
-            "seqs_1": seqs <= 1, "seqs_2_4": (seqs >= 2) & (seqs <= 4),
-            "seqs_5_16": (seqs >= 5) & (seqs <= 16), "seqs_17_plus": seqs >= 17}
+    out = {"decode": p == 0, "prefill": (p > 0) & (d == 0), "mixed": (p > 0) & (d > 0),
+           "seqs_1": seqs <= 1, "seqs_2_4": (seqs >= 2) & (seqs <= 4),
+           "seqs_5_16": (seqs >= 5) & (seqs <= 16), "seqs_17_plus": seqs >= 17}
+    if "seeded_seqs" in steps and "logprob_tokens" in steps:
+        lp, seeded = steps.logprob_tokens > 0, steps.seeded_seqs > 0
+        out |= {"greedy": ~lp & ~seeded, "seeded": ~lp & seeded, "logprobs": lp}
+    return out
 
 
 def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
@@ -157,9 +170,10 @@ def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
 
 
 def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving",
-              spec_k: int | None = None) -> Calibration:
+              spec_k: int | None = None, seeded_term: bool = True) -> Calibration:
     """Fit a step-time model (`serving` or `linear`) on the traces' steps; evaluate on held-out
-    cells or runs. `spec_k`: fit the spec-decoding steps of K speculative tokens."""
+    cells or runs. `spec_k`: fit the spec-decoding steps of K speculative tokens;
+    `seeded_term=False`: no seeded-sampling term (an ablation, `benchmarks/sampling_terms.py`)."""
     t0 = time.perf_counter()
     frames, runs = [], []
     drafts = set()
@@ -186,7 +200,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
         (a, la), (b, lb) = list(limits.items())[:2]
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
-    steps = attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs)
+    steps = attach_seeded(attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs),
+                          [r for _, r in runs] if seeded_term else [])
     if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
         steps = engine_features(steps)
         steps = steps[steps.duration_ms > 0]
@@ -221,9 +236,19 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
 
         def errs(m, rows):
             return errors(m, *(rows[c] for c in cols), rows.duration_ms)
-    # Steps that returned log-probabilities carry a term of their own: fitted on every step
-    # (two coefficients; a mode that asks for none may hold the only plain steps), then taken
-    # out of their durations so the step-time model sees the step alone.
+    # Seeded sampling and returned log-probabilities carry terms of their own: fitted on every
+    # step (the step-time model on the steps without them), then taken out of their durations,
+    # seeded first (the log-probability steps of a grid sample with seeds too), so the
+    # step-time model sees the step alone.
+    seeded_cost = fit_seeded_cost(steps)
+    seeded_note = "fitted" if (steps.seeded_seqs > 0).any() else "no seeded grid steps"
+    if seeded_cost is None:
+        seeded_note = (f"not separable: under {MIN_STEPS} seeded steps with a greedy twin; "
+                       "the step time holds their cost")
+        seeded_cost = (0.0, 0.0)
+    if any(seeded_cost):
+        steps = steps.assign(duration_ms=steps.duration_ms.to_numpy()
+                             - seeded_ms(steps.seeded_seqs, seeded_cost))
     lp_cost = fit_logprob_cost(steps, fit_rows, predict_ms)
     lp_note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
     if lp_cost is None:
@@ -270,6 +295,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                   "logprob_steps": lp_steps,
                   "logprob_cost": lp_note,
                   "logprob_dominated_steps": lp_dominated,
+                  "seeded_steps": int((steps.seeded_seqs > 0).sum()),
+                  "seeded_cost": seeded_note,
                   "fitted_on": "every step; heldout_* from a fit without the held-out ones",
                   **({"speculative": {"k": spec_k, "method": "draft_model",
                                       "draft_model_id": sorted(drafts)}} if spec_k else {}),
@@ -281,4 +308,5 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        int(eng["max_model_len"]) if eng.get("max_model_len") else None,
                        add_request_ms=add_ms, logprob_token_ms=lp_cost[1],
                        logprob_top_k_ms=lp_cost[2], wake_ms=wake_ms,
-                       logprob_step_ms=lp_cost[0])
+                       logprob_step_ms=lp_cost[0], seeded_step_ms=seeded_cost[0],
+                       seeded_seq_ms=seeded_cost[1])

@@ -105,6 +105,8 @@ class HostSpec(_Strict):
     logprob_token_ms: Annotated[float, Field(ge=0)] = 0.0
     logprob_top_k_ms: Annotated[float, Field(ge=0)] = 0.0
     logprob_step_ms: Annotated[float, Field(ge=0)] = 0.0
+    seeded_step_ms: Annotated[float, Field(ge=0)] = 0.0
+    seeded_seq_ms: Annotated[float, Field(ge=0)] = 0.0
     wake_ms: Annotated[float, Field(ge=0)] = 0.0
 
 

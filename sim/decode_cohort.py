@@ -21,6 +21,7 @@ class DecodeCohort:
         self.clock = 0           # decode iterations the replica has run
         self.n = 0               # members
         self.off_sum = 0         # sum of (computed - clock) over members
+        self.seeded = 0          # members that sample with a seed (`sim.sampling_cost`)
         self.residues = [0] * block_size  # members by (computed - clock) mod block size
         # (finish clock, pos, req): a request joins a cohort once (re-prefilling after a
         # preemption rebuilds the cohort), so pos breaks every tie
@@ -31,6 +32,7 @@ class DecodeCohort:
         r.clock0 = self.clock
         off = r.computed - self.clock
         self.n += 1
+        self.seeded += r.seeded
         self.off_sum += off
         self.residues[off % self.bs] += 1
         heapq.heappush(self._heap, (self.clock + r.output - r.generated, r.pos, r))
@@ -49,6 +51,7 @@ class DecodeCohort:
         self.sync(r)
         off = r.computed - self.clock
         self.n -= 1
+        self.seeded -= r.seeded
         self.off_sum -= off
         self.residues[off % self.bs] -= 1
         r.clock0 = -1  # its heap entry, if still there, is stale from now on

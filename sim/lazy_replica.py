@@ -123,22 +123,25 @@ class LazyReplica(Replica):
             return False  # the reference preempts
         self.free_blocks -= co.residues[-co.clock % bs]
         prefill_tokens = context = 0
+        seeded = co.seeded  # every member samples a token
         for r, n in sched:
             self._alloc(r, r.computed + n)
             if self._caching and r.group >= 0:
                 self.prefix_cache.store(r, r.computed + n)
             prefill_tokens += n
             context += r.computed + n
+            if r.computed + n >= r.target:  # the prompt's last chunk samples a token
+                seeded += r.seeded
         self._host_s = 0.0
         first = len(sched)
-        budget, _, c, p, n_new = self._admit(now, budget, sched, 0.0)
+        budget, _, seeded, c, p, n_new = self._admit(now, budget, sched, 0.0, seeded)
         self.prefilling.extend(r for r, _ in sched[first:])
         if not sched and not co.n:
             self.busy, self.run, self._lazy_step = False, None, False
             return True
         self._lazy_step = True
         self._launch(now, sched, (prefill_tokens + p, first + n_new, co.n,
-                                  context + c + co.context(), 0.0), 0)
+                                  context + c + co.context(), 0.0, seeded), 0)
         return True
 
     def _stable_run_length(self) -> int:

@@ -17,22 +17,26 @@ import pandas as pd
 
 from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
 from sim.logprob_cost import attach_logprobs, logprob_ms
+from sim.sampling_cost import seeded_ms
 from traces import read_table
 
 # Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
 _MS_KEYS = ("coef_ms", "fixed_ms", "layer_ms", "prefill_seq_ms")
-# ... and the calibration's step-time terms outside the model: log-probability rows
-_HOST_MS_KEYS = ("logprob_step_ms", "logprob_token_ms", "logprob_top_k_ms")
+# ... and the calibration's step-time terms outside the model: log-probability rows (the first
+# three, in `logprob_ms`'s order), seeded sampling
+_HOST_MS_KEYS = ("logprob_step_ms", "logprob_token_ms", "logprob_top_k_ms", "seeded_step_ms",
+                 "seeded_seq_ms")
 
 
 def live_over_predicted(model, steps: pd.DataFrame,
                         logprob_cost: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                        seeded_cost: tuple[float, float] = (0.0, 0.0),
                         ) -> tuple[np.ndarray, pd.DataFrame]:
     """Live step time over the model's prediction, per step; the steps compared (warm-up
     steps dropped unless the model prices first-of-shape steps itself). With `logprob_cost`
-    (a calibration's per-row and per-top-k ms) and the steps' log-probability rows
-    (`sim.logprob_cost.attach_logprobs`), the prediction includes what the simulator charges
-    for them."""
+    (a calibration's per-step, per-row and per-top-k ms) and the steps' log-probability rows
+    (`sim.logprob_cost.attach_logprobs`), and with `seeded_cost` and the steps' `seeded_seqs`,
+    the prediction includes what the simulator charges for them."""
     if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
         steps = serving_latency.engine_features(steps)
         pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
@@ -42,21 +46,32 @@ def live_over_predicted(model, steps: pd.DataFrame,
             steps.prefill_tokens, steps.decode_seqs, steps.context_tokens)])
     if any(logprob_cost) and "logprob_tokens" in steps and len(steps):
         pred = pred + logprob_ms(steps, logprob_cost)
+    if any(seeded_cost) and "seeded_seqs" in steps and len(steps):
+        pred = pred + seeded_ms(steps.seeded_seqs, seeded_cost)
     return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9), steps
 
 
-def step_speed_ratio(calibration: str | Path, steps_dir: str | Path) -> float | None:
+def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
+                     decode_only: bool = False) -> float | None:
     """Median of live step time over the calibration's prediction (its log-probability term
-    included) over every step an engine recorded under `steps_dir`; None when it ran none."""
+    included) over every step an engine recorded under `steps_dir` (decode-only steps with
+    `decode_only`); None when it ran none. `all_seeded`: every sequence sampled with a seed
+    (a Dynasor program replay), so the seeded-sampling term is priced too."""
     cal = json.loads(Path(calibration).read_text())
     steps = read_table(steps_dir, "steps").to_pandas()
     if not len(steps):
         return None
     host = cal.get("host", {})
-    cost = tuple(host.get(k, 0.0) for k in _HOST_MS_KEYS)
+    cost = tuple(host.get(k, 0.0) for k in _HOST_MS_KEYS[:3])
+    seeded = (host.get("seeded_step_ms", 0.0), host.get("seeded_seq_ms", 0.0))
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
-    ratio, _ = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost)
+    if all_seeded:
+        steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)
+    ratio, steps = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost,
+                                       seeded if all_seeded else (0.0, 0.0))
+    if decode_only:  # after the engine features, which read each step's predecessor
+        ratio = ratio[((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()]
     return float(np.median(ratio)) if len(ratio) else None
 
 
@@ -70,7 +85,7 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -
                          f"millisecond coefficients ({', '.join(_MS_KEYS)}) to scale")
     for k in keys:
         model[k] = [c * factor for c in model[k]]
-    for k in _HOST_MS_KEYS:  # the log-probability rows: step time too (host time is not)
+    for k in _HOST_MS_KEYS:  # step time too (the loop's host time is not)
         if k in cal.get("host", {}):
             cal["host"][k] *= factor
     out_path.parent.mkdir(parents=True, exist_ok=True)

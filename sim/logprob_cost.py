@@ -57,6 +57,11 @@ def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms
     excess = lp.duration_ms.to_numpy() - predict_ms(model, lp)
     x = np.column_stack([np.ones(len(lp)),
                          lp[["logprob_tokens", "logprob_top_k"]].to_numpy(dtype=float)])
+    return tuple(robust_nonnegative_fit(x, excess))
+
+
+def robust_nonnegative_fit(x: np.ndarray, excess: np.ndarray) -> list[float]:
+    """Non-negative coefficients c with x @ c ~ excess, robust to one-off steps."""
     coef, _ = nnls(x, excess)
     # Robust to the one-off steps among them (vLLM's first step returning log-probabilities
     # took 1.8 s in a grid whose others took ~0.4 ms more than plain ones): Huber loss at the
@@ -64,7 +69,7 @@ def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms
     spread = max(1.4826 * float(np.median(np.abs(excess - np.median(excess)))), 0.01)
     fit_ = least_squares(lambda c: x @ c - excess, np.maximum(coef, 1e-6), bounds=(0, np.inf),
                          loss="huber", f_scale=spread)
-    return float(fit_.x[0]), float(fit_.x[1]), float(fit_.x[2])
+    return [float(v) for v in fit_.x]
 
 
 def logprob_ms(steps: pd.DataFrame, cost: tuple[float, float, float]) -> np.ndarray:

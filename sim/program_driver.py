@@ -197,7 +197,8 @@ class ProgramDriver:
                 group=group, prefix_tokens=prefix, chain=spec.prefix_chain or None,
                 score_from=prompt - scored if scored else 0,
                 lp_prompt_ms=row_ms if scored else 0.0,
-                lp_sample_ms=row_ms if s.top_logprobs or s.logprobs else 0.0)
+                lp_sample_ms=row_ms if s.top_logprobs or s.logprobs else 0.0,
+                seeded=s.temperature > 0.0 and s.seed is not None)
         self.owner.append((run, spec))
         self.req_arrival.append(self.env.now)
         self.req_prompt.append(prompt)

@@ -65,6 +65,7 @@ class Replica:
         # shared device, the device's); an idle loop first wakes. Charged at the next plan.
         self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
         self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
+        self.seeded_ms = (cal.seeded_step_ms, cal.seeded_seq_ms)  # a step with any; per one
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._positions = itertools.count()  # admissions: the running list's order
@@ -181,7 +182,7 @@ class Replica:
         bs = cfg.block_size
         w, la = self.width, self.lookahead
         running = self.running
-        lp_ms = 0.0  # the log-probabilities the step returns (`sim.logprob_cost`)
+        lp_ms, seeded = 0.0, 0  # log-probabilities the step returns, sequences seeded
         # Totals summed as entries are scheduled (`step_totals` again after a preemption)
         i = 0
         while i < len(running) and budget > 0:
@@ -191,7 +192,7 @@ class Replica:
                 budget -= w
                 i += 1
                 context += r.computed + w
-                lp_ms += r.lp_sample_ms
+                lp_ms, seeded = lp_ms + r.lp_sample_ms, seeded + r.seeded
                 continue
             prefill = r.computed < r.target
             n = min(r.target - r.computed, budget) if prefill else 1
@@ -208,12 +209,12 @@ class Replica:
                     self.prefix_cache.store(r, r.computed + n)
                 budget -= n if prefill else w
                 i += 1
-                c, p, lp_ms = entry_totals(r, n, w, lp_ms)
+                c, p, lp_ms, seeded = entry_totals(r, n, w, lp_ms, seeded)
                 context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
                     prefill_seqs + (p > 0)
                 continue
             # r itself was preempted; the element at i is now the next request
-        budget, lp_ms, c, p, n = self._admit(now, budget, sched, lp_ms)
+        budget, lp_ms, seeded, c, p, n = self._admit(now, budget, sched, lp_ms, seeded)
         context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, prefill_seqs + n
         if not sched:
             self.busy = False
@@ -221,14 +222,14 @@ class Replica:
             self._release_device()
             return
         if preempted:
-            prefill_tokens, prefill_seqs, context, lp_ms = step_totals(sched, w)
+            prefill_tokens, prefill_seqs, context, lp_ms, seeded = step_totals(sched, w)
         self._launch(now, sched, (prefill_tokens, prefill_seqs, len(sched) - prefill_seqs, context,
-                                  lp_ms), preempted)
+                                  lp_ms, seeded), preempted)
 
-    def _admit(self, now: float, budget: int, sched: list, lp_ms: float,
-               ) -> tuple[int, float, int, int, int]:
-        """Admit waiting requests while a slot, budget and KV room last: (budget left, lp ms so
-        far, and the context, prefill tokens and sequences they add)."""
+    def _admit(self, now: float, budget: int, sched: list, lp_ms: float, seeded: int,
+               ) -> tuple[int, float, int, int, int, int]:
+        """Admit waiting requests while a slot, budget and KV room last: (budget left, lp ms and
+        seeded sequences so far, and the context, prefill tokens and sequences they add)."""
         la, w = self.lookahead, self.width
         context = prefill_tokens = prefill_seqs = 0
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
@@ -254,17 +255,17 @@ class Replica:
             if self._caching and r.group >= 0:
                 self.prefix_cache.store(r, r.computed + n)
             budget -= n
-            c, p, lp_ms = entry_totals(r, n, w, lp_ms)
+            c, p, lp_ms, seeded = entry_totals(r, n, w, lp_ms, seeded)
             context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
                 prefill_seqs + (p > 0)
-        return budget, lp_ms, context, prefill_tokens, prefill_seqs
+        return budget, lp_ms, seeded, context, prefill_tokens, prefill_seqs
 
-    def _launch(self, now: float, sched: list, totals: tuple[int, int, int, int, float],
+    def _launch(self, now: float, sched: list, totals: tuple[int, int, int, int, float, int],
                 preempted: int) -> None:
         """Price the composed step (a run of decode iterations where it may fast-forward),
         record it and schedule its end; `totals`: prefill tokens and sequences, decode
-        sequences, context, log-probability ms."""
-        prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms = totals
+        sequences, context, log-probability ms, seeded sequences."""
+        prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms, seeded = totals
         plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
@@ -288,11 +289,11 @@ class Replica:
                 a_ms, b_ms = closed[0], closed[1] * (self.spec.tokens_per_iteration
                                                      if self.spec else 1.0)
                 factor = self._noise(k)
-        # The log-probability term (its rows', and once a step that returns any) was fitted
-        # beyond the mean step (`sim.logprob_cost`): it takes no residual factor.
-        a_ms += (lp_ms + self.lp_step_ms if lp_ms > 0.0 else 0.0) / factor
-        self.busy = True
-        self._seg_start = now
+        # The log-probability and seeded-sampling terms were fitted beyond the mean step
+        # (`sim.logprob_cost`, `sim.sampling_cost`): they take no residual factor.
+        a_ms += ((lp_ms + self.lp_step_ms if lp_ms > 0.0 else 0.0) + (
+            self.seeded_ms[0] + self.seeded_ms[1] * seeded if seeded else 0.0)) / factor
+        self.busy, self._seg_start = True, now
         self._seg_index = self.res.add_segment((
             self.id, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
             context, len(self.running), len(self.waiting), self.cfg.kv_blocks - self.free_blocks,
@@ -335,8 +336,7 @@ class Replica:
 
     def _truncate(self) -> None:
         start, a_ms, b_ms, factor, k = self.run
-        elapsed_ms = (self.env.now - start) * 1e3 / factor
-        k_new = iterations_within(a_ms, b_ms, elapsed_ms)
+        k_new = iterations_within(a_ms, b_ms, (self.env.now - start) * 1e3 / factor)
         if k_new < k:
             self._truncate_to(k_new)
 

@@ -14,11 +14,11 @@ class Req:
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
                  "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms",
-                 "spec_cum", "spec_it", "pos", "clock0")
+                 "seeded", "spec_cum", "spec_it", "pos", "clock0")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
-                 lp_prompt_ms: float = 0.0, lp_sample_ms: float = 0.0):
+                 lp_prompt_ms: float = 0.0, lp_sample_ms: float = 0.0, seeded: bool = False):
         self.idx = idx
         self.prompt = prompt
         self.output = output
@@ -41,6 +41,7 @@ class Req:
         # position computed, per token sampled
         self.lp_prompt_ms = lp_prompt_ms
         self.lp_sample_ms = lp_sample_ms
+        self.seeded = seeded       # samples with a seed of its own (`sim.sampling_cost`)
         # speculative replicas (`sim.spec_decode`): cumulative tokens after each verify
         # iteration of the decode, drawn when it starts, and the iterations done
         self.spec_cum = None
@@ -56,27 +57,30 @@ _K = SEG_COLUMNS.index("k_iters")
 
 
 
-def entry_totals(r: Req, n: int, width: int, lp_ms: float) -> tuple[int, int, float]:
-    """(context tokens, prefill tokens, log-probability ms so far) with step entry (r, n): as
-    vLLM counts context, tokens computed once the step is done (decode: 1 + K verified, `width`
-    1 + K)."""
+def entry_totals(r: Req, n: int, width: int, lp_ms: float, seeded: int
+                 ) -> tuple[int, int, float, int]:
+    """(context tokens, prefill tokens, log-probability ms, seeded sequences so far) with step
+    entry (r, n): as vLLM counts context, tokens computed once the step is done (decode: 1 + K
+    verified, `width` 1 + K)."""
     if r.computed < r.target:
         lp_ms += n * r.lp_prompt_ms
-        if r.computed + n >= r.target:
-            lp_ms += r.lp_sample_ms
-        return r.computed + n, n, lp_ms
-    return r.computed + width, 0, lp_ms + r.lp_sample_ms
+        if r.computed + n >= r.target:  # the prompt's last chunk samples a token
+            return r.computed + n, n, lp_ms + r.lp_sample_ms, seeded + r.seeded
+        return r.computed + n, n, lp_ms, seeded
+    return r.computed + width, 0, lp_ms + r.lp_sample_ms, seeded + r.seeded
 
 
-def step_totals(sched: list, width: int) -> tuple[int, int, int, float]:
-    """(prefill tokens, prefill sequences, context, log-probability ms) of a step's entries."""
-    prefill_tokens = prefill_seqs = context = 0
+def step_totals(sched: list, width: int) -> tuple[int, int, int, float, int]:
+    """(prefill tokens, prefill sequences, context, log-probability ms, seeded sequences) of a
+    step's entries."""
+    prefill_tokens = prefill_seqs = context = seeded = 0
     lp_ms = 0.0
     for r, n in sched:
-        c, p, lp_ms = entry_totals(r, n, width, lp_ms)
+        c, p, lp_ms, seeded = entry_totals(r, n, width, lp_ms, seeded)
         context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
             prefill_seqs + (p > 0)
-    return prefill_tokens, prefill_seqs, context, lp_ms
+    return prefill_tokens, prefill_seqs, context, lp_ms, seeded
+
 
 class Results:
     """Column buffers of per-request results and per-run-of-iterations step records."""

@@ -40,9 +40,16 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
-    # Calibrated on the grid and the live calibration traffic (a workload never evaluated).
+    # Calibrated on the grid, the sampling grid (greedy and seeded twins: the seeded-sampling
+    # term) and the live calibration traffic (a workload never evaluated).
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \
-        ["grid", "calibration_traffic_mixed"]
+        ["grid", "sampling_grid", "calibration_traffic_mixed"]
+    assert cal["provenance"]["seeded_cost"] == "fitted"
+    # the program workload too is rerun at each live run's decode speed (its steps priced as
+    # seeded: every chunk and probe samples with a seed)
+    cot = result["workloads"][2]
+    assert len(cot["step_speed"]) == 2 and all(0.2 < v["decode"] < 5 for v in cot["step_speed"])
+    assert abs(cot["metrics"]["program_latency_p50"]["error_at_live_speed"]) < 0.8
     # The live calibration traffic also gives the replay loop's host time (~0.4 ms each here).
     assert 0 < cal["host"]["add_request_ms"] < 5 and 0 < cal["host"]["wake_ms"] < 5
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.

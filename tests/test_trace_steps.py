@@ -106,8 +106,21 @@ def test_grid_regimes_run_each_cell_sampled_and_with_logprobs_and_calibrate_as_o
     assert sampling["regimes"]["logprobs"]["logprobs"] == 1
     cal = tmp_path / "regimes.calib.json"
     run_cli("calibrate", str(out), "-o", str(cal))
-    prov = json.loads(cal.read_text())["provenance"]
+    fitted = json.loads(cal.read_text())
+    prov = fitted["provenance"]
     assert prov["logprob_cost"] == "fitted" and prov["logprob_steps"] == len(lp)
+    # every step of the seeded and log-probability cells samples with seeds: their own term
+    assert prov["seeded_cost"] == "fitted"
+    assert prov["seeded_steps"] == int((regime != "greedy").sum())
+    assert min(fitted["host"]["seeded_step_ms"], fitted["host"]["seeded_seq_ms"]) >= 0.0
+    # the held-out error by sampling regime, for the cells held out
+    assert {"greedy", "seeded", "logprobs"} & set(fitted["heldout"])
     bad = run_cli("trace", "steps", "-o", str(tmp_path / "bad"), "--regimes", "greedy,nucleus",
                   check=False)
     assert bad.returncode != 0 and "grid regimes" in bad.stderr
+    # vLLM's CPU build cannot rewind a seeded request's generator after a chunked prefill
+    chunked = run_cli("trace", "steps", "--model", str(TARGET_MODEL), "-o",
+                      str(tmp_path / "chunked"), "--batch-sizes", "4", "--prompt-tokens", "100",
+                      "--output-tokens", "4", "--regimes", "greedy,seeded",
+                      "--max-num-batched-tokens", "256", check=False)
+    assert chunked.returncode != 0 and "prefill is chunked" in chunked.stderr

