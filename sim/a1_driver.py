@@ -71,8 +71,8 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
         r.plan.program_id, r.question.gold_answer, difficulty=r.question.difficulty)]
     n = len(driver.owner)
     res = cluster.res
-    log = pd.DataFrame({"program_id": [r.plan.program_id for r, _ in driver.owner],
-                        "sample": [s.path for _, s in driver.owner],
+    log = pd.DataFrame({"program_id": [o.run.plan.program_id for o in driver.owner],
+                        "sample": [o.path for o in driver.owner],
                         "arrival_s": driver.req_arrival, "scheduled_s": res.scheduled_s[:n],
                         "finish_s": res.finish_s[:n]})
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))

@@ -9,6 +9,7 @@ decides; the driver only delivers, and never re-implements a program's logic.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView
@@ -19,6 +20,18 @@ from sim.request_state import Req
 
 LP_FLAG_MS = 1e-9
 """a row cost too small to tell, so that a step knows it returns log-probabilities"""
+
+
+class RequestOwner(NamedTuple):
+    """Whose a simulated request is, kept for the tables (the spec itself is dropped once the
+    request is done: a million programs' specs would hold gigabytes)."""
+
+    run: "SimProgram"
+    index: int
+    """the spec's request order within its program"""
+    path: int
+    role: str
+    table_role: str
 
 
 class SimProgram:
@@ -121,7 +134,8 @@ class ProgramDriver:
         self.oracle = oracle
         self.scheduler = scheduler
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
-        self.owner: list[tuple[SimProgram, RequestSpec]] = []  # request idx -> (program, spec)
+        self.owner: list[RequestOwner] = []  # per request idx
+        self._live: dict[int, tuple[SimProgram, RequestSpec]] = {}  # request idx in flight
         self.req_arrival: list[float] = []
         self.req_prompt: list[int] = []
         self.req_priority: list[int] = []
@@ -147,7 +161,7 @@ class ProgramDriver:
 
     def on_request_done(self, r: Req) -> None:
         """Replica callback: a request finished (or was aborted)."""
-        run, spec = self.owner[r.idx]
+        run, spec = self._live.pop(r.idx)
         self._reqs.pop(spec, None)
         outcome = self.oracle.outcome(run, spec, r.generated, r.aborted)
         actions = run.program.on_done(spec, outcome)
@@ -199,7 +213,8 @@ class ProgramDriver:
                 lp_prompt_ms=row_ms if scored else 0.0,
                 lp_sample_ms=row_ms if s.top_logprobs or s.logprobs else 0.0,
                 seeded=s.temperature > 0.0 and s.seed is not None)
-        self.owner.append((run, spec))
+        self.owner.append(RequestOwner(run, spec.index, spec.path, spec.role, spec.table_role))
+        self._live[idx] = (run, spec)
         self.req_arrival.append(self.env.now)
         self.req_prompt.append(prompt)
         self.req_priority.append(r.priority)

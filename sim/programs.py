@@ -129,8 +129,8 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimR
 
 def _requests_table(driver, res: Results) -> pa.Table:
     n = len(driver.owner)
-    prog = [run.plan.program_id for run, _ in driver.owner]
-    role = [spec.table_role for _, spec in driver.owner]
+    prog = [o.run.plan.program_id for o in driver.owner]
+    role = [o.table_role for o in driver.owner]
     return pa.table({
         "request_id": [ids.chunk_id(p, i) if r == "main" else ids.probe_id(p, i)
                        for i, (p, r) in enumerate(zip(prog, role))],

@@ -54,6 +54,8 @@ SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "pr
                "prefill_seqs", "decode_seqs", "context_tokens", "num_running", "num_waiting",
                "kv_blocks_used", "kv_blocks_total", "preemptions")
 _K = SEG_COLUMNS.index("k_iters")
+_BLOCK = 1 << 14
+"""run-of-iterations records per packed block"""
 
 
 
@@ -95,34 +97,49 @@ class Results:
         self.aborted = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int32)
         # One record per scheduled run of iterations (k_iters >= 1); expanded on output. Rows
-        # are appended as tuples (one append per run, the hot path) and turned to columns once.
+        # are appended as tuples (one append per run, the hot path), packed into float blocks of
+        # _BLOCK rows as they fill (a tuple of boxed numbers takes ~4x the memory), and turned
+        # to columns once.
         self._rows: list[tuple] = []
+        self._blocks: list[np.ndarray] = []  # full blocks, _BLOCK rows each
+        self._packed = 0                     # rows in them
         self._seg: tuple[int, dict] | None = None  # (rows when built, columns)
         self.events = 0
 
     def add_segment(self, values: tuple) -> int:
         """Append one run-of-iterations record (values in SEG_COLUMNS order); its index."""
-        self._rows.append(values)
-        return len(self._rows) - 1
+        rows = self._rows
+        rows.append(values)
+        if len(rows) == _BLOCK:
+            self._blocks.append(np.array(rows, dtype=float))
+            self._packed += _BLOCK
+            self._rows = []
+            return self._packed - 1
+        return self._packed + len(rows) - 1
 
     def truncate_segment(self, index: int, k_iters: int) -> None:
         """Cut record `index` to its first k_iters iterations (an event ended its run early)."""
-        row = self._rows[index]
-        self._rows[index] = row[:_K] + (k_iters,) + row[_K + 1:]
+        i = index - self._packed
+        if i >= 0:
+            row = self._rows[i]
+            self._rows[i] = row[:_K] + (k_iters,) + row[_K + 1:]
+        else:
+            self._blocks[index // _BLOCK][index % _BLOCK, _K] = k_iters
         self._seg = None
 
     def load_segments(self, table: np.ndarray) -> None:
         """Take every run-of-iterations record at once (rows in SEG_COLUMNS order: a compiled
         run's, `sim.compiled`) in place of appended rows."""
-        self._rows = []
+        self._rows, self._blocks, self._packed = [], [], 0
         self._seg = (0, dict(zip(SEG_COLUMNS, table.T)))  # `seg` keeps it while no row is added
 
     @property
     def seg(self) -> dict[str, np.ndarray]:
         """The run-of-iterations records as float columns, one per SEG_COLUMNS name."""
-        n = len(self._rows)
+        n = self._packed + len(self._rows)
         if self._seg is None or self._seg[0] != n:  # built once after the run, read many times
-            table = np.array(self._rows, dtype=float).reshape(n, len(SEG_COLUMNS))
+            tail = np.array(self._rows, dtype=float).reshape(len(self._rows), len(SEG_COLUMNS))
+            table = np.concatenate(self._blocks + [tail]) if self._blocks else tail
             self._seg = (n, dict(zip(SEG_COLUMNS, table.T)))
         return self._seg[1]
 

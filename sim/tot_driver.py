@@ -84,7 +84,7 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
     from sim.tot_metrics import tot_summary
 
     res = cluster.res
-    at = {(id(run), spec.index): i for i, (run, spec) in enumerate(driver.owner)}
+    at = {(id(o.run), o.index): i for i, o in enumerate(driver.owner)}
     rows = []
     for run in runs:
         q, prog = run.question, run.program
