@@ -178,8 +178,6 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
     """Each metric's error against one live run when the simulation's step times are scaled to
     that run's measured decode speed: the step model's error with the machine's speed level of
     the moment taken out (reported beside the raw error, never instead of it)."""
-    from sim.config import parse_config
-    from sim.live_speed import scaled_calibration
     from sim.simulate import simulate
     from sim.validate import compare
 
@@ -187,11 +185,7 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
 
     if factor is None:
         return None
-    cal = scaled_calibration(d["cluster"]["replicas"][0]["calibration"], factor,
-                             out_dir / "calibration.json")
-    scaled = {**d, "cluster": {"replicas": [{**d["cluster"]["replicas"][0],
-                                             "calibration": str(cal)}]}}
-    cfg = parse_config(scaled, out_dir)
+    cfg = scaled_config(d, factor, out_dir, out_dir)
     write_sim(cfg, simulate(cfg), out_dir / "sim")
     rows = compare(out_dir / "sim", live)
     return {m: rows[m]["rel_err"] for m in REQUEST_METRICS}
@@ -261,20 +255,26 @@ def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: P
                            base_dir: Path) -> dict | None:
     """A program workload's latency errors against one live run with the simulation's step
     times scaled to that run's decode speed (`at_live_speed`, for programs)."""
-    from sim.config import parse_config
-    from sim.live_speed import scaled_calibration
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import read_table
 
     if factor is None:
         return None
-    cal = scaled_calibration(d["cluster"]["replicas"][0]["calibration"], factor,
-                             out_dir / "calibration.json")
-    scaled = {**d, "cluster": {**d["cluster"], "replicas": [
-        {**d["cluster"]["replicas"][0], "calibration": str(cal)}]}}
-    sim = simulate(parse_config(scaled, base_dir))
+    sim = simulate(scaled_config(d, factor, out_dir, base_dir))
     return compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas())["error"]
+
+
+def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path):
+    """The one-replica-group config `d` with its calibration's step times scaled by `factor`
+    (the scaled calibration written under out_dir)."""
+    from sim.config import parse_config
+    from sim.live_speed import scaled_calibration
+
+    group = d["cluster"]["replicas"][0]
+    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json")
+    return parse_config({**d, "cluster": {**d["cluster"], "replicas": [
+        {**group, "calibration": str(cal)}]}}, base_dir)
 
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,

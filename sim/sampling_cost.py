@@ -20,15 +20,10 @@ import numpy as np
 import pandas as pd
 
 from sim.logprob_cost import robust_nonnegative_fit
+from traces.ids import cell_regime
 
 MIN_STEPS = 20
 """seeded steps with a greedy twin the fit needs"""
-
-
-def cell_regime(cell_id) -> str:
-    """A grid cell's sampling regime (`traces.ids.cell_id` names the non-greedy ones)."""
-    parts = cell_id.split("-") if isinstance(cell_id, str) else []
-    return "-".join(parts[4:]) if len(parts) > 4 and parts[0].startswith("b") else "greedy"
 
 
 def attach_seeded(steps: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:

@@ -15,16 +15,15 @@ from sim.calibration import load_calibration
 from sim.config import parse_config, read_yaml
 from sim.replica import Replica, ReplicaConfig
 from sim.request_state import Req, Results
-from sim.sampling_cost import cell_regime
 from sim.simulate import simulate
+from traces.ids import cell_id, cell_regime
 
 CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
 
 def test_cell_regimes_are_read_from_grid_cell_ids():
-    assert cell_regime("b8-p64-o16-r1") == "greedy"
-    assert cell_regime("b8-p64-o16-r1-seeded") == "seeded"
-    assert cell_regime("b8-p64-o16-r1-logprobs") == "logprobs"
+    for regime in ("greedy", "seeded", "logprobs"):
+        assert cell_regime(cell_id(8, 64, 16, 1, regime)) == regime
     assert cell_regime("k2-b1-q3") == "greedy" and cell_regime(None) == "greedy"
 
 

@@ -132,7 +132,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     if cpu_build and max_num_batched_tokens:  # known before the (slow) engine start
         _check_seeded_chunks(grid, max_num_batched_tokens)
     engine = Engine(spec)
-    if cpu_build:
+    if cpu_build and not max_num_batched_tokens:  # the engine's default budget
         _check_seeded_chunks(grid, engine.max_num_batched_tokens)
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     params = {"grid": asdict(grid), "engine": engine.params(),

@@ -84,6 +84,13 @@ def cell_id(batch: int, prompt_tokens: int, output_tokens: int, repeat: int,
     return cell if regime == "greedy" else f"{cell}-{regime}"
 
 
+def cell_regime(cell) -> str:
+    """A grid cell's sampling regime (`cell_id` names the non-greedy ones; greedy for anything
+    that is not a grid cell id)."""
+    parts = cell.split("-") if isinstance(cell, str) else []
+    return "-".join(parts[4:]) if len(parts) > 4 and parts[0].startswith("b") else "greedy"
+
+
 def cell_request_id(cell: str, i: int) -> str:
     """The id of the i-th request of a grid cell."""
     return f"{cell}-{i}"
