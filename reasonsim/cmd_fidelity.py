@@ -21,22 +21,24 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
     table = Table(title=f"simulated vs live on {result['device']} (error vs the mean of "
                   "the live runs; ok: within tolerance or the live-vs-live spread)")
-    for col in ("workload", "metric", "sim", "live", "error", "at live speed", "spread", "ok",
-                "in band"):
+    for col in ("workload", "metric", "sim", "live", "error", "at live speed",
+                "sampled at live speed", "spread", "ok", "in band"):
         table.add_column(col, justify="left" if col in ("workload", "metric") else "right")
     for r in result["workloads"]:
         for m, v in r["metrics"].items():
             table.add_row(r["workload"], m, f"{v['sim']:.4g}",
                           " ".join(f"{x:.4g}" for x in v["live"]), f"{v['error']:+.1%}",
                           f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v
-                          else "", f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]",
+                          else "", f"{v['error_sampled_at_live_speed']:+.1%}"
+                          if "error_sampled_at_live_speed" in v else "", f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]",
                           f"{sum(v['in_band'])}/{len(v['in_band'])}" if "in_band" in v else "")
         if r.get("step_speed"):
             table.add_row(r["workload"], "steps/predicted", "",
-                          " ".join(speed_text(v) for v in r["step_speed"]), "", "", "", "", "")
+                          " ".join(speed_text(v) for v in r["step_speed"]), "", "", "", "", "",
+                          "")
         if "decision_agreement" in r:
             table.add_row(r["workload"], "decision agreement", "", "",
-                          f"{r['decision_agreement']:.3f}", "", "", "", "")
+                          f"{r['decision_agreement']:.3f}", "", "", "", "", "")
     Console().print(table)
     c = result["band_coverage"]
     print(f"live values inside the step-time noise band ({c['band']}, {c['seeds']} draws): "

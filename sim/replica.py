@@ -30,6 +30,7 @@ from sim.prefix_cache import PrefixCache
 from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
                                 step_totals)
 from sim.serving_latency import EngineState
+from sim.spells import speed_levels
 from sim.replica_config import ReplicaConfig
 from sim.run_length import decode_run_length
 from sim.spec_decode import spec_tokens
@@ -42,23 +43,20 @@ class Replica:
                  results: Results, rng: np.random.Generator | None, on_finish=None,
                  fast_forward: bool = True, device=None,
                  spec_rng: np.random.Generator | None = None):
-        self.env = env
-        self.id = replica_id
+        self.env, self.id = env, replica_id
         self.lat = cal.latency
         self.cfg = cfg
         self.res = results
         self.rng = rng  # None = deterministic (mean latency)
-        # The fit minimises relative error, so its prediction sits below the mean duration; the
-        # mean of the residual ratio (a smearing estimate) restores it in mean mode.
+        # The fit minimises relative error, so its prediction sits below the mean duration: the
+        # residual ratio's mean (a smearing estimate) restores it in mean mode.
         self.noise_mean, self.noise_std = self.lat.residual_sampler()
-        # Sampled latency: one machine-speed level for the whole run (slow spells), where the
-        # step-time model has measured them; it multiplies every step's residual.
-        runs = getattr(self.lat, "run_log_quantiles", (0.0,))
-        self.run_factor = 1.0 if rng is None or len(runs) < 2 else \
-            math.exp(runs[int(rng.integers(len(runs)))])
+        # Sampled latency: the machine's speed for the run and its spells per window of time
+        # (`sim.spells`), where the model has measured them; they multiply each step's residual.
+        self.drift, self.spells = speed_levels(self.lat, rng)
+        self.run_factor = self.drift
         self.on_finish = on_finish
-        # False: one event per iteration (reference mode, and on a shared device, whose
-        # replicas take turns iteration by iteration)
+        # False: an event per iteration (reference; a shared device's replicas take turns)
         self.fast_forward = fast_forward and device is None
         self.device = device
         # The loop's host time (`sim.host_time`): adding a request delays the next step (on a
@@ -179,9 +177,7 @@ class Replica:
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []
         prefill_tokens = prefill_seqs = context = preempted = 0
-        bs = cfg.block_size
-        w, la = self.width, self.lookahead
-        running = self.running
+        bs, w, la, running = cfg.block_size, self.width, self.lookahead, self.running
         lp_ms, seeded = 0.0, 0  # log-probabilities the step returns, sequences seeded
         # Totals summed as entries are scheduled (`step_totals` again after a preemption)
         i = 0
@@ -217,8 +213,7 @@ class Replica:
         budget, lp_ms, seeded, c, p, n = self._admit(now, budget, sched, lp_ms, seeded)
         context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, prefill_seqs + n
         if not sched:
-            self.busy = False
-            self.run = None
+            self.busy, self.run = False, None
             self._release_device()
             return
         if preempted:
@@ -274,6 +269,8 @@ class Replica:
             plain = not new_shape and idle_ms == 0.0
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
                                        idle_ms=idle_ms)
+        if self.spells is not None:
+            self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
@@ -284,6 +281,9 @@ class Replica:
             closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
         if closed is not None:
             k = self._stable_run_length()
+            if k > 1 and self.spells is not None:  # a run ends at its speed level's window edge
+                k = min(k, max(1, iterations_within(*closed[:2], (self.spells.end_s() - now)
+                                                    * 1e3 / (self.run_factor * self.noise_mean))))
             if k > 1:
                 # speculative: the context grows by the mean tokens an iteration yields
                 a_ms, b_ms = closed[0], closed[1] * (self.spec.tokens_per_iteration

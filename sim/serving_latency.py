@@ -34,6 +34,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from sim.latency import LatencyModel, _is_number, midpoints, residual_quantiles
+from sim.spells import SPELL_S
 from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
@@ -48,8 +49,6 @@ IDLE_SHORT_MS = 10.0
 """the saturating idle term is full after this much idle time"""
 RUN_WARMUP_STEPS = 3
 """first steps of every traced run left out of a fit: engine start-up, not serving"""
-SPELL_S = 2.0
-"""window over which a shared machine's speed is taken as one level (slow spells last seconds)"""
 
 
 def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np.ndarray:
@@ -110,13 +109,17 @@ class ServingModel:
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
     run_log_quantiles: tuple[float, ...] = (0.0,)
-    """quantiles of log(median residual in a SPELL_S window / overall median): how much faster or
-    slower the traced machine ran for seconds at a time. Sampled latency draws one such factor
-    per replica and run, so noise bands include what a shared machine's spells do to a run."""
+    """quantiles of log(a traced run's median residual / the overall median): how much faster or
+    slower the machine ran from one run to the next (fitted before `spell_log_quantiles`: a
+    SPELL_S window's median over the overall one). Sampled latency draws one per replica."""
     idle_seen_ms: float = IDLE_CAP_MS
     """the longest idle the fit saw (<= IDLE_CAP_MS): longer idles count as this long. A trace
     with no idle (a step grid) only has host gaps of a few ms, and its idle coefficients must
     not be extrapolated to the seconds between live arrivals (that made every TTFT +30 ms)."""
+    spell_log_quantiles: tuple[float, ...] = (0.0,)
+    """quantiles of log(a SPELL_S window's median residual / its run's): the shared machine's
+    spells within a run (1.4-1.9x for about a second). Sampled latency draws one per replica and
+    window (`sim.spells`), so bands include what they do to the per-request TPOT tail."""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0) -> float:
@@ -155,7 +158,8 @@ class ServingModel:
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
                 "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
-                "run_log_quantiles": list(self.run_log_quantiles)}
+                "run_log_quantiles": list(self.run_log_quantiles),
+                "spell_log_quantiles": list(self.spell_log_quantiles)}
 
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
@@ -180,7 +184,9 @@ class ServingModel:
         seen = d.get("idle_seen_ms", IDLE_CAP_MS)  # fitted before it was recorded: the cap
         if not _is_number(seen) or not 0 <= seen <= IDLE_CAP_MS:
             raise ValueError(f"idle_seen_ms: expected a number in [0, {IDLE_CAP_MS}], got {seen!r}")
-        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs, float(seen))
+        spells = residual_quantiles({"residual_log_quantiles": d.get("spell_log_quantiles",
+                                                                     [0.0])})
+        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs, float(seen), spells)
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
@@ -195,13 +201,25 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
     coef = coef / scale
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
-    # Spells are level shifts of seconds: a window's median, robust to the odd stalled step.
-    window = steps.run_id.astype(str) + ":" + (steps.start_s // SPELL_S).astype(int).astype(str)
-    spells = pd.Series(ratio, index=steps.index).groupby(window.to_numpy()).median()
-    runs = np.quantile(np.log(spells.to_numpy() / np.median(ratio)), midpoints(21))
-    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q),
-                        tuple(float(v) for v in runs),
-                        float(min(IDLE_CAP_MS, steps.idle_ms.max())))
+    runs, spells = speed_levels(steps.run_id.astype(str).to_numpy(), steps.start_s.to_numpy(),
+                                ratio)
+    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), runs,
+                        float(min(IDLE_CAP_MS, steps.idle_ms.max())), spells)
+
+
+def speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
+                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Log quantiles of each run's speed level over the overall one (the machine's drift
+    between runs) and of each SPELL_S window's level over its run's (spells within a run);
+    levels are medians of actual / predicted, robust to the odd stalled step."""
+    df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int), "r": ratio})
+    run_level = df.groupby("run").r.median()
+    window_level = df.groupby(["run", "window"]).r.median()
+    spells = np.log(window_level.to_numpy()
+                    / run_level.loc[window_level.index.get_level_values(0)].to_numpy())
+    runs = np.log(run_level.to_numpy() / np.median(ratio))
+    return tuple(float(v) for v in np.quantile(runs, midpoints(21))), \
+        tuple(float(v) for v in np.quantile(spells, midpoints(21)))
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:

@@ -36,10 +36,15 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
             0.2 < v["decode"] < 5 and 0.2 < v["prefill"] < 5 for v in r["step_speed"]), r
         # and each metric again with the simulation's steps at the live runs' decode speed
         assert all(abs(v["error_at_live_speed"]) < 5 for v in r["metrics"].values()), r
+        # and the median of the noise draws at that speed (spells within a run included)
+        assert all(abs(v["error_sampled_at_live_speed"]) < 5 for v in r["metrics"].values()), r
         assert (out / r["workload"] / "sim_at_live2" / "sim" / "requests").is_dir()
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
+    # the machine's speed from run to run, and its spells within a run, fitted apart
+    model = cal["step_time_model"]
+    assert len(model["run_log_quantiles"]) == len(model["spell_log_quantiles"]) == 21
     # Calibrated on the grid, the sampling grid (greedy and seeded twins: the seeded-sampling
     # term) and the live calibration traffic (a workload never evaluated).
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \

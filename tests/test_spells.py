@@ -1,0 +1,76 @@
+"""A shared machine's speed spells: fitted apart from its run-to-run drift, drawn per window in
+sampled latency, and never spanned by a run of decode iterations."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from conftest import REPO
+from sim import step_time
+from sim.config import parse_config
+from sim.live_speed import live_over_predicted
+from sim.serving_latency import speed_levels
+from sim.simulate import simulate
+from sim.spells import SPELL_S, Spells
+
+CAL = REPO / "sim" / "data" / "testbed-large-a1-cpu.calib.json"
+
+
+def test_the_fit_tells_a_runs_level_from_the_spells_within_it():
+    """Run b is 1.3x slower than run a throughout; run a has three 1.6x windows: the drift is
+    the runs' levels, the spells are windows over their own run's level."""
+    t = np.arange(0, 10, 0.01)
+    ratio_a = np.where((t // SPELL_S == 3) | (t // SPELL_S == 6) | (t // SPELL_S == 7), 1.6, 1.0)
+    runs, spells = speed_levels(np.array(["a"] * t.size + ["b"] * t.size),
+                                np.concatenate([t, t]), np.concatenate([ratio_a, 1.3 + 0 * t]))
+    # (quantiles at midpoint probabilities interpolate between the two runs' levels)
+    assert 1.25 < math.exp(max(runs) - min(runs)) <= 1.3
+    assert math.isclose(math.exp(max(spells)), 1.6, rel_tol=1e-9)
+    assert sorted(spells)[len(spells) // 2] == 0.0  # most windows run at their run's level
+
+
+def test_spell_levels_do_not_depend_on_when_they_are_asked():
+    q = tuple(np.log([0.7, 1.0, 1.5]))
+    a, b = Spells(q, np.random.default_rng(5), 1.0), Spells(q, np.random.default_rng(5), 1.0)
+    seen = [a.at(t) for t in (0.2, 0.9, 3.5)]
+    assert b.at(3.5) == seen[-1] and b.end_s() == 4.0
+    assert len({a.at(t) for t in np.arange(0, 50, 1.0)}) == 3
+
+
+def _calibration(tmp_path, spells) -> str:
+    d = json.loads(CAL.read_text())
+    m = d["step_time_model"]
+    m["residual_log_quantiles"] = [0.0, 0.0]  # no per-step noise: a step's ratio is its level
+    m["run_log_quantiles"] = [0.0, 0.0]
+    m["spell_log_quantiles"] = list(np.log(spells))
+    path = tmp_path / "spells.calib.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def _config(cal: str, latency: str):
+    return parse_config({"seed": 1, "latency": latency, "workload": {
+        "arrival": {"kind": "poisson", "rate_per_s": 6}, "num_requests": 60,
+        "prompt_tokens": {"kind": "uniform", "low": 16, "high": 64},
+        "output_tokens": {"kind": "uniform", "low": 32, "high": 160}},
+        "cluster": {"replicas": [{"calibration": cal}]}})
+
+
+def test_sampled_steps_run_at_their_windows_level_and_no_run_spans_two(tmp_path):
+    cal = _calibration(tmp_path, [0.7, 1.5])
+    res = simulate(_config(cal, "sampled"))
+    model = step_time.from_json(json.loads(open(cal).read())["step_time_model"])
+    ratio, steps = live_over_predicted(model, res.steps.to_pandas().assign(run_id="sim"))
+    assert np.all(np.isclose(ratio, 0.7) | np.isclose(ratio, 1.5))
+    window = (steps.start_s // SPELL_S).astype(int).to_numpy()
+    per_window = {w: set(np.round(ratio[window == w], 6)) for w in np.unique(window)}
+    assert all(len(v) == 1 for v in per_window.values()), per_window  # a run ends at the edge
+    assert {next(iter(v)) for v in per_window.values()} == {0.7, 1.5}
+    # Spells are noise: the mean-latency run does not see them.
+    flat = _calibration(tmp_path / "..", [1.0, 1.0])
+    assert simulate(_config(cal, "mean")).requests.to_pandas().equals(
+        simulate(replace(_config(flat, "mean"))).requests.to_pandas())
