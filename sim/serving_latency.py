@@ -109,9 +109,10 @@ class ServingModel:
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
     run_log_quantiles: tuple[float, ...] = (0.0,)
-    """quantiles of log(a traced run's median residual / the overall median): how much faster or
-    slower the machine ran from one run to the next (fitted before `spell_log_quantiles`: a
-    SPELL_S window's median over the overall one). Sampled latency draws one per replica."""
+    """quantiles of log(median residual in a SPELL_S window / overall median): how far the
+    traced machine's speed moved. Sampled latency draws one per replica as its level for the
+    whole run: the machine's speed when the simulated run happens, which no calibration can
+    measure, taken to move as far as it moved while tracing."""
     idle_seen_ms: float = IDLE_CAP_MS
     """the longest idle the fit saw (<= IDLE_CAP_MS): longer idles count as this long. A trace
     with no idle (a step grid) only has host gaps of a few ms, and its idle coefficients must
@@ -209,15 +210,15 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
 
 def speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Log quantiles of each run's speed level over the overall one (the machine's drift
-    between runs) and of each SPELL_S window's level over its run's (spells within a run);
-    levels are medians of actual / predicted, robust to the odd stalled step."""
+    """Log quantiles of each SPELL_S window's speed level over the overall one (how far the
+    machine's speed moved: a run's level in sampled latency) and over its own run's (the spells
+    within a run); levels are medians of actual / predicted, robust to the odd stalled step."""
     df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int), "r": ratio})
     run_level = df.groupby("run").r.median()
     window_level = df.groupby(["run", "window"]).r.median()
     spells = np.log(window_level.to_numpy()
                     / run_level.loc[window_level.index.get_level_values(0)].to_numpy())
-    runs = np.log(run_level.to_numpy() / np.median(ratio))
+    runs = np.log(window_level.to_numpy() / np.median(ratio))
     return tuple(float(v) for v in np.quantile(runs, midpoints(21))), \
         tuple(float(v) for v in np.quantile(spells, midpoints(21)))
 

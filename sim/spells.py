@@ -2,10 +2,16 @@
 
 Live steps on a shared CPU run at a level that holds for about a second and then moves (spells
 of 1.4-1.9x a run's median, `ServingModel.spell_log_quantiles`, measured per `SPELL_S` window
-of the calibration's steps), beside a level that differs from run to run (the machine's drift,
-`run_log_quantiles`). Drawing a spell level per replica and window puts that variation inside a
-run, where it makes the per-request TPOT tail; a run of decode iterations ends at a window's
-edge so that no run spans two levels.
+of the calibration's steps over their run's median), and the level itself drifts over minutes
+(`run_log_quantiles`: windows over the overall median, drawn once per replica for the run).
+Drawing a spell level per replica and window puts the spells inside a run, where they make the
+per-request TPOT tail; a run of decode iterations ends at a window's edge so that no run spans
+two levels.
+
+Measured offline on two full fidelity suites' live runs (2026-11-25; 106 live values each, bands
+of 20 draws): a level per run alone (2-s windows, as before) covered 75 and 38; levels per run
+from each traced run's median plus spells, 70 and 24 (the traced runs, minutes apart, moved less
+than the machine did before the live runs); window levels per run plus spells, 76 and 47.
 """
 
 from __future__ import annotations
@@ -47,9 +53,9 @@ class Spells:
 
 
 def speed_levels(model, rng: np.random.Generator | None) -> tuple[float, Spells | None]:
-    """A replica's speed level for the run (one draw from the model's `run_log_quantiles`, as
-    before spells were fitted) and its spells within the run (seeded by one more draw, where the
-    model has `spell_log_quantiles`); (1.0, None) in mean latency."""
+    """A replica's speed level for the run (one draw from the model's `run_log_quantiles`) and
+    its spells within the run (seeded by one more draw, where the model has
+    `spell_log_quantiles`); (1.0, None) in mean latency."""
     runs = getattr(model, "run_log_quantiles", (0.0,))
     drift = 1.0 if rng is None or len(runs) < 2 else math.exp(runs[int(rng.integers(len(runs)))])
     spells = getattr(model, "spell_log_quantiles", (0.0,))
