@@ -164,7 +164,6 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
 def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> dict:
     """Simulate one request workload and replay it live LIVE_RUNS times; its table row."""
     from sim.config import parse_config
-    from sim.validate import TOLERANCE, compare, plot_cdfs, speed_check
 
     from reasonsim.cmd_sim import replay_config
 
@@ -176,15 +175,23 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
                                    **spec.get("replica", {})}]}}
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-    cfg = parse_config(d, out / name)
-    _, band = simulate_with_band(cfg, out / name / "sim")
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     for live in lives:
-        fresh_process(replay_config, cfg, live)
-    rows = [compare(out / name / "sim", live) for live in lives]
-    plot_cdfs(out / name / "sim", lives[0], out / name)
-    speeds = [step_speed(speed_check(out / name / "sim", live)) for live in lives]
-    leveled = [at_live_speed(d, s["decode"], out / name / f"sim_at_live{i + 1}", live)
+        fresh_process(replay_config, parse_config(d, out / name), live)
+    return judge_requests(name, d, out / name, lives)
+
+
+def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
+    """Simulate the request workload config `d` into out_dir and judge it against its live
+    runs (`rejudge` does it again for another calibration): the table row."""
+    from sim.config import parse_config
+    from sim.validate import TOLERANCE, compare, plot_cdfs, speed_check
+
+    _, band = simulate_with_band(parse_config(d, out_dir), out_dir / "sim")
+    rows = [compare(out_dir / "sim", live) for live in lives]
+    plot_cdfs(out_dir / "sim", lives[0], out_dir)
+    speeds = [step_speed(speed_check(out_dir / "sim", live)) for live in lives]
+    leveled = [at_live_speed(d, s["decode"], out_dir / f"sim_at_live{i + 1}", live)
                for i, (s, live) in enumerate(zip(speeds, lives))]
     metrics = {m: judge(rows[0][m]["sim"], [r[m]["live"] for r in rows], TOLERANCE[m],
                         band.get(m)) for m in REQUEST_METRICS}
@@ -223,9 +230,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     from live.replay import replay_workload
     from programs.workload import program_workload as build
     from sim.config import parse_config
-    from sim.live_speed import step_speed_ratio
-    from sim.program_metrics import compare
-    from traces.store import read_run, read_table
+    from traces.store import read_run
 
     example = REPO / "examples" / spec["program"]
     d = yaml.safe_load(example.read_text())
@@ -241,20 +246,31 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = parse_config(d, example.parent)
-    sim, band = simulate_with_band(cfg, out / name / "sim")
     wl = build(cfg.workload["programs"], cfg.base_dir)
-    results = []
-    for i in range(LIVE_RUNS):
-        live = out / name / f"live{i + 1}"
+    lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
+    for live in lives:
         fresh_process(replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
                       max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json())
-        results.append(compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas()))
+    return judge_programs(name, d, out / name, lives)
+
+
+def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
+    """Simulate the program workload config `d` (an example's, paths relative to examples/)
+    into out_dir and judge it against its live runs: the table row with decision agreement."""
+    from sim.config import parse_config
+    from sim.live_speed import step_speed_ratio
+    from sim.program_metrics import compare
+    from traces.store import read_table
+
+    base_dir = REPO / "examples"
+    sim, band = simulate_with_band(parse_config(d, base_dir), out_dir / "sim")
+    results = [compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas())
+               for live in lives]
     # every chunk and probe samples with a seed: the prediction the ratio divides by says so
-    speeds = [step_speed_ratio(cal, out / name / f"live{i + 1}", all_seeded=True,
-                               decode_only=True) for i in range(LIVE_RUNS)]
-    leveled = [programs_at_live_speed(d, f, out / name / f"sim_at_live{i + 1}",
-                                      out / name / f"live{i + 1}", example.parent)
-               for i, f in enumerate(speeds)]
+    cal = d["cluster"]["replicas"][0]["calibration"]
+    speeds = [step_speed_ratio(cal, live, all_seeded=True, decode_only=True) for live in lives]
+    leveled = [programs_at_live_speed(d, f, out_dir / f"sim_at_live{i + 1}", live, base_dir)
+               for i, (f, live) in enumerate(zip(speeds, lives))]
     metrics = {m: judge(results[0]["sim"]["program_latency_s"][m[-3:]],
                         [r["live"]["program_latency_s"][m[-3:]] for r in results],
                         PROGRAM_TOLERANCE[m], band.get(m))

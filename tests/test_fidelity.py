@@ -112,3 +112,24 @@ def test_block_size_override_keeps_kv_tokens(tmp_path):
     _, rc = build_replicas(cfg)[0]
     assert rc.block_size == 32
     assert rc.kv_blocks * 32 == cal.kv_blocks_total * cal.block_size
+
+
+def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
+    """`benchmarks/fidelity_offline.py`: the same live runs, simulations redone under a
+    calibration; under the run's own calibration it reproduces the run's table."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from fidelity_offline import rejudge, summary
+
+    out, result = quick
+    again = rejudge(out, tmp_path / "again", out / "calibration.json")
+    for a, b in zip(result["workloads"], again["workloads"]):
+        for m, v in a["metrics"].items():
+            assert again_equal(v, b["metrics"][m]), (a["workload"], m)
+    assert summary(again)["in_band"] == result["band_coverage"]["inside"]
+
+
+def again_equal(a: dict, b: dict) -> bool:
+    keys = ("sim", "live", "error", "error_at_live_speed", "error_sampled_at_live_speed")
+    return all(a.get(k) == b.get(k) for k in keys)

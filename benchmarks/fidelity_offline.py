@@ -1,0 +1,83 @@
+"""Judge a `reasonsim fidelity` run's live replays again against another calibration, offline.
+
+    reasonsim fidelity -o RUN                                  # traces, calibrates, replays
+    python benchmarks/fidelity_offline.py RUN OUT [--calibration CAL.json] [--json]
+
+Every workload of RUN is simulated again (mean run, noise band, reruns at each live run's decode
+speed) with CAL (default: RUN's own calibration, which reproduces RUN's table) and judged against
+the same live runs, so two step-time models compare on identical live data in seconds instead
+of a new twelve-minute suite on a machine whose speed has moved meanwhile. Prints the report
+table and one summary line (or the result as JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from reasonsim.fidelity import BAND_SEEDS, judge_programs, judge_requests, report  # noqa: E402
+
+
+def rejudge(run: Path, out: Path, calibration: Path) -> dict:
+    """RUN's result with every simulation redone under `calibration` (written under out)."""
+    old = json.loads((run / "fidelity.json").read_text())
+    rows = []
+    for w in old["workloads"]:
+        name = w["workload"]
+        d = yaml.safe_load((run / name / "config.yaml").read_text())
+        d["cluster"]["replicas"][0]["calibration"] = str(calibration)
+        lives = sorted((run / name).glob("live[0-9]*"))
+        (out / name).mkdir(parents=True, exist_ok=True)
+        judge = judge_programs if w["kind"] == "programs" else judge_requests
+        rows.append(judge(name, d, out / name, lives))
+    inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
+    return {**old, "calibration": str(calibration), "workloads": rows,
+            "band_coverage": {"inside": sum(inside), "of": len(inside), "band": "5-95%",
+                              "seeds": BAND_SEEDS},
+            "ok": all(m["ok"] for r in rows for m in r["metrics"].values())}
+
+
+def summary(result: dict) -> dict:
+    """Counts over the table: metrics ok, errors at live decode speed within 5% and 10% (mean
+    run and sampled median), live values inside the noise band."""
+    ms = [m for r in result["workloads"] for m in r["metrics"].values()]
+    lv = [m for m in ms if "error_at_live_speed" in m]
+
+    def within(key, tol):
+        return sum(abs(m[key]) <= tol for m in lv)
+
+    return {"ok": sum(m["ok"] for m in ms), "metrics": len(ms), "at_live_speed": len(lv),
+            "live_speed_within_5": within("error_at_live_speed", 0.05),
+            "live_speed_within_10": within("error_at_live_speed", 0.10),
+            "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
+            "sampled_within_10": within("error_sampled_at_live_speed", 0.10),
+            "in_band": result["band_coverage"]["inside"], "band_of": result["band_coverage"]["of"]}
+
+
+def main() -> None:
+    """Parse arguments, rejudge, print."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path, help="a `reasonsim fidelity -o` directory")
+    ap.add_argument("out", type=Path, help="where the new simulations go")
+    ap.add_argument("--calibration", type=Path, help="default: RUN/calibration.json")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    result = rejudge(args.run, args.out, (args.calibration or args.run / "calibration.json")
+                     .resolve())
+    result["summary"] = summary(result)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    print(report(result))
+    print(json.dumps(result["summary"]))
+
+
+if __name__ == "__main__":
+    main()
