@@ -201,7 +201,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
     steps = attach_seeded(attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs),
-                          [r for _, r in runs] if seeded_term else [])
+                          [r for _, r in runs] if seeded_term else [],
+                          trace_dirs if seeded_term else [])
     if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
         steps = engine_features(steps)
         steps = steps[steps.duration_ms > 0]

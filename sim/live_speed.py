@@ -17,7 +17,7 @@ import pandas as pd
 
 from sim import latency, layered, serving_latency, step_time  # noqa: F401  (kinds register)
 from sim.logprob_cost import attach_logprobs, logprob_ms
-from sim.sampling_cost import seeded_ms
+from sim.sampling_cost import attach_seeded, seeded_ms
 from traces import read_table
 
 # Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
@@ -55,8 +55,9 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
                      decode_only: bool = False) -> float | None:
     """Median of live step time over the calibration's prediction (its log-probability term
     included) over every step an engine recorded under `steps_dir` (decode-only steps with
-    `decode_only`); None when it ran none. `all_seeded`: every sequence sampled with a seed
-    (a Dynasor program replay), so the seeded-sampling term is priced too."""
+    `decode_only`); None when it ran none. The seeded-sampling term is priced on the seeded
+    sequences the engine recorded (`step_seeded`), or with `all_seeded` on every sequence where
+    the trace predates that table (a Dynasor program replay: all sample with a seed)."""
     cal = json.loads(Path(calibration).read_text())
     steps = read_table(steps_dir, "steps").to_pandas()
     if not len(steps):
@@ -66,10 +67,13 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
     seeded = (host.get("seeded_step_ms", 0.0), host.get("seeded_seq_ms", 0.0))
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
-    if all_seeded:
+    recorded = read_table(steps_dir, "step_seeded").num_rows > 0
+    if recorded:
+        steps = attach_seeded(steps, [], [steps_dir])
+    elif all_seeded:
         steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)
     ratio, steps = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost,
-                                       seeded if all_seeded else (0.0, 0.0))
+                                       seeded if recorded or all_seeded else (0.0, 0.0))
     if decode_only:  # after the engine features, which read each step's predecessor
         ratio = ratio[((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()]
     return float(np.median(ratio)) if len(ratio) else None

@@ -10,26 +10,32 @@ sequence sampling a token, fitted (non-negative, Huber) on what the grid's seede
 beyond the same steps of the same cell run greedy just before (same shape, same machine speed:
 a fit against the step-time model instead drowned the 0.1-0.3 ms in the model's own error and
 found half of it); `calibrate` then takes it out of their durations, so one calibration serves
-greedy and program traffic. Only grid traces say which steps sampled with seeds (their cells'
-regime); other steps count none.
+greedy and program traffic. The engine recorder counts each step's seeded sequences
+(`step_seeded`), so live program replays' steps are priced, and taken apart, as well; traces
+recorded before that say it only through a grid cell's regime.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim.logprob_cost import robust_nonnegative_fit
+from traces import read_table
 from traces.ids import cell_regime
 
 MIN_STEPS = 20
 """seeded steps with a greedy twin the fit needs"""
 
 
-def attach_seeded(steps: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
-    """The steps with `seeded_seqs` (sequences of the step that sample with a seed: every
-    sequence of a grid cell whose regime seeds; 0 elsewhere) and `greedy_twin_ms`: the duration
-    of the same step of the cell's greedy run, where it has one of the same shape (NaN else)."""
+def attach_seeded(steps: pd.DataFrame, runs: list[dict],
+                  trace_dirs: list[str | Path] = ()) -> pd.DataFrame:
+    """The steps with `seeded_seqs` (sequences of the step that sample with a seed: as the
+    engine counted them in `step_seeded` for runs that recorded it, else every sequence of a
+    grid cell whose regime seeds; 0 elsewhere) and `greedy_twin_ms`: the duration of the same
+    step of the cell's greedy run, where it has one of the same shape (NaN else)."""
     seeded_cells = {}
     for run in runs:
         regimes = (run["params"].get("sampling") or {}).get("regimes") or {}
@@ -40,6 +46,13 @@ def attach_seeded(steps: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
              for run, g in zip(steps.run_id, regime)]
     seqs = (steps.decode_seqs + steps.prefill_seqs).to_numpy()
     out = steps.assign(seeded_seqs=np.where(seeds, seqs, 0).astype(np.int64))
+    recorded = pd.concat([read_table(d, "step_seeded").to_pandas() for d in trace_dirs]) \
+        if trace_dirs else None
+    if recorded is not None and len(recorded):  # live runs too (program replays, served runs)
+        keys = ["run_id", "replica_id", "step_id"]
+        counts = out[keys].merge(recorded, on=keys, how="left").seeded_seqs.fillna(0)
+        has = out.run_id.isin(set(recorded.run_id)).to_numpy()
+        out["seeded_seqs"] = np.where(has, counts.to_numpy(), out.seeded_seqs).astype(np.int64)
     # A grid runs each cell in every regime back to back: a seeded step's greedy twin has the
     # same shape and the machine's speed of the moment, so their difference is the term alone.
     base = [c[: len(c) - len(g) - 1] if g != "greedy" else c
@@ -50,7 +63,9 @@ def attach_seeded(steps: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
     keyed["k"] = keyed.groupby(["run_id", "base", "regime"]).step_id.rank(method="first")
     greedy = keyed[keyed.regime == "greedy"].drop(columns=["regime", "step_id"])
     twins = keyed.merge(greedy, on=["run_id", "base", "k"], how="left", suffixes=("", "_g"))
-    same = (twins.p == twins.p_g) & (twins.d == twins.d_g) & out.seeded_seqs.gt(0).to_numpy()
+    # (grid cells only: a live step, with no regime, would be its own twin)
+    same = (twins.p == twins.p_g) & (twins.d == twins.d_g) & np.asarray(seeds) & \
+        out.seeded_seqs.gt(0).to_numpy()
     return out.assign(greedy_twin_ms=np.where(same, twins.ms_g, np.nan))
 
 

@@ -55,6 +55,10 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     cot = result["workloads"][2]
     assert len(cot["step_speed"]) == 2 and all(0.2 < v["decode"] < 5 for v in cot["step_speed"])
     assert abs(cot["metrics"]["program_latency_p50"]["error_at_live_speed"]) < 0.8
+    # the live engine says which steps sampled with seeds (every chunk and probe does)
+    seeded = read_table(out / "cot_probes" / "live1", "step_seeded").to_pandas()
+    steps = read_table(out / "cot_probes" / "live1", "steps").to_pandas()
+    assert len(seeded) > 0.9 * len(steps) and seeded.seeded_seqs.max() > 1
     # The live calibration traffic also gives the replay loop's host time (~0.4 ms each here).
     assert 0 < cal["host"]["add_request_ms"] < 5 and 0 < cal["host"]["wake_ms"] < 5
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.

@@ -1,5 +1,5 @@
-"""Log-probability rows: recorded per step from vLLM, fitted as a step-time term, charged by the
-simulator."""
+"""Log-probability rows (and seeded sequences): recorded per step from vLLM, fitted as a
+step-time term, charged by the simulator."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ rec.add("plain", list(range(5, 35)), SamplingParams(max_tokens=3, ignore_eos=Tru
 rec.add("scored", list(range(5, 45)), SamplingParams(max_tokens=1, prompt_logprobs=1,
                                                       detokenize=False))
 rec.add("sampled", list(range(5, 25)), SamplingParams(max_tokens=3, logprobs=2, ignore_eos=True))
+rec.add("seeded", list(range(5, 15)), SamplingParams(max_tokens=2, temperature=0.7, seed=3,
+                                                     ignore_eos=True))
 while e.engine.has_unfinished_requests():
     rec.step()
 rec.writer.flush("all")
@@ -53,11 +55,15 @@ def test_the_recorder_counts_the_log_probability_rows_vllm_returns(tmp_path):
     assert check_trace(tmp_path) == []
     steps = read_table(tmp_path, "steps").to_pandas()
     rows = read_table(tmp_path, "step_logprobs").to_pandas().sort_values("step_id")
-    assert steps.prefill_tokens.iloc[0] == 30 + 40 + 20
+    assert steps.prefill_tokens.iloc[0] == 30 + 40 + 20 + 10
     # step 0: 40 scored prompt positions at k = 1, and the sampled request's first token (k = 2);
     # then its two decode tokens. The plain request adds none.
     assert rows[["step_id", "logprob_tokens", "logprob_top_k"]].values.tolist() == \
         [[0, 41, 42], [1, 1, 2], [2, 1, 2]]
+    # The one request sampling with a seed of its own, in the two steps it samples a token in
+    # (unseeded sampling, greedy and scoring count none).
+    seeded = read_table(tmp_path, "step_seeded").to_pandas().sort_values("step_id")
+    assert seeded[["step_id", "seeded_seqs"]].values.tolist() == [[0, 1], [1, 1]]
 
 
 def test_the_fit_recovers_a_known_log_probability_cost():

@@ -79,3 +79,26 @@ def test_seeded_programs_pay_it_and_the_lazy_replica_equals_the_reference(tmp_pa
     assert len(decode) > 100
     assert (decode.duration_ms - plain_ms).to_numpy() == pytest.approx(
         0.15 + 0.02 * decode.decode_seqs.to_numpy(), abs=1e-6)
+
+
+def test_live_steps_take_the_seeded_counts_the_engine_recorded(tmp_path):
+    """A live replay's `step_seeded` rows set its steps' seeded sequences (0 for its steps
+    without a row); a run that recorded none keeps the grid-regime count; no live step is a
+    greedy twin (it has no regime: it would be its own)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from sim.sampling_cost import attach_seeded
+    from traces import read_run, write_tables
+
+    run = {k: v for k, v in read_run(REPO / "traces" / "data" / "testbed-large-cpu").items()
+           if k not in ("params", "run_id")}
+    rid = write_tables(tmp_path / "live", run, {"step_seeded": {
+        "replica_id": pa.array([0, 0], pa.int32()), "step_id": pa.array([1, 3], pa.int64()),
+        "seeded_seqs": pa.array([2, 1], pa.int32())}})
+    steps = pd.DataFrame({"run_id": [rid] * 4 + ["older"] * 2, "replica_id": 0,
+                          "step_id": [0, 1, 2, 3, 0, 1], "cell_id": None, "decode_seqs": 2,
+                          "prefill_seqs": 0, "prefill_tokens": 0, "duration_ms": 1.0})
+    out = attach_seeded(steps, [], [tmp_path / "live"])
+    assert out.seeded_seqs.tolist() == [0, 2, 0, 1, 0, 0]
+    assert out.greedy_twin_ms.isna().all()

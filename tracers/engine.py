@@ -180,6 +180,8 @@ class Engine:
         self._last_ids: list[str] = []
         self.last_logprobs = (0, 0)
         """(positions, summed top-k) the last iteration returned log-probabilities for"""
+        self.last_seeded = 0
+        """sequences the last iteration sampled with a seed of their own"""
         self.last_spec_tokens: dict[str, int] = {}
         """draft tokens the last iteration verified, per request (speculative decoding)"""
         self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
@@ -200,7 +202,7 @@ class Engine:
         self.last_spec_tokens = {self._external.get(i, i): len(t) for i, t in
                                  (out.scheduled_spec_decode_tokens or {}).items()}
         prefill_tokens = prefill_seqs = decode_seqs = context = 0
-        lp_tokens = lp_top_k = 0
+        lp_tokens = lp_top_k = seeded = 0
         for req_id, n in out.num_scheduled_tokens.items():
             r = reqs[req_id]
             computed_after = r.num_computed_tokens  # already advanced by the scheduler
@@ -219,9 +221,13 @@ class Engine:
             if samples and sp is not None and sp.logprobs is not None:
                 lp_tokens += 1
                 lp_top_k += sp.logprobs
+            if samples and sp is not None and sp.seed is not None and sp.temperature > 0:
+                seeded += 1
         # Log-probability positions cost host time on the output path (whole distributions
         # most): the step_logprobs table, fitted by `sim.logprob_cost`.
         self.last_logprobs = (lp_tokens, lp_top_k)
+        # Seeded sampling costs a draw per such sequence (`sim.sampling_cost`): step_seeded.
+        self.last_seeded = seeded
         return {
             "prefill_tokens": prefill_tokens, "prefill_seqs": prefill_seqs,
             "decode_seqs": decode_seqs, "context_tokens": context,
@@ -235,6 +241,7 @@ class Engine:
         self._last = None
         self._last_ids = []
         self.last_logprobs = (0, 0)
+        self.last_seeded = 0
         t0 = time.perf_counter()
         outputs = self.engine.step()
         dt = time.perf_counter() - t0

@@ -78,6 +78,10 @@ class StepRecorder:
                 self.writer.add("step_logprobs", replica_id=self.replica_id,
                                 step_id=self.step_id, logprob_tokens=lp_tokens,
                                 logprob_top_k=lp_top_k)
+            seeded = self.engine.last_seeded
+            if seeded:
+                self.writer.add("step_seeded", replica_id=self.replica_id,
+                                step_id=self.step_id, seeded_seqs=seeded)
             self.step_id += 1
             for req_id in self.engine.scheduler_last_ids():
                 r = self.reqs.get(req_id)

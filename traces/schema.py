@@ -211,6 +211,14 @@ STEP_LOGPROBS = [
        "(k per position; a whole distribution is the vocabulary size)"),
 ]
 
+STEP_SEEDED = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "replica that ran the iteration"),
+    _f("step_id", pa.int64(), "iteration (joins to steps); only iterations with rows"),
+    _f("seeded_seqs", pa.int32(), "sequences that sampled a token this iteration with a seed of "
+       "their own (temperature > 0): vLLM draws each from a generator of its own"),
+]
+
 LAYER_TIMES = [
     _RUN_ID,
     _f("replica_id", pa.int32(), "replica that ran the iteration"),
@@ -345,7 +353,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
-        "step_logprobs": STEP_LOGPROBS, "spec_steps": SPEC_STEPS,
+        "step_logprobs": STEP_LOGPROBS, "step_seeded": STEP_SEEDED, "spec_steps": SPEC_STEPS,
         "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS,
     }.items()
 }
@@ -371,7 +379,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "branches": ("program_id", "branch_id"),
     "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
     "layer_times": ("replica_id", "step_id", "layer"),
-    "step_logprobs": ("replica_id", "step_id"),
+    "step_logprobs": ("replica_id", "step_id"), "step_seeded": ("replica_id", "step_id"),
     "conformity": ("program_id", "sample", "path"),
     "spec_steps": ("request_id", "step_index"),
     "tot_requests": ("program_id", "node", "kind", "round"),
