@@ -268,7 +268,7 @@ class Replica:
             new_shape, idle_ms = self.engine.before_step(now, prefill_tokens + decode_seqs)
             plain = not new_shape and idle_ms == 0.0
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
-                                       idle_ms=idle_ms)
+                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs)
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

@@ -38,9 +38,12 @@ from sim.spells import SPELL_S
 from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
-            "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short")
+            "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short",
+            "prefill_sq_per_seq_k")
 FEATURES_V1 = FEATURES[:9]
 """the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
+FEATURES_V2 = FEATURES[:10]
+"""... and before `prefill_sq_per_seq_k` (read with its coefficient 0: same predictions)"""
 LINEAR = 5
 """the first LINEAR features are the `linear` model's"""
 IDLE_CAP_MS = 200.0
@@ -54,14 +57,19 @@ RUN_WARMUP_STEPS = 3
 def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np.ndarray:
     """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns."""
     p = steps.prefill_tokens.to_numpy(float)
+    seqs = np.maximum(steps.prefill_seqs.to_numpy(float), 1.0)
     d = steps.decode_seqs.to_numpy(float)
     c = steps.context_tokens.to_numpy(float)
     new = steps.new_shape.to_numpy(float)
     idle_ms = np.minimum(steps.idle_ms.to_numpy(float), idle_seen_ms)
     idle = np.minimum(idle_ms, IDLE_CAP_MS) / 100.0
     short = np.minimum(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+    # A prompt's attention grows with its own length squared: prefill tokens squared over the
+    # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
+    # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
+    # summed context could not tell them apart (decode contexts swamp it in mixed steps).
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
-                            new, new * (p + d) / 100.0, idle, short])
+                            new, new * (p + d) / 100.0, idle, short, p * p / seqs / 1e3])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
@@ -123,13 +131,13 @@ class ServingModel:
     window (`sim.spells`), so bands include what they do to the per-request TPOT tail."""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
-                new_shape: bool = False, idle_ms: float = 0.0) -> float:
+                new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1) -> float:
         """Predicted duration of one iteration."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3
         if prefill_tokens:
-            ms += c[5]
+            ms += c[5] + c[10] * prefill_tokens * prefill_tokens / max(prefill_seqs, 1) / 1e3
         if new_shape:
             ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
         if idle_ms > 0.0:
@@ -166,8 +174,9 @@ class ServingModel:
     def from_json(cls, d: dict) -> "ServingModel":
         """The model from `to_json`'s mapping, every number checked."""
         d = dict(d)
-        if d.get("features") == list(FEATURES_V1) and isinstance(d.get("coef_ms"), list):
-            d["coef_ms"] = d["coef_ms"] + [0.0]  # fitted before the saturating idle term
+        v, features = d.get("coef_ms"), d.get("features")
+        if features in (list(FEATURES_V1), list(FEATURES_V2)) and isinstance(v, list):
+            d["coef_ms"] = v + [0.0] * (len(FEATURES) - len(features))  # before later terms
         elif d.get("features") != list(FEATURES):
             raise ValueError(f"serving model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")

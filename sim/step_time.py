@@ -21,7 +21,8 @@ class StepTimeModel(Protocol):
     """quantiles of log(actual / predicted) (multiplicative noise; (0.0,) for none)"""
     engine_state: ClassVar[bool]
     """optional (default False): step_ms also takes new_shape (the engine's first step with this
-    many scheduled tokens) and idle_ms (since its last step ended), which the replica tracks"""
+    many scheduled tokens), idle_ms (since its last step ended), which the replica tracks, and
+    prefill_seqs (sequences with prompt tokens in the step)"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
         """Predicted duration of one iteration."""

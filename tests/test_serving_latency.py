@@ -16,7 +16,8 @@ from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_ser
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0]  # prefill step, new shape, per 100 tokens, idle, short idle
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0]  # prefill step, new shape, per 100 tokens, idle,
+# short idle, a prompt's tokens squared
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -83,7 +84,7 @@ def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
 
 def test_fit_recovers_the_engine_terms_from_a_step_sequence():
     rng = np.random.default_rng(0)
-    true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9, 1.2])
+    true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9, 1.2, 0.01])
     rows, t = [], 0.0
     for i in range(3000):  # decode runs with prefills of random lengths between them
         prefill = int(rng.integers(16, 500)) if i % 10 == 0 else 0
@@ -91,7 +92,8 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
         idle_ms = float(rng.choice([0.0, 0.0, 3.0, 20.0, 150.0])) if prefill else 0.0
         t += idle_ms / 1e3
         rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
-                     "prefill_tokens": prefill, "decode_seqs": decode,
+                     "prefill_tokens": prefill, "prefill_seqs": int(prefill > 0),
+                     "decode_seqs": decode,
                      "context_tokens": prefill + decode * 200, "duration_ms": 1.0})
         t += 0.0011  # the step (1 ms as recorded below) and 0.1 ms of host time
     steps = engine_features(pd.DataFrame(rows))
@@ -100,13 +102,13 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
                          steps.prefill_tokens > 0, steps.new_shape,
                          steps.new_shape * (steps.prefill_tokens + steps.decode_seqs) / 100,
                          np.minimum(steps.idle_ms, 200) / 100,
-                         np.minimum(steps.idle_ms, 10) / 10])
+                         np.minimum(steps.idle_ms, 10) / 10, steps.prefill_tokens ** 2 / 1e3])
     noise = np.exp(rng.normal(0, 0.02, len(steps)))
     steps = steps.assign(duration_ms=x @ true * noise)
     assert steps.new_shape.sum() > 100 and (steps.idle_ms > 100).sum() > 30
     fitted = fit_serving(steps)
     got = np.array(fitted.coef_ms)
-    for i in (0, 5, 6, 7, 8, 9):  # the terms this model adds, and the constant
+    for i in (0, 5, 6, 7, 8, 9, 10):  # the terms this model adds, and the constant
         assert got[i] == pytest.approx(true[i], rel=0.15), FEATURES[i]
 
 
@@ -121,8 +123,9 @@ def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
         t += gap_ms / 1e3
         dur = 1.0 + 0.01 * prefill + 0.05 * (i % 8) + 0.3 * gap_ms * (prefill > 0)
         rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
-                     "prefill_tokens": prefill, "decode_seqs": i % 8,
-                     "context_tokens": prefill + 100 * (i % 8), "duration_ms": dur})
+                     "prefill_tokens": prefill, "prefill_seqs": int(prefill > 0),
+                     "decode_seqs": i % 8, "context_tokens": prefill + 100 * (i % 8),
+                     "duration_ms": dur})
         t += dur / 1e3
     steps = engine_features(pd.DataFrame(rows))
     fitted = fit_serving(steps)
@@ -138,10 +141,10 @@ def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
     (lambda m: m.update(features=m["features"][:5]), "features"),
     (lambda m: m.update(idle_seen_ms=500.0), "idle_seen_ms"),
     (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
-    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 10 finite non-negative"),
+    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 11 finite non-negative"),
     (lambda m: m.update(features=m["features"][:9], coef_ms=m["coef_ms"][:8]),
-     "expected 10 finite non-negative"),
-    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 10 finite non-negative"),
+     "expected 11 finite non-negative"),
+    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 11 finite non-negative"),
 ])
 def test_broken_serving_models_are_refused_naming_the_key(tmp_path, edit, message):
     path = serving_calibration(tmp_path)
@@ -156,11 +159,23 @@ def test_linear_calibrations_still_load_and_ignore_engine_state():
     lat = load_calibration(LINEAR_CAL).latency
     assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
     assert isinstance(ServingModel.from_json(
-        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 9, "idle_cap_ms": 200.0,
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}), ServingModel)
     # fitted before the saturating idle term: read with its coefficient 0, same predictions
     old = ServingModel.from_json({"features": list(FEATURES[:9]), "coef_ms": [1.0] + [0.5] * 8,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[9] == 0.0
+    assert old.coef_ms[9] == old.coef_ms[10] == 0.0
     assert old.step_ms(10, 2, 300, idle_ms=5.0) == pytest.approx(
         1.0 + 0.5 * (10 + 2 + 300 + 3 + 1) + 0.5 * 5.0 / 100)
+
+
+def test_a_long_prompt_costs_more_than_two_half_as_long_in_one_step():
+    """The per-prompt quadratic term: same tokens, one prompt or two (attention is per
+    prompt); read from a calibration written before it, nothing changes."""
+    m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0, 0.01] + [0.0] * 8
+                                + [0.01], "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
+    one, two = m.step_ms(1536, 0, 1536), m.step_ms(1536, 0, 1536, prefill_seqs=2)
+    assert one - two == pytest.approx(0.01 * 1536 ** 2 / 1e3 / 2)
+    old = ServingModel.from_json({"features": list(FEATURES[:10]), "coef_ms": [1.0, 0.01] + [0.0] * 8,
+                                  "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
+    assert old.step_ms(1536, 0, 1536) == old.step_ms(1536, 0, 1536, prefill_seqs=2) == 1.0 + 15.36
