@@ -67,10 +67,9 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
     seeded = (host.get("seeded_step_ms", 0.0), host.get("seeded_seq_ms", 0.0))
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
-    recorded = read_table(steps_dir, "step_seeded").num_rows > 0
-    if recorded:
-        steps = attach_seeded(steps, [], [steps_dir])
-    elif all_seeded:
+    steps = attach_seeded(steps, [], [steps_dir])  # the seeded sequences the engine recorded
+    recorded = bool(steps.seeded_seqs.gt(0).any())
+    if not recorded and all_seeded:
         steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)
     ratio, steps = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost,
                                        seeded if recorded or all_seeded else (0.0, 0.0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -41,13 +41,13 @@ def test_spell_levels_do_not_depend_on_when_they_are_asked():
     assert len({a.at(t) for t in np.arange(0, 50, 1.0)}) == 3
 
 
-def _calibration(tmp_path, spells) -> str:
+def _calibration(tmp_path, spells, name: str = "spells") -> str:
     d = json.loads(CAL.read_text())
     m = d["step_time_model"]
     m["residual_log_quantiles"] = [0.0, 0.0]  # no per-step noise: a step's ratio is its level
     m["run_log_quantiles"] = [0.0, 0.0]
     m["spell_log_quantiles"] = list(np.log(spells))
-    path = tmp_path / "spells.calib.json"
+    path = tmp_path / f"{name}.calib.json"
     path.write_text(json.dumps(d))
     return str(path)
 
@@ -63,7 +63,7 @@ def _config(cal: str, latency: str):
 def test_sampled_steps_run_at_their_windows_level_and_no_run_spans_two(tmp_path):
     cal = _calibration(tmp_path, [0.7, 1.5])
     res = simulate(_config(cal, "sampled"))
-    model = step_time.from_json(json.loads(open(cal).read())["step_time_model"])
+    model = step_time.from_json(json.loads(Path(cal).read_text())["step_time_model"])
     ratio, steps = live_over_predicted(model, res.steps.to_pandas().assign(run_id="sim"))
     assert np.all(np.isclose(ratio, 0.7) | np.isclose(ratio, 1.5))
     window = (steps.start_s // SPELL_S).astype(int).to_numpy()
@@ -71,6 +71,6 @@ def test_sampled_steps_run_at_their_windows_level_and_no_run_spans_two(tmp_path)
     assert all(len(v) == 1 for v in per_window.values()), per_window  # a run ends at the edge
     assert {next(iter(v)) for v in per_window.values()} == {0.7, 1.5}
     # Spells are noise: the mean-latency run does not see them.
-    flat = _calibration(tmp_path / "..", [1.0, 1.0])
+    flat = _calibration(tmp_path, [1.0, 1.0], "flat")
     assert simulate(_config(cal, "mean")).requests.to_pandas().equals(
-        simulate(replace(_config(flat, "mean"))).requests.to_pandas())
+        simulate(_config(flat, "mean")).requests.to_pandas())
