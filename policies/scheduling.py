@@ -40,6 +40,7 @@ class FinishedLengths:
         self._counts = [0] * 1024   # programs per token count
         self._tree = [0] * 1025     # Fenwick tree over _counts (1-based)
         self._n = 0
+        self._medians: dict[int, int | None] = {}  # tokens done -> answer, until the next add
         for t in tokens:
             self.add(t)
 
@@ -50,6 +51,7 @@ class FinishedLengths:
         """One more finished program of `tokens` tokens."""
         if tokens < 0:
             raise ValueError(f"a program's token count must be >= 0, got {tokens}")
+        self._medians.clear()
         if tokens >= len(self._counts):
             self._grow(tokens)
         self._counts[tokens] += 1
@@ -91,6 +93,12 @@ class FinishedLengths:
     def median_remaining(self, tokens_done: int) -> int | None:
         """Median of (t - tokens_done) over finished counts t > tokens_done (the upper median,
         as sorted(...)[n // 2]); None when none is longer."""
+        if tokens_done in self._medians:  # a program's requests of one instant ask alike
+            return self._medians[tokens_done]
+        self._medians[tokens_done] = m = self._median_remaining(tokens_done)
+        return m
+
+    def _median_remaining(self, tokens_done: int) -> int | None:
         below = self._count_le(tokens_done)
         longer = self._n - below
         if longer == 0:

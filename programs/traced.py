@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,7 @@ class Question:
     gold_answer: str
     samples: tuple[Trajectory, ...]
 
-    @property
+    @cached_property  # asked at every program's arrival
     def expected_tokens(self) -> int:
         """Mean reasoning tokens of its samples (routing estimate)."""
         return int(np.mean([t.reasoning_tokens for t in self.samples]))

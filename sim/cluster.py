@@ -122,8 +122,6 @@ class Cluster:
         self.env = simpy.Environment()
         self.res = Results(capacity)
         self.seeds = noise_seeds(cfg, len(specs))
-        self.outstanding = np.zeros(len(specs), dtype=np.int64)
-        self.in_flight = np.zeros(len(specs), dtype=np.int64)
         devices: dict[tuple, Device] = {}
         device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
                      for g in cfg.replicas for j in range(g.count)]
@@ -136,17 +134,24 @@ class Cluster:
                     device=device_of[i], spec_rng=np.random.default_rng(
                         np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
             for i, (cal, rc) in enumerate(specs)]
+        self._routing(cfg, specs)
+        self.loop_s = 0.0
+
+    def _routing(self, cfg: SimConfig, specs: list) -> None:
+        """The pools, their routers and the load arrays they read."""
+        self.outstanding = np.zeros(len(specs), dtype=np.int64)
+        self.in_flight = np.zeros(len(specs), dtype=np.int64)
         pool_of = [g.pool for g in cfg.replicas for _ in range(g.count)]
         self.pools = {name: np.array([i for i, p in enumerate(pool_of) if p == name])
                       for name in dict.fromkeys(pool_of)}
         self.routers = {name: make_router(cfg.router) for name in self.pools}
+        self._single_pool = next(iter(self.pools)) if len(self.pools) == 1 else None
         self.view = ClusterView(outstanding_tokens=self.outstanding, num_requests=self.in_flight)
-        self.loop_s = 0.0
 
     def pool_for(self, role: str) -> str:
         """The pool serving requests of a model role (the only pool, if there is one)."""
-        if len(self.pools) == 1:
-            return next(iter(self.pools))
+        if self._single_pool is not None:
+            return self._single_pool
         if role not in self.pools:
             raise ValueError(f"no replica pool serves role {role!r}; pools: {sorted(self.pools)}")
         return role

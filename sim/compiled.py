@@ -132,4 +132,7 @@ def warm() -> float:
 
 
 if __name__ == "__main__":
-    print(f"compiled kernel: ready ({warm():.1f} s)")
+    from sim.programs import warm_compiled
+
+    print(f"compiled kernels: plain requests ready ({warm():.1f} s), programs ready "
+          f"({warm_compiled():.1f} s)")

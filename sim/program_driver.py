@@ -37,20 +37,16 @@ class RequestOwner(NamedTuple):
 class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
-    __slots__ = ("plan", "program", "question", "replicas", "booked", "finish_s")
+    __slots__ = ("plan", "idx", "program", "question", "replicas", "booked", "finish_s")
 
     def __init__(self, plan, program, question):
         self.plan = plan
+        self.idx = plan.index  # the program's index in the workload
         self.program = program
         self.question = question
         self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
         self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
         self.finish_s = math.nan
-
-    @property
-    def idx(self) -> int:
-        """The program's index in the workload."""
-        return self.plan.index
 
 
 class TracedReasoning:
@@ -58,6 +54,8 @@ class TracedReasoning:
 
     def __init__(self):
         self._paths: dict[tuple[str, int], tuple[Trajectory, dict]] = {}
+        # Outcomes are values: one object per distinct outcome, not one per request.
+        self._outcomes: dict[tuple, Outcome] = {}
 
     def _path(self, q: Question, sample: int) -> tuple[Trajectory, dict]:
         key = (q.question_id, sample)
@@ -82,13 +80,21 @@ class TracedReasoning:
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
         if aborted:
-            return Outcome(tokens, aborted=True)
-        traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
-        if spec.kind == "probe":
-            probe = probes[spec.position][0]
-            return Outcome(tokens, answer=probe.answer, hesitant=probe.hesitant)
-        ended = spec.position + tokens >= traj.reasoning_tokens
-        return Outcome(tokens, ended=ended, answer=traj.final_answer if ended else None)
+            key = (tokens, True, False, None, False)
+        else:
+            traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
+            if spec.kind == "probe":
+                probe = probes[spec.position][0]
+                key = (tokens, False, False, probe.answer, probe.hesitant)
+            else:
+                ended = spec.position + tokens >= traj.reasoning_tokens
+                key = (tokens, False, ended, traj.final_answer if ended else None, False)
+        out = self._outcomes.get(key)
+        if out is None:
+            tokens, aborted, ended, answer, hesitant = key
+            out = self._outcomes[key] = Outcome(tokens, aborted=aborted, ended=ended,
+                                                answer=answer, hesitant=hesitant)
+        return out
 
 
 class TracedSearch:
@@ -190,7 +196,8 @@ class ProgramDriver:
         prompt, prefix, key = self.oracle.prompt(run, spec)
         output = self.oracle.output_tokens(run, spec)
         rid = self.pin(run, spec.role, prompt, prompt + output)
-        limit = self.cluster.specs[rid][0].max_model_len
+        cal = self.cluster.specs[rid][0]
+        limit = cal.max_model_len
         if limit is not None and prompt + output > limit:
             raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "
                              f"(prompt {prompt} + output {output} tokens) exceeds the model's "
@@ -201,7 +208,6 @@ class ProgramDriver:
         # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
         s = spec.sampling
         scored = s.prompt_logprobs
-        cal = self.cluster.specs[rid][0]
         # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
         # positions, and for sampled tokens when it asks their log-probabilities
         row_ms = cal.logprob_token_ms + cal.logprob_top_k_ms * s.top_logprobs

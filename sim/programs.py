@@ -10,6 +10,9 @@ search step), not tokens.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 
@@ -23,7 +26,8 @@ from programs.traced import QuestionBank
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.a1_driver import a1_results, build_a1_runs
 from sim.tot_driver import build_tot_runs, tot_results
-from sim.cluster import Cluster
+from sim.cluster import Cluster, build_replicas
+from sim.compiled_cluster import CompiledCluster, why_not_compiled_programs
 from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
 from sim.program_metrics import program_summary
@@ -72,8 +76,10 @@ def build_runs(wl, bank, plans) -> tuple[list[SimProgram], int, object]:
     return runs, capacity, TracedReasoning()
 
 
-def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimResult:
-    """Run a program workload (config `workload.programs`) and return a SimResult."""
+def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
+                      compiled: bool = True) -> SimResult:
+    """Run a program workload (config `workload.programs`) and return a SimResult; its
+    replicas compiled where `sim.compiled_cluster` covers them (compiled=False: SimPy)."""
     wl = program_workload(cfg.workload["programs"], cfg.base_dir)
     bank = load_bank(wl)
     scheduler = make_scheduler(cfg.scheduler)
@@ -83,7 +89,11 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimR
     def on_finish(_replica_id: int, r: Req) -> None:
         driver.on_request_done(r)
 
-    cluster = Cluster(cfg, capacity, on_finish, fast_forward, lazy)
+    specs = build_replicas(cfg)
+    on_kernel = fast_forward and lazy and compiled and why_not_compiled_programs(
+        cfg, specs, isinstance(bank, QuestionBank), capacity) is None
+    cluster = CompiledCluster(cfg, capacity, on_finish, specs) if on_kernel else \
+        Cluster(cfg, capacity, on_finish, fast_forward, lazy, specs)
     env = cluster.env
 
     def on_program_done(run) -> None:
@@ -114,7 +124,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True) -> SimR
     summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
-    summary["simulator"] = "simpy"
+    summary["simulator"] = "compiled" if on_kernel else "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
     if isinstance(bank, A1Bank):
@@ -152,3 +162,15 @@ def programs_table(rows: list[dict]) -> pa.Table:
              "probe_tokens": pa.int32(), "tokens_generated": pa.int32(),
              "stop_position_tokens": pa.int32(), "answer": pa.string()}
     return pa.table({k: pa.array(v, typed[k]) if k in typed else v for k, v in col.items()})
+
+
+def warm_compiled() -> float:
+    """Compile the program kernel (or load it from numba's cache) with a tiny run; seconds."""
+    from sim.config import parse_config, read_yaml
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    d = read_yaml(examples / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"]["count"] = 4
+    t0 = time.perf_counter()
+    simulate_programs(parse_config(d, examples))
+    return time.perf_counter() - t0

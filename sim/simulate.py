@@ -42,7 +42,7 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     if workload is None and "programs" in cfg.workload:
         from sim.programs import simulate_programs
 
-        return simulate_programs(cfg, fast_forward, lazy)
+        return simulate_programs(cfg, fast_forward, lazy, compiled)
     if workload is None:
         workload = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
     wall0 = time.perf_counter()

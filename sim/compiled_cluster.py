@@ -1,0 +1,263 @@
+"""A program workload's replicas compiled (`sim.program_kernel`) under the Python driver.
+
+`CompiledCluster` stands where `sim.cluster.Cluster` stands for `sim.programs`: the same
+routers, the same `replicas[i].submit` / `.abort` and `env.now` the driver uses, the same result
+buffers, and an arrival process written as for SimPy (it yields the seconds to wait). The
+replicas' decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
+table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects
+the live runner drives. `why_not_compiled_programs` says what keeps a workload under SimPy.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import numpy as np
+
+from sim import compiled_prefix as P
+from sim import program_kernel as K, program_state as S
+from sim.cluster import Cluster, gc_paused, run_summary
+from sim.latency import LatencyModel
+from sim.request_state import Req, Results
+
+CALLS = 64
+"""kernel calls between two checks of the arrays' room"""
+
+def why_not_compiled_programs(cfg, specs: list, reasoning: bool, capacity: int) -> str | None:
+    """None if the program kernel covers this run; else what keeps it under SimPy."""
+    if not reasoning:
+        return "a program kind other than cot/sc on a probes trace"
+    if cfg.latency != "mean":
+        return f"{cfg.latency} step time"
+    if any(g.device is not None for g in cfg.replicas):
+        return "a shared device"
+    for cal, rc in specs:
+        if type(cal.latency) is not LatencyModel:
+            return f"step-time model {cal.latency.kind!r}"
+        if rc.spec is not None:
+            return "speculative decoding"
+        if (cal.max_model_len or 1 << 30) // rc.block_size >= P.MAX_BLOCKS:
+            return "prompts of more blocks than the kernel's block identities hold"
+    if capacity * P.MAX_BLOCKS * len(specs) >= 1 << 62:
+        return "more prefix groups than the kernel's block identities hold"
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "numba is not installed"
+    return None
+
+
+class KernelEnv:
+    """The simulated clock the driver reads (`env.now`); a timeout is the delay itself."""
+
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = 0.0
+
+    @staticmethod
+    def timeout(delay: float) -> float:
+        """What the arrival process yields to wait `delay` seconds."""
+        return delay
+
+
+class KernelReplica:
+    """One compiled replica, as the driver addresses it: `submit(req)` (a request arrives at
+    it) and `abort(req)` (stop a request at the next iteration boundary)."""
+
+    __slots__ = ("cluster", "id", "submit", "abort")
+
+    def __init__(self, cluster: "CompiledCluster", replica_id: int):
+        self.cluster, self.id = cluster, replica_id
+        self.submit = partial(cluster.submit, replica_id)  # no frame of its own: the hot path
+        self.abort = partial(cluster.abort, replica_id)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the replica was computing."""
+        return float(self.cluster.st.rf[self.id, S.BUSY_S])
+
+
+class CompiledCluster(Cluster):
+    """The replicas of a config in the program kernel, with the routers of `Cluster`."""
+
+    def __init__(self, cfg, capacity: int, on_finish, specs: list):  # noqa: super not called
+        self.wall0 = time.perf_counter()
+        self.specs = specs
+        self.env = KernelEnv()
+        self.res = Results(capacity)
+        for name in ("scheduled_s", "first_token_s", "finish_s", "cached_tokens", "output_tokens",
+                     "aborted", "preemptions"):  # the kernel's columns replace them at the end
+            setattr(self.res, name, None)
+        self._routing(cfg, specs)
+        self.on_finish = on_finish
+        self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
+        self.st = _state(specs, capacity)
+        self._args = self.st.args()
+        self._slot: dict[int, int] = {}         # request idx -> its slot while in flight
+        self._req: list[Req | None] = [None] * self.st.rq.shape[0]
+        self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
+        # the most blocks one step can cache: its budget's full blocks, one more per entry
+        self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 2 * rc.max_num_seqs + 2
+                             for _, rc in specs)
+        self._calls = 0  # kernel calls left before room is checked again
+        self.loop_s = 0.0
+
+    # ------------------------------------------------------------------ the driver's calls
+    def submit(self, j: int, req: Req) -> None:
+        """`Replica.submit` of `req` on replica j."""
+        if not self._free:
+            self._grow_slots()
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
+        s = self._free.pop()
+        self._slot[req.idx] = s
+        self._req[s] = req
+        K.submit(*self._args, j, s, req.idx, req.prompt, req.output, req.priority, req.group,
+                 req.prefix_tokens, req.score_from, req.seeded, req.lp_prompt_ms,
+                 req.lp_sample_ms)
+
+    def abort(self, j: int, req: Req) -> None:
+        """`Replica.abort` of `req` on replica j."""
+        s = self._slot.get(req.idx)
+        if s is None:
+            return
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
+        generated = K.abort(*self._args, j, s)
+        if generated >= 0:
+            self._retired(j, s, generated, True)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, process) -> None:
+        """Run the arrival process and every event it leads to."""
+        loop0 = time.perf_counter()
+        st, env, finish = self.st, self.env, K.finish
+        with gc_paused():
+            self._resume(process)
+            while True:
+                code, j, n, env.now = K.advance(*self._args, self.node_room)
+                if code == S.RETIRED:
+                    for s in st.done[:n].tolist():
+                        out = finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru,
+                                     j, s)
+                        self._retired(j, s, out >> 1, out & 1)
+                    self._calls -= 1
+                    if self._calls <= 0:
+                        self._room()
+                    K.end_step(*self._args, j)
+                elif code == S.ARRIVAL:
+                    self._resume(process)
+                elif code == S.ROOM:
+                    self._room()
+                else:
+                    break
+        self.loop_s = time.perf_counter() - loop0
+        self._results()
+
+    def _resume(self, process) -> None:
+        try:
+            gap = next(process)
+        except StopIteration:
+            return
+        K.schedule_arrival(self.st.h, self.st.ctr, self.st.clock, gap)
+
+    def _retired(self, j: int, s: int, generated: int, aborted) -> None:
+        """Hand a finished (or aborted) request to the caller, then free its slot."""
+        req = self._req[s]
+        req.generated, req.aborted, req.done = generated, bool(aborted), True
+        self.on_finish(j, req)
+        del self._slot[req.idx]
+        self._req[s] = None
+        self._free.append(s)
+
+    # ------------------------------------------------------------------ room
+    def _room(self) -> None:
+        """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
+        event and `node_room` cached blocks)."""
+        st = self.st
+        self._calls = CALLS
+        grown = False
+        if st.ctr[S.SEG_N] + CALLS + 2 > st.seg.shape[0]:
+            st.seg = _doubled(st.seg)
+            grown = True
+        if st.ctr[S.HEAP_N] + CALLS + 4 > st.h.shape[0]:
+            st.h = _doubled(st.h)
+            grown = True
+        if st.free[1] + (CALLS + 1) * self.node_room > st.pc.shape[0]:
+            st.pc, st.tab = P.grow_cache(st.pc, st.free)
+            grown = True
+        if grown:
+            self._args = st.args()
+            self._room()  # doubled once may not be enough
+
+    def _grow_slots(self) -> None:
+        st = self.st
+        n = st.rq.shape[0]
+        st.rq, st.rqf = _doubled(st.rq), _doubled(st.rqf)
+        self._req += [None] * n
+        self._free.extend(range(2 * n - 1, n - 1, -1))
+        self._args = st.args()
+
+    def _results(self) -> None:
+        st, res = self.st, self.res
+        res.scheduled_s, res.first_token_s, res.finish_s = st.rt
+        res.output_tokens, res.cached_tokens = st.ri[S.OUT_TOKENS], st.ri[S.CACHED]
+        res.aborted, res.preemptions = st.ri[S.ABORTED_R].astype(bool), st.ri[S.PREEMPTS]
+        res.load_segments(st.seg[:st.ctr[S.SEG_N]])
+        res.events = int(st.ctr[S.EVENTS])
+
+    def summary(self, events: int, makespan_s: float) -> dict:
+        """Run-level figures every simulation reports."""
+        return run_summary(self.res, self.st.rf[:, S.BUSY_S].copy(), self.wall0, self.loop_s,
+                           events, makespan_s)
+
+    def close(self) -> None:
+        """Drop the callback (the run's cycle through the caller's state)."""
+        self.on_finish = None
+
+
+def _doubled(a: np.ndarray) -> np.ndarray:
+    out = np.empty((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    out[:a.shape[0]] = a
+    return out
+
+
+def _state(specs: list, capacity: int) -> S.State:
+    """The kernel's arrays for replicas `specs` and `capacity` requests."""
+    nrep = len(specs)
+    st = S.State()
+    slots = 64 * nrep
+    st.rq = np.zeros((slots, S.RQ_COLS), dtype=np.int64)
+    st.rqf = np.zeros((slots, S.RQF_COLS))
+    st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
+    st.rf = np.zeros((nrep, S.RF_COLS))
+    for j, (cal, rc) in enumerate(specs):
+        st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
+            rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
+            rc.kv_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
+        st.rf[j, S.C0:S.CX + 1] = cal.latency.coef_ms
+        st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
+        st.rf[j, S.ADD_S], st.rf[j, S.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
+        st.rf[j, [S.LP_STEP, S.SEED_STEP, S.SEED_SEQ]] = (
+            cal.logprob_step_ms, cal.seeded_step_ms, cal.seeded_seq_ms)
+    st.rp[:, [S.WHEAD, S.WTAIL]] = -1
+    max_seqs = max(rc.max_num_seqs for _, rc in specs)
+    st.running = np.zeros((nrep, max_seqs), dtype=np.int64)
+    # a step's entries: the running requests, those admitted, victims scheduled before
+    st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
+    st.rt = np.full((3, capacity), np.nan)
+    st.ri = np.zeros((4, capacity), dtype=np.int32)
+    st.h = np.empty((4 * nrep + 64, 6))
+    # ~2 steps a request: allocated, not touched (the pages come as rows are written); grown
+    # by doubling past that
+    st.seg = np.empty((2 * capacity + 16 * nrep + 1024, 15))
+    st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
+    st.clock = np.zeros(1)
+    st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
+    st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)
+    return st
+

@@ -1,0 +1,292 @@
+"""Replicas of a program workload compiled (numba): `sim.replica.Replica`'s decisions, event
+for event, driven by the Python program driver.
+
+Programs stay Python objects (`programs/`, written once for the simulator and the live runner);
+only the replicas under them are compiled. `sim.compiled_cluster` runs the loop: `advance`
+processes run-of-iterations ends until one retires requests (or the arrival process is due),
+the driver hands each retired request to its program (`finish` first, as `Replica._finish`),
+and whatever the program sends comes back through `submit` and `abort`. Everything the
+reference covers for these workloads is here in the reference's order and float expressions:
+FCFS or priority waiting queues, chunked prefill, KV blocks with recompute preemption (the
+newest or the lowest-priority victim), the prefix cache (`sim.compiled_prefix`), aborts, runs
+of decode iterations and their truncation, the loop's host time, the log-probability and seeded
+sampling terms, the linear step-time model at its mean. The running list and a step's entries
+are arrays indexed as the reference's lists are, so its list edits (a victim removed before
+the entry being scheduled) play out the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from sim import compiled_prefix as P
+from sim.compiled_state import cdiv, pop_event, push_event, run_ms
+from sim.program_state import (
+    PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
+    KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED,
+    ARRIVALS, CACHING, PRIO, C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A,
+    RUN_B, RUN_F, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S,
+    FINISH_S, OUT_TOKENS, CACHED, ABORTED_R, SEG_N, HEAP_N, EVENTS, DONE_N, DONE_J, END, ARRIVAL,
+    RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running, entry, preempt,
+    store, head_admissible, run_length, truncate)
+
+
+@njit(cache=True)
+def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+         free, j):
+    """`Replica._plan` and `_launch` for replica j at the clock's time."""
+    env_now = clock[0]
+    now = env_now + rf[j, HOST_S]
+    rf[j, HOST_S] = 0.0
+    bs, budget = rp[j, BS], rp[j, BUDGET]
+    rp[j, NSCHED] = 0
+    tot = np.zeros(5)  # context, prefill tokens, prefill sequences, lp ms, seeded
+    preempted = 0
+    i = 0
+    while i < rp[j, RCOUNT] and budget > 0:
+        r = running[j, i]
+        computed, target = rq[r, COMPUTED], rq[r, TARGET]
+        if computed >= target and cdiv(computed + 1, bs) <= rq[r, SHARED] + rq[r, BLOCKS]:
+            m = rp[j, NSCHED]
+            sched[j, m, 0], sched[j, m, 1] = r, 1
+            rp[j, NSCHED] = m + 1
+            budget -= 1
+            i += 1
+            tot[0] += computed + 1
+            tot[3] += rqf[r, LP_SAMPLE]
+            tot[4] += rq[r, SEEDED]
+            continue
+        prefill = computed < target
+        n = min(target - computed, budget) if prefill else 1
+        scheduled = True
+        while not alloc(rq, rp, pc, tab, lru, free, j, r, computed + n):
+            v = running[j, rp[j, RCOUNT] - 1]
+            if rp[j, PRIO]:
+                for q in range(rp[j, RCOUNT]):
+                    if before(rq, v, running[j, q]):
+                        v = running[j, q]
+            preempt(rq, rp, ri, running, pc, tab, lru, j, v)
+            preempted += 1
+            if v == r:
+                scheduled = False
+                break
+        if not scheduled:
+            continue  # r itself was preempted; the element at i is now the next request
+        entry(rq, rqf, rp, sched, j, r, n, tot)
+        if rp[j, CACHING] and rq[r, GROUP] >= 0 and prefill:
+            store(rq, rp, pc, tab, lru, free, j, r, computed + n)
+        budget -= n
+        i += 1
+    # admit waiting requests (`Replica._admit`)
+    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
+        r = rp[j, WHEAD]
+        if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, COMPUTED] == 0:
+            s = P.hit(tab, pc, lru, j, rq[r, GROUP],
+                      min(rq[r, PREFIX], rq[r, TARGET] - 1) // bs, rq[r, SCORE_FROM], bs,
+                      rp.shape[0])
+            if s:
+                rq[r, SHARED] = s
+                rq[r, COMPUTED] = s * bs
+        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+        if not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
+            if rq[r, SHARED]:  # undo the borrowed prefix: not admitted this time
+                P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
+                rq[r, SHARED] = 0
+                rq[r, COMPUTED] = 0
+            break
+        dequeue(rq, rp, j, r)
+        running[j, rp[j, RCOUNT]] = r
+        rp[j, RCOUNT] += 1
+        if rq[r, STARTED] == 0:
+            rq[r, STARTED] = 1
+            rt[SCHEDULED_S, rq[r, IDX]] = now
+            ri[CACHED, rq[r, IDX]] = rq[r, COMPUTED]
+        entry(rq, rqf, rp, sched, j, r, n, tot)
+        if rp[j, CACHING] and rq[r, GROUP] >= 0:
+            store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n)
+        budget -= n
+    if rp[j, NSCHED] == 0:
+        rp[j, BUSY] = 0
+        rp[j, RUN_K] = 0
+        return
+    if preempted:  # `step_totals`: the entries again, as the state is now
+        entries = rp[j, NSCHED]
+        rp[j, NSCHED] = 0
+        tot[:] = 0.0
+        for m in range(entries):
+            entry(rq, rqf, rp, sched, j, sched[j, m, 0], sched[j, m, 1], tot)
+    _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot, preempted)
+
+
+@njit(cache=True)
+def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot, preempted):
+    """`Replica._launch`: price the step (a run of decode iterations where it may), record it,
+    schedule its end."""
+    context, prefill_tokens, prefill_seqs = int(tot[0]), int(tot[1]), int(tot[2])
+    lp_ms, seeded = tot[3], int(tot[4])
+    decode_seqs = rp[j, NSCHED] - prefill_seqs
+    a_ms = rf[j, C0] + rf[j, CP] * prefill_tokens + rf[j, CD] * decode_seqs + \
+        rf[j, CC] * context + rf[j, CX] * prefill_tokens * context / 1e3
+    b_ms = 0.0
+    factor = rf[j, NOISE]
+    k = 1
+    if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+        if not head_admissible(rq, rp, lru, j):
+            k = run_length(rq, rp, running, j)
+        if k > 1:
+            a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + \
+                rf[j, CC] * (context - decode_seqs + decode_seqs)
+            b_ms = rf[j, CC] * decode_seqs
+    extra = 0.0
+    if lp_ms > 0.0:
+        extra += lp_ms + rf[j, LP_STEP]
+    if seeded:
+        extra += rf[j, SEED_STEP] + rf[j, SEED_SEQ] * seeded
+    a_ms += extra / factor
+    rp[j, BUSY] = 1
+    rf[j, SEG_START] = now
+    m = ctr[SEG_N]
+    ctr[SEG_N] = m + 1
+    rp[j, SEG_INDEX] = m
+    row = seg[m]
+    row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
+    row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
+    row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
+    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
+    rp[j, RUN_K] = k if k > 1 else 0
+    rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
+    rp[j, GEN] += 1
+    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+    push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
+    ctr[EVENTS] += 1
+
+
+@njit(cache=True)
+def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+           free, j, r, idx, prompt, output, priority, group, prefix, score_from, seeded,
+           lp_prompt_ms, lp_sample_ms):
+    """`Replica.submit` to replica j of request `idx` (`sim.request_state.Req`'s fields), kept
+    in slot r while in flight."""
+    rq[r, :] = 0
+    rq[r, PROMPT], rq[r, OUTPUT], rq[r, TARGET], rq[r, PRIORITY] = prompt, output, prompt, \
+        priority
+    rq[r, GROUP], rq[r, PREFIX], rq[r, SCORE_FROM], rq[r, SEEDED], rq[r, IDX] = \
+        group, prefix, score_from, seeded, idx
+    rqf[r, LP_PROMPT], rqf[r, LP_SAMPLE] = lp_prompt_ms, lp_sample_ms
+    rq[r, SEQ] = rp[j, ARRIVALS]
+    rp[j, ARRIVALS] += 1
+    rf[j, HOST_S] += rf[j, ADD_S]
+    enqueue(rq, rp, j, r, False)
+    if rp[j, BUSY] == 0:
+        rf[j, HOST_S] += rf[j, WAKE_S]
+        plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+             free, j)
+    elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
+        truncate(rp, rf, seg, h, ctr, j, clock[0])
+
+
+@njit(cache=True)
+def abort(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+          free, j, r):
+    """`Replica.abort`: the tokens it generated when it finished now (its callback is due),
+    -1 when it ends with the iteration in flight or had ended."""
+    if rq[r, DONE] or rq[r, ABORTED]:
+        return -1
+    rq[r, ABORTED] = 1
+    ri[ABORTED_R, rq[r, IDX]] = 1
+    if dequeue(rq, rp, j, r):
+        return finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r) >> 1
+    in_flight = False
+    if rp[j, ENDING] == 0 and rp[j, BUSY]:
+        for m in range(rp[j, NSCHED]):
+            in_flight = in_flight or sched[j, m, 0] == r
+    if not in_flight:
+        remove_running(rp, running, j, r)
+        return finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r) >> 1
+    if rp[j, RUN_K] > 0:
+        truncate(rp, rf, seg, h, ctr, j, clock[0])
+    return -1
+
+
+@njit(cache=True)
+def finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r):
+    """`Replica._finish` but its callback: free the request's blocks, record its end; the
+    tokens it generated times 2, plus 1 if it was aborted."""
+    rq[r, DONE] = 1
+    release(rq, rp, pc, tab, lru, j, r)
+    rt[FINISH_S, rq[r, IDX]] = clock[0]
+    ri[OUT_TOKENS, rq[r, IDX]] = rq[r, GENERATED]
+    return 2 * rq[r, GENERATED] + rq[r, ABORTED]
+
+
+@njit(cache=True)
+def _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, k, t_end):
+    """`Replica._on_end` up to the callbacks: apply the k iterations; the requests now done
+    leave the running list (into `done`, in step order)."""
+    rf[j, BUSY_S] += t_end - rf[j, SEG_START]
+    rp[j, ENDING] = 1
+    bs, nd = rp[j, BS], 0
+    for m in range(rp[j, NSCHED]):
+        r, n = sched[j, m, 0], sched[j, m, 1]
+        if k > 1 or rq[r, COMPUTED] >= rq[r, TARGET]:
+            rq[r, COMPUTED] += k
+            rq[r, GENERATED] += k
+            if cdiv(rq[r, COMPUTED], bs) > rq[r, SHARED] + rq[r, BLOCKS]:
+                alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED])
+        else:
+            rq[r, COMPUTED] += n
+            if rq[r, COMPUTED] >= rq[r, TARGET]:
+                rq[r, GENERATED] += 1
+                if rq[r, GENERATED] == 1:
+                    rt[FIRST_TOKEN_S, rq[r, IDX]] = t_end
+        if rq[r, GENERATED] >= rq[r, OUTPUT] or rq[r, ABORTED]:
+            done[nd] = r
+            nd += 1
+    for m in range(nd):
+        rq[done[m], DONE] = 1
+        remove_running(rp, running, j, done[m])
+    ctr[DONE_N], ctr[DONE_J] = nd, j
+
+
+@njit(cache=True)
+def end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+             free, j):
+    """The rest of `Replica._on_end` once the callbacks ran: plan the next step."""
+    rp[j, RUN_K] = 0
+    rp[j, ENDING] = 0
+    plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+         free, j)
+
+
+@njit(cache=True)
+def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+            free, node_room):
+    """Process events until one retires requests (RETIRED, replica, n: `done[:n]` of that
+    replica), the arrival process is due (ARRIVAL), room runs short (ROOM) or none is left
+    (END). The clock holds the time of the event."""
+    while ctr[HEAP_N] > 0:
+        if ctr[SEG_N] + 2 > seg.shape[0] or ctr[HEAP_N] + 4 > h.shape[0] or \
+                free[1] + node_room > pc.shape[0]:
+            return ROOM, 0, 0, clock[0]
+        ev = pop_event(h, ctr)
+        clock[0] = ev[0]
+        j = int(ev[2])
+        if j < 0:
+            return ARRIVAL, 0, 0, clock[0]
+        if int(ev[3]) != rp[j, GEN]:
+            continue  # superseded by a truncation
+        _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, int(ev[4]),
+                ev[5])
+        if ctr[DONE_N] > 0:
+            return RETIRED, j, ctr[DONE_N], clock[0]
+        end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
+                 lru, free, j)
+    return END, 0, 0, clock[0]
+
+
+@njit(cache=True)
+def schedule_arrival(h, ctr, clock, gap):
+    """The arrival process waits `gap` seconds (a SimPy timeout it yields)."""
+    push_event(h, ctr, clock[0] + gap, -1, 0, 0, 0.0)

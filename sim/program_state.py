@@ -1,0 +1,232 @@
+"""The program kernel's state (`sim.program_kernel`): named columns, a replica's queues and
+lists, its KV blocks, a step's entries and the run-length arithmetic, as `sim.replica.Replica`
+keeps and edits them.
+
+Requests in flight live in slots (`rq` integers, `rqf` floats); replicas in `rp` / `rf`; results
+in rows per column (`rt`, `ri`) indexed by request. The running list is an array per replica
+edited as the reference edits its list; the waiting queue a linked list through the slots (FCFS
+with preempted requests at its head, or kept in (priority, arrival) order).
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from sim import compiled_prefix as P
+from sim.compiled_state import cdiv, iterations_within, push_event, run_ms
+
+# per request slot (int64)
+PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, RQ_COLS = range(19)
+# per request slot (float64)
+LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
+# per replica (int64)
+MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WTAIL, \
+    WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(19)
+# per replica (float64)
+C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, \
+    BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(19)
+# results, a row per column, indexed by request (float64 / int32)
+SCHEDULED_S, FIRST_TOKEN_S, FINISH_S = range(3)
+OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS = range(4)
+# counters (int64) and the clock
+EID, EVENTS, SEG_N, HEAP_N, DONE_N, DONE_J, CTR_COLS = range(7)
+# what `advance` stopped for
+END, ARRIVAL, RETIRED, ROOM = range(4)
+
+
+class State:
+    """The kernel's arrays, in the order every kernel function takes them."""
+
+    __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
+                 "clock", "done", "pc", "tab", "lru", "free")
+
+    def args(self) -> tuple:
+        """The arrays as arguments (in `__slots__` order)."""
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+
+@njit(cache=True)
+def alloc(rq, rp, pc, tab, lru, free, j, r, tokens_after):
+    """`Replica._alloc`: blocks for `tokens_after`, evicting cached blocks for room."""
+    need = cdiv(tokens_after, rp[j, BS]) - rq[r, SHARED] - rq[r, BLOCKS]
+    if need <= 0:
+        return True
+    if need > rp[j, FREE]:
+        rp[j, FREE] += P.evict(tab, pc, lru, free, j, need - rp[j, FREE])
+        if need > rp[j, FREE]:
+            return False
+    rp[j, FREE] -= need
+    rq[r, BLOCKS] += need
+    return True
+
+
+@njit(cache=True)
+def release(rq, rp, pc, tab, lru, j, r):
+    """`Replica._release`: free the request's blocks, drop its hold on cached ones."""
+    rp[j, FREE] += rq[r, BLOCKS]
+    rq[r, BLOCKS] = 0
+    if rq[r, SHARED]:
+        P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
+        rq[r, SHARED] = 0
+
+
+@njit(cache=True)
+def before(rq, a, b):
+    """Whether request a comes before b in a priority queue (priority, then arrival)."""
+    return rq[a, PRIORITY] < rq[b, PRIORITY] or (rq[a, PRIORITY] == rq[b, PRIORITY] and
+                                                 rq[a, SEQ] < rq[b, SEQ])
+
+
+@njit(cache=True)
+def enqueue(rq, rp, j, r, front):
+    """Into the waiting queue: FCFS at the back (`front`: a preempted request, at the head);
+    priority mode by (priority, arrival)."""
+    if rp[j, PRIO]:
+        prev, q = -1, rp[j, WHEAD]
+        while q >= 0 and before(rq, q, r):
+            prev, q = q, rq[q, WNEXT]
+    elif front:
+        prev, q = -1, rp[j, WHEAD]
+    else:
+        prev, q = rp[j, WTAIL], -1
+    rq[r, WNEXT] = q
+    if prev >= 0:
+        rq[prev, WNEXT] = r
+    else:
+        rp[j, WHEAD] = r
+    if q < 0:
+        rp[j, WTAIL] = r
+    rp[j, WCOUNT] += 1
+
+
+@njit(cache=True)
+def dequeue(rq, rp, j, r):
+    """Remove request r from the waiting queue; False if it is not there."""
+    prev, q = -1, rp[j, WHEAD]
+    while q >= 0 and q != r:
+        prev, q = q, rq[q, WNEXT]
+    if q < 0:
+        return False
+    if prev >= 0:
+        rq[prev, WNEXT] = rq[r, WNEXT]
+    else:
+        rp[j, WHEAD] = rq[r, WNEXT]
+    if rp[j, WTAIL] == r:
+        rp[j, WTAIL] = prev
+    rp[j, WCOUNT] -= 1
+    return True
+
+
+@njit(cache=True)
+def remove_running(rp, running, j, r):
+    """`running.remove(r)`; False if r is not running."""
+    n = rp[j, RCOUNT]
+    for i in range(n):
+        if running[j, i] == r:
+            for q in range(i, n - 1):
+                running[j, q] = running[j, q + 1]
+            rp[j, RCOUNT] = n - 1
+            return True
+    return False
+
+
+@njit(cache=True)
+def entry(rq, rqf, rp, sched, j, r, n, tot):
+    """Add step entry (r, n) (`sim.request_state.entry_totals`) to the step's totals
+    tot = [context, prefill tokens, prefill sequences, log-probability ms, seeded]."""
+    m = rp[j, NSCHED]
+    sched[j, m, 0], sched[j, m, 1] = r, n
+    rp[j, NSCHED] = m + 1
+    if rq[r, COMPUTED] < rq[r, TARGET]:
+        tot[3] += n * rqf[r, LP_PROMPT]
+        tot[0] += rq[r, COMPUTED] + n
+        tot[1] += n
+        tot[2] += 1
+        if rq[r, COMPUTED] + n >= rq[r, TARGET]:
+            tot[3] += rqf[r, LP_SAMPLE]
+            tot[4] += rq[r, SEEDED]
+    else:
+        tot[0] += rq[r, COMPUTED] + 1
+        tot[3] += rqf[r, LP_SAMPLE]
+        tot[4] += rq[r, SEEDED]
+
+
+@njit(cache=True)
+def preempt(rq, rp, ri, running, pc, tab, lru, j, v):
+    """`Replica._preempt`: v recomputes from the start, back in the queue."""
+    remove_running(rp, running, j, v)
+    release(rq, rp, pc, tab, lru, j, v)
+    rq[v, COMPUTED] = 0
+    rq[v, TARGET] = rq[v, PROMPT] + rq[v, GENERATED]
+    ri[PREEMPTS, rq[v, IDX]] += 1
+    enqueue(rq, rp, j, v, True)
+
+
+@njit(cache=True)
+def store(rq, rp, pc, tab, lru, free, j, r, computed_tokens):
+    """`PrefixCache.store` of the request's newly full prompt blocks."""
+    full = min(rq[r, PREFIX], computed_tokens) // rp[j, BS]
+    if full > rq[r, SHARED]:
+        added = P.store(tab, pc, lru, free, j, rq[r, GROUP], rq[r, SHARED], full, rp.shape[0])
+        rq[r, BLOCKS] -= added
+        rq[r, SHARED] += added
+
+
+@njit(cache=True)
+def head_admissible(rq, rp, lru, j):
+    """`Replica._head_admissible`: whether the queue's head could be admitted next step."""
+    if rp[j, WCOUNT] == 0 or rp[j, RCOUNT] >= rp[j, MAX_SEQS]:
+        return False
+    need = cdiv(min(rq[rp[j, WHEAD], TARGET], rp[j, BUDGET]), rp[j, BS])
+    return need <= rp[j, FREE] + lru[j, 2]
+
+
+@njit(cache=True)
+def run_length(rq, rp, running, j):
+    """`sim.run_length.decode_run_length` (no speculation)."""
+    bs, free, n = rp[j, BS], rp[j, FREE], rp[j, RCOUNT]
+    k = 1 << 62
+    for i in range(n):
+        r = running[j, i]
+        k = min(k, rq[r, OUTPUT] - rq[r, GENERATED])
+    if k <= 1:
+        return 1
+    if n * (k // bs + 2) <= free or extra(rq, rp, running, j, k) <= free:
+        return k
+    lo, hi = 1, k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if extra(rq, rp, running, j, mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def extra(rq, rp, running, j, it):
+    """New blocks the running requests need for `it` more tokens each."""
+    need, bs = 0, rp[j, BS]
+    for i in range(rp[j, RCOUNT]):
+        r = running[j, i]
+        x = cdiv(rq[r, COMPUTED] + it, bs) - rq[r, BLOCKS] - rq[r, SHARED]
+        if x > 0:
+            need += x
+    return need
+
+
+@njit(cache=True)
+def truncate(rp, rf, seg, h, ctr, j, env_now):
+    """`Replica._truncate`: end the run of iterations at the boundary after now."""
+    start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
+    k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
+    if k_new < rp[j, RUN_K]:
+        rp[j, GEN] += 1
+        rp[j, RUN_K] = k_new
+        seg[rp[j, SEG_INDEX], 2] = k_new
+        t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
+        push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
+        ctr[EVENTS] += 1
+
+

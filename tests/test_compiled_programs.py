@@ -1,0 +1,135 @@
+"""The program kernel (`sim.program_kernel`) under the Python driver equals the SimPy run of a
+program workload table for table.
+
+Same requests, programs and steps tables and the same events, iterations and preemptions as
+`simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
+replica), on Dynasor CoT with probes and self-consistency, under every inter-program scheduler
+(priority queues, the lowest-priority victim), KV pressure (preemption, prefix-cache eviction),
+chunked prefill, few sequence slots, several replicas, and the loop's host time with the seeded
+sampling term; and the workloads it does not cover stay under SimPy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import REPO
+from sim.cluster import build_replicas
+from sim.compiled_cluster import why_not_compiled_programs
+from sim.compiled_prefix import grow_cache, insert, new_cache, find, evict
+from sim.config import parse_config, read_yaml
+from sim.simulate import simulate
+
+CAL = REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json"
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(scope="module")
+def host_cal(tmp_path_factory):
+    """The programs calibration with host and seeded-sampling terms set (they shift steps)."""
+    d = json.loads(CAL.read_text())
+    d["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.0, "logprob_top_k_ms": 0.0,
+                 "logprob_step_ms": 0.0, "wake_ms": 2.5, "seeded_step_ms": 0.4,
+                 "seeded_seq_ms": 0.05}
+    path = tmp_path_factory.mktemp("cal") / "host.calib.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _config(example: str, count: int, rate_per_s: float, replicas: int = 1, seed: int = 0,
+            scheduler: str | None = None, **group):
+    d = read_yaml(EXAMPLES / example)
+    d["seed"] = seed
+    d["workload"]["programs"].update(count=count, rate_per_s=rate_per_s)
+    d["cluster"]["replicas"][0].update(count=replicas, **group)
+    if scheduler:
+        d["cluster"]["scheduler"] = scheduler
+    return parse_config(d, EXAMPLES)
+
+
+def _equal(fast, ref):
+    assert fast.summary["simulator"] == "compiled" and ref.summary["simulator"] == "simpy"
+    # exactly equal, NaN (never scheduled, no first token) included
+    for name in ("requests", "programs", "steps"):
+        pd.testing.assert_frame_equal(getattr(fast, name).to_pandas(),
+                                      getattr(ref, name).to_pandas(), check_exact=True,
+                                      obj=name)
+    for key in ("events", "iterations", "preemptions", "utilization"):
+        assert fast.summary[key] == ref.summary[key], key
+
+
+@settings(max_examples=20, deadline=None)
+@given(example=st.sampled_from(["dynasor-cot-certaindex.yaml", "dynasor-certaindex.yaml",
+                                "dynasor-cot-budget.yaml"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo"]),
+       kv=st.sampled_from([None, 20, 60]), seqs=st.sampled_from([None, 3, 16]),
+       batched=st.sampled_from([None, 48]), caching=st.booleans(), host=st.booleans(),
+       rate=st.sampled_from([2.0, 20.0]), replicas=st.sampled_from([1, 3]),
+       seed=st.integers(0, 3))
+def test_program_kernel_equals_simpy(host_cal, example, scheduler, kv, seqs, batched, caching,
+                                     host, rate, replicas, seed):
+    group = {"enable_prefix_caching": caching}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs), ("max_num_batched_tokens", batched)):
+        if v:
+            group[key] = v
+    if host:
+        group["calibration"] = str(host_cal)
+    cfg = _config(example, 30, rate, replicas, seed, scheduler, **group)
+    fast = simulate(cfg)
+    _equal(fast, simulate(cfg, compiled=False))
+
+
+def test_program_kernel_under_pressure_preempts_evicts_and_aborts():
+    """KV pressure on one replica: recompute preemptions of the lowest-priority request and
+    cached blocks evicted, with certaindex aborting chunks and probes in flight."""
+    cfg = _config("dynasor-cot-certaindex.yaml", 150, 60.0, kv_blocks=34, max_num_seqs=16)
+    fast = simulate(cfg)
+    _equal(fast, simulate(cfg, compiled=False))
+    req = fast.requests.to_pandas()
+    assert fast.summary["preemptions"] > 0
+    assert (req.finish_reason == "abort").sum() > 0
+    assert req.cached_prompt_tokens.sum() > 0  # prefix hits happened between evictions
+
+
+def test_program_kernel_at_scale():
+    """Thousands of programs on many replicas: long decode runs truncated by submissions, ties
+    in the event order, arrays grown mid-run."""
+    cfg = _config("dynasor-cot-certaindex.yaml", 3000, 100.0, replicas=20)
+    _equal(simulate(cfg), simulate(cfg, compiled=False))
+
+
+def test_what_stays_under_simpy():
+    """Sampled step time, search programs and the reference paths are not compiled."""
+    cfg = _config("dynasor-cot-certaindex.yaml", 5, 2.0)
+    specs = build_replicas(cfg)
+    assert why_not_compiled_programs(cfg, specs, True, 100) is None
+    assert "sampled" in why_not_compiled_programs(parse_config(
+        {**read_yaml(EXAMPLES / "dynasor-cot-certaindex.yaml"), "latency": "sampled"},
+        EXAMPLES), specs, True, 100)
+    assert "program kind" in why_not_compiled_programs(cfg, specs, False, 100)
+    assert simulate(cfg, compiled=False).summary["simulator"] == "simpy"
+    assert simulate(cfg, lazy=False).summary["simulator"] == "simpy"
+    search = parse_config(read_yaml(EXAMPLES / "dynasor-mcts-certaindex.yaml"), EXAMPLES)
+    assert simulate(search).summary["simulator"] == "simpy"
+
+
+def test_prefix_cache_arrays_keep_the_dict_order_through_growth():
+    """The array cache evicts in the reference dict's order (insertion, re-insertion at the
+    end), and growing it keeps every block findable and the order intact."""
+    pc, tab, lru, free = new_cache(4, 1)
+    keys = [11, 22, 33, 44]
+    for k in keys:
+        insert(tab, pc, lru, free, 0, k)
+    pc, tab = grow_cache(pc, free)
+    for k in (55, 66):
+        insert(tab, pc, lru, free, 0, k)
+    assert all(find(tab, pc, k) >= 0 for k in keys + [55, 66])
+    pc[:, 1][pc[:, 1] > 0] = 0  # every block unreferenced
+    lru[0, 2] = 6
+    assert evict(tab, pc, lru, free, 0, 3) == 3  # the first three inserted go first
+    assert [find(tab, pc, k) >= 0 for k in keys + [55, 66]] == [False] * 3 + [True] * 3
+    assert lru[0, 2] == 3 and free[1] == 3
