@@ -67,12 +67,16 @@ def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = Tru
             "real_time_factor": med / res.summary["makespan_s"]}
 
 
-def programs(n: int, replicas: int) -> dict:
-    """Dynasor CoT programs with probes (certaindex, the Dynasor scheduler) on `replicas`
-    replicas at half of one replica's sustainable rate each: CPU seconds of one run."""
+PROGRAMS = {"cot": "dynasor-cot-certaindex.yaml", "sc": "dynasor-certaindex.yaml"}
+"""the program workloads timed: Dynasor CoT with probes, self-consistency (certaindex both)"""
+
+
+def programs(n: int, replicas: int, method: str = "cot") -> dict:
+    """Dynasor programs (`PROGRAMS[method]`: certaindex, the Dynasor scheduler) on `replicas`
+    replicas at half of the example's rate each: CPU seconds of one run."""
     from sim.config import read_yaml
 
-    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d = read_yaml(REPO / "examples" / PROGRAMS[method])
     d["workload"]["programs"].update(count=n, rate_per_s=d["workload"]["programs"]["rate_per_s"]
                                      * replicas * 0.5)
     d["cluster"]["replicas"][0]["count"] = replicas
@@ -82,7 +86,8 @@ def programs(n: int, replicas: int) -> dict:
     res = simulate(cfg)
     cpu = time.process_time() - t0
     s = res.summary
-    return {"programs": n, "replicas": replicas, "requests": s["requests"], "cpu_s": cpu,
+    return {"method": method, "simulator": s["simulator"], "programs": n, "replicas": replicas,
+            "requests": s["requests"], "cpu_s": cpu,
             "programs_per_cpu_s": n / cpu, "events_per_program": s["events"] / n,
             "simulated_s": s["makespan_s"], "real_time_factor": cpu / s["makespan_s"]}
 
@@ -133,7 +138,8 @@ def main() -> None:
     # The same workload under SimPy (the lazy replica): what the compiled kernel must equal
     simpy_base = measure(cfg, w, args.repeats, compiled=False)
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
-    prog = programs(*(args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))))
+    at = args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))
+    prog = {method: programs(*at, method) for method in PROGRAMS}
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "double_at": [n, replicas],
            "events_per_request": rows[0]["events_per_request"],
@@ -183,10 +189,11 @@ def main() -> None:
           f"req/cpu-s, the kernel "
           f"{sp['compiled_speedup']:.1f}x faster; doubled output tokens there: cost ratio "
           f"{sp['double_tokens_cost_ratio']:.2f}")
-    print(f"{prog['programs']} Dynasor CoT programs ({prog['requests']} requests) on "
-          f"{prog['replicas']} replicas: {prog['cpu_s']:.1f} CPU-s, "
-          f"{prog['programs_per_cpu_s']:.0f} programs/cpu-s, "
-          f"{prog['real_time_factor']:.2f}x real time")
+    for method, p in prog.items():
+        print(f"{p['programs']} Dynasor {method} programs ({p['requests']} requests) on "
+              f"{p['replicas']} replicas ({p['simulator']}): {p['cpu_s']:.1f} CPU-s, "
+              f"{p['programs_per_cpu_s']:.0f} programs/cpu-s, "
+              f"{p['real_time_factor']:.2f}x real time")
     print(f"doubled output tokens ({out['double_tokens_token_ratio']:.2f}x tokens): "
           f"cost ratio {out['double_tokens_cost_ratio']:.2f} at the same rate (twice the "
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")

@@ -138,17 +138,21 @@ class CompiledCluster(Cluster):
         st, env, finish = self.st, self.env, K.finish
         with gc_paused():
             self._resume(process)
+            pending = -1  # a replica whose step end waits for its callbacks to finish
             while True:
-                code, j, n, env.now = K.advance(*self._args, self.node_room)
+                code, j, n, env.now, out = K.advance(*self._args, self.node_room, pending)
+                pending = -1
                 if code == S.RETIRED:
-                    for s in st.done[:n].tolist():
+                    rest = st.done[1:n].tolist() if n > 1 else ()
+                    self._retired(j, int(st.done[0]), out >> 1, out & 1)
+                    for s in rest:
                         out = finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru,
                                      j, s)
                         self._retired(j, s, out >> 1, out & 1)
                     self._calls -= 1
                     if self._calls <= 0:
                         self._room()
-                    K.end_step(*self._args, j)
+                    pending = j
                 elif code == S.ARRIVAL:
                     self._resume(process)
                 elif code == S.ROOM:
