@@ -71,9 +71,10 @@ PROGRAMS = {"cot": "dynasor-cot-certaindex.yaml", "sc": "dynasor-certaindex.yaml
 """the program workloads timed: Dynasor CoT with probes, self-consistency (certaindex both)"""
 
 
-def programs(n: int, replicas: int, method: str = "cot") -> dict:
+def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) -> dict:
     """Dynasor programs (`PROGRAMS[method]`: certaindex, the Dynasor scheduler) on `replicas`
-    replicas at half of the example's rate each: CPU seconds of one run."""
+    replicas at half of the example's rate each: CPU seconds of one run (`simpy`: and of the
+    same run under SimPy)."""
     from sim.config import read_yaml
 
     d = read_yaml(REPO / "examples" / PROGRAMS[method])
@@ -86,10 +87,17 @@ def programs(n: int, replicas: int, method: str = "cot") -> dict:
     res = simulate(cfg)
     cpu = time.process_time() - t0
     s = res.summary
-    return {"method": method, "simulator": s["simulator"], "programs": n, "replicas": replicas,
-            "requests": s["requests"], "cpu_s": cpu,
-            "programs_per_cpu_s": n / cpu, "events_per_program": s["events"] / n,
-            "simulated_s": s["makespan_s"], "real_time_factor": cpu / s["makespan_s"]}
+    out = {"method": method, "simulator": s["simulator"], "programs": n, "replicas": replicas,
+           "requests": s["requests"], "cpu_s": cpu,
+           "programs_per_cpu_s": n / cpu, "events_per_program": s["events"] / n,
+           "simulated_s": s["makespan_s"], "real_time_factor": cpu / s["makespan_s"]}
+    if simpy:
+        del res
+        t0 = time.process_time()
+        simulate(cfg, compiled=False)
+        out["simpy_cpu_s"] = time.process_time() - t0
+        out["compiled_speedup"] = out["simpy_cpu_s"] / cpu
+    return out
 
 
 def main() -> None:
@@ -104,6 +112,8 @@ def main() -> None:
     ap.add_argument("--programs", type=pair, metavar="PROGRAMS,REPLICAS",
                     help="the Dynasor CoT program scale (default 20000,40 quick, else "
                          "1000000,1000)")
+    ap.add_argument("--programs-simpy", action="store_true",
+                    help="also time the program runs under SimPy (the compiled path's reference)")
     ap.add_argument("--double-at", type=pair,
                     metavar="REQUESTS,REPLICAS",
                     help="where to measure doubled output lengths (default: the first scale)")
@@ -139,7 +149,7 @@ def main() -> None:
     simpy_base = measure(cfg, w, args.repeats, compiled=False)
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
     at = args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))
-    prog = {method: programs(*at, method) for method in PROGRAMS}
+    prog = {method: programs(*at, method, args.programs_simpy) for method in PROGRAMS}
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "double_at": [n, replicas],
            "events_per_request": rows[0]["events_per_request"],
@@ -193,7 +203,9 @@ def main() -> None:
         print(f"{p['programs']} Dynasor {method} programs ({p['requests']} requests) on "
               f"{p['replicas']} replicas ({p['simulator']}): {p['cpu_s']:.1f} CPU-s, "
               f"{p['programs_per_cpu_s']:.0f} programs/cpu-s, "
-              f"{p['real_time_factor']:.2f}x real time")
+              f"{p['real_time_factor']:.2f}x real time" + (
+                  f"; under SimPy {p['simpy_cpu_s']:.1f} CPU-s ({p['compiled_speedup']:.2f}x)"
+                  if "simpy_cpu_s" in p else ""))
     print(f"doubled output tokens ({out['double_tokens_token_ratio']:.2f}x tokens): "
           f"cost ratio {out['double_tokens_cost_ratio']:.2f} at the same rate (twice the "
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")

@@ -16,11 +16,11 @@ lowest first and breaks ties by arrival (vLLM's `scheduling_policy="priority"`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 _RANKS = 100_000  # program ranks below this stay ordered inside one priority class
 
 
-@dataclass(frozen=True)
-class ProgramView:
+class ProgramView(NamedTuple):
     """What a scheduler may know about a program when one of its requests is submitted."""
 
     arrival_rank: int

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How a request samples (a live engine maps it to its own parameters)."""
+class Sampling(NamedTuple):
+    """How a request samples (a live engine maps it to its own parameters). A named tuple: a
+    value made for every request, at a quarter of a frozen dataclass's cost."""
 
     max_tokens: int
     temperature: float = 0.0

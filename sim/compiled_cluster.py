@@ -112,6 +112,8 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
+        if req.idx >= self.st.rt.shape[1]:
+            self._grow_results(req.idx)
         s = self._free.pop()
         self._slot[req.idx] = s
         self._req[s] = req
@@ -167,6 +169,9 @@ class CompiledCluster(Cluster):
             gap = next(process)
         except StopIteration:
             return
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
         K.schedule_arrival(self.st.h, self.st.ctr, self.st.clock, gap)
 
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
@@ -198,6 +203,16 @@ class CompiledCluster(Cluster):
             self._args = st.args()
             self._room()  # doubled once may not be enough
 
+    def _grow_results(self, idx: int) -> None:
+        st = self.st
+        n = st.rt.shape[1]
+        while n <= idx:
+            n *= 2
+        rt, ri = np.full((3, n), np.nan), np.zeros((4, n), dtype=np.int32)
+        rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
+        st.rt, st.ri = rt, ri
+        self._args = st.args()
+
     def _grow_slots(self) -> None:
         st = self.st
         n = st.rq.shape[0]
@@ -207,7 +222,7 @@ class CompiledCluster(Cluster):
         self._args = st.args()
 
     def _results(self) -> None:
-        st, res = self.st, self.res
+        st, res = self.st, self.res  # columns as long as the requests sent (or longer)
         res.scheduled_s, res.first_token_s, res.finish_s = st.rt
         res.output_tokens, res.cached_tokens = st.ri[S.OUT_TOKENS], st.ri[S.CACHED]
         res.aborted, res.preemptions = st.ri[S.ABORTED_R].astype(bool), st.ri[S.PREEMPTS]
@@ -253,12 +268,13 @@ def _state(specs: list, capacity: int) -> S.State:
     st.running = np.zeros((nrep, max_seqs), dtype=np.int64)
     # a step's entries: the running requests, those admitted, victims scheduled before
     st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
-    st.rt = np.full((3, capacity), np.nan)
-    st.ri = np.zeros((4, capacity), dtype=np.int32)
+    # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
+    # start smaller and grow by doubling
+    requests = min(capacity, 1 << 20)
+    st.rt = np.full((3, requests), np.nan)
+    st.ri = np.zeros((4, requests), dtype=np.int32)
     st.h = np.empty((4 * nrep + 64, 6))
-    # ~2 steps a request: allocated, not touched (the pages come as rows are written); grown
-    # by doubling past that
-    st.seg = np.empty((2 * capacity + 16 * nrep + 1024, 15))
+    st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
     st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
     st.clock = np.zeros(1)
     st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
