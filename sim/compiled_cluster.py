@@ -82,7 +82,8 @@ class KernelReplica:
 class CompiledCluster(Cluster):
     """The replicas of a config in the program kernel, with the routers of `Cluster`."""
 
-    def __init__(self, cfg, capacity: int, on_finish, specs: list):  # noqa: super not called
+    def __init__(self, cfg, capacity: int, on_finish, specs: list):
+        # not Cluster.__init__: no SimPy environment or replicas, only its routing
         self.wall0 = time.perf_counter()
         self.specs = specs
         self.env = KernelEnv()
@@ -114,12 +115,16 @@ class CompiledCluster(Cluster):
             self._room()
         if req.idx >= self.st.rt.shape[1]:
             self._grow_results(req.idx)
+        if req.chain is not None:  # the kernel's block identities are a group's prefix only
+            raise ValueError(f"request {req.idx} names its prompt as a prefix chain, which the "
+                             "program kernel does not cover (why_not_compiled_programs let a "
+                             "program kind through that it should not have)")
         s = self._free.pop()
         self._slot[req.idx] = s
         self._req[s] = req
         K.submit(*self._args, j, s, req.idx, req.prompt, req.output, req.priority, req.group,
-                 req.prefix_tokens, req.score_from, req.seeded, req.lp_prompt_ms,
-                 req.lp_sample_ms)
+                 req.prefix_tokens, req.score_from, req.seeded, float(req.lp_prompt_ms),
+                 float(req.lp_sample_ms))  # floats always: one compiled signature
 
     def abort(self, j: int, req: Req) -> None:
         """`Replica.abort` of `req` on replica j."""

@@ -22,12 +22,11 @@ from numba import njit
 
 from sim.compiled_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, MAX_SEQS, BUDGET,
-    BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL, RCOUNT, WHEAD, WCOUNT,
-    OUTSTANDING, IN_FLIGHT, SAMPLED, N_QUANTILES, C0, CP, CD, CC, CX, NOISE, NOISE_STD,
-    RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, BUSY_S,
-    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS, EVENTS, SEG_N, HEAP_N, SEG_COLS, push_event,
-    pop_event, run_ms, iterations_within, cdiv, alloc, unlink_running, append_running,
-    append_waiting, pop_waiting, preempt, grow_rows)
+    BS, FREE, BUSY, GEN, RUN_K, RHEAD, RTAIL, RCOUNT, WHEAD, WCOUNT, OUTSTANDING, IN_FLIGHT,
+    SAMPLED, N_QUANTILES, C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S, WAKE_S, HOST_S,
+    SEG_START, BUSY_S, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS, EVENTS, SEG_N, HEAP_N,
+    SEG_COLS, push_event, pop_event, cdiv, alloc, unlink_running, append_running, append_waiting,
+    pop_waiting, preempt, grow_rows, record_run, truncate_run)
 
 
 @njit(cache=True)
@@ -165,22 +164,8 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             b_ms = rf[j, CC] * decode_seqs
             factor = _noise(rp, rf, rngs, quantiles, j, k)
     # (the reference adds a log-probability term here: plain requests have none)
-    rp[j, BUSY] = 1
-    rf[j, SEG_START] = now
-    m = ctr[SEG_N]
-    ctr[SEG_N] = m + 1
-    rp[j, SEG_INDEX] = m
-    row = seg[m]
-    row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
-    row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
-    row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
-    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
-    rp[j, RUN_K] = k if k > 1 else 0
-    rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
-    rp[j, GEN] += 1
-    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
-    push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
-    ctr[EVENTS] += 1
+    record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
+               prefill_seqs, decode_seqs, context, preempted)
 
 
 @njit(cache=True)
@@ -237,15 +222,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
         rf[j, HOST_S] += rf[j, WAKE_S]
         _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
     elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
-        start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
-        k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
-        if k_new < rp[j, RUN_K]:
-            rp[j, GEN] += 1
-            rp[j, RUN_K] = k_new
-            seg[rp[j, SEG_INDEX], 2] = k_new
-            t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
-            push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
-            ctr[EVENTS] += 1
+        truncate_run(rp, rf, seg, h, ctr, j, env_now)
     return j
 
 

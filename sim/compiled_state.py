@@ -187,3 +187,40 @@ def grow_rows(seg):
     out = np.empty((2 * seg.shape[0], SEG_COLS))
     out[:seg.shape[0]] = seg
     return out
+
+
+@njit(cache=True)
+def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
+               prefill_seqs, decode_seqs, context, preempted):
+    """The end of `Replica._launch`: record the step's run of k iterations, keep it truncatable
+    (k > 1), schedule its end."""
+    rp[j, BUSY] = 1
+    rf[j, SEG_START] = now
+    m = ctr[SEG_N]
+    ctr[SEG_N] = m + 1
+    rp[j, SEG_INDEX] = m
+    row = seg[m]
+    row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
+    row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
+    row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
+    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
+    rp[j, RUN_K] = k if k > 1 else 0
+    rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
+    rp[j, GEN] += 1
+    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+    push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
+    ctr[EVENTS] += 1
+
+
+@njit(cache=True)
+def truncate_run(rp, rf, seg, h, ctr, j, env_now):
+    """`Replica._truncate`: end replica j's run of iterations at the boundary after now."""
+    start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
+    k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
+    if k_new < rp[j, RUN_K]:
+        rp[j, GEN] += 1
+        rp[j, RUN_K] = k_new
+        seg[rp[j, SEG_INDEX], 2] = k_new
+        t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
+        push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
+        ctr[EVENTS] += 1

@@ -21,16 +21,15 @@ import numpy as np
 from numba import njit
 
 from sim import compiled_prefix as P
-from sim.compiled_state import cdiv, pop_event, push_event, run_ms
+from sim.compiled_state import cdiv, pop_event, push_event, record_run, truncate_run
 from sim.program_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
-    KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED,
-    ARRIVALS, CACHING, PRIO, C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A,
-    RUN_B, RUN_F, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S,
-    FINISH_S, OUT_TOKENS, CACHED, ABORTED_R, SEG_N, HEAP_N, EVENTS, DONE_N, DONE_J, END, ARRIVAL,
-    RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running, entry, preempt,
-    store, head_admissible, run_length, truncate)
+    BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP, CD,
+    CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ,
+    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, OUT_TOKENS, CACHED, ABORTED_R, SEG_N, HEAP_N, DONE_N,
+    DONE_J, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
+    entry, preempt, store, head_admissible, run_length)
 
 
 @njit(cache=True)
@@ -145,22 +144,8 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
     if seeded:
         extra += rf[j, SEED_STEP] + rf[j, SEED_SEQ] * seeded
     a_ms += extra / factor
-    rp[j, BUSY] = 1
-    rf[j, SEG_START] = now
-    m = ctr[SEG_N]
-    ctr[SEG_N] = m + 1
-    rp[j, SEG_INDEX] = m
-    row = seg[m]
-    row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
-    row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
-    row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
-    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
-    rp[j, RUN_K] = k if k > 1 else 0
-    rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
-    rp[j, GEN] += 1
-    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
-    push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
-    ctr[EVENTS] += 1
+    record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
+               prefill_seqs, decode_seqs, context, preempted)
 
 
 @njit(cache=True)
@@ -184,7 +169,7 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
         plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
              free, j)
     elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
-        truncate(rp, rf, seg, h, ctr, j, clock[0])
+        truncate_run(rp, rf, seg, h, ctr, j, clock[0])
 
 
 @njit(cache=True)
@@ -206,7 +191,7 @@ def abort(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
         remove_running(rp, running, j, r)
         return finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r) >> 1
     if rp[j, RUN_K] > 0:
-        truncate(rp, rf, seg, h, ctr, j, clock[0])
+        truncate_run(rp, rf, seg, h, ctr, j, clock[0])
     return -1
 
 

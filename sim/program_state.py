@@ -13,24 +13,25 @@ from __future__ import annotations
 from numba import njit
 
 from sim import compiled_prefix as P
-from sim.compiled_state import cdiv, iterations_within, push_event, run_ms
+from sim.compiled_state import (  # the shared columns too, for the kernel to import here
+    MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WTAIL,
+    WCOUNT, C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F,
+    SEG_START, BUSY_S, EVENTS, SEG_N, HEAP_N, RP_COLS as _RP_COLS, RF_COLS as _RF_COLS, cdiv)
 
 # per request slot (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, RQ_COLS = range(19)
 # per request slot (float64)
 LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
-# per replica (int64)
-MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WTAIL, \
-    WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(19)
-# per replica (float64)
-C0, CP, CD, CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, RUN_B, RUN_F, SEG_START, \
-    BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(19)
+# per replica: the plain kernel's columns (`sim.compiled_state`, so its run recording and
+# truncation serve both), then these (int64; float64)
+ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(_RP_COLS, _RP_COLS + 6)
+LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
 # results, a row per column, indexed by request (float64 / int32)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S = range(3)
 OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS = range(4)
 # counters (int64) and the clock
-EID, EVENTS, SEG_N, HEAP_N, DONE_N, DONE_J, CTR_COLS = range(7)
+DONE_N, DONE_J, CTR_COLS = range(4, 7)  # after the plain kernel's EID, EVENTS, SEG_N, HEAP_N
 # what `advance` stopped for
 END, ARRIVAL, RETIRED, ROOM = range(4)
 
@@ -214,19 +215,3 @@ def extra(rq, rp, running, j, it):
         if x > 0:
             need += x
     return need
-
-
-@njit(cache=True)
-def truncate(rp, rf, seg, h, ctr, j, env_now):
-    """`Replica._truncate`: end the run of iterations at the boundary after now."""
-    start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
-    k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
-    if k_new < rp[j, RUN_K]:
-        rp[j, GEN] += 1
-        rp[j, RUN_K] = k_new
-        seg[rp[j, SEG_INDEX], 2] = k_new
-        t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
-        push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
-        ctr[EVENTS] += 1
-
-
