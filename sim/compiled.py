@@ -33,17 +33,44 @@ def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfi
         return f"router {cfg.router!r}"
     if len({g.pool for g in cfg.replicas}) > 1:
         return "several model pools"
-    if any(g.device is not None for g in cfg.replicas):
-        return "a shared device"
     if workload.prefix_group is not None and any(g.enable_prefix_caching for g in cfg.replicas):
         return "prefix caching"
+    if any(rc.priority_scheduling for _, rc in specs):
+        return "priority scheduling"
+    return _replicas_why_not(cfg, specs)
+
+
+def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
+                              reasoning: bool, capacity: int) -> str | None:
+    """None if the program kernel (`sim.compiled_cluster`) covers a program run of at most
+    `capacity` requests (`reasoning`: cot/sc on a probes trace); else what keeps it under
+    SimPy."""
+    if not reasoning:
+        return "a program kind other than cot/sc on a probes trace"
+    if cfg.latency != "mean":
+        return f"{cfg.latency} step time"
+    why = _replicas_why_not(cfg, specs)
+    if why is not None:
+        return why
+    from sim.compiled_prefix import MAX_BLOCKS  # numba is there: checked above
+
+    if any((cal.max_model_len or 1 << 30) // rc.block_size >= MAX_BLOCKS for cal, rc in specs):
+        return "prompts of more blocks than the kernel's block identities hold"
+    if capacity * MAX_BLOCKS * len(specs) >= 1 << 62:
+        return "more prefix groups than the kernel's block identities hold"
+    return None
+
+
+def _replicas_why_not(cfg: SimConfig, specs: list) -> str | None:
+    """What either kernel cannot run of the replicas: shared devices, other step-time models,
+    speculation, or numba missing."""
+    if any(g.device is not None for g in cfg.replicas):
+        return "a shared device"
     for cal, rc in specs:
         if type(cal.latency) is not LatencyModel:
             return f"step-time model {cal.latency.kind!r}"
         if rc.spec is not None:
             return "speculative decoding"
-        if rc.priority_scheduling:
-            return "priority scheduling"
     try:
         import numba  # noqa: F401
     except ImportError:
@@ -132,7 +159,4 @@ def warm() -> float:
 
 
 if __name__ == "__main__":
-    from sim.programs import warm_compiled
-
-    print(f"compiled kernels: plain requests ready ({warm():.1f} s), programs ready "
-          f"({warm_compiled():.1f} s)")
+    print(f"compiled kernel: ready ({warm():.1f} s)")

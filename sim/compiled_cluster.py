@@ -5,7 +5,8 @@ routers, the same `replicas[i].submit` / `.abort` and `env.now` the driver uses,
 buffers, and an arrival process written as for SimPy (it yields the seconds to wait). The
 replicas' decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
 table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects
-the live runner drives. `why_not_compiled_programs` says what keeps a workload under SimPy.
+the live runner drives. `sim.compiled.why_not_compiled_programs` says what keeps a workload
+under SimPy; numba loads only once a run takes this path.
 """
 
 from __future__ import annotations
@@ -18,34 +19,10 @@ import numpy as np
 from sim import compiled_prefix as P
 from sim import program_kernel as K, program_state as S
 from sim.cluster import Cluster, gc_paused, run_summary
-from sim.latency import LatencyModel
 from sim.request_state import Req, Results
 
 CALLS = 64
 """kernel calls between two checks of the arrays' room"""
-
-def why_not_compiled_programs(cfg, specs: list, reasoning: bool, capacity: int) -> str | None:
-    """None if the program kernel covers this run; else what keeps it under SimPy."""
-    if not reasoning:
-        return "a program kind other than cot/sc on a probes trace"
-    if cfg.latency != "mean":
-        return f"{cfg.latency} step time"
-    if any(g.device is not None for g in cfg.replicas):
-        return "a shared device"
-    for cal, rc in specs:
-        if type(cal.latency) is not LatencyModel:
-            return f"step-time model {cal.latency.kind!r}"
-        if rc.spec is not None:
-            return "speculative decoding"
-        if (cal.max_model_len or 1 << 30) // rc.block_size >= P.MAX_BLOCKS:
-            return "prompts of more blocks than the kernel's block identities hold"
-    if capacity * P.MAX_BLOCKS * len(specs) >= 1 << 62:
-        return "more prefix groups than the kernel's block identities hold"
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return "numba is not installed"
-    return None
 
 
 class KernelEnv:

@@ -27,7 +27,7 @@ from programs.workload import draw_seed, load_bank, plan_programs, program_workl
 from sim.a1_driver import a1_results, build_a1_runs
 from sim.tot_driver import build_tot_runs, tot_results
 from sim.cluster import Cluster, build_replicas
-from sim.compiled_cluster import CompiledCluster, why_not_compiled_programs
+from sim.compiled import why_not_compiled_programs
 from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
 from sim.program_metrics import program_summary
@@ -92,8 +92,12 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     specs = build_replicas(cfg)
     on_kernel = fast_forward and lazy and compiled and why_not_compiled_programs(
         cfg, specs, isinstance(bank, QuestionBank), capacity) is None
-    cluster = CompiledCluster(cfg, capacity, on_finish, specs) if on_kernel else \
-        Cluster(cfg, capacity, on_finish, fast_forward, lazy, specs)
+    if on_kernel:
+        from sim.compiled_cluster import CompiledCluster  # numba: only on this path
+
+        cluster = CompiledCluster(cfg, capacity, on_finish, specs)
+    else:
+        cluster = Cluster(cfg, capacity, on_finish, fast_forward, lazy, specs)
     env = cluster.env
 
     def on_program_done(run) -> None:
@@ -174,3 +178,7 @@ def warm_compiled() -> float:
     t0 = time.perf_counter()
     simulate_programs(parse_config(d, examples))
     return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    print(f"program kernel: ready ({warm_compiled():.1f} s)")

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import REPO
 from sim.cluster import build_replicas
-from sim.compiled_cluster import why_not_compiled_programs
+from sim.compiled import why_not_compiled_programs
 from sim.compiled_prefix import grow_cache, insert, new_cache, find, evict
 from sim.config import parse_config, read_yaml
 from sim.simulate import simulate
