@@ -73,37 +73,32 @@ class FinishedLengths:
                 tree[j] += tree[i]
         self._tree = tree
 
-    def _count_le(self, tokens: int) -> int:
-        i, total = min(tokens + 1, len(self._counts)), 0
-        while i > 0:
-            total += self._tree[i]
-            i -= i & -i
-        return total
-
-    def _kth(self, k: int) -> int:
-        """The k-th smallest token count (0-based)."""
-        pos, step = 0, len(self._counts)  # a power of two
-        while step:
-            nxt = pos + step
-            if nxt < len(self._tree) and self._tree[nxt] <= k:
-                pos, k = nxt, k - self._tree[nxt]
-            step //= 2
-        return pos  # 1-based index pos + 1 holds it: count = pos
-
     def median_remaining(self, tokens_done: int) -> int | None:
         """Median of (t - tokens_done) over finished counts t > tokens_done (the upper median,
         as sorted(...)[n // 2]); None when none is longer."""
-        if tokens_done in self._medians:  # a program's requests of one instant ask alike
-            return self._medians[tokens_done]
-        self._medians[tokens_done] = m = self._median_remaining(tokens_done)
+        m = self._medians.get(tokens_done, -1)  # a program's requests of one instant ask alike
+        if m == -1:  # (an answer is > 0 or None)
+            m = self._medians[tokens_done] = self._median_remaining(tokens_done)
         return m
 
     def _median_remaining(self, tokens_done: int) -> int | None:
-        below = self._count_le(tokens_done)
+        # one pass for the count <= tokens_done, one descent for the k-th smallest; the tree in
+        # a local: this runs for most requests of a program workload
+        tree, size = self._tree, len(self._counts)  # size: a power of two
+        i, below = min(tokens_done + 1, size), 0
+        while i:
+            below += tree[i]
+            i &= i - 1
         longer = self._n - below
         if longer == 0:
             return None
-        return self._kth(below + longer // 2) - tokens_done
+        k, pos = below + longer // 2, 0
+        while size:  # the k-th smallest (0-based) sits at 1-based index pos + 1: count = pos
+            if tree[pos + size] <= k:
+                pos += size
+                k -= tree[pos]
+            size //= 2
+        return pos - tokens_done
 
 
 @dataclass(frozen=True)

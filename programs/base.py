@@ -25,7 +25,7 @@ class Sampling(NamedTuple):
     distributions when it is the vocabulary size: speculative acceptance)"""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RequestSpec:
     """One request a program wants sent. Identity is the object: drivers key their maps by it."""
 

@@ -39,7 +39,7 @@ class ReasoningSetup:
     """probe suffix token ids (live)"""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Path:
     """One reasoning path: a traced sample decoded chunk by chunk."""
 
@@ -65,6 +65,10 @@ class Path:
 
 class ReasoningProgram:
     """A cot or sc program on one question, written once for the simulator and the live runner."""
+
+    __slots__ = ("method", "policy", "setup", "prompt_tokens", "prompt_ids", "samples", "seeds",
+                 "paths", "requests", "round_left", "tokens", "reasoning", "probe_tokens",
+                 "stop_at", "answer", "done")
 
     def __init__(self, method: str, policy, setup: ReasoningSetup, prompt_tokens: int,
                  samples: tuple[int, ...], seeds: tuple[int, ...] | None = None,
@@ -111,16 +115,17 @@ class ReasoningProgram:
         if spec.kind == "chunk":
             path.pos += outcome.tokens
             path.chunks += 1
-            path.text += outcome.text
+            if outcome.text:
+                path.text += outcome.text
             if path.ids is not None:
                 path.ids += outcome.token_ids
             if outcome.ended:
                 return self._end_path(path, outcome.answer)
             if path.pos >= path.limit:
                 return [self._probe(path)]  # the budget's answer probe
-            first = [self._probe(path)] if path.probe_every and \
-                path.pos % path.probe_every == 0 else []
-            return first + [self._chunk(path)]
+            if path.probe_every and path.pos % path.probe_every == 0:
+                return [self._probe(path), self._chunk(path)]
+            return [self._chunk(path)]
         if not path.probe_every:  # the budget's answer probe
             return self._end_path(path, outcome.answer or None)
         path.returned[spec.position] = Probe(spec.position, outcome.answer or "",

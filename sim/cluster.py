@@ -21,7 +21,7 @@ from sim.calibration import Calibration, load_calibration
 from sim.config import SimConfig, kv_blocks_from_memory
 from sim.lazy_replica import LazyReplica
 from sim.replica import Replica, ReplicaConfig
-from sim.request_state import Results
+from sim.request_state import Req, Results, Sent
 
 
 def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
@@ -173,6 +173,16 @@ class Cluster:
         self.outstanding[rid] += tokens
         self.in_flight[rid] += 1
         return rid
+
+    def send(self, rid: int, sent: Sent, chain: tuple | None = None) -> Req:
+        """A driver's request arrives at replica `rid`; the handle `cancel` takes."""
+        r = sent.req(chain)
+        self.replicas[rid].submit(r)
+        return r
+
+    def cancel(self, rid: int, handle: Req) -> None:
+        """Abort a request `send` returned (at the replica's next iteration boundary)."""
+        self.replicas[rid].abort(handle)
 
     def run(self, process) -> None:
         """Run the environment with the arrival process until no event is left."""

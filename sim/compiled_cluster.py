@@ -1,9 +1,9 @@
 """A program workload's replicas compiled (`sim.program_kernel`) under the Python driver.
 
 `CompiledCluster` stands where `sim.cluster.Cluster` stands for `sim.programs`: the same
-routers, the same `replicas[i].submit` / `.abort` and `env.now` the driver uses, the same result
-buffers, and an arrival process written as for SimPy (it yields the seconds to wait). The
-replicas' decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
+routers, the same `send` / `cancel` and `env.now` the driver uses, the same result buffers,
+and an arrival process written as for SimPy (it yields the seconds to wait). The replicas'
+decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
 table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects
 the live runner drives. `sim.compiled.why_not_compiled_programs` says what keeps a workload
 under SimPy; numba loads only once a run takes this path.
@@ -12,14 +12,12 @@ under SimPy; numba loads only once a run takes this path.
 from __future__ import annotations
 
 import time
-from functools import partial
-
 import numpy as np
 
 from sim import compiled_prefix as P
 from sim import program_kernel as K, program_state as S
 from sim.cluster import Cluster, gc_paused, run_summary
-from sim.request_state import Req, Results
+from sim.request_state import Results, Sent
 
 CALLS = 64
 """kernel calls between two checks of the arrays' room"""
@@ -40,15 +38,12 @@ class KernelEnv:
 
 
 class KernelReplica:
-    """One compiled replica, as the driver addresses it: `submit(req)` (a request arrives at
-    it) and `abort(req)` (stop a request at the next iteration boundary)."""
+    """One compiled replica, as the tables and summaries read it."""
 
-    __slots__ = ("cluster", "id", "submit", "abort")
+    __slots__ = ("cluster", "id")
 
     def __init__(self, cluster: "CompiledCluster", replica_id: int):
         self.cluster, self.id = cluster, replica_id
-        self.submit = partial(cluster.submit, replica_id)  # no frame of its own: the hot path
-        self.abort = partial(cluster.abort, replica_id)
 
     @property
     def busy_s(self) -> float:
@@ -59,7 +54,7 @@ class KernelReplica:
 class CompiledCluster(Cluster):
     """The replicas of a config in the program kernel, with the routers of `Cluster`."""
 
-    def __init__(self, cfg, capacity: int, on_finish, specs: list):
+    def __init__(self, cfg, capacity: int, specs: list, on_done=None):
         # not Cluster.__init__: no SimPy environment or replicas, only its routing
         self.wall0 = time.perf_counter()
         self.specs = specs
@@ -69,12 +64,13 @@ class CompiledCluster(Cluster):
                      "aborted", "preemptions"):  # the kernel's columns replace them at the end
             setattr(self.res, name, None)
         self._routing(cfg, specs)
-        self.on_finish = on_finish
+        self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
         self.st = _state(specs, capacity)
         self._args = self.st.args()
         self._slot: dict[int, int] = {}         # request idx -> its slot while in flight
-        self._req: list[Req | None] = [None] * self.st.rq.shape[0]
+        self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
+        self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
         # the most blocks one step can cache: its budget's full blocks, one more per entry
         self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 2 * rc.max_num_seqs + 2
@@ -83,29 +79,29 @@ class CompiledCluster(Cluster):
         self.loop_s = 0.0
 
     # ------------------------------------------------------------------ the driver's calls
-    def submit(self, j: int, req: Req) -> None:
-        """`Replica.submit` of `req` on replica j."""
+    def send(self, j: int, sent: Sent, chain: tuple | None = None) -> int:
+        """`Cluster.send`: the request arrives at replica j; its idx is the handle."""
+        if chain is not None:  # the kernel's block identities are a group's prefix only
+            raise ValueError(f"request {sent.idx} names its prompt as a prefix chain, which the "
+                             "program kernel does not cover (why_not_compiled_programs let a "
+                             "program kind through that it should not have)")
         if not self._free:
             self._grow_slots()
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        if req.idx >= self.st.rt.shape[1]:
-            self._grow_results(req.idx)
-        if req.chain is not None:  # the kernel's block identities are a group's prefix only
-            raise ValueError(f"request {req.idx} names its prompt as a prefix chain, which the "
-                             "program kernel does not cover (why_not_compiled_programs let a "
-                             "program kind through that it should not have)")
+        idx = sent.idx
+        if idx >= self._requests:
+            self._grow_results(idx)
         s = self._free.pop()
-        self._slot[req.idx] = s
-        self._req[s] = req
-        K.submit(*self._args, j, s, req.idx, req.prompt, req.output, req.priority, req.group,
-                 req.prefix_tokens, req.score_from, req.seeded, float(req.lp_prompt_ms),
-                 float(req.lp_sample_ms))  # floats always: one compiled signature
+        self._slot[idx] = s
+        self._idx[s] = idx
+        K.submit(*self._args, j, s, *sent)
+        return idx
 
-    def abort(self, j: int, req: Req) -> None:
-        """`Replica.abort` of `req` on replica j."""
-        s = self._slot.get(req.idx)
+    def cancel(self, j: int, idx: int) -> None:
+        """`Cluster.cancel` of the request `idx` on replica j."""
+        s = self._slot.get(idx)
         if s is None:
             return
         self._calls -= 1
@@ -158,11 +154,9 @@ class CompiledCluster(Cluster):
 
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
         """Hand a finished (or aborted) request to the caller, then free its slot."""
-        req = self._req[s]
-        req.generated, req.aborted, req.done = generated, bool(aborted), True
-        self.on_finish(j, req)
-        del self._slot[req.idx]
-        self._req[s] = None
+        idx = self._idx[s]
+        self.on_done(idx, generated, aborted == 1)
+        del self._slot[idx]
         self._free.append(s)
 
     # ------------------------------------------------------------------ room
@@ -193,13 +187,14 @@ class CompiledCluster(Cluster):
         rt, ri = np.full((3, n), np.nan), np.zeros((4, n), dtype=np.int32)
         rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
         st.rt, st.ri = rt, ri
+        self._requests = n
         self._args = st.args()
 
     def _grow_slots(self) -> None:
         st = self.st
         n = st.rq.shape[0]
         st.rq, st.rqf = _doubled(st.rq), _doubled(st.rqf)
-        self._req += [None] * n
+        self._idx += [0] * n
         self._free.extend(range(2 * n - 1, n - 1, -1))
         self._args = st.args()
 
@@ -218,7 +213,7 @@ class CompiledCluster(Cluster):
 
     def close(self) -> None:
         """Drop the callback (the run's cycle through the caller's state)."""
-        self.on_finish = None
+        self.on_done = None
 
 
 def _doubled(a: np.ndarray) -> np.ndarray:

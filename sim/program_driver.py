@@ -14,8 +14,8 @@ from typing import NamedTuple
 from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView
 from programs.base import Abort, Outcome, RequestSpec
-from programs.traced import Question, Trajectory
-from sim.request_state import Req
+from programs.traced import Trajectory
+from sim.request_state import Sent
 
 
 LP_FLAG_MS = 1e-9
@@ -37,7 +37,8 @@ class RequestOwner(NamedTuple):
 class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
-    __slots__ = ("plan", "idx", "program", "question", "replicas", "booked", "finish_s")
+    __slots__ = ("plan", "idx", "program", "question", "replicas", "booked", "groups",
+                 "traced", "finish_s")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -46,6 +47,8 @@ class SimProgram:
         self.question = question
         self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
         self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
+        self.groups: dict[int, int] = {}    # prefix-cache key -> the driver's group number
+        self.traced: list = []              # the oracle's memo per program path
         self.finish_s = math.nan
 
 
@@ -57,14 +60,20 @@ class TracedReasoning:
         # Outcomes are values: one object per distinct outcome, not one per request.
         self._outcomes: dict[tuple, Outcome] = {}
 
-    def _path(self, q: Question, sample: int) -> tuple[Trajectory, dict]:
+    def _path(self, run: SimProgram, path: int) -> tuple[Trajectory, dict]:
+        """(traced trajectory, probe position -> (probe, its tokens)) of a program path."""
+        if path < len(run.traced):  # the program's own memo: no key to build and hash
+            return run.traced[path]
+        q, sample = run.question, run.program.paths[path].sample
         key = (q.question_id, sample)
         if key not in self._paths:
             traj = next(t for t in q.samples if t.sample_id == sample)
             probes = dict(zip((p.position_tokens for p in traj.probes),
                               zip(traj.probes, traj.probe_tokens)))
             self._paths[key] = (traj, probes)
-        return self._paths[key]
+        run.traced.extend([None] * (path + 1 - len(run.traced)))
+        run.traced[path] = self._paths[key]
+        return run.traced[path]
 
     def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
         """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
@@ -72,7 +81,7 @@ class TracedReasoning:
 
     def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
         """Tokens the request generates if it runs to its end."""
-        traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
+        traj, probes = self._path(run, spec.path)
         if spec.kind == "probe":
             return probes[spec.position][1]
         return min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
@@ -82,7 +91,7 @@ class TracedReasoning:
         if aborted:
             key = (tokens, True, False, None, False)
         else:
-            traj, probes = self._path(run.question, run.program.paths[spec.path].sample)
+            traj, probes = self._path(run, spec.path)
             if spec.kind == "probe":
                 probe = probes[spec.position][0]
                 key = (tokens, False, False, probe.answer, probe.hesitant)
@@ -135,7 +144,6 @@ class ProgramDriver:
     def __init__(self, cluster, oracle, scheduler, on_program_done=None):
         self.cluster = cluster
         self.env = cluster.env
-        self.replicas = cluster.replicas
         self.res = cluster.res
         self.oracle = oracle
         self.scheduler = scheduler
@@ -146,13 +154,17 @@ class ProgramDriver:
         self.req_prompt: list[int] = []
         self.req_priority: list[int] = []
         self.on_program_done = on_program_done
-        self._reqs: dict[RequestSpec, tuple[int, Req]] = {}
-        self._groups: dict[tuple[int, int], int] = {}  # (program, path) -> prefix-cache group
+        self._sent: dict[RequestSpec, tuple[int, object]] = {}  # spec -> (replica, handle)
+        self._groups = 0  # prefix-cache groups numbered so far, one per (program, path)
+        self._pools: dict[str, str] = {}  # role -> its pool
+        self._costs = [_costs(cal) for cal, _ in cluster.specs]
 
     def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
         """The replica of a pool a program runs on (its prefix cache lives there): routed once,
         at its first request of that role, booking `tokens` outstanding tokens."""
-        pool = self.cluster.pool_for(role)
+        pool = self._pools.get(role)
+        if pool is None:
+            pool = self._pools[role] = self.cluster.pool_for(role)
         rid = run.replicas.get(pool)
         if rid is None:
             rid = self.cluster.route(RequestView(run.idx, prompt_tokens, tokens - prompt_tokens),
@@ -165,22 +177,20 @@ class ProgramDriver:
         """A program arrives: send its first requests."""
         self._act(run, run.program.start())
 
-    def on_request_done(self, r: Req) -> None:
-        """Replica callback: a request finished (or was aborted)."""
-        run, spec = self._live.pop(r.idx)
-        self._reqs.pop(spec, None)
-        outcome = self.oracle.outcome(run, spec, r.generated, r.aborted)
-        actions = run.program.on_done(spec, outcome)
-        if not r.aborted:  # an abort lands inside the action that caused it: finish there
+    def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
+        """Replica callback: request `idx` finished (or was aborted) with `generated` tokens."""
+        run, spec = self._live.pop(idx)
+        self._sent.pop(spec, None)
+        actions = run.program.on_done(spec, self.oracle.outcome(run, spec, generated, aborted))
+        if not aborted:  # an abort lands inside the action that caused it: finish there
             self._act(run, actions)
 
     def _act(self, run: SimProgram, actions: list) -> None:
         for a in actions:
-            if isinstance(a, Abort):
-                entry = self._reqs.pop(a.spec, None)
+            if type(a) is Abort:
+                entry = self._sent.pop(a.spec, None)
                 if entry is not None:
-                    rid, req = entry
-                    self.replicas[rid].abort(req)
+                    self.cluster.cancel(*entry)
             else:
                 self._submit(run, a)
         if run.program.done and math.isnan(run.finish_s):
@@ -191,39 +201,47 @@ class ProgramDriver:
                 self.on_program_done(run)
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
-        view = ProgramView(run.idx, self.env.now - run.plan.arrival_s, run.program.tokens)
+        now = self.env.now
         idx = len(self.owner)
         prompt, prefix, key = self.oracle.prompt(run, spec)
         output = self.oracle.output_tokens(run, spec)
         rid = self.pin(run, spec.role, prompt, prompt + output)
-        cal = self.cluster.specs[rid][0]
-        limit = cal.max_model_len
+        limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
         if limit is not None and prompt + output > limit:
             raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "
                              f"(prompt {prompt} + output {output} tokens) exceeds the model's "
                              f"max_model_len {limit} (replica {rid}'s calibration); the engine "
                              "would reject it")
-        group = self._groups.setdefault((run.idx, key), len(self._groups))
-        # A scoring request needs its tail's log-probabilities, which vLLM has none of for
-        # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
+        group = run.groups.get(key)
+        if group is None:
+            group = run.groups[key] = self._groups
+            self._groups += 1
         s = spec.sampling
-        scored = s.prompt_logprobs
         # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
         # positions, and for sampled tokens when it asks their log-probabilities
-        row_ms = cal.logprob_token_ms + cal.logprob_top_k_ms * s.top_logprobs
-        if cal.logprob_step_ms and not row_ms:  # rows must show for the step to pay its term
-            row_ms = LP_FLAG_MS
-        r = Req(idx, prompt, output, priority=self.scheduler.priority(view, self.finished_tokens),
-                group=group, prefix_tokens=prefix, chain=spec.prefix_chain or None,
-                score_from=prompt - scored if scored else 0,
-                lp_prompt_ms=row_ms if scored else 0.0,
-                lp_sample_ms=row_ms if s.top_logprobs or s.logprobs else 0.0,
-                seeded=s.temperature > 0.0 and s.seed is not None)
+        row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
+        # A scoring request needs its tail's log-probabilities, which vLLM has none of for
+        # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
+        scored = s.prompt_logprobs
+        priority = self.scheduler.priority(
+            ProgramView(run.idx, now - run.plan.arrival_s, run.program.tokens),
+            self.finished_tokens)
+        sent = Sent(idx, prompt, output, priority, group, prefix,
+                    prompt - scored if scored else 0, s.temperature > 0.0 and s.seed is not None,
+                    row_ms if scored else 0.0,
+                    row_ms if s.top_logprobs or s.logprobs else 0.0)
         self.owner.append(RequestOwner(run, spec.index, spec.path, spec.role, spec.table_role))
         self._live[idx] = (run, spec)
-        self.req_arrival.append(self.env.now)
+        self.req_arrival.append(now)
         self.req_prompt.append(prompt)
-        self.req_priority.append(r.priority)
+        self.req_priority.append(priority)
         self.res.replica_id[idx] = rid
-        self._reqs[spec] = (rid, r)
-        self.replicas[rid].submit(r)
+        self._sent[spec] = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
+
+
+def _costs(cal) -> tuple:
+    """A replica's terms of a request: (max_model_len, log-probability row ms per token and per
+    top-k entry, the row cost when those are zero)."""
+    # rows must show for a step to pay its own log-probability term
+    flag_ms = LP_FLAG_MS if cal.logprob_step_ms else 0.0
+    return (cal.max_model_len, float(cal.logprob_token_ms), float(cal.logprob_top_k_ms), flag_ms)

@@ -86,17 +86,17 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     plans = plan_programs(wl, bank, draw_seed(cfg.seed, sum(g.count for g in cfg.replicas)))
     runs, capacity, oracle = build_runs(wl, bank, plans)
 
-    def on_finish(_replica_id: int, r: Req) -> None:
-        driver.on_request_done(r)
-
     specs = build_replicas(cfg)
     on_kernel = fast_forward and lazy and compiled and why_not_compiled_programs(
         cfg, specs, isinstance(bank, QuestionBank), capacity) is None
     if on_kernel:
         from sim.compiled_cluster import CompiledCluster  # numba: only on this path
 
-        cluster = CompiledCluster(cfg, capacity, on_finish, specs)
+        cluster = CompiledCluster(cfg, capacity, specs)
     else:
+        def on_finish(_replica_id: int, r: Req) -> None:
+            driver.on_request_done(r.idx, r.generated, r.aborted)
+
         cluster = Cluster(cfg, capacity, on_finish, fast_forward, lazy, specs)
     env = cluster.env
 
@@ -106,6 +106,8 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
             cluster.in_flight[rid] -= 1
 
     driver = ProgramDriver(cluster, oracle, scheduler, on_program_done)
+    if on_kernel:
+        cluster.on_done = driver.on_request_done
 
     def arrivals():
         for run in runs:

@@ -4,8 +4,32 @@ buffers, and vLLM's priority waiting queue."""
 from __future__ import annotations
 
 import heapq
+from typing import NamedTuple
 
 import numpy as np
+
+
+class Sent(NamedTuple):
+    """A request as a driver sends it to a replica (`Cluster.send`): what `Req` is built from,
+    in the order the program kernel takes it."""
+
+    idx: int
+    prompt: int
+    output: int
+    priority: int
+    group: int
+    prefix_tokens: int
+    score_from: int
+    seeded: bool
+    lp_prompt_ms: float
+    lp_sample_ms: float
+
+    def req(self, chain: tuple | None = None) -> "Req":
+        """The replica's scheduling state of this request."""
+        return Req(self.idx, self.prompt, self.output, priority=self.priority, group=self.group,
+                   prefix_tokens=self.prefix_tokens, chain=chain, score_from=self.score_from,
+                   lp_prompt_ms=self.lp_prompt_ms, lp_sample_ms=self.lp_sample_ms,
+                   seeded=self.seeded)
 
 
 class Req:

@@ -71,7 +71,8 @@ def _two_pools() -> dict:
 
 def test_a_two_role_program_sends_every_request_to_its_pool():
     cfg = parse_config(_two_pools())
-    cluster = Cluster(cfg, 16 * 6 * 2, lambda rid, r: driver.on_request_done(r))
+    cluster = Cluster(cfg, 16 * 6 * 2, lambda rid, r: driver.on_request_done(r.idx, r.generated,
+                                                                   r.aborted))
     assert {k: list(v) for k, v in cluster.pools.items()} == {"draft": [0, 1], "target": [2]}
     driver = ProgramDriver(cluster, AsAsked(), make_scheduler("fcfs"))
     runs = [SimProgram(_Plan(i, 0.05 * i), DraftThenVerify(64, 6), None) for i in range(16)]
