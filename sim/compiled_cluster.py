@@ -11,7 +11,9 @@ under SimPy; numba loads only once a run takes this path.
 
 from __future__ import annotations
 
+import struct
 import time
+
 import numpy as np
 
 from sim import compiled_prefix as P
@@ -21,6 +23,8 @@ from sim.request_state import Results, Sent
 
 CALLS = 64
 """kernel calls between two checks of the arrays' room"""
+_PACK = struct.Struct(f"<{K.SENT - 2}q2d")
+"""a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
 
 
 class KernelEnv:
@@ -75,7 +79,12 @@ class CompiledCluster(Cluster):
         # the most blocks one step can cache: its budget's full blocks, one more per entry
         self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 2 * rc.max_num_seqs + 2
                              for _, rc in specs)
-        self._calls = 0  # kernel calls left before room is checked again
+        self._calls = 0  # kernel calls (sends count) left before room is checked again
+        # Sends wait in `pend` for the next kernel call, which submits them first: one call
+        # where each was one (a call's 17 array arguments cost more than a submit's work).
+        self._npend = 0
+        self._pend = np.zeros(64 * _PACK.size, dtype=np.uint8)
+        self._pend_args = (self._pend.view(np.int64), self._pend.view(np.float64))
         self.loop_s = 0.0
 
     # ------------------------------------------------------------------ the driver's calls
@@ -96,7 +105,11 @@ class CompiledCluster(Cluster):
         s = self._free.pop()
         self._slot[idx] = s
         self._idx[s] = idx
-        K.submit(*self._args, j, s, *sent)
+        n = self._npend
+        if (n + 1) * _PACK.size > self._pend.shape[0]:
+            self._grow_pend()
+        _PACK.pack_into(self._pend, n * _PACK.size, j, s, *sent)
+        self._npend = n + 1
         return idx
 
     def cancel(self, j: int, idx: int) -> None:
@@ -107,6 +120,7 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
+        self._drain()
         generated = K.abort(*self._args, j, s)
         if generated >= 0:
             self._retired(j, s, generated, True)
@@ -120,12 +134,15 @@ class CompiledCluster(Cluster):
             self._resume(process)
             pending = -1  # a replica whose step end waits for its callbacks to finish
             while True:
-                code, j, n, env.now, out = K.advance(*self._args, self.node_room, pending)
+                code, j, n, env.now, out = K.advance(*self._args, *self._pend_args,
+                                                     self._npend, self.node_room, pending)
+                self._npend = 0
                 pending = -1
                 if code == S.RETIRED:
                     rest = st.done[1:n].tolist() if n > 1 else ()
                     self._retired(j, int(st.done[0]), out >> 1, out & 1)
                     for s in rest:
+                        self._drain()
                         out = finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru,
                                      j, s)
                         self._retired(j, s, out >> 1, out & 1)
@@ -150,7 +167,20 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        K.schedule_arrival(self.st.h, self.st.ctr, self.st.clock, gap)
+        K.schedule_arrival(*self._args, *self._pend_args, self._npend, gap)
+        self._npend = 0
+
+    def _drain(self) -> None:
+        """Submit the pending sends now (before a kernel call that does not)."""
+        if self._npend:
+            K.drain(*self._args, *self._pend_args, self._npend)
+            self._npend = 0
+
+    def _grow_pend(self) -> None:
+        pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
+        pend[:self._pend.shape[0]] = self._pend
+        self._pend = pend
+        self._pend_args = (pend.view(np.int64), pend.view(np.float64))
 
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
         """Hand a finished (or aborted) request to the caller, then free its slot."""

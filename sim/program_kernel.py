@@ -245,13 +245,34 @@ def end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, 
          free, j)
 
 
+SENT = 12
+"""a pending send's fields in `pend`: replica, slot, then `sim.request_state.Sent`'s (the two
+log-probability costs as float64, the rest int64)"""
+
+
+@njit(cache=True)
+def drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+          free, pend_i, pend_f, npend):
+    """`submit` the `npend` sends the driver packed into `pend` (one buffer seen as int64 and
+    as float64) since the last kernel call, in the order it sent them."""
+    for k in range(npend):
+        o = k * SENT
+        submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+               free, pend_i[o], pend_i[o + 1], pend_i[o + 2], pend_i[o + 3], pend_i[o + 4],
+               pend_i[o + 5], pend_i[o + 6], pend_i[o + 7], pend_i[o + 8], pend_i[o + 9],
+               pend_f[o + 10], pend_f[o + 11])
+
+
 @njit(cache=True)
 def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
-            free, node_room, pending):
-    """Finish replica `pending`'s step end (>= 0: its callbacks ran), then process events until
-    one retires requests, the arrival process is due, room runs short or none is left: (END,
-    ARRIVAL, ROOM or RETIRED; the replica; n retired, in `done[:n]`; the clock; `finish` of
-    the first, done here, as nothing comes between a step's end and its first callback)."""
+            free, pend_i, pend_f, npend, node_room, pending):
+    """Submit the pending sends, finish replica `pending`'s step end (>= 0: its callbacks ran),
+    then process events until one retires requests, the arrival process is due, room runs
+    short or none is left: (END, ARRIVAL, ROOM or RETIRED; the replica; n retired, in
+    `done[:n]`; the clock; `finish` of the first, done here, as nothing comes between a step's
+    end and its first callback)."""
+    drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+          free, pend_i, pend_f, npend)
     if pending >= 0:
         end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
                  lru, free, pending)
@@ -277,6 +298,10 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
 
 
 @njit(cache=True)
-def schedule_arrival(h, ctr, clock, gap):
-    """The arrival process waits `gap` seconds (a SimPy timeout it yields)."""
+def schedule_arrival(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
+                     tab, lru, free, pend_i, pend_f, npend, gap):
+    """Submit the pending sends (the arriving program's first requests), then let the arrival
+    process wait `gap` seconds (a SimPy timeout it yields)."""
+    drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+          free, pend_i, pend_f, npend)
     push_event(h, ctr, clock[0] + gap, -1, 0, 0, 0.0)
