@@ -158,7 +158,8 @@ class DynasorGang:
         rank = view.arrival_rank % _RANKS
         if view.age_s > self.escalate_after_s:
             return -_RANKS + rank
-        return self.remaining_tokens(view.tokens_done, finished) * _RANKS + rank
+        median = finished.median_remaining(view.tokens_done)  # remaining_tokens, inlined
+        return (self.default_remaining_tokens if median is None else median) * _RANKS + rank
 
 
 SCHEDULERS = {"fcfs": Fcfs, "lpm": LongestPrefixMatch, "app_fifo": AppFifo,

@@ -170,10 +170,11 @@ class ReasoningProgram:
 
     def _spec(self, path: Path, kind: str, prompt_tokens: int, prefix_tokens: int,
               sampling: Sampling, prompt_ids) -> RequestSpec:
-        spec = RequestSpec(kind, self.requests, prompt_tokens, sampling,
-                           path=path.index, position=path.pos,
-                           prefix_tokens=prefix_tokens, prompt_ids=prompt_ids,
-                           table_role="probe" if kind == "probe" else "main")
+        # positional (kind, index, prompt, sampling, path, position, prefix, chain, ids, role,
+        # table role): made for every request
+        spec = RequestSpec(kind, self.requests, prompt_tokens, sampling, path.index, path.pos,
+                           prefix_tokens, (), prompt_ids, "target",
+                           "probe" if kind == "probe" else "main")
         self.requests += 1
         path.in_flight[spec] = None
         return spec

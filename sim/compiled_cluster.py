@@ -72,7 +72,6 @@ class CompiledCluster(Cluster):
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
         self.st = _state(specs, capacity)
         self._args = self.st.args()
-        self._slot: dict[int, int] = {}         # request idx -> its slot while in flight
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
@@ -89,7 +88,8 @@ class CompiledCluster(Cluster):
 
     # ------------------------------------------------------------------ the driver's calls
     def send(self, j: int, sent: Sent, chain: tuple | None = None) -> int:
-        """`Cluster.send`: the request arrives at replica j; its idx is the handle."""
+        """`Cluster.send`: the request arrives at replica j; its slot is the handle, valid until
+        the request's callback (the driver never cancels a request it was told is done)."""
         if chain is not None:  # the kernel's block identities are a group's prefix only
             raise ValueError(f"request {sent.idx} names its prompt as a prefix chain, which the "
                              "program kernel does not cover (why_not_compiled_programs let a "
@@ -99,24 +99,19 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        idx = sent.idx
-        if idx >= self._requests:
-            self._grow_results(idx)
+        if sent.idx >= self._requests:
+            self._grow_results(sent.idx)
         s = self._free.pop()
-        self._slot[idx] = s
-        self._idx[s] = idx
+        self._idx[s] = sent.idx
         n = self._npend
         if (n + 1) * _PACK.size > self._pend.shape[0]:
             self._grow_pend()
         _PACK.pack_into(self._pend, n * _PACK.size, j, s, *sent)
         self._npend = n + 1
-        return idx
+        return s
 
-    def cancel(self, j: int, idx: int) -> None:
-        """`Cluster.cancel` of the request `idx` on replica j."""
-        s = self._slot.get(idx)
-        if s is None:
-            return
+    def cancel(self, j: int, s: int) -> None:
+        """`Cluster.cancel` of the request in slot `s` on replica j (a no-op once it ended)."""
         self._calls -= 1
         if self._calls <= 0:
             self._room()
@@ -129,18 +124,19 @@ class CompiledCluster(Cluster):
     def run(self, process) -> None:
         """Run the arrival process and every event it leads to."""
         loop0 = time.perf_counter()
-        st, env, finish = self.st, self.env, K.finish
+        st, env, finish, advance = self.st, self.env, K.finish, K.advance
+        retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
         with gc_paused():
             self._resume(process)
             pending = -1  # a replica whose step end waits for its callbacks to finish
             while True:
-                code, j, n, env.now, out = K.advance(*self._args, *self._pend_args,
-                                                     self._npend, self.node_room, pending)
+                code, j, n, env.now, s, out = advance(*self._args, *self._pend_args,
+                                                      self._npend, self.node_room, pending)
                 self._npend = 0
                 pending = -1
-                if code == S.RETIRED:
+                if code == retired:
                     rest = st.done[1:n].tolist() if n > 1 else ()
-                    self._retired(j, int(st.done[0]), out >> 1, out & 1)
+                    self._retired(j, s, out >> 1, out & 1)
                     for s in rest:
                         self._drain()
                         out = finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru,
@@ -150,9 +146,9 @@ class CompiledCluster(Cluster):
                     if self._calls <= 0:
                         self._room()
                     pending = j
-                elif code == S.ARRIVAL:
+                elif code == arrival:
                     self._resume(process)
-                elif code == S.ROOM:
+                elif code == room:
                     self._room()
                 else:
                     break
@@ -184,9 +180,7 @@ class CompiledCluster(Cluster):
 
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
         """Hand a finished (or aborted) request to the caller, then free its slot."""
-        idx = self._idx[s]
-        self.on_done(idx, generated, aborted == 1)
-        del self._slot[idx]
+        self.on_done(self._idx[s], generated, aborted == 1)
         self._free.append(s)
 
     # ------------------------------------------------------------------ room

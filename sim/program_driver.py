@@ -205,7 +205,9 @@ class ProgramDriver:
         idx = len(self.owner)
         prompt, prefix, key = self.oracle.prompt(run, spec)
         output = self.oracle.output_tokens(run, spec)
-        rid = self.pin(run, spec.role, prompt, prompt + output)
+        rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
+        if rid is None:
+            rid = self.pin(run, spec.role, prompt, prompt + output)
         limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
         if limit is not None and prompt + output > limit:
             raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "

@@ -269,8 +269,8 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
     """Submit the pending sends, finish replica `pending`'s step end (>= 0: its callbacks ran),
     then process events until one retires requests, the arrival process is due, room runs
     short or none is left: (END, ARRIVAL, ROOM or RETIRED; the replica; n retired, in
-    `done[:n]`; the clock; `finish` of the first, done here, as nothing comes between a step's
-    end and its first callback)."""
+    `done[:n]`; the clock; the first one's slot and its `finish`, done here, as nothing comes
+    between a step's end and its first callback)."""
     drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
           free, pend_i, pend_f, npend)
     if pending >= 0:
@@ -279,22 +279,22 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
     while ctr[HEAP_N] > 0:
         if ctr[SEG_N] + 2 > seg.shape[0] or ctr[HEAP_N] + 4 > h.shape[0] or \
                 free[1] + node_room > pc.shape[0]:
-            return ROOM, 0, 0, clock[0], 0
+            return ROOM, 0, 0, clock[0], 0, 0
         ev = pop_event(h, ctr)
         clock[0] = ev[0]
         j = int(ev[2])
         if j < 0:
-            return ARRIVAL, 0, 0, clock[0], 0
+            return ARRIVAL, 0, 0, clock[0], 0, 0
         if int(ev[3]) != rp[j, GEN]:
             continue  # superseded by a truncation
         _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, int(ev[4]),
                 ev[5])
         if ctr[DONE_N] > 0:
-            return RETIRED, j, ctr[DONE_N], clock[0], finish(rq, rp, rt, ri, clock, pc, tab,
-                                                             lru, j, done[0])
+            return RETIRED, j, ctr[DONE_N], clock[0], done[0], finish(rq, rp, rt, ri, clock, pc,
+                                                                      tab, lru, j, done[0])
         end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
                  lru, free, j)
-    return END, 0, 0, clock[0], 0
+    return END, 0, 0, clock[0], 0, 0
 
 
 @njit(cache=True)
