@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from policies.scheduling import make_scheduler
 from programs.reasoning import ReasoningProgram, ReasoningSetup
@@ -127,7 +128,8 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     requests = _requests_table(driver, cluster.res)
     progs = programs_table([program_row(r.plan, r.program, r.finish_s, wl.method, wl.policy,
                                         cfg.scheduler, r.question.gold_answer) for r in runs])
-    summary = summarize(requests.to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
+    # the timing columns only: pandas would make a Python string of every id
+    summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
     summary["simulator"] = "compiled" if on_kernel else "simpy"
@@ -143,13 +145,24 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     return SimResult(requests, steps, summary, progs, tables)
 
 
+_TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
+"""the requests table's columns `summarize` reads"""
+
+
 def _requests_table(driver, res: Results) -> pa.Table:
     n = len(driver.owner)
-    prog = [o.run.plan.program_id for o in driver.owner]
-    role = [o.table_role for o in driver.owner]
+    at = np.fromiter((o.run.idx for o in driver.owner), np.int64, n)  # program per request
+    names = pa.array([ids.program_id(i) for i in range(int(at.max()) + 1 if n else 0)],
+                     pa.string())
+    prog = names.take(at)
+    main = np.fromiter((o.table_role == "main" for o in driver.owner), bool, n)
+    role = pa.array(np.where(main, "main", "probe"), pa.string())
+    # ids.chunk_id / ids.probe_id, column-wise: "<program>-c<i>" or "<program>-p<i>"
+    request_id = pc.binary_join_element_wise(
+        prog, pa.array(np.where(main, "-c", "-p"), pa.string()),
+        pc.cast(pa.array(np.arange(n)), pa.string()), "")
     return pa.table({
-        "request_id": [ids.chunk_id(p, i) if r == "main" else ids.probe_id(p, i)
-                       for i, (p, r) in enumerate(zip(prog, role))],
+        "request_id": request_id,
         "replica_id": res.replica_id[:n], "cell_id": pa.nulls(n, pa.string()),
         "program_id": prog, "role": role,
         "priority": np.clip(driver.req_priority, -2**31, 2**31 - 1).astype(np.int32),
