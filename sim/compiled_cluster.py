@@ -71,7 +71,6 @@ class CompiledCluster(Cluster):
         self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
         self.st = _state(specs, capacity)
-        self._args = self.st.args()
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
@@ -83,7 +82,8 @@ class CompiledCluster(Cluster):
         # where each was one (a call's 17 array arguments cost more than a submit's work).
         self._npend = 0
         self._pend = np.zeros(64 * _PACK.size, dtype=np.uint8)
-        self._pend_args = (self._pend.view(np.int64), self._pend.view(np.float64))
+        self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
+        self._st = self.st.packed()  # packed again whenever an array is replaced
         self.loop_s = 0.0
 
     # ------------------------------------------------------------------ the driver's calls
@@ -115,8 +115,8 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        self._drain()
-        generated = K.abort(*self._args, j, s)
+        generated = K.abort_st(self._st, self._npend, j, s)
+        self._npend = 0
         if generated >= 0:
             self._retired(j, s, generated, True)
 
@@ -124,23 +124,22 @@ class CompiledCluster(Cluster):
     def run(self, process) -> None:
         """Run the arrival process and every event it leads to."""
         loop0 = time.perf_counter()
-        st, env, finish, advance = self.st, self.env, K.finish, K.advance
+        st, env, finish, advance = self.st, self.env, K.finish_st, K.advance_st
         retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
         with gc_paused():
             self._resume(process)
             pending = -1  # a replica whose step end waits for its callbacks to finish
             while True:
-                code, j, n, env.now, s, out = advance(*self._args, *self._pend_args,
-                                                      self._npend, self.node_room, pending)
+                code, j, n, env.now, s, out = advance(self._st, self._npend, self.node_room,
+                                                      pending)
                 self._npend = 0
                 pending = -1
                 if code == retired:
                     rest = st.done[1:n].tolist() if n > 1 else ()
                     self._retired(j, s, out >> 1, out & 1)
                     for s in rest:
-                        self._drain()
-                        out = finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru,
-                                     j, s)
+                        out = finish(self._st, self._npend, j, s)
+                        self._npend = 0
                         self._retired(j, s, out >> 1, out & 1)
                     self._calls -= 1
                     if self._calls <= 0:
@@ -163,20 +162,15 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        K.schedule_arrival(*self._args, *self._pend_args, self._npend, gap)
+        K.arrival_st(self._st, self._npend, gap)
         self._npend = 0
-
-    def _drain(self) -> None:
-        """Submit the pending sends now (before a kernel call that does not)."""
-        if self._npend:
-            K.drain(*self._args, *self._pend_args, self._npend)
-            self._npend = 0
 
     def _grow_pend(self) -> None:
         pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
         pend[:self._pend.shape[0]] = self._pend
         self._pend = pend
-        self._pend_args = (pend.view(np.int64), pend.view(np.float64))
+        self.st.pend_i, self.st.pend_f = pend.view(np.int64), pend.view(np.float64)
+        self._st = self.st.packed()
 
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
         """Hand a finished (or aborted) request to the caller, then free its slot."""
@@ -200,7 +194,7 @@ class CompiledCluster(Cluster):
             st.pc, st.tab = P.grow_cache(st.pc, st.free)
             grown = True
         if grown:
-            self._args = st.args()
+            self._st = st.packed()
             self._room()  # doubled once may not be enough
 
     def _grow_results(self, idx: int) -> None:
@@ -212,7 +206,7 @@ class CompiledCluster(Cluster):
         rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
         st.rt, st.ri = rt, ri
         self._requests = n
-        self._args = st.args()
+        self._st = st.packed()
 
     def _grow_slots(self) -> None:
         st = self.st
@@ -220,7 +214,7 @@ class CompiledCluster(Cluster):
         st.rq, st.rqf = _doubled(st.rq), _doubled(st.rqf)
         self._idx += [0] * n
         self._free.extend(range(2 * n - 1, n - 1, -1))
-        self._args = st.args()
+        self._st = st.packed()
 
     def _results(self) -> None:
         st, res = self.st, self.res  # columns as long as the requests sent (or longer)

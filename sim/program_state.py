@@ -10,7 +10,8 @@ with preempted requests at its head, or kept in (priority, arrival) order).
 
 from __future__ import annotations
 
-from numba import njit
+from numba import njit, types
+from numba.experimental import structref
 
 from sim import compiled_prefix as P
 from sim.compiled_state import (  # the shared columns too, for the kernel to import here
@@ -37,14 +38,48 @@ END, ARRIVAL, RETIRED, ROOM = range(4)
 
 
 class State:
-    """The kernel's arrays, in the order every kernel function takes them."""
+    """The kernel's arrays, in the order every kernel function takes them (`pend_i`, `pend_f`:
+    one buffer of pending sends, seen as int64 and as float64)."""
 
     __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
-                 "clock", "done", "pc", "tab", "lru", "free")
+                 "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f")
 
-    def args(self) -> tuple:
-        """The arrays as arguments (in `__slots__` order)."""
-        return tuple(getattr(self, k) for k in self.__slots__)
+    def packed(self) -> "Packed":
+        """The arrays as one kernel argument (the entry points' `st`)."""
+        return _pack(*(getattr(self, k) for k in self.__slots__))
+
+
+# A numba call unboxes each array argument (~70 ns apiece): 19 of them cost more than a
+# submit's work, so the driver's calls take the arrays packed in one struct.
+@structref.register
+class PackedType(types.StructRef):
+    """numba's type of `Packed`."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class Packed(structref.StructRefProxy):
+    """`State`'s arrays in one numba struct (`State.packed`)."""
+
+
+structref.define_proxy(Packed, PackedType, list(State.__slots__))
+_I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], \
+    types.float64[:, ::1]
+_PACKED = PackedType(list(zip(State.__slots__, (
+    _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
+    _F1, _I1, _I2, _I1, _I2, _I1, _I1, _F1))))
+
+
+@njit(cache=True)
+def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+          free, pend_i, pend_f):
+    st = structref.new(_PACKED)
+    st.rq, st.rqf, st.rp, st.rf, st.running, st.sched = rq, rqf, rp, rf, running, sched
+    st.rt, st.ri, st.h, st.seg, st.ctr, st.clock = rt, ri, h, seg, ctr, clock
+    st.done, st.pc, st.tab, st.lru, st.free = done, pc, tab, lru, free
+    st.pend_i, st.pend_f = pend_i, pend_f
+    return st
 
 
 @njit(cache=True)
