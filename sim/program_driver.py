@@ -38,7 +38,7 @@ class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
     __slots__ = ("plan", "idx", "program", "question", "replicas", "booked", "groups",
-                 "traced", "finish_s")
+                 "traced", "open", "finish_s")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -49,6 +49,7 @@ class SimProgram:
         self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
         self.groups: dict[int, int] = {}    # prefix-cache key -> the driver's group number
         self.traced: list = []              # the oracle's memo per program path
+        self.open = 0                       # its requests in flight
         self.finish_s = math.nan
 
 
@@ -154,6 +155,9 @@ class ProgramDriver:
         self.req_prompt: list[int] = []
         self.req_priority: list[int] = []
         self.on_program_done = on_program_done
+        # called once a program is done and none of its requests is in flight: nothing can
+        # change it any more (a caller may take its row and let it go)
+        self.on_program_closed = None
         self._sent: dict[RequestSpec, tuple[int, object]] = {}  # spec -> (replica, handle)
         self._groups = 0  # prefix-cache groups numbered so far, one per (program, path)
         self._pools: dict[str, str] = {}  # role -> its pool
@@ -181,11 +185,15 @@ class ProgramDriver:
         """Replica callback: request `idx` finished (or was aborted) with `generated` tokens."""
         run, spec = self._live.pop(idx)
         self._sent.pop(spec, None)
+        run.open -= 1
         actions = run.program.on_done(spec, self.oracle.outcome(run, spec, generated, aborted))
         if not aborted:  # an abort lands inside the action that caused it: finish there
             self._act(run, actions)
+        elif run.open == 0 and not math.isnan(run.finish_s):  # the last abort of a finished one
+            self._closed(run)
 
     def _act(self, run: SimProgram, actions: list) -> None:
+        program = run.program  # an abort's callback may close it before this returns
         for a in actions:
             if type(a) is Abort:
                 entry = self._sent.pop(a.spec, None)
@@ -193,12 +201,18 @@ class ProgramDriver:
                     self.cluster.cancel(*entry)
             else:
                 self._submit(run, a)
-        if run.program.done and math.isnan(run.finish_s):
+        if program.done and math.isnan(run.finish_s):
             run.finish_s = self.env.now
             # Aborted requests report their tokens after this: the SJF history takes what is known.
-            self.finished_tokens.add(run.program.tokens)
+            self.finished_tokens.add(program.tokens)
             if self.on_program_done is not None:
                 self.on_program_done(run)
+        if run.open == 0 and program.done:
+            self._closed(run)
+
+    def _closed(self, run: SimProgram) -> None:
+        if self.on_program_closed is not None and run.program is not None:
+            self.on_program_closed(run)
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
         now = self.env.now
@@ -234,6 +248,7 @@ class ProgramDriver:
                     row_ms if s.top_logprobs or s.logprobs else 0.0)
         self.owner.append(RequestOwner(run, spec.index, spec.path, spec.role, spec.table_role))
         self._live[idx] = (run, spec)
+        run.open += 1
         self.req_arrival.append(now)
         self.req_prompt.append(prompt)
         self.req_priority.append(priority)

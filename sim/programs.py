@@ -120,14 +120,24 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
             driver.pin(run, "target", q.prompt_tokens, q.prompt_tokens + q.expected_tokens)
             driver.start(run)
 
+    def row(run) -> dict:
+        return program_row(run.plan, run.program, run.finish_s, wl.method, wl.policy,
+                           cfg.scheduler, run.question.gold_answer)
+
+    rows: dict[int, dict] = {}
+    if isinstance(bank, QuestionBank):  # nothing reads a cot/sc program after its row
+        def closed(run) -> None:
+            rows[run.idx] = row(run)
+            run.program = run.traced = None  # a million programs' paths need not stay
+
+        driver.on_program_closed = closed
     cluster.run(arrivals())
     unfinished = [r.idx for r in runs if np.isnan(r.finish_s)]
     if unfinished:
         raise RuntimeError(f"simulation ended with program {unfinished[0]} unfinished (a bug: "
                            "please report with the config)")
     requests = _requests_table(driver, cluster.res)
-    progs = programs_table([program_row(r.plan, r.program, r.finish_s, wl.method, wl.policy,
-                                        cfg.scheduler, r.question.gold_answer) for r in runs])
+    progs = programs_table([rows[r.idx] if r.idx in rows else row(r) for r in runs])
     # the timing columns only: pandas would make a Python string of every id
     summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
