@@ -73,7 +73,7 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
     res = cluster.res
     log = pd.DataFrame({"program_id": [o.run.plan.program_id for o in driver.owner],
                         "sample": [o.path for o in driver.owner],
-                        "arrival_s": driver.req_arrival, "scheduled_s": res.scheduled_s[:n],
+                        "arrival_s": res.arrival_s[:n], "scheduled_s": res.scheduled_s[:n],
                         "finish_s": res.finish_s[:n]})
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}

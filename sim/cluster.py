@@ -176,6 +176,9 @@ class Cluster:
 
     def send(self, rid: int, sent: Sent, chain: tuple | None = None) -> Req:
         """A driver's request arrives at replica `rid`; the handle `cancel` takes."""
+        res, i = self.res, sent.idx
+        res.arrival_s[i], res.prompt_tokens[i], res.replica_id[i] = self.env.now, sent.prompt, rid
+        res.priority[i] = min(max(sent.priority, -2**31), 2**31 - 1)
         r = sent.req(chain)
         self.replicas[rid].submit(r)
         return r

@@ -65,7 +65,8 @@ class CompiledCluster(Cluster):
         self.env = KernelEnv()
         self.res = Results(capacity)
         for name in ("scheduled_s", "first_token_s", "finish_s", "cached_tokens", "output_tokens",
-                     "aborted", "preemptions"):  # the kernel's columns replace them at the end
+                     "aborted", "preemptions", "arrival_s", "prompt_tokens", "priority",
+                     "replica_id"):  # the kernel's columns replace them at the end
             setattr(self.res, name, None)
         self._routing(cfg, specs)
         self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
@@ -202,7 +203,7 @@ class CompiledCluster(Cluster):
         n = st.rt.shape[1]
         while n <= idx:
             n *= 2
-        rt, ri = np.full((3, n), np.nan), np.zeros((4, n), dtype=np.int32)
+        rt, ri = np.full((S.RT_ROWS, n), np.nan), np.zeros((S.RI_ROWS, n), dtype=np.int32)
         rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
         st.rt, st.ri = rt, ri
         self._requests = n
@@ -218,7 +219,9 @@ class CompiledCluster(Cluster):
 
     def _results(self) -> None:
         st, res = self.st, self.res  # columns as long as the requests sent (or longer)
-        res.scheduled_s, res.first_token_s, res.finish_s = st.rt
+        res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = st.rt
+        res.prompt_tokens, res.priority, res.replica_id = \
+            st.ri[S.PROMPT_R], st.ri[S.PRIORITY_R], st.ri[S.REPLICA_R]
         res.output_tokens, res.cached_tokens = st.ri[S.OUT_TOKENS], st.ri[S.CACHED]
         res.aborted, res.preemptions = st.ri[S.ABORTED_R].astype(bool), st.ri[S.PREEMPTS]
         res.load_segments(st.seg[:st.ctr[S.SEG_N]])
@@ -266,8 +269,8 @@ def _state(specs: list, capacity: int) -> S.State:
     # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
     # start smaller and grow by doubling
     requests = min(capacity, 1 << 20)
-    st.rt = np.full((3, requests), np.nan)
-    st.ri = np.zeros((4, requests), dtype=np.int32)
+    st.rt = np.full((S.RT_ROWS, requests), np.nan)
+    st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
     st.h = np.empty((4 * nrep + 64, 6))
     st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
     st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)

@@ -63,8 +63,9 @@ class TracedReasoning:
 
     def _path(self, run: SimProgram, path: int) -> tuple[Trajectory, dict]:
         """(traced trajectory, probe position -> (probe, its tokens)) of a program path."""
-        if path < len(run.traced):  # the program's own memo: no key to build and hash
-            return run.traced[path]
+        memo = run.traced  # the program's own: no key to build and hash
+        if path < len(memo) and memo[path] is not None:
+            return memo[path]
         q, sample = run.question, run.program.paths[path].sample
         key = (q.question_id, sample)
         if key not in self._paths:
@@ -72,9 +73,9 @@ class TracedReasoning:
             probes = dict(zip((p.position_tokens for p in traj.probes),
                               zip(traj.probes, traj.probe_tokens)))
             self._paths[key] = (traj, probes)
-        run.traced.extend([None] * (path + 1 - len(run.traced)))
-        run.traced[path] = self._paths[key]
-        return run.traced[path]
+        memo.extend([None] * (path + 1 - len(memo)))
+        memo[path] = self._paths[key]
+        return memo[path]
 
     def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
         """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
@@ -145,15 +146,11 @@ class ProgramDriver:
     def __init__(self, cluster, oracle, scheduler, on_program_done=None):
         self.cluster = cluster
         self.env = cluster.env
-        self.res = cluster.res
         self.oracle = oracle
         self.scheduler = scheduler
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
         self.owner: list[RequestOwner] = []  # per request idx
         self._live: dict[int, tuple[SimProgram, RequestSpec]] = {}  # request idx in flight
-        self.req_arrival: list[float] = []
-        self.req_prompt: list[int] = []
-        self.req_priority: list[int] = []
         self.on_program_done = on_program_done
         # called once a program is done and none of its requests is in flight: nothing can
         # change it any more (a caller may take its row and let it go)
@@ -249,10 +246,6 @@ class ProgramDriver:
         self.owner.append(RequestOwner(run, spec.index, spec.path, spec.role, spec.table_role))
         self._live[idx] = (run, spec)
         run.open += 1
-        self.req_arrival.append(now)
-        self.req_prompt.append(prompt)
-        self.req_priority.append(priority)
-        self.res.replica_id[idx] = rid
         self._sent[spec] = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
 
 

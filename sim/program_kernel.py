@@ -27,7 +27,8 @@ from sim.program_state import (
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
     BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP, CD,
     CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ,
-    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, OUT_TOKENS, CACHED, ABORTED_R, SEG_N, HEAP_N, DONE_N,
+    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED, ABORTED_R, PROMPT_R,
+    PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N,
     DONE_J, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, head_admissible, run_length)
 
@@ -160,6 +161,10 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     rq[r, GROUP], rq[r, PREFIX], rq[r, SCORE_FROM], rq[r, SEEDED], rq[r, IDX] = \
         group, prefix, score_from, seeded, idx
     rqf[r, LP_PROMPT], rqf[r, LP_SAMPLE] = lp_prompt_ms, lp_sample_ms
+    # the requests table's columns of a send (priority as the table's int32 keeps it)
+    rt[ARRIVAL_S, idx] = clock[0]
+    ri[PROMPT_R, idx], ri[REPLICA_R, idx] = prompt, j
+    ri[PRIORITY_R, idx] = min(max(priority, -2**31), 2**31 - 1)
     rq[r, SEQ] = rp[j, ARRIVALS]
     rp[j, ARRIVALS] += 1
     rf[j, HOST_S] += rf[j, ADD_S]

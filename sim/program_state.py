@@ -29,8 +29,8 @@ LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
 ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(_RP_COLS, _RP_COLS + 6)
 LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
 # results, a row per column, indexed by request (float64 / int32)
-SCHEDULED_S, FIRST_TOKEN_S, FINISH_S = range(3)
-OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS = range(4)
+SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, RT_ROWS = range(5)
+OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RI_ROWS = range(8)
 # counters (int64) and the clock
 DONE_N, DONE_J, CTR_COLS = range(4, 7)  # after the plain kernel's EID, EVENTS, SEG_N, HEAP_N
 # what `advance` stopped for

@@ -175,10 +175,9 @@ def _requests_table(driver, res: Results) -> pa.Table:
         "request_id": request_id,
         "replica_id": res.replica_id[:n], "cell_id": pa.nulls(n, pa.string()),
         "program_id": prog, "role": role,
-        "priority": np.clip(driver.req_priority, -2**31, 2**31 - 1).astype(np.int32),
-        "arrival_s": np.asarray(driver.req_arrival, dtype=float),
+        "priority": res.priority[:n], "arrival_s": res.arrival_s[:n],
         "scheduled_s": res.scheduled_s[:n], "first_token_s": res.first_token_s[:n],
-        "finish_s": res.finish_s[:n], "prompt_tokens": np.asarray(driver.req_prompt, np.int32),
+        "finish_s": res.finish_s[:n], "prompt_tokens": res.prompt_tokens[:n],
         "output_tokens": res.output_tokens[:n], "cached_prompt_tokens": res.cached_tokens[:n],
         "finish_reason": pa.array(np.where(res.aborted[:n], "abort", "length"), pa.string()),
     })

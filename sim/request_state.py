@@ -120,6 +120,10 @@ class Results:
         self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
         self.aborted = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int32)
+        # what a driver sent (`Cluster.send`), for program workloads' requests tables
+        self.arrival_s = np.full(n, np.nan)
+        self.prompt_tokens = np.zeros(n, dtype=np.int32)
+        self.priority = np.zeros(n, dtype=np.int32)  # clipped to int32, as the table keeps it
         # One record per scheduled run of iterations (k_iters >= 1); expanded on output. Rows
         # are appended as tuples (one append per run, the hot path), packed into float blocks of
         # _BLOCK rows as they fill (a tuple of boxed numbers takes ~4x the memory), and turned

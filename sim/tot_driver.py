@@ -95,7 +95,7 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
                          "difficulty": q.difficulty, "gold_answer": q.gold_answer,
                          "mode": prog.policy.mode, "request_id": ids.search_request_id(
                              run.plan.program_id, r["request_index"]),
-                         "sent_s": driver.req_arrival[i],
+                         "sent_s": float(res.arrival_s[i]),
                          "finish_s": float(res.finish_s[i]), "rescored": None})
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
