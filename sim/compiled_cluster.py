@@ -80,7 +80,7 @@ class CompiledCluster(Cluster):
                              for _, rc in specs)
         self._calls = 0  # kernel calls (sends count) left before room is checked again
         # Sends wait in `pend` for the next kernel call, which submits them first: one call
-        # where each was one (a call's 17 array arguments cost more than a submit's work).
+        # where each was one (a kernel call's dispatch costs more than a submit's work).
         self._npend = 0
         self._pend = np.zeros(64 * _PACK.size, dtype=np.uint8)
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
