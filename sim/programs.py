@@ -165,11 +165,11 @@ def _requests_table(driver, res: Results) -> pa.Table:
     names = pa.array([ids.program_id(i) for i in range(int(at.max()) + 1 if n else 0)],
                      pa.string())
     prog = names.take(at)
-    main = np.fromiter((o.table_role == "main" for o in driver.owner), bool, n)
-    role = pa.array(np.where(main, "main", "probe"), pa.string())
-    # ids.chunk_id / ids.probe_id, column-wise: "<program>-c<i>" or "<program>-p<i>"
+    role = pa.array([o.table_role for o in driver.owner], pa.string())
+    # ids.chunk_id for the main role, else ids.probe_id, column-wise: "<program>-c<i>" or
+    # "<program>-p<i>" (tests/test_programs.py holds them to traces.ids)
     request_id = pc.binary_join_element_wise(
-        prog, pa.array(np.where(main, "-c", "-p"), pa.string()),
+        prog, pc.if_else(pc.equal(role, "main"), "-c", "-p"),
         pc.cast(pa.array(np.arange(n)), pa.string()), "")
     return pa.table({
         "request_id": request_id,

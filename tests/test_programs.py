@@ -18,13 +18,13 @@ from policies.scheduling import DynasorGang, FinishedLengths, ProgramView, make_
 from policies.search import majority_vote
 from programs.traced import load_questions, load_trajectories
 from sim.calibration import load_calibration
-from sim.config import parse_config
+from sim.config import parse_config, read_yaml
 from sim.online import max_sustainable_rate
 from sim.reasoning import certaindex_outcome
 from sim.replica import Replica, ReplicaConfig
 from sim.request_state import Req, Results
 from sim.simulate import simulate
-from traces import check_trace
+from traces import check_trace, ids
 
 TRACE = REPO / "traces" / "data" / "testbed-probes-cpu"
 CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -155,6 +155,20 @@ def test_simulate_json_has_program_keys_and_tables(tmp_path):
     s = json.loads(proc.stdout)
     assert s["programs"] == 256 and 0 < s["accuracy"] <= 1 and 0 <= s["slo_attainment"] <= 1
     assert check_trace(out) == []
+
+
+def test_program_request_ids_are_the_trace_ids():
+    """The requests table builds its ids column-wise; they are traces.ids' ids of each row's
+    program, role and index (the key sim-vs-live validation joins on)."""
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"]["count"] = 24
+    t = _run(d).requests
+    rows = zip(t["request_id"].to_pylist(), t["program_id"].to_pylist(), t["role"].to_pylist())
+    roles = set()
+    for i, (rid, prog, role) in enumerate(rows):
+        roles.add(role)
+        assert rid == (ids.chunk_id(prog, i) if role == "main" else ids.probe_id(prog, i))
+    assert roles == {"main", "probe"}
 
 
 def test_bad_program_configs_fail_clearly():
