@@ -71,8 +71,9 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
         r.plan.program_id, r.question.gold_answer, difficulty=r.question.difficulty)]
     n = len(driver.owner)
     res = cluster.res
-    log = pd.DataFrame({"program_id": [o.run.plan.program_id for o in driver.owner],
-                        "sample": [o.path for o in driver.owner],
+    program_id = {r.idx: r.plan.program_id for r in runs}
+    log = pd.DataFrame({"program_id": [program_id[i] for i in driver.owner.program],
+                        "sample": list(driver.owner.path),
                         "arrival_s": res.arrival_s[:n], "scheduled_s": res.scheduled_s[:n],
                         "finish_s": res.finish_s[:n]})
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))

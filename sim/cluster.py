@@ -212,10 +212,9 @@ class Cluster:
 def run_summary(res: Results, busy_s: np.ndarray, wall0: float, loop_s: float, events: int,
                 makespan_s: float) -> dict:
     """Run-level figures every simulation reports (SimPy or compiled)."""
-    iters = np.asarray(res.seg["k_iters"], dtype=np.int64)
     return {"wall_s": round(time.perf_counter() - wall0, 4),
             "event_loop_s": round(loop_s, 4), "events": int(events),
-            "iterations": int(iters.sum()), "replicas": len(busy_s),
+            "iterations": res.run_totals()[0], "replicas": len(busy_s),
             "utilization": float(busy_s.mean() / (makespan_s or 1.0)),
             "preemptions": int(res.preemptions.sum())}
 

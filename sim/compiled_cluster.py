@@ -63,15 +63,15 @@ class CompiledCluster(Cluster):
         self.wall0 = time.perf_counter()
         self.specs = specs
         self.env = KernelEnv()
-        self.res = Results(capacity)
+        self.res = Results(0)  # no columns of `capacity` to fill: the kernel's replace them
         for name in ("scheduled_s", "first_token_s", "finish_s", "cached_tokens", "output_tokens",
                      "aborted", "preemptions", "arrival_s", "prompt_tokens", "priority",
-                     "replica_id"):  # the kernel's columns replace them at the end
+                     "replica_id"):  # set at the end
             setattr(self.res, name, None)
         self._routing(cfg, specs)
         self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
-        self.st = _state(specs, capacity)
+        self.st = _state(specs, capacity, not cfg.write_steps)
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
@@ -137,11 +137,14 @@ class CompiledCluster(Cluster):
                 pending = -1
                 if code == retired:
                     rest = st.done[1:n].tolist() if n > 1 else ()
-                    self._retired(j, s, out >> 1, out & 1)
+                    # the callback of each, then its slot is free (`_retired`, inlined)
+                    self.on_done(self._idx[s], out >> 1, out & 1 == 1)
+                    self._free.append(s)
                     for s in rest:
                         out = finish(self._st, self._npend, j, s)
                         self._npend = 0
-                        self._retired(j, s, out >> 1, out & 1)
+                        self.on_done(self._idx[s], out >> 1, out & 1 == 1)
+                        self._free.append(s)
                     self._calls -= 1
                     if self._calls <= 0:
                         self._room()
@@ -203,7 +206,9 @@ class CompiledCluster(Cluster):
         n = st.rt.shape[1]
         while n <= idx:
             n *= 2
-        rt, ri = np.full((S.RT_ROWS, n), np.nan), np.zeros((S.RI_ROWS, n), dtype=np.int32)
+        # empty: the kernel sets a request's float columns when it is sent, and fresh memory
+        # costs its first touch (a million programs' columns are gigabytes)
+        rt, ri = np.empty((S.RT_ROWS, n)), np.zeros((S.RI_ROWS, n), dtype=np.int32)
         rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
         st.rt, st.ri = rt, ri
         self._requests = n
@@ -218,13 +223,23 @@ class CompiledCluster(Cluster):
         self._st = st.packed()
 
     def _results(self) -> None:
-        st, res = self.st, self.res  # columns as long as the requests sent (or longer)
-        res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = st.rt
+        st, res = self.st, self.res
+        n = int(st.rp[:, S.ARRIVALS].sum())  # the requests sent, idx 0..n-1 (beyond: unset)
+        rt, ri = st.rt[:, :n], st.ri[:, :n]
+        res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = rt
         res.prompt_tokens, res.priority, res.replica_id = \
-            st.ri[S.PROMPT_R], st.ri[S.PRIORITY_R], st.ri[S.REPLICA_R]
-        res.output_tokens, res.cached_tokens = st.ri[S.OUT_TOKENS], st.ri[S.CACHED]
-        res.aborted, res.preemptions = st.ri[S.ABORTED_R].astype(bool), st.ri[S.PREEMPTS]
-        res.load_segments(st.seg[:st.ctr[S.SEG_N]])
+            ri[S.PROMPT_R], ri[S.PRIORITY_R], ri[S.REPLICA_R]
+        res.output_tokens, res.cached_tokens = ri[S.OUT_TOKENS], ri[S.CACHED]
+        res.aborted, res.preemptions = ri[S.ABORTED_R].astype(bool), ri[S.PREEMPTS]
+        if st.ctr[S.FOLD]:
+            k, rows = st.rf[:, S.RUNS_K].copy(), st.seg[:len(st.rf)]
+            kv = st.rf[:, S.RUNS_KV].copy()
+            ran = rows[:, 2] > 0
+            k[ran] += rows[ran, 2]
+            kv[ran] += rows[ran, 12] / rows[ran, 13] * rows[ran, 2]
+            res.load_totals(k, kv)
+        else:
+            res.load_segments(st.seg[:st.ctr[S.SEG_N]])
         res.events = int(st.ctr[S.EVENTS])
 
     def summary(self, events: int, makespan_s: float) -> dict:
@@ -243,8 +258,9 @@ def _doubled(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _state(specs: list, capacity: int) -> S.State:
-    """The kernel's arrays for replicas `specs` and `capacity` requests."""
+def _state(specs: list, capacity: int, fold: bool) -> S.State:
+    """The kernel's arrays for replicas `specs` and `capacity` requests (`fold`: a step row per
+    replica, `program_state.FOLD`)."""
     nrep = len(specs)
     st = S.State()
     slots = 64 * nrep
@@ -269,11 +285,15 @@ def _state(specs: list, capacity: int) -> S.State:
     # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
     # start smaller and grow by doubling
     requests = min(capacity, 1 << 20)
-    st.rt = np.full((S.RT_ROWS, requests), np.nan)
+    st.rt = np.empty((S.RT_ROWS, requests))  # set as each request is sent
     st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
     st.h = np.empty((4 * nrep + 64, 6))
-    st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
     st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
+    if fold:  # room for CALLS more rows is checked before each CALLS calls: never short
+        st.seg = np.zeros((nrep + CALLS + 4, 15))
+        st.ctr[S.SEG_N], st.ctr[S.FOLD] = nrep, 1
+    else:
+        st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
     st.clock = np.zeros(1)
     st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
     st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)

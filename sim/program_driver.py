@@ -9,7 +9,7 @@ decides; the driver only delivers, and never re-implements a program's logic.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from array import array
 
 from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView
@@ -18,31 +18,57 @@ from programs.traced import Trajectory
 from sim.request_state import Sent
 
 
+_new = tuple.__new__
+
 LP_FLAG_MS = 1e-9
 """a row cost too small to tell, so that a step knows it returns log-probabilities"""
 
 
-class RequestOwner(NamedTuple):
-    """Whose a simulated request is, kept for the tables (the spec itself is dropped once the
-    request is done: a million programs' specs would hold gigabytes)."""
+class Owners:
+    """Whose each simulated request is, by request idx, for the tables: columns, not an object
+    per request (the specs are dropped once done: a million programs' would hold gigabytes)."""
 
-    run: "SimProgram"
-    index: int
-    """the spec's request order within its program"""
-    path: int
-    role: str
-    table_role: str
+    __slots__ = ("program", "index", "path", "role", "roles", "_codes")
+
+    def __init__(self):
+        self.program = array("q")  # the program's index in the workload
+        self.index = array("q")    # the spec's request order within its program
+        self.path = array("q")     # the spec's path
+        self.role = bytearray()    # its (model role, requests-table role), a code into `roles`
+        self.roles: list[tuple[str, str]] = []
+        self._codes: dict[tuple[str, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.program)
+
+    def add(self, program: int, spec: RequestSpec) -> None:
+        """Record the next request idx's owner."""
+        key = (spec.role, spec.table_role)
+        code = self._codes.get(key)
+        if code is None:
+            code = self._codes[key] = len(self.roles)
+            self.roles.append(key)
+        self.program.append(program)
+        self.index.append(spec.index)
+        self.path.append(spec.path)
+        self.role.append(code)
+
+    def role_names(self, table: bool = False) -> list[str]:
+        """Each request's model role (`table`: its requests-table role), in idx order."""
+        names = [key[table] for key in self.roles]
+        return [names[c] for c in self.role]
 
 
 class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
-    __slots__ = ("plan", "idx", "program", "question", "replicas", "booked", "groups",
-                 "traced", "open", "finish_s")
+    __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
+                 "groups", "traced", "open", "finish_s")
 
     def __init__(self, plan, program, question):
         self.plan = plan
         self.idx = plan.index  # the program's index in the workload
+        self.arrival_s = plan.arrival_s
         self.program = program
         self.question = question
         self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
@@ -149,7 +175,7 @@ class ProgramDriver:
         self.oracle = oracle
         self.scheduler = scheduler
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
-        self.owner: list[RequestOwner] = []  # per request idx
+        self.owner = Owners()  # per request idx
         self._live: dict[int, tuple[SimProgram, RequestSpec]] = {}  # request idx in flight
         self.on_program_done = on_program_done
         # called once a program is done and none of its requests is in flight: nothing can
@@ -212,7 +238,6 @@ class ProgramDriver:
             self.on_program_closed(run)
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
-        now = self.env.now
         idx = len(self.owner)
         prompt, prefix, key = self.oracle.prompt(run, spec)
         output = self.oracle.output_tokens(run, spec)
@@ -236,14 +261,15 @@ class ProgramDriver:
         # A scoring request needs its tail's log-probabilities, which vLLM has none of for
         # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
         scored = s.prompt_logprobs
+        # named tuples made as tuples (a named tuple's own constructor costs twice as much)
         priority = self.scheduler.priority(
-            ProgramView(run.idx, now - run.plan.arrival_s, run.program.tokens),
+            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.program.tokens)),
             self.finished_tokens)
-        sent = Sent(idx, prompt, output, priority, group, prefix,
-                    prompt - scored if scored else 0, s.temperature > 0.0 and s.seed is not None,
-                    row_ms if scored else 0.0,
-                    row_ms if s.top_logprobs or s.logprobs else 0.0)
-        self.owner.append(RequestOwner(run, spec.index, spec.path, spec.role, spec.table_role))
+        sent = _new(Sent, (idx, prompt, output, priority, group, prefix,
+                           prompt - scored if scored else 0,
+                           s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
+                           row_ms if s.top_logprobs or s.logprobs else 0.0))
+        self.owner.add(run.idx, spec)
         self._live[idx] = (run, spec)
         run.open += 1
         self._sent[spec] = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))

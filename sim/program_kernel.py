@@ -28,8 +28,8 @@ from sim.program_state import (
     BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP, CD,
     CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ,
     SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED, ABORTED_R, PROMPT_R,
-    PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N,
-    DONE_J, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
+    PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
+    DONE_J, FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, head_admissible, run_length)
 
 
@@ -145,8 +145,16 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
     if seeded:
         extra += rf[j, SEED_STEP] + rf[j, SEED_SEQ] * seeded
     a_ms += extra / factor
+    if ctr[FOLD]:  # row j holds replica j's run: fold the one that ends into the totals
+        rows = ctr[SEG_N]
+        if seg[j, 2] > 0:
+            rf[j, RUNS_K] += seg[j, 2]
+            rf[j, RUNS_KV] += seg[j, 12] / seg[j, 13] * seg[j, 2]  # `sim.tables.kv_usage`'s
+        ctr[SEG_N] = j
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
                prefill_seqs, decode_seqs, context, preempted)
+    if ctr[FOLD]:
+        ctr[SEG_N] = rows
 
 
 @njit(cache=True)
@@ -163,6 +171,7 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     rqf[r, LP_PROMPT], rqf[r, LP_SAMPLE] = lp_prompt_ms, lp_sample_ms
     # the requests table's columns of a send (priority as the table's int32 keeps it)
     rt[ARRIVAL_S, idx] = clock[0]
+    rt[SCHEDULED_S, idx] = rt[FIRST_TOKEN_S, idx] = rt[FINISH_S, idx] = np.nan
     ri[PROMPT_R, idx], ri[REPLICA_R, idx] = prompt, j
     ri[PRIORITY_R, idx] = min(max(priority, -2**31), 2**31 - 1)
     rq[r, SEQ] = rp[j, ARRIVALS]

@@ -28,11 +28,17 @@ LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
 # truncation serve both), then these (int64; float64)
 ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(_RP_COLS, _RP_COLS + 6)
 LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
+# with `FOLD` on: the totals of the replica's runs folded so far (iterations; iterations x the
+# fraction of KV blocks in use at the run's start)
+RUNS_K, RUNS_KV, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2
 # results, a row per column, indexed by request (float64 / int32)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, RT_ROWS = range(5)
 OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RI_ROWS = range(8)
 # counters (int64) and the clock
-DONE_N, DONE_J, CTR_COLS = range(4, 7)  # after the plain kernel's EID, EVENTS, SEG_N, HEAP_N
+# after the plain kernel's EID, EVENTS, SEG_N, HEAP_N; FOLD: 1 when no steps table is written,
+# so that a replica keeps one step row (its current run's), folded into RUNS_K / RUNS_KV when
+# the next run replaces it: rows for every run would take gigabytes at a million programs
+DONE_N, DONE_J, FOLD, CTR_COLS = range(4, 8)
 # what `advance` stopped for
 END, ARRIVAL, RETIRED, ROOM = range(4)
 

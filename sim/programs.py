@@ -33,7 +33,7 @@ from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
 from sim.program_metrics import program_summary
 from sim.request_state import Req, Results
-from sim.tables import SimResult, steps_table
+from sim.tables import SimResult, kv_usage, steps_table
 from traces import ids
 
 
@@ -142,6 +142,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
+    summary["kv_usage_mean"] = kv_usage(cluster.res)
     summary["simulator"] = "compiled" if on_kernel else "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
@@ -160,12 +161,14 @@ _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
 
 
 def _requests_table(driver, res: Results) -> pa.Table:
-    n = len(driver.owner)
-    at = np.fromiter((o.run.idx for o in driver.owner), np.int64, n)  # program per request
+    owner = driver.owner
+    n = len(owner)
+    at = np.frombuffer(owner.program, np.int64)  # the program of each request
     names = pa.array([ids.program_id(i) for i in range(int(at.max()) + 1 if n else 0)],
                      pa.string())
     prog = names.take(at)
-    role = pa.array([o.table_role for o in driver.owner], pa.string())
+    role = pa.array([table for _, table in owner.roles], pa.string()).take(
+        np.frombuffer(bytes(owner.role), np.uint8))  # (model, table) role codes
     # ids.chunk_id for the main role, else ids.probe_id, column-wise: "<program>-c<i>" or
     # "<program>-p<i>" (tests/test_programs.py holds them to traces.ids)
     request_id = pc.binary_join_element_wise(

@@ -132,6 +132,7 @@ class Results:
         self._blocks: list[np.ndarray] = []  # full blocks, _BLOCK rows each
         self._packed = 0                     # rows in them
         self._seg: tuple[int, dict] | None = None  # (rows when built, columns)
+        self._totals: tuple[np.ndarray, np.ndarray] | None = None  # `load_totals`
         self.events = 0
 
     def add_segment(self, values: tuple) -> int:
@@ -161,9 +162,28 @@ class Results:
         self._rows, self._blocks, self._packed = [], [], 0
         self._seg = (0, dict(zip(SEG_COLUMNS, table.T)))  # `seg` keeps it while no row is added
 
+    def load_totals(self, k_iters: np.ndarray, kv_iters: np.ndarray) -> None:
+        """Take only the runs' totals per replica (a compiled run that writes no steps table
+        keeps no record per run): iterations, and iterations x the fraction of KV in use."""
+        self._rows, self._blocks, self._packed, self._seg = [], [], 0, None
+        self._totals = (k_iters, kv_iters)
+
+    def run_totals(self) -> tuple[int, float]:
+        """(iterations, iterations x the fraction of KV blocks in use at their run's start) over
+        every run."""
+        if self._totals is not None:
+            k_iters, kv_iters = self._totals
+            return int(k_iters.astype(np.int64).sum()), float(kv_iters.sum())
+        seg = self.seg
+        k = seg["k_iters"]
+        used = seg["kv_blocks_used"] / seg["kv_blocks_total"]
+        return int(k.astype(np.int64).sum()), float((used * k).sum())
+
     @property
     def seg(self) -> dict[str, np.ndarray]:
         """The run-of-iterations records as float columns, one per SEG_COLUMNS name."""
+        if self._totals is not None:
+            raise ValueError("this run kept only its runs' totals (no steps table was asked)")
         n = self._packed + len(self._rows)
         if self._seg is None or self._seg[0] != n:  # built once after the run, read many times
             tail = np.array(self._rows, dtype=float).reshape(len(self._rows), len(SEG_COLUMNS))

@@ -28,12 +28,8 @@ class SimResult:
 
 def kv_usage(res: Results) -> float:
     """Iteration-weighted mean KV usage over the run."""
-    seg = res.seg
-    k = seg["k_iters"]
-    if not len(k):
-        return 0.0
-    used = seg["kv_blocks_used"] / seg["kv_blocks_total"]
-    return float((used * k).sum() / k.sum())  # iteration-weighted
+    iterations, kv_iterations = res.run_totals()
+    return kv_iterations / iterations if iterations else 0.0
 
 
 def steps_table(res: Results) -> pa.Table:

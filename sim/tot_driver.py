@@ -84,12 +84,12 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
     from sim.tot_metrics import tot_summary
 
     res = cluster.res
-    at = {(id(o.run), o.index): i for i, o in enumerate(driver.owner)}
+    at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
     rows = []
     for run in runs:
         q, prog = run.question, run.program
         for r in prog.rows:
-            i = at[(id(run), r["request_index"])]
+            i = at[(run.idx, r["request_index"])]
             rows.append({**{k: v for k, v in r.items() if k != "request_index"},
                          "program_id": run.plan.program_id, "question_id": q.question_id,
                          "difficulty": q.difficulty, "gold_answer": q.gold_answer,

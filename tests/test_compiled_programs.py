@@ -11,6 +11,7 @@ sampling term; and the workloads it does not cover stay under SimPy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -100,6 +101,23 @@ def test_program_kernel_at_scale():
     in the event order, arrays grown mid-run."""
     cfg = _config("dynasor-cot-certaindex.yaml", 3000, 100.0, replicas=20)
     _equal(simulate(cfg), simulate(cfg, compiled=False))
+
+
+def test_program_kernel_without_steps_keeps_the_run_totals():
+    """With no steps table the kernel folds each replica's runs into totals as they end: the
+    same requests, iterations and KV usage as the run that keeps every step row."""
+    cfg = _config("dynasor-cot-certaindex.yaml", 300, 60.0, replicas=3, kv_blocks=60,
+                  enable_prefix_caching=True)
+    cfg = dataclasses.replace(cfg, write_steps=True)
+    rows, folded = simulate(cfg), simulate(dataclasses.replace(cfg, write_steps=False))
+    assert folded.steps is None and rows.summary["simulator"] == "compiled"
+    pd.testing.assert_frame_equal(folded.requests.to_pandas(), rows.requests.to_pandas(),
+                                  check_exact=True)
+    assert folded.summary["iterations"] == rows.summary["iterations"] == len(rows.steps)
+    assert folded.summary["preemptions"] == rows.summary["preemptions"]
+    assert 0.0 < rows.summary["kv_usage_mean"]
+    assert folded.summary["kv_usage_mean"] == pytest.approx(rows.summary["kv_usage_mean"],
+                                                            rel=1e-12)
 
 
 def test_what_stays_under_simpy():

@@ -28,7 +28,9 @@ own) when replicas without a shared device began charging their loop's host time
 request (`sim.host_time`; before, only shared devices did). Every non-HELIOS golden gained its
 `simulator` key when plain workloads began running on the compiled kernel (`sim.compiled`):
 `demo` and `replay-small` run there now, their figures unchanged. `llama-8b-h100` (the first
-GPU calibration) was added with its first output.
+GPU calibration) was added with its first output. Every program workload's golden gained
+`kv_usage_mean` (the figure plain runs report) when program runs began reporting it, every
+other figure unchanged.
 """
 
 from __future__ import annotations

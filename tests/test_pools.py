@@ -87,12 +87,12 @@ def test_a_two_role_program_sends_every_request_to_its_pool():
     assert all(run.program.done and not np.isnan(run.finish_s) for run in runs)
     assert len(owner) == 16 * 6 * 2
     replica = cluster.res.replica_id[:len(owner)]
-    roles = np.array([o.role for o in owner])
+    roles = np.array(owner.role_names())
     assert set(replica[roles == "draft"]) == {0, 1}  # both draft replicas serve
     assert set(replica[roles == "target"]) == {2}
     # Each program stays on one replica per pool (its prefix cache lives there).
     for run in runs:
-        mine = [i for i, o in enumerate(owner) if o.run is run]
+        mine = [i for i, p in enumerate(owner.program) if p == run.idx]
         assert len({int(replica[i]) for i in mine if roles[i] == "draft"}) == 1
     # The draft model is faster per step than the target: draft requests (8 tokens) take less
     # time than 8 target steps would.
