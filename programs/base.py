@@ -52,6 +52,9 @@ class RequestSpec:
     """model role or pool the request goes to"""
     table_role: str = "main"
     """`role` column of the requests table: main or probe"""
+    sent: tuple | None = None
+    """the simulator's driver's handle while the request is in flight, for an abort: where a
+    map from spec to handle would cost a lookup per request"""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ from policies.search import majority_vote
 from programs.base import Abort, Outcome, RequestSpec, Sampling
 from traces.seeds import chunk_seed
 
+_new = tuple.__new__
+_DEFAULTS = tuple(Sampling._field_defaults[f] for f in Sampling._fields[4:])
+"""`Sampling`'s fields after the seed, as its defaults"""
+
 
 @dataclass(frozen=True)
 class ReasoningSetup:
@@ -184,8 +188,9 @@ class ReasoningProgram:
         n = min(s.stride_tokens, path.limit - path.pos)
         ids = None if path.ids is None else self.prompt_ids + path.ids
         prompt = self.prompt_tokens + path.pos
-        return self._spec(path, "chunk", prompt, prompt,
-                          Sampling(n, s.temperature, 1.0, chunk_seed(path.seed, path.chunks)), ids)
+        # Sampling(n, temperature, 1.0, seed) made as a tuple: this runs for most requests
+        return self._spec(path, "chunk", prompt, prompt, _new(Sampling, (
+            n, s.temperature, 1.0, chunk_seed(path.seed, path.chunks)) + _DEFAULTS), ids)
 
     def _probe(self, path: Path) -> RequestSpec:
         s = self.setup

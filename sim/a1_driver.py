@@ -28,15 +28,11 @@ class TracedA1:
                              "conformity)")
         return node
 
-    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: the sample's path)."""
-        return spec.prompt_tokens, spec.prefix_tokens, spec.path
-
-    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
-        """Tokens the request generates: the traced step, or 1 for a scoring prefill."""
-        if spec.kind == "score":
-            return 1
-        return int(self._node(run, spec)[f"{spec.kind}_tokens"])
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: the sample's path, tokens
+        the request generates: the traced step, or 1 for a scoring prefill)."""
+        output = 1 if spec.kind == "score" else int(self._node(run, spec)[f"{spec.kind}_tokens"])
+        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""

@@ -25,6 +25,7 @@ CALLS = 64
 """kernel calls between two checks of the arrays' room"""
 _PACK = struct.Struct(f"<{K.SENT - 2}q2d")
 """a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
+_PACKED = _PACK.size
 
 
 class KernelEnv:
@@ -82,7 +83,8 @@ class CompiledCluster(Cluster):
         # Sends wait in `pend` for the next kernel call, which submits them first: one call
         # where each was one (a kernel call's dispatch costs more than a submit's work).
         self._npend = 0
-        self._pend = np.zeros(64 * _PACK.size, dtype=np.uint8)
+        self._pend = np.zeros(64 * _PACKED, dtype=np.uint8)
+        self._pend_room = 64  # sends it holds
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
         self._st = self.st.packed()  # packed again whenever an array is replaced
         self.loop_s = 0.0
@@ -100,14 +102,15 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        if sent.idx >= self._requests:
-            self._grow_results(sent.idx)
+        idx = sent[0]
+        if idx >= self._requests:
+            self._grow_results(idx)
         s = self._free.pop()
-        self._idx[s] = sent.idx
+        self._idx[s] = idx
         n = self._npend
-        if (n + 1) * _PACK.size > self._pend.shape[0]:
+        if n == self._pend_room:
             self._grow_pend()
-        _PACK.pack_into(self._pend, n * _PACK.size, j, s, *sent)
+        _PACK.pack_into(self._pend, n * _PACKED, j, s, *sent)
         self._npend = n + 1
         return s
 
@@ -173,6 +176,7 @@ class CompiledCluster(Cluster):
         pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
         pend[:self._pend.shape[0]] = self._pend
         self._pend = pend
+        self._pend_room *= 2
         self.st.pend_i, self.st.pend_f = pend.view(np.int64), pend.view(np.float64)
         self._st = self.st.packed()
 

@@ -4,7 +4,8 @@ kernel (`sim.program_kernel`).
 The reference keeps each replica's cached blocks in a dict (block identity -> references) whose
 order is the eviction order (a freed block re-enters at the end). Here a block is a node of a
 doubly linked list per replica in that same order, found through one open-addressing hash table
-(linear probing, backward-shift deletion) over all replicas. A request holds the leading
+(linear probing, backward-shift deletion) over all replicas, whose entries hold (identity, node)
+side by side: a probe reads one cache line, not the node's too. A request holds the leading
 `SHARED` blocks of its prompt (what the reference's `held` lists: `hit` takes the first n,
 `store` appends the next ones), so its block identities are computed, not stored: block i of
 group g on replica j is `(g * MAX_BLOCKS + i + 1) * replicas + j`. Requests with a prefix chain
@@ -33,9 +34,9 @@ def find(tab, pc, key):
     """The node holding block `key`, or -1."""
     mask = tab.shape[0] - 1
     i = _slot(key, mask)
-    while tab[i] >= 0:
-        if pc[tab[i], KEY] == key:
-            return tab[i]
+    while tab[i, 1] >= 0:
+        if tab[i, 0] == key:
+            return tab[i, 1]
         i = (i + 1) & mask
     return -1
 
@@ -44,28 +45,28 @@ def find(tab, pc, key):
 def _table_put(tab, pc, node):
     mask = tab.shape[0] - 1
     i = _slot(pc[node, KEY], mask)
-    while tab[i] >= 0:
+    while tab[i, 1] >= 0:
         i = (i + 1) & mask
-    tab[i] = node
+    tab[i, 0], tab[i, 1] = pc[node, KEY], node
 
 
 @njit(cache=True)
 def _table_delete(tab, pc, key):
     mask = tab.shape[0] - 1
     i = _slot(key, mask)
-    while pc[tab[i], KEY] != key:
+    while tab[i, 0] != key:
         i = (i + 1) & mask
     j = i
     while True:  # backward shift: move later entries of the probe run into the hole
         j = (j + 1) & mask
-        if tab[j] < 0:
+        if tab[j, 1] < 0:
             break
-        k = _slot(pc[tab[j], KEY], mask)
+        k = _slot(tab[j, 0], mask)
         if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
             continue
-        tab[i] = tab[j]
+        tab[i, 0], tab[i, 1] = tab[j, 0], tab[j, 1]
         i = j
-    tab[i] = -1
+    tab[i, 0], tab[i, 1] = -1, -1
 
 
 @njit(cache=True)
@@ -146,16 +147,24 @@ def unref(tab, pc, lru, j, group, shared, replicas):
 def hit(tab, pc, lru, j, group, blocks, score_from, bs, replicas):
     """`PrefixCache.hit`: how many of the first `blocks` prompt blocks are cached (taking a
     reference on each), 0 where none is or a scoring request would read scored positions."""
+    # One pass takes a reference on each cached block as it finds it (a lookup is a cache
+    # miss at scale); a scoring request that may not read them gives them back.
     n = 0
-    while n < blocks and find(tab, pc, block_key(group, n, replicas, j)) >= 0:
-        n += 1
-    if n == 0 or (score_from and n * bs >= score_from):
-        return 0
-    for i in range(n):
-        node = find(tab, pc, block_key(group, i, replicas, j))
+    while n < blocks:
+        node = find(tab, pc, block_key(group, n, replicas, j))
+        if node < 0:
+            break
         if pc[node, REF] == 0:
             lru[j, 2] -= 1
         pc[node, REF] += 1
+        n += 1
+    if score_from and n * bs >= score_from:
+        for i in range(n):
+            node = find(tab, pc, block_key(group, i, replicas, j))
+            pc[node, REF] -= 1
+            if pc[node, REF] == 0:
+                lru[j, 2] += 1
+        return 0
     return n
 
 
@@ -179,7 +188,7 @@ def new_cache(nodes: int, replicas: int):
     pc = np.full((nodes, PC_COLS), -1, dtype=np.int64)
     pc[:, NEXT] = np.arange(1, nodes + 1)
     pc[-1, NEXT] = -1
-    tab = np.full(_table_size(nodes), -1, dtype=np.int64)
+    tab = np.full((_table_size(nodes), 2), -1, dtype=np.int64)
     lru = np.zeros((replicas, 3), dtype=np.int64)
     lru[:, :2] = -1
     return pc, tab, lru, np.array([0, 0], dtype=np.int64)
@@ -193,7 +202,7 @@ def grow_cache(pc: np.ndarray, free: np.ndarray):
     out[n:, NEXT] = np.arange(n + 1, 2 * n + 1)
     out[-1, NEXT] = free[0]  # the old free list continues after the new nodes
     free[0] = n
-    tab = np.full(_table_size(2 * n), -1, dtype=np.int64)
+    tab = np.full((_table_size(2 * n), 2), -1, dtype=np.int64)
     _rehash(tab, out, n, free[0])
     return out, tab
 

@@ -103,23 +103,24 @@ class TracedReasoning:
         memo[path] = self._paths[key]
         return memo[path]
 
-    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
-        return spec.prompt_tokens, spec.prefix_tokens, spec.path
-
-    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
-        """Tokens the request generates if it runs to its end."""
-        traj, probes = self._path(run, spec.path)
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
+        the request generates if it runs to its end)."""
+        memo, path = run.traced, spec.path  # `_path`'s memo read inline: once a request
+        traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
         if spec.kind == "probe":
-            return probes[spec.position][1]
-        return min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
+            output = probes[spec.position][1]
+        else:
+            output = min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
+        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
         if aborted:
             key = (tokens, True, False, None, False)
         else:
-            traj, probes = self._path(run, spec.path)
+            memo, path = run.traced, spec.path
+            traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
             if spec.kind == "probe":
                 probe = probes[spec.position][0]
                 key = (tokens, False, False, probe.answer, probe.hesitant)
@@ -148,16 +149,13 @@ class TracedSearch:
                              f"{spec.index}; the trace has {len(reqs)}")
         return reqs[spec.index]
 
-    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program)."""
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
+        the request generates)."""
         t = self._traced(run, spec)
         # One prefix-cache group per program, its whole prompt cacheable: this overestimates
         # hits where sibling branches diverge.
-        return t.prompt_tokens, t.prompt_tokens, 0
-
-    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
-        """Tokens the request generates."""
-        return self._traced(run, spec).output_tokens
+        return t.prompt_tokens, t.prompt_tokens, 0, t.output_tokens
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
@@ -176,12 +174,12 @@ class ProgramDriver:
         self.scheduler = scheduler
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
         self.owner = Owners()  # per request idx
-        self._live: dict[int, tuple[SimProgram, RequestSpec]] = {}  # request idx in flight
+        # per request idx: (program, spec) while in flight, then None (a list: idx are dense)
+        self._live: list[tuple[SimProgram, RequestSpec] | None] = []
         self.on_program_done = on_program_done
         # called once a program is done and none of its requests is in flight: nothing can
         # change it any more (a caller may take its row and let it go)
         self.on_program_closed = None
-        self._sent: dict[RequestSpec, tuple[int, object]] = {}  # spec -> (replica, handle)
         self._groups = 0  # prefix-cache groups numbered so far, one per (program, path)
         self._pools: dict[str, str] = {}  # role -> its pool
         self._costs = [_costs(cal) for cal, _ in cluster.specs]
@@ -206,8 +204,8 @@ class ProgramDriver:
 
     def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
         """Replica callback: request `idx` finished (or was aborted) with `generated` tokens."""
-        run, spec = self._live.pop(idx)
-        self._sent.pop(spec, None)
+        run, spec = self._live[idx]
+        self._live[idx] = spec.sent = None
         run.open -= 1
         actions = run.program.on_done(spec, self.oracle.outcome(run, spec, generated, aborted))
         if not aborted:  # an abort lands inside the action that caused it: finish there
@@ -219,8 +217,9 @@ class ProgramDriver:
         program = run.program  # an abort's callback may close it before this returns
         for a in actions:
             if type(a) is Abort:
-                entry = self._sent.pop(a.spec, None)
+                entry = a.spec.sent  # (replica, handle), None once it is done
                 if entry is not None:
+                    a.spec.sent = None
                     self.cluster.cancel(*entry)
             else:
                 self._submit(run, a)
@@ -239,8 +238,7 @@ class ProgramDriver:
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
         idx = len(self.owner)
-        prompt, prefix, key = self.oracle.prompt(run, spec)
-        output = self.oracle.output_tokens(run, spec)
+        prompt, prefix, key, output = self.oracle.request(run, spec)
         rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
         if rid is None:
             rid = self.pin(run, spec.role, prompt, prompt + output)
@@ -270,9 +268,9 @@ class ProgramDriver:
                            s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
                            row_ms if s.top_logprobs or s.logprobs else 0.0))
         self.owner.add(run.idx, spec)
-        self._live[idx] = (run, spec)
+        self._live.append((run, spec))
         run.open += 1
-        self._sent[spec] = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
+        spec.sent = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
 
 
 def _costs(cal) -> tuple:

@@ -35,16 +35,14 @@ class TracedToT:
                              "program version: re-trace with reasonsim trace tot)")
         return row
 
-    def prompt(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int]:
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
         """(prompt tokens, prefix-cacheable tokens: all of it, prefix-cache key: one per
-        program); the spec's content chain says which blocks other prompts share."""
-        return spec.prompt_tokens, spec.prompt_tokens, 0
-
-    def output_tokens(self, run: SimProgram, spec: RequestSpec) -> int:
-        """Tokens the engine generates: the drafted or written thought tokens, else one."""
+        program, tokens the engine generates: the drafted or written thought tokens, else one);
+        the spec's content chain says which blocks other prompts share."""
+        output = 1
         if spec.kind == "ar" or spec.kind.startswith("draft"):
-            return int(self._row(run, spec)["output_tokens"])
-        return 1
+            output = int(self._row(run, spec)["output_tokens"])
+        return spec.prompt_tokens, spec.prompt_tokens, 0, output
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""

@@ -48,11 +48,8 @@ class DraftThenVerify:
 class AsAsked:
     """Every request generates what it asked for."""
 
-    def prompt(self, run, spec):
-        return spec.prompt_tokens, spec.prefix_tokens, 0
-
-    def output_tokens(self, run, spec):
-        return spec.sampling.max_tokens
+    def request(self, run, spec):
+        return spec.prompt_tokens, spec.prefix_tokens, 0, spec.sampling.max_tokens
 
     def outcome(self, run, spec, tokens, aborted):
         return Outcome(tokens, aborted=aborted)
