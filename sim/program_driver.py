@@ -28,7 +28,7 @@ class Owners:
     """Whose each simulated request is, by request idx, for the tables: columns, not an object
     per request (the specs are dropped once done: a million programs' would hold gigabytes)."""
 
-    __slots__ = ("program", "index", "path", "role", "roles", "_codes")
+    __slots__ = ("program", "index", "path", "role", "roles", "codes")
 
     def __init__(self):
         self.program = array("q")  # the program's index in the workload
@@ -36,22 +36,19 @@ class Owners:
         self.path = array("q")     # the spec's path
         self.role = bytearray()    # its (model role, requests-table role), a code into `roles`
         self.roles: list[tuple[str, str]] = []
-        self._codes: dict[tuple[str, str], int] = {}
+        self.codes: dict[tuple[str, str], int] = {}
 
     def __len__(self) -> int:
         return len(self.program)
 
-    def add(self, program: int, spec: RequestSpec) -> None:
-        """Record the next request idx's owner."""
+    def code(self, spec: RequestSpec) -> int:
+        """The code of the spec's (model role, requests-table role), numbered as first seen
+        (`ProgramDriver._submit` appends each request's columns)."""
         key = (spec.role, spec.table_role)
-        code = self._codes.get(key)
-        if code is None:
-            code = self._codes[key] = len(self.roles)
+        if key not in self.codes:
+            self.codes[key] = len(self.roles)
             self.roles.append(key)
-        self.program.append(program)
-        self.index.append(spec.index)
-        self.path.append(spec.path)
-        self.role.append(code)
+        return self.codes[key]
 
     def role_names(self, table: bool = False) -> list[str]:
         """Each request's model role (`table`: its requests-table role), in idx order."""
@@ -223,7 +220,7 @@ class ProgramDriver:
                     self.cluster.cancel(*entry)
             else:
                 self._submit(run, a)
-        if program.done and math.isnan(run.finish_s):
+        if program.done and run.finish_s != run.finish_s:  # not finished yet: NaN (isnan, inlined)
             run.finish_s = self.env.now
             # Aborted requests report their tokens after this: the SJF history takes what is known.
             self.finished_tokens.add(program.tokens)
@@ -267,7 +264,14 @@ class ProgramDriver:
                            prompt - scored if scored else 0,
                            s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
                            row_ms if s.top_logprobs or s.logprobs else 0.0))
-        self.owner.add(run.idx, spec)
+        owner = self.owner  # `Owners.add`, inlined: this runs for every request
+        code = owner.codes.get((spec.role, spec.table_role))
+        if code is None:
+            code = owner.code(spec)
+        owner.program.append(run.idx)
+        owner.index.append(spec.index)
+        owner.path.append(spec.path)
+        owner.role.append(code)
         self._live.append((run, spec))
         run.open += 1
         spec.sent = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
