@@ -158,7 +158,10 @@ class DynasorGang:
         rank = view.arrival_rank % _RANKS
         if view.age_s > self.escalate_after_s:
             return -_RANKS + rank
-        median = finished.median_remaining(view.tokens_done)  # remaining_tokens, inlined
+        # remaining_tokens, inlined, and median_remaining's memo read here: once a request
+        median = finished._medians.get(view.tokens_done, -1)
+        if median == -1:
+            median = finished.median_remaining(view.tokens_done)
         return (self.default_remaining_tokens if median is None else median) * _RANKS + rank
 
 

@@ -10,6 +10,7 @@ search step), not tokens.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from policies.allocation import describe_policy
 from policies.scheduling import make_scheduler
 from programs.reasoning import ReasoningProgram, ReasoningSetup
 from programs.records import program_row
@@ -33,7 +35,7 @@ from sim.metrics import summarize
 from sim.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
 from sim.program_metrics import program_summary
 from sim.request_state import Req, Results
-from sim.tables import SimResult, kv_usage, steps_table
+from sim.tables import SimResult, finish_reasons, kv_usage, steps_table
 from traces import ids
 
 
@@ -120,9 +122,14 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
             driver.pin(run, "target", q.prompt_tokens, q.prompt_tokens + q.expected_tokens)
             driver.start(run)
 
+    # described once: every row of the workload shares them
+    policy = describe_policy(wl.policy)
+    sched = cfg.scheduler if isinstance(cfg.scheduler, str) else json.dumps(cfg.scheduler,
+                                                                              sort_keys=True)
+
     def row(run) -> dict:
-        return program_row(run.plan, run.program, run.finish_s, wl.method, wl.policy,
-                           cfg.scheduler, run.question.gold_answer)
+        return program_row(run.plan, run.program, run.finish_s, wl.method, policy, sched,
+                           run.question.gold_answer)
 
     rows: dict[int, dict] = {}
     if isinstance(bank, QuestionBank):  # nothing reads a cot/sc program after its row
@@ -182,7 +189,7 @@ def _requests_table(driver, res: Results) -> pa.Table:
         "scheduled_s": res.scheduled_s[:n], "first_token_s": res.first_token_s[:n],
         "finish_s": res.finish_s[:n], "prompt_tokens": res.prompt_tokens[:n],
         "output_tokens": res.output_tokens[:n], "cached_prompt_tokens": res.cached_tokens[:n],
-        "finish_reason": pa.array(np.where(res.aborted[:n], "abort", "length"), pa.string()),
+        "finish_reason": finish_reasons(res.aborted[:n]),
     })
 
 

@@ -19,7 +19,7 @@ from sim.compiled import simulate_compiled, why_not_compiled
 from sim.config import SimConfig
 from sim.metrics import summarize
 from sim.request_state import Req, Results
-from sim.tables import SimResult, kv_usage, steps_table
+from sim.tables import SimResult, finish_reasons, kv_usage, steps_table
 from sim.workload import Workload, workload_from_config
 from traces import ids
 
@@ -131,5 +131,5 @@ def _requests_table(w: Workload, res: Results) -> pa.Table:
         "finish_s": res.finish_s, "prompt_tokens": w.prompt_tokens.astype(np.int32),
         "output_tokens": res.output_tokens,
         "cached_prompt_tokens": res.cached_tokens,
-        "finish_reason": pa.array(np.where(res.aborted, "abort", "length"), pa.string()),
+        "finish_reason": finish_reasons(res.aborted),
     })

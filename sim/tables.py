@@ -26,6 +26,12 @@ class SimResult:
     """further tables of a method family (A1: conformity), by name"""
 
 
+def finish_reasons(aborted: np.ndarray) -> pa.Array:
+    """The requests table's finish_reason column: "abort" or "length" per request (taken from
+    two strings: a numpy string array of millions of rows is slow to make and to convert)."""
+    return pa.array(["length", "abort"], pa.string()).take(np.asarray(aborted, dtype=np.int8))
+
+
 def kv_usage(res: Results) -> float:
     """Iteration-weighted mean KV usage over the run."""
     iterations, kv_iterations = res.run_totals()
