@@ -50,10 +50,9 @@ class Owners:
             self.roles.append(key)
         return self.codes[key]
 
-    def role_names(self, table: bool = False) -> list[str]:
-        """Each request's model role (`table`: its requests-table role), in idx order."""
-        names = [key[table] for key in self.roles]
-        return [names[c] for c in self.role]
+    def role_names(self) -> list[str]:
+        """Each request's model role, in idx order."""
+        return [self.roles[c][0] for c in self.role]
 
 
 class SimProgram:
