@@ -171,9 +171,17 @@ def test_torch_step_grid_traces_calibrate_and_time_every_layer(tmp_path):
     assert cal.provenance["engine"] == "torch" and cal.max_num_seqs == 3
 
 
-@pytest.mark.parametrize("name", ["testbed-large-h100", "llama-3.1-8b-h100",
-                                  "testbed-exits-target-large-h100"])
-def test_shipped_gpu_traces_are_valid_and_say_their_device(name):
+GPU_TRACES = {"NVIDIA H100 80GB HBM3": ["testbed-large-h100", "llama-3.1-8b-h100",
+                                         "testbed-exits-target-large-h100"],
+              "NVIDIA H200": ["testbed-large-h200", "testbed-draft-h200", "llama-3.1-8b-h200",
+                              "qwen2.5-7b-h200", "testbed-exits-target-large-h200",
+                              "testbed-exits-target-small-h200", "testbed-spec-h200",
+                              "llama-3.1-8b-spec-3.2-1b-h200"]}
+
+
+@pytest.mark.parametrize("device,name", [(d, n) for d, names in GPU_TRACES.items()
+                                         for n in names])
+def test_shipped_gpu_traces_are_valid_and_say_their_device(device, name):
     import json
 
     from conftest import REPO
@@ -182,12 +190,12 @@ def test_shipped_gpu_traces_are_valid_and_say_their_device(name):
     trace = REPO / "traces" / "data" / name
     assert check_trace(trace) == []
     run = read_run(trace)
-    assert run["engine"] == "torch" and run["device"] == "NVIDIA H100 80GB HBM3"
+    assert run["engine"] == "torch" and run["device"] == device
     assert run["dtype"] == "bfloat16" and run["engine_version"].endswith("+cu130")
-    cal = REPO / "sim" / "data" / f"{name}.calib.json"
-    if cal.exists():
+    for cal in (REPO / "sim" / "data").glob("*.calib.json"):  # each calibration fitted on it
         prov = json.loads(cal.read_text())["provenance"]
-        assert prov["device"] == run["device"] and prov["run_ids"] == [run["run_id"]]
+        if prov["traces"] == [f"traces/data/{name}"]:
+            assert prov["device"] == device and prov["run_ids"] == [run["run_id"]], cal
 
 
 def test_h100_calibration_simulates_at_the_traced_step_time():

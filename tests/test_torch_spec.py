@@ -66,3 +66,7 @@ def test_torch_spec_trace_is_a_spec_trace_for_calibrate_and_seed_offline(tmp_pat
     bad = run_cli("trace", "spec", "--engine", "torch", "--temperatures", "0.8",
                   "-o", str(tmp_path / "bad"), check=False)
     assert bad.returncode != 0 and "greedy acceptance only" in bad.stderr
+    one = run_cli("trace", "spec", "--engine", "torch", "--k", "2", "--batch-sizes", "1",
+                  "--questions", "1", "--max-tokens", "8", "--temperatures", "0",
+                  "-o", str(tmp_path / "one"), "--json", "-q", check=False)
+    assert one.returncode == 0, one.stderr  # a batch-1 grid warms up on its one slot

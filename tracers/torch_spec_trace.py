@@ -60,6 +60,9 @@ class SpecPair:
     def start(self, wave: list[_Request], prompts: list[list[int]]) -> tuple[float, list]:
         """Prefill a wave on both engines (the target's first token is each output's first);
         (ms, requests finished at once)."""
+        if len(self.live) + len(wave) > self.target.spec.max_num_seqs:
+            raise ValueError(f"a wave of {len(wave)} over {len(self.live)} live sequences "
+                             f"exceeds the engines' {self.target.spec.max_num_seqs} slots")
         t0 = time.perf_counter()
         for r, p in zip(wave, prompts):
             self.target.add(r.rid, p, self.max_tokens, stop_at_eos=False)
@@ -252,7 +255,8 @@ class _CharTokenizer:
 
 def _warm_up(pair: SpecPair, prompts: list[list[int]], k: int) -> None:
     """A throw-away wave: the first forwards of fresh engines pay one-off setup."""
-    reqs = [_Request(f"warmup-{i}", None, len(p), 0.0) for i, p in enumerate(prompts[:2])]
-    pair.start(reqs, prompts[:2])
+    n = min(2, pair.target.spec.max_num_seqs)  # a batch-1 grid has one slot
+    reqs = [_Request(f"warmup-{i}", None, len(p), 0.0) for i, p in enumerate(prompts[:n])]
+    pair.start(reqs, prompts[:n])
     while pair.live:
         pair.round(k)
