@@ -264,8 +264,11 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
 
     base_dir = REPO / "examples"
     sim, band = simulate_with_band(parse_config(d, base_dir), out_dir / "sim")
-    results = [compare(sim.programs.to_pandas(), read_table(live, "programs").to_pandas())
-               for live in lives]
+    live_tables = [read_table(live, "programs").to_pandas() for live in lives]
+    results = [compare(sim.programs.to_pandas(), t) for t in live_tables]
+    # the live engine against itself: batch-dependent numerics can flip a sampled probe answer
+    live_agreement = (compare(live_tables[0], live_tables[1])["decision_agreement"]
+                      if len(live_tables) > 1 else 1.0)
     # every chunk and probe samples with a seed: the prediction the ratio divides by says so
     cal = d["cluster"]["replicas"][0]["calibration"]
     speeds = [step_speed_ratio(cal, live, all_seeded=True, decode_only=True) for live in lives]
@@ -281,7 +284,9 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
                                           PROGRAM_TOLERANCE["tokens_per_program"])
     agreement = min(r["decision_agreement"] for r in results)
     return {"workload": name, "kind": "programs", "metrics": metrics,
-            "decision_agreement": agreement,
+            "decision_agreement": agreement, "live_agreement": live_agreement,
+            # as the latency metrics: exact, or no further off than live is from live
+            "agreement_ok": agreement == 1.0 or agreement >= live_agreement,
             "step_speed": [{"decode": f, "prefill": None} for f in speeds]}
 
 
@@ -341,7 +346,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",
                                "seeds": BAND_SEEDS}
     result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
-        r.get("decision_agreement", 1.0) == 1.0 for r in rows)
+        r.get("agreement_ok", True) for r in rows)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "report.md").write_text(report(result))
     return result
@@ -378,8 +383,9 @@ def report(result: dict) -> str:
                          + ", ".join(speed_text(v) for v in r["step_speed"]) + " | | | | | | | |")
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
-                         f"{r['decision_agreement']:.3f} | | | | "
-                         f"{'yes' if r['decision_agreement'] == 1.0 else 'NO'} | | |")
+                         f"{r['decision_agreement']:.3f} | | | live vs live "
+                         f"{r.get('live_agreement', 1.0):.3f} | "
+                         f"{'yes' if r.get('agreement_ok') else 'NO'} | | |")
     c = result["band_coverage"]
     lines += ["", "At live decode speed: the mean error against each live run when the "
               "simulation's step times are scaled by that run's decode steps over the "

@@ -77,7 +77,9 @@ def test_quick_suite_errors_within_loose_bounds(quick):
         assert abs(m["tpot_s.p50"]["error"]) < 0.6, name
         assert abs(m["ttft_s.p50"]["error"]) < 2.0, name
     cot = rows["cot_probes"]
-    assert cot["decision_agreement"] == 1.0
+    # exact, or no further from live than the live engine is from itself (a probe's sampled
+    # answer can flip with the batch it ran in)
+    assert cot["agreement_ok"], (cot["decision_agreement"], cot["live_agreement"])
     assert abs(cot["metrics"]["tokens_per_program"]["error"]) <= 0.01
     assert abs(cot["metrics"]["program_latency_p50"]["error"]) < 0.8
 

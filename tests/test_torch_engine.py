@@ -238,3 +238,29 @@ def test_qwen2_models_decode_as_transformers_does_and_other_kinds_are_refused(tm
     with pytest.raises(ValueError, match="model_type 'opt'"):
         TorchEngine(TorchSpec(model=str(REPO / "models" / "configs" / "opt-1.3b"),
                               load_format="dummy"))
+
+
+def test_h200_shape_pair_beats_its_target_only_at_high_acceptance():
+    import copy
+
+    import yaml
+
+    from conftest import REPO
+    from sim.config import parse_config
+    from sim.simulate import simulate
+
+    base = yaml.safe_load((REPO / "examples" / "spec-k4.yaml").read_text())
+
+    def tpot_ms(group: dict) -> float:
+        cfg = copy.deepcopy(base)
+        cfg["cluster"]["replicas"][0] = group
+        return simulate(parse_config(cfg, REPO / "examples")).summary["tpot_s"]["p50"] * 1e3
+
+    def spec(a: float) -> float:  # K = 4, each position accepted with conditional rate a
+        return tpot_ms({"calibration": "../sim/data/llama-3.1-8b-spec-3.2-1b-k4-h200.calib.json",
+                        "speculative": {"acceptance_rates": [a ** (i + 1) for i in range(4)]}})
+
+    plain = tpot_ms({"calibration": "../sim/data/llama-3.1-8b-h200.calib.json"})
+    # the README's reading of the H200 lease: an eager 1B draft costs half a target step, so
+    # K = 4 pays only when nearly every proposal lands
+    assert spec(0.6) > 1.3 * plain and spec(0.8) > plain > spec(0.95), (plain, spec(0.95))
