@@ -30,7 +30,8 @@ request (`sim.host_time`; before, only shared devices did). Every non-HELIOS gol
 `demo` and `replay-small` run there now, their figures unchanged. `llama-8b-h100` (the first
 GPU calibration) was added with its first output. Every program workload's golden gained
 `kv_usage_mean` (the figure plain runs report) when program runs began reporting it, every
-other figure unchanged.
+other figure unchanged. `seed-separate-h200` (the same trees on the H200 calibrations) was added
+with its first output.
 """
 
 from __future__ import annotations
