@@ -6,7 +6,9 @@
 # Each trace directory is tarred into OUT_DIR (with its log) as soon as it is written; unpack
 # them under traces/data/ and check them with `reasonsim traces check`. The full set needs more
 # than one 10-minute device call; QUICK=1 (smaller grids) fits one, ONLY="NAME ..." picks traces
-# (NAME as written, e.g. ONLY="qwen2.5-7b-h100 testbed-spec-h100").
+# (NAME as written, e.g. ONLY="qwen2.5-7b-h100 testbed-spec-h100"). On the H200 (2026-11-26)
+# QUICK=1 PROFILE=0 took 152 s for five traces; the full draft grid outran 50 s and the full
+# Llama-3.1-8B grid did not finish in the ~4 minutes left of that call.
 set -u
 out=${1:?usage: scripts/gpu_traces.sh OUT_DIR [TAG]}
 tag=${2:-h100}
@@ -49,10 +51,12 @@ if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in a
         --draft models/configs/llama-3.2-1b --batch-sizes 1,4 --questions 4 --max-tokens 48
     exit 0
 fi
-"$py" benchmarks/gpu_overheads.py --json
-"$py" benchmarks/gpu_overheads.py --json --batch 64
+if [ "${PROFILE:-1}" = 1 ]; then  # ~3 minutes on the H200 (2026-11-26): PROFILE=0 skips it
+    "$py" benchmarks/gpu_overheads.py --json
+    "$py" benchmarks/gpu_overheads.py --json --batch 64
+fi
 trace "testbed-large-$tag" 70 trace steps --engine torch --model models/testbed/target-large
-trace "testbed-draft-$tag" 50 trace steps --engine torch --model models/testbed/draft
+trace "testbed-draft-$tag" 120 trace steps --engine torch --model models/testbed/draft
 trace "testbed-exits-target-large-$tag" 50 trace exits --model models/testbed/target-large
 trace "testbed-exits-target-small-$tag" 40 trace exits --model models/testbed/target-small
 trace "llama-3.1-8b-$tag" 270 trace steps --engine torch --model models/configs/llama-3.1-8b \
