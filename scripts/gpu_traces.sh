@@ -51,7 +51,7 @@ if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in a
         --draft models/configs/llama-3.2-1b --batch-sizes 1,4 --questions 4 --max-tokens 48
     exit 0
 fi
-if [ "${PROFILE:-1}" = 1 ]; then  # ~3 minutes on the H200 (2026-11-26): PROFILE=0 skips it
+if [ "${PROFILE:-1}" = 1 ]; then  # PROFILE=0 skips it (device time for traces)
     "$py" benchmarks/gpu_overheads.py --json
     "$py" benchmarks/gpu_overheads.py --json --batch 64
 fi
