@@ -39,8 +39,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         if "decision_agreement" in r:
             table.add_row(r["workload"], "decision agreement", "", "",
                           f"{r['decision_agreement']:.3f}", "", "",
-                          f"live {r.get('live_agreement', 1.0):.3f}",
-                          "yes" if r.get("agreement_ok") else "[red]NO[/]", "")
+                          f"live {r['live_agreement']:.3f}",
+                          "yes" if r["agreement_ok"] else "[red]NO[/]", "")
     Console().print(table)
     c = result["band_coverage"]
     print(f"live values inside the step-time noise band ({c['band']}, {c['seeds']} draws): "

@@ -10,7 +10,6 @@ search step), not tokens.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 from policies.allocation import describe_policy
 from policies.scheduling import make_scheduler
 from programs.reasoning import ReasoningProgram, ReasoningSetup
-from programs.records import program_row
+from programs.records import describe_scheduler, program_row
 from programs.search import SearchProgram, SearchSettings, program_seed
 from programs.a1_traced import A1Bank
 from programs.tot_traced import ToTBank
@@ -124,8 +123,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
 
     # described once: every row of the workload shares them
     policy = describe_policy(wl.policy)
-    sched = cfg.scheduler if isinstance(cfg.scheduler, str) else json.dumps(cfg.scheduler,
-                                                                              sort_keys=True)
+    sched = describe_scheduler(cfg.scheduler)
 
     def row(run) -> dict:
         return program_row(run.plan, run.program, run.finish_s, wl.method, policy, sched,
