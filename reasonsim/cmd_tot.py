@@ -236,6 +236,19 @@ def _print_modes(result: dict, title: str) -> None:
     Console(width=200).print(t)
     print("at live speed: re-simulated with every engine's step times scaled to each live run's "
           "measured speed (median live step / predicted), beside the raw figures")
+    for mode, r in result["modes"].items():
+        for base in ("ar", "sd"):
+            j = r[f"speedup_vs_{base}"].get("judged")
+            if j is None or mode == "ar":  # ar over sd: sd over ar, inverted
+                continue
+            fast = j.get("at_live_speed")
+            print(f"{mode} over {base}: sim {j['sim']:.2f}x, live runs "
+                  + ", ".join(f"{v:.2f}x" for v in j["live"])
+                  + f" (spread {j['spread']:.0%}): error {j['error']:+.1%} "
+                  + ("ok" if j["ok"] else "NOT ok")
+                  + ("" if fast is None else f"; at live speed {fast['sim']:.2f}x, "
+                     f"{fast['error']:+.1%} " + ("ok" if fast["ok"] else "NOT ok"))
+                  + f" (within {j['tolerance']:.0%} or the spread)")
 
 
 def add_tot_trace_parser(tsub) -> None:

@@ -67,23 +67,6 @@ def load_suite(path: Path) -> dict:
     return suite
 
 
-def judge(sim: float, live: list[float], tolerance: float, band: dict | None = None) -> dict:
-    """Error of sim against the mean of the live runs, the live-vs-live spread, whether the
-    error is within the tolerance or (where larger) the spread, and which live runs fall inside
-    the step-time noise band."""
-    mean = float(np.mean(live))
-    err = (sim - mean) / mean if mean else float("nan")
-    spread = (max(live) - min(live)) / mean if mean else float("nan")
-    out = {"sim": float(sim), "live": [float(v) for v in live], "error": float(err),
-           "spread": float(spread), "tolerance": tolerance,
-           "ok": bool(abs(err) <= max(tolerance, spread))}
-    if band is not None:
-        out["band"] = [band["lo"], band["hi"]]
-        out["in_band"] = [bool(band["lo"] <= v <= band["hi"]) for v in live]
-        out["error_sampled"] = float(band["median"] / mean - 1) if mean else float("nan")
-    return out
-
-
 def leveled_errors(metrics: dict, leveled: list) -> None:
     """Add each metric's mean error at the live runs' decode speeds, of the mean-latency
     simulation and of the sampled draws' median (`at_live_speed`); nothing where a run had
@@ -185,7 +168,7 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the request workload config `d` into out_dir and judge it against its live
     runs (`rejudge` does it again for another calibration): the table row."""
     from sim.config import parse_config
-    from sim.validate import TOLERANCE, compare, plot_cdfs, speed_check
+    from sim.validate import TOLERANCE, compare, judge, plot_cdfs, speed_check
 
     _, band = simulate_with_band(parse_config(d, out_dir), out_dir / "sim")
     rows = [compare(out_dir / "sim", live) for live in lives]
@@ -260,6 +243,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     from sim.config import parse_config
     from sim.live_speed import step_speed_ratio
     from sim.program_metrics import compare
+    from sim.validate import judge
     from traces.store import read_table
 
     base_dir = REPO / "examples"

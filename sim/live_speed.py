@@ -51,13 +51,13 @@ def live_over_predicted(model, steps: pd.DataFrame,
     return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9), steps
 
 
-def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
-                     decode_only: bool = False) -> float | None:
-    """Median of live step time over the calibration's prediction (its log-probability term
-    included) over every step an engine recorded under `steps_dir` (decode-only steps with
-    `decode_only`); None when it ran none. The seeded-sampling term is priced on the seeded
-    sequences the engine recorded (`step_seeded`), or with `all_seeded` on every sequence where
-    the trace predates that table (a Dynasor program replay: all sample with a seed)."""
+def step_ratios(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
+                ) -> tuple[np.ndarray, pd.DataFrame] | None:
+    """Live step time over the calibration's prediction (its log-probability term included),
+    per step an engine recorded under `steps_dir`, with the steps compared; None when it ran
+    none. The seeded-sampling term is priced on the seeded sequences the engine recorded
+    (`step_seeded`), or with `all_seeded` on every sequence where the trace predates that table
+    (a Dynasor program replay: all sample with a seed)."""
     cal = json.loads(Path(calibration).read_text())
     steps = read_table(steps_dir, "steps").to_pandas()
     if not len(steps):
@@ -71,8 +71,18 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
     recorded = bool(steps.seeded_seqs.gt(0).any())
     if not recorded and all_seeded:
         steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)
-    ratio, steps = live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost,
-                                       seeded if recorded or all_seeded else (0.0, 0.0))
+    return live_over_predicted(step_time.from_json(cal["step_time_model"]), steps, cost,
+                               seeded if recorded or all_seeded else (0.0, 0.0))
+
+
+def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
+                     decode_only: bool = False) -> float | None:
+    """Median of `step_ratios` over every step an engine recorded under `steps_dir`
+    (decode-only steps with `decode_only`); None when it ran none."""
+    got = step_ratios(calibration, steps_dir, all_seeded)
+    if got is None:
+        return None
+    ratio, steps = got
     if decode_only:  # after the engine features, which read each step's predecessor
         ratio = ratio[((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()]
     return float(np.median(ratio)) if len(ratio) else None

@@ -16,6 +16,23 @@ TOLERANCE = {"e2e_s.p50": 0.05, "e2e_s.p90": 0.05, "tpot_s.p50": 0.05, "tpot_s.p
              "ttft_s.p50": 0.10, "ttft_s.p90": 0.10, "throughput_tok_s": 0.03}
 
 
+def judge(sim: float, live: list[float], tolerance: float, band: dict | None = None) -> dict:
+    """Error of sim against the mean of the live runs, the live-vs-live spread, whether the
+    error is within the tolerance or (where larger) the spread, and which live runs fall inside
+    the step-time noise band."""
+    mean = float(np.mean(live))
+    err = (sim - mean) / mean if mean else float("nan")
+    spread = (max(live) - min(live)) / mean if mean else float("nan")
+    out = {"sim": float(sim), "live": [float(v) for v in live], "error": float(err),
+           "spread": float(spread), "tolerance": tolerance,
+           "ok": bool(abs(err) <= max(tolerance, spread))}
+    if band is not None:
+        out["band"] = [band["lo"], band["hi"]]
+        out["in_band"] = [bool(band["lo"] <= v <= band["hi"]) for v in live]
+        out["error_sampled"] = float(band["median"] / mean - 1) if mean else float("nan")
+    return out
+
+
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     """{metric: {sim, live, rel_err}} for TTFT/TPOT/e2e mean,P50,P90,P99 and throughput."""
     sim = read_table(sim_dir, "requests").to_pandas()

@@ -139,3 +139,22 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
 def again_equal(a: dict, b: dict) -> bool:
     keys = ("sim", "live", "error", "error_at_live_speed", "error_sampled_at_live_speed")
     return all(a.get(k) == b.get(k) for k in keys)
+
+
+def test_step_noise_floor_scores_a_live_run_against_its_own_shapes(quick):
+    """`benchmarks/step_noise_floor.py`: the calibration's decode-step error beside an oracle that
+    knows the run's own median per shape (the machine's noise floor for any model of shape)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from sim.calibration import load_calibration
+    from step_noise_floor import noise_floor
+
+    out, _ = quick
+    model = load_calibration(out / "calibration.json").latency
+    r = noise_floor(model, out / "poisson" / "live1")
+    assert r["steps"] > 100 and 0.2 < r["level"] < 5
+    for k in ("oracle", "calibration", "calibration_at_level"):
+        assert 0 < r[k]["mape"] <= r[k]["p90_ape"] < 5, k
+    # the run's own shape medians are no worse a predictor than the calibration at its level
+    assert r["oracle"]["mape"] <= r["calibration_at_level"]["mape"] + 0.01

@@ -272,6 +272,20 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     (speed,) = result["at_live_speed"]["step_speed"]
     assert set(speed) == {"draft", "target"} and all(0.2 < f < 5 for f in speed.values())
     assert abs(result["at_live_speed"]["error"]) < 1.0
+    # benchmarks/tot_step_speed.py: the same steps against the same calibrations, by shape
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from tot_step_speed import table
+
+    rows = {(r["pool"], r["runs"]): r for r in table(tmp_path / "rep",
+                                                     tmp_path / "rep" / "calibration")}
+    assert set(rows) == {(p, k) for p in ("draft", "target")
+                         for k in ("calibration", "validation")}
+    for (pool, _), r in rows.items():
+        assert r["mode"] == "seed" and r["steps"] > 0 and 0.2 < r["ratio"] < 5, pool
+    # validation: the step speed the replay reported, over the same steps
+    assert rows[("target", "validation")]["ratio"] == pytest.approx(speed["target"])
 
 
 def test_a_calibration_scaled_to_a_live_runs_step_speed(tmp_path):
@@ -332,3 +346,31 @@ def test_seed_modes_on_the_shipped_trace(tmp_path):
     bad = run_cli("seed", "modes", str(REPO / "examples" / "seed-greedy.yaml"), "--depths", "9",
                   check=False)
     assert bad.returncode == 2 and "not in the trace" in bad.stderr
+
+
+def test_speedups_are_judged_against_each_repeats_own_ratio():
+    """A simulated speedup passes within 10% of live, or within the spread of the live repeats'
+    own speedups (each repeat's modes ran minutes apart on a drifting machine); else it fails."""
+    import pandas as pd
+
+    from sim.tot_metrics import compare_modes
+
+    tot = pd.DataFrame({"program_id": ["p"], "node": [0], "kind": ["eval"], "round": [0],
+                        "accepted_tokens": [None]})
+
+    def programs(latency_s):
+        return pd.DataFrame({"arrival_s": [0.0], "finish_s": [latency_s]}), tot
+
+    def result(sim_s, live_s):
+        return (programs(sim_s), [programs(v) for v in live_s])
+
+    # sd live 1.0 s twice; seed live 0.5 s then 0.8 s: speedups 2.0x and 1.25x (spread 46%)
+    r = compare_modes({"sd": result(1.0, [1.0, 1.0]), "seed": result(0.6, [0.5, 0.8])})
+    j = r["modes"]["seed"]["speedup_vs_sd"]["judged"]
+    assert j["live"] == [2.0, 1.25] and j["spread"] == pytest.approx(0.75 / 1.625)
+    assert j["ok"] and j["error"] == pytest.approx((1 / 0.6) / 1.625 - 1)  # +2.6%
+    # repeats that agree leave only the tolerance: a 1.67x against 1.25x twice fails
+    r = compare_modes({"sd": result(1.0, [1.0, 1.0]), "seed": result(0.6, [0.8, 0.8])})
+    j = r["modes"]["seed"]["speedup_vs_sd"]["judged"]
+    assert j["spread"] == 0 and not j["ok"] and j["error"] == pytest.approx(1 / 0.6 / 1.25 - 1)
+    assert "judged" not in r["modes"]["sd"]["speedup_vs_sd"]  # no speedup of a mode over itself
