@@ -8,8 +8,9 @@ REPLAY_DIR is a `reasonsim seed replay -o` directory (`<mode>/live<i>/<pool>` an
 (calibration traffic or validation), the median of live step time over the calibration's
 prediction (its log-probability term included), over all steps, by sequences per step and,
 for one-sequence steps, by the engine's idle time before the step (the other engine's turn on a
-shared CPU). A mode whose steps sit above the others' at equal shape and idle is priced by a
-feature the step model lacks, not by the machine's drift, which moves every mode alike.
+shared CPU). A mode whose steps sit above the others' at equal shape and idle, in its
+calibration traffic as in its validation runs, meets a cost the step model lacks; the machine's
+drift moves whole runs instead.
 """
 
 from __future__ import annotations
