@@ -158,3 +158,9 @@ def test_step_noise_floor_scores_a_live_run_against_its_own_shapes(quick):
         assert 0 < r[k]["mape"] <= r[k]["p90_ape"] < 5, k
     # the run's own shape medians are no worse a predictor than the calibration at its level
     assert r["oracle"]["mape"] <= r["calibration_at_level"]["mape"] + 0.01
+    # benchmarks/recent_busy.py: the same steps by the engine's load over the previous second
+    from recent_busy import table
+
+    rows = table(out / "calibration.json", [out / "poisson" / "live1"], 1.0)
+    assert sum(row["steps"] for row in rows) > 100
+    assert all(0.2 < row["within_run"] < 5 and 0.2 < row["raw"] < 5 for row in rows)
