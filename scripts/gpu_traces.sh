@@ -6,7 +6,9 @@
 # Each trace directory is tarred into OUT_DIR (with its log) as soon as it is written; unpack
 # them under traces/data/ and check them with `reasonsim traces check`. The full set needs more
 # than one 10-minute device call; QUICK=1 (smaller grids) fits one, ONLY="NAME ..." picks traces
-# (NAME as written, e.g. ONLY="qwen2.5-7b-h100 testbed-spec-h100"). On the H200 (2026-11-26)
+# (NAME as written, e.g. ONLY="qwen2.5-7b-h100 testbed-spec-h100"). GRID=wide: the two 8B shapes
+# and the draft over batch 1-64 with 50-ms idle gaps every other cell (one call: on the H200,
+# 2026-11-26, Llama reached 47 of 48 cells in its 170 s, Qwen took 166 s, the draft 24 s). On the H200 (2026-11-26)
 # QUICK=1 PROFILE=0 took 152 s for five traces; the full draft grid outran 50 s and the full
 # Llama-3.1-8B grid did not finish in the ~4 minutes left of that call.
 set -u
@@ -49,6 +51,17 @@ if [ "${QUICK:-0}" = 1 ]; then  # small grids: a few minutes of device time in a
     trace "llama-3.1-8b-spec-3.2-1b-$tag" 120 trace spec --engine torch --temperatures 0 \
         --load-format dummy --target models/configs/llama-3.1-8b \
         --draft models/configs/llama-3.2-1b --batch-sizes 1,4 --questions 4 --max-tokens 48
+    exit 0
+fi
+if [ "${GRID:-}" = wide ]; then  # the 8B shapes over batch 1-64 and prompts to 2048, idle gaps
+    trace "llama-3.1-8b-wide-$tag" 170 trace steps --engine torch --model models/configs/llama-3.1-8b \
+        --load-format dummy --batch-sizes 1,4,16,64 --prompt-tokens 128,512,2048 \
+        --output-tokens 16,64 --idle-ms 0,50
+    trace "qwen2.5-7b-wide-$tag" 170 trace steps --engine torch --model models/configs/qwen2.5-7b \
+        --load-format dummy --batch-sizes 1,4,16,64 --prompt-tokens 128,512,2048 \
+        --output-tokens 16,64 --idle-ms 0,50
+    trace "testbed-draft-wide-$tag" 100 trace steps --engine torch --model models/testbed/draft \
+        --batch-sizes 1,4,16,64 --prompt-tokens 32,128,512 --output-tokens 16,64 --idle-ms 0,50
     exit 0
 fi
 if [ "${PROFILE:-1}" = 1 ]; then  # PROFILE=0 skips it (device time for traces)

@@ -176,7 +176,10 @@ GPU_TRACES = {"NVIDIA H100 80GB HBM3": ["testbed-large-h100", "llama-3.1-8b-h100
               "NVIDIA H200": ["testbed-large-h200", "testbed-draft-h200", "llama-3.1-8b-h200",
                               "qwen2.5-7b-h200", "testbed-exits-target-large-h200",
                               "testbed-exits-target-small-h200", "testbed-spec-h200",
-                              "llama-3.1-8b-spec-3.2-1b-h200"]}
+                              "llama-3.1-8b-spec-3.2-1b-h200", "llama-3.1-8b-wide-h200",
+                              "qwen2.5-7b-wide-h200", "testbed-draft-wide-h200",
+                              "llama-3.1-8b-long-h200", "testbed-spec-small-h200",
+                              "llama-3.1-8b-spec-3.2-1b-b16-h200"]}
 
 
 @pytest.mark.parametrize("device,name", [(d, n) for d, names in GPU_TRACES.items()
