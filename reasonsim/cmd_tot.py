@@ -49,6 +49,8 @@ def live_job(config: str, mode: str, count: int | None, seed: int | None, out_di
 
 def cmd_seed_replay(args: argparse.Namespace) -> int:
     """`reasonsim seed replay`: each mode live (repeated: the noise floor) and simulated."""
+    import shutil
+
     from reasonsim.cmd_sim import write_sim
     from reasonsim.fidelity import fresh_process
     from sim.simulate import simulate
@@ -67,11 +69,15 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     # before it) close in time, so a shared machine's drift lands on all modes alike.
     for i in range(args.repeats):
         for mode in modes:
-            if args.calibrate_here:
-                fresh_process(live_job, str(path), mode, args.count, cal_seed,
-                              str(out / "calibration" / mode / f"live{i}"))
             d = out / mode / f"live{i}"
-            fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
+            if args.rejudge:  # the live runs are there: judge them again, nothing runs live
+                if not (d / "tot_requests").is_dir():
+                    raise UserError(f"--rejudge: {d} holds no live run (tot_requests)")
+            else:
+                if args.calibrate_here:
+                    fresh_process(live_job, str(path), mode, args.count, cal_seed,
+                                  str(out / "calibration" / mode / f"live{i}"))
+                fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
             lives[mode].append((read_table(d, "programs").to_pandas(),
                                 read_table(d, "tot_requests").to_pandas()))
     try:
@@ -82,6 +88,8 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     for mode in modes:
         cfg, _ = _config(path, mode, args.count, seed=args.seed, calibrations=calibrations)
         sim = simulate(cfg)
+        if args.rejudge:  # the simulation's own output, written again
+            shutil.rmtree(out / mode / "sim", ignore_errors=True)
         write_sim(cfg, sim, out / mode / "sim")
         results[mode] = ((sim.programs.to_pandas(),
                           read_table(out / mode / "sim", "tot_requests").to_pandas()),
@@ -300,6 +308,10 @@ def add_replay_parser(ssub) -> None:
                    help="before each validation run, serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live under the same mode, and simulate with "
                    "pool calibrations fitted on those runs' steps (this machine, now)")
+    r.add_argument("--rejudge", action="store_true",
+                   help="run nothing live: simulate again and judge against the live runs "
+                   "already in -o (the same --modes, --repeats and --calibrate-here), e.g. "
+                   "after a simulator change")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_seed_replay)
 

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -130,12 +131,23 @@ class Cluster:
         self.replicas = [
             kind(self.env, i, cal, rc, self.res,
                     np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
-                    on_finish=lambda r, i=i: on_finish(i, r), fast_forward=fast_forward,
+                    on_finish=partial(self._finished, on_finish, i), fast_forward=fast_forward,
                     device=device_of[i], spec_rng=np.random.default_rng(
                         np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
             for i, (cal, rc) in enumerate(specs)]
         self._routing(cfg, specs)
         self.loop_s = 0.0
+
+    def _finished(self, on_finish, rid: int, r: Req) -> None:
+        """A replica's request ended. One that read cached positions it needed log-probabilities
+        of runs again, reading no cache, as the live engine re-runs it (`live.engines`), and
+        only its second run ends it for the caller."""
+        if r.rescore and not r.aborted:
+            r.rerun_uncached()
+            self.res.rescored[r.idx] = True
+            self.replicas[rid].submit(r)
+            return
+        on_finish(rid, r)
 
     def _routing(self, cfg: SimConfig, specs: list) -> None:
         """The pools, their routers and the load arrays they read."""

@@ -145,8 +145,10 @@ def unref(tab, pc, lru, j, group, shared, replicas):
 
 @njit(cache=True)
 def hit(tab, pc, lru, j, group, blocks, score_from, bs, replicas):
-    """`PrefixCache.hit`: how many of the first `blocks` prompt blocks are cached (taking a
-    reference on each), 0 where none is or a scoring request would read scored positions."""
+    """`PrefixCache.hit` for requests that score nothing (the kernel runs cot/sc programs):
+    how many of the first `blocks` prompt blocks are cached (taking a reference on each); a
+    scoring request that would read scored positions gets 0 (SimPy runs it cached, then
+    uncached, as the live engine does)."""
     # One pass takes a reference on each cached block as it finds it (a lookup is a cache
     # miss at scale); a scoring request that may not read them gives them back.
     n = 0

@@ -70,8 +70,9 @@ class PrefixCache:
     def hit(self, r: Req) -> None:
         """A request about to prefill takes the leading blocks of its prompt that are cached
         (never its last token: the engine computes it to sample). A scoring request whose hit
-        would reach the prompt positions it needs log-probabilities for reads nothing: vLLM
-        returns none for cached positions, so the live engine re-runs it without the cache."""
+        reaches the prompt positions it needs log-probabilities for is marked `rescore`: vLLM
+        returns none for cached positions, so the live engine runs it with the cache, then
+        again without (`Cluster` re-submits it when it ends)."""
         bs = self.block_size
         refs = self.refs
         ids = self.block_ids(r, 0, min(r.prefix_tokens, r.target - 1) // bs)
@@ -80,7 +81,8 @@ class PrefixCache:
             if b not in refs:
                 break
             n += 1
-        if not n or (r.score_from and n * bs >= r.score_from):
+        r.rescore = bool(r.score_from) and n * bs >= r.score_from
+        if not n:
             return
         held = ids[:n]
         for b in held:

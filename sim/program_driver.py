@@ -253,7 +253,7 @@ class ProgramDriver:
         # positions, and for sampled tokens when it asks their log-probabilities
         row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
         # A scoring request needs its tail's log-probabilities, which vLLM has none of for
-        # cached positions: the engine re-runs it uncached (`sim.prefix_cache`).
+        # cached positions: the engine runs it cached, then again uncached (`Cluster._finished`).
         scored = s.prompt_logprobs
         # named tuples made as tuples (a named tuple's own constructor costs twice as much)
         priority = self.scheduler.priority(

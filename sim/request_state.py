@@ -38,7 +38,7 @@ class Req:
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
                  "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms",
-                 "seeded", "spec_cum", "spec_it", "pos", "clock0")
+                 "seeded", "spec_cum", "spec_it", "pos", "clock0", "rescore")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
@@ -72,6 +72,14 @@ class Req:
         self.spec_it = 0
         self.pos = 0               # admission order at the replica (its place in `running`)
         self.clock0 = -1           # lazy decode (`sim.decode_cohort`): clock at its last sync
+        self.rescore = False       # a scoring request that read cached scored positions
+
+    def rerun_uncached(self) -> None:
+        """Back to a fresh request that reads no cache (its blocks were released): the live
+        engine's re-run of a scoring request whose tail the cache covered."""
+        self.computed = self.generated = 0
+        self.target = self.prompt
+        self.group, self.rescore, self.done, self.spec_cum = -1, False, False, None
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
@@ -119,6 +127,7 @@ class Results:
         self.cached_tokens = np.zeros(n, dtype=np.int32)
         self.output_tokens = np.zeros(n, dtype=np.int32)  # generated (less than asked if aborted)
         self.aborted = np.zeros(n, dtype=bool)
+        self.rescored = np.zeros(n, dtype=bool)  # ran twice: cached, then re-run uncached
         self.preemptions = np.zeros(n, dtype=np.int32)
         # what a driver sent (`Cluster.send`), for program workloads' requests tables
         self.arrival_s = np.full(n, np.nan)

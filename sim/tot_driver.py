@@ -94,7 +94,8 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
                          "mode": prog.policy.mode, "request_id": ids.search_request_id(
                              run.plan.program_id, r["request_index"]),
                          "sent_s": float(res.arrival_s[i]),
-                         "finish_s": float(res.finish_s[i]), "rescored": None})
+                         "finish_s": float(res.finish_s[i]),
+                         "rescored": bool(res.rescored[i])})
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
     summary = tot_summary(pd.DataFrame(rows), busy, makespan_s)

@@ -31,7 +31,9 @@ request (`sim.host_time`; before, only shared devices did). Every non-HELIOS gol
 GPU calibration) was added with its first output. Every program workload's golden gained
 `kv_usage_mean` (the figure plain runs report) when program runs began reporting it, every
 other figure unchanged. `seed-separate-h200` (the same trees on the H200 calibrations) was added
-with its first output.
+with its first output. The A1 and ToT goldens were regenerated when a scoring request whose
+tail is cached began running twice, cached and then uncached, as the live engine runs it (it
+had run once, uncached: the live engine's wasted first run was missing).
 """
 
 from __future__ import annotations

@@ -53,17 +53,18 @@ def test_prompts_share_the_leading_blocks_of_equal_content_only():
     assert g1.shared == 4 and g2.computed == 32
 
 
-def test_a_scoring_request_whose_tail_is_cached_reads_nothing():
-    # vLLM has no prompt log-probabilities for cached positions: the live engine re-runs it.
+def test_a_scoring_request_whose_tail_is_cached_is_marked_for_a_rerun():
+    # vLLM has no prompt log-probabilities for cached positions: the live engine runs it with
+    # the cache, then again without.
     cache = PrefixCache(BS)
     first = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
     _prefill(cache, first)
     same = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
     cache.hit(same)
-    assert same.computed == 0 and same.shared == 0
+    assert same.computed == 64 and same.shared == 4 and same.rescore
     other = _req(70, chain=(("ctx", 50), ("other draft", 70)), score_from=50)
     cache.hit(other)  # only the context's blocks: 48 tokens, short of the scored tail
-    assert other.computed == 48
+    assert other.computed == 48 and not other.rescore
 
 
 def test_freed_blocks_are_evicted_tail_first_and_counted():

@@ -266,6 +266,23 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert read_table(cal_target, "step_logprobs").num_rows > 0
     assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
+    # a verification whose drafted tail the prefix cache covered runs twice live (cached, then
+    # uncached: vLLM returns no log-probabilities for cached positions), and so in the simulator
+    key = ["program_id", "node", "kind", "round"]
+    rescored = [set(map(tuple, t[t.rescored.astype(bool)][key].values)) for t in (
+        read_table(tmp_path / "rep" / "seed" / run, "tot_requests").to_pandas()
+        for run in ("sim", "live0"))]
+    assert rescored[0] == rescored[1]
+    # --rejudge: the same live run judged again (after a simulator change), nothing run live
+    again = json.loads(run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"),
+                               "--modes", "seed", "--repeats", "1", "-o", str(tmp_path / "rep"),
+                               "--calibrate-here", "--rejudge", "--json").stdout.strip()
+                       .splitlines()[-1])
+    assert again["modes"]["seed"]["live_mean_s"] == result["live_mean_s"]
+    assert again["modes"]["seed"]["sim_mean_s"] == pytest.approx(result["sim_mean_s"])
+    missing = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
+                      "--repeats", "2", "-o", str(tmp_path / "rep"), "--rejudge", check=False)
+    assert missing.returncode != 0 and "holds no live run" in missing.stderr
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
     assert abs(result["error"]) < 1.0    # loose: four programs on a noisy 2-core machine
     # beside it, the simulation at the live run's own step speed, per engine
