@@ -272,7 +272,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     rescored = [set(map(tuple, t[t.rescored.astype(bool)][key].values)) for t in (
         read_table(tmp_path / "rep" / "seed" / run, "tot_requests").to_pandas()
         for run in ("sim", "live0"))]
-    assert rescored[0] == rescored[1]
+    assert rescored[0] and rescored[0] == rescored[1]
     # --rejudge: the same live run judged again (after a simulator change), nothing run live
     again = json.loads(run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"),
                                "--modes", "seed", "--repeats", "1", "-o", str(tmp_path / "rep"),
