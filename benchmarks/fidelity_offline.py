@@ -22,7 +22,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from reasonsim.fidelity import BAND_SEEDS, judge_programs, judge_requests, report  # noqa: E402
+from reasonsim.fidelity import BAND_SEEDS, judge_programs, judge_requests  # noqa: E402
+from reasonsim.fidelity_report import report  # noqa: E402
 
 
 def rejudge(run: Path, out: Path, calibration: Path) -> dict:
@@ -53,7 +54,10 @@ def summary(result: dict) -> dict:
     def within(key, tol):
         return sum(abs(m[key]) <= tol for m in lv)
 
-    return {"ok": sum(m["ok"] for m in ms), "metrics": len(ms), "at_live_speed": len(lv),
+    return {"ok": sum(m["ok"] for m in ms), "metrics": len(ms),
+            "ok_at_probe_speed": sum(m.get("ok_at_probe_speed", False) for m in ms),
+            "at_probe_speed": sum("ok_at_probe_speed" in m for m in ms),
+            "at_live_speed": len(lv),
             "live_speed_within_5": within("error_at_live_speed", 0.05),
             "live_speed_within_10": within("error_at_live_speed", 0.10),
             "sampled_within_5": within("error_sampled_at_live_speed", 0.05),

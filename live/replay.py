@@ -24,6 +24,7 @@ from programs.search import SearchProgram, SearchSettings, program_seed
 from programs.traced import QuestionBank
 from programs.workload import ProgramWorkload, draw_seed, load_bank, plan_programs
 from tracers.engine import check_model, reasoning_engine
+from tracers.speed_probe import run_speed_probe
 from tracers.testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, read_run, read_table
@@ -74,12 +75,16 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
         live.t0 = time.perf_counter()
     else:
         engine.warm_up()
+        # the machine's speed level just before and after the run (`tracers.speed_probe`)
+        run_speed_probe(engine, writer, "before", engine.max_num_seqs, seed=seed)
         live = VllmEngine(engine, writer, time.perf_counter())
     try:
         run_programs({"target": live}, runs, make_scheduler(scheduler_spec), extract_boxed)
     finally:
         if engine is None:
             live.close()
+    if engine is not None:
+        run_speed_probe(engine, writer, "after", engine.max_num_seqs, seed=seed)
     writer.flush("all")
     # Aborted requests were recorded with their partial output: count tokens from the table.
     req = read_table(out_dir, "requests").to_pandas()

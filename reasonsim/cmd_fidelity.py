@@ -9,7 +9,8 @@ from pathlib import Path
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
-    from reasonsim.fidelity import SUITE, run_fidelity, speed_text
+    from reasonsim.fidelity import SUITE, run_fidelity
+    from reasonsim.fidelity_report import speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json)
@@ -21,29 +22,44 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
     table = Table(title=f"simulated vs live on {result['device']} (error vs the mean of "
                   "the live runs; ok: within tolerance or the live-vs-live spread)")
-    for col in ("workload", "metric", "sim", "live", "error", "at live speed",
-                "sampled at live speed", "spread", "ok", "in band"):
+    for col in ("workload", "metric", "sim", "live", "error", "spread", "ok", "at probe speed",
+                "ok", "at live speed", "sampled at live speed", "in band"):
         table.add_column(col, justify="left" if col in ("workload", "metric") else "right")
     for r in result["workloads"]:
         for m, v in r["metrics"].items():
             table.add_row(r["workload"], m, f"{v['sim']:.4g}",
                           " ".join(f"{x:.4g}" for x in v["live"]), f"{v['error']:+.1%}",
-                          f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v
-                          else "", f"{v['error_sampled_at_live_speed']:+.1%}"
-                          if "error_sampled_at_live_speed" in v else "", f"{v['spread']:.1%}", "yes" if v["ok"] else "[red]NO[/]",
+                          f"{v['spread']:.1%}", yes_no(v["ok"]),
+                          pct(v.get("error_at_probe_speed")), yes_no(v.get("ok_at_probe_speed")),
+                          pct(v.get("error_at_live_speed")),
+                          pct(v.get("error_sampled_at_live_speed")),
                           f"{sum(v['in_band'])}/{len(v['in_band'])}" if "in_band" in v else "")
         if r.get("step_speed"):
             table.add_row(r["workload"], "steps/predicted", "",
-                          " ".join(speed_text(v) for v in r["step_speed"]), "", "", "", "", "",
-                          "")
+                          " ".join(speed_text(v) for v in r["step_speed"]), "", "", "",
+                          f"probe {r['probe_level']:.2f}x" if r.get("probe_level") else "",
+                          "", "", "", "")
         if "decision_agreement" in r:
             table.add_row(r["workload"], "decision agreement", "", "",
-                          f"{r['decision_agreement']:.3f}", "", "",
-                          f"live {r['live_agreement']:.3f}",
-                          "yes" if r["agreement_ok"] else "[red]NO[/]", "")
+                          f"{r['decision_agreement']:.3f}", f"live {r['live_agreement']:.3f}",
+                          yes_no(r["agreement_ok"]), "", "", "", "", "")
     Console().print(table)
     c = result["band_coverage"]
+    ms = [m for r in result["workloads"] for m in r["metrics"].values()]
+    probed = [m["ok_at_probe_speed"] for m in ms if "ok_at_probe_speed" in m]
+    print(f"within tolerance or spread: {sum(m['ok'] for m in ms)} of {len(ms)} metrics; at the "
+          f"probes' speed {sum(probed)} of {len(probed)}")
     print(f"live values inside the step-time noise band ({c['band']}, {c['seeds']} draws): "
           f"{c['inside']} of {c['of']}")
     print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
     return 0
+
+
+def yes_no(ok: bool | None) -> str:
+    """A verdict cell: yes, a red NO, or empty where there is none."""
+    return "" if ok is None else "yes" if ok else "[red]NO[/]"
+
+
+def pct(v: float | None) -> str:
+    """An error cell: signed percent, or empty."""
+    return "" if v is None else f"{v:+.1%}"

@@ -270,6 +270,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       f"{speed['decode_step_ratio']:.2f}x ({speed['steps']} steps), prefill "
                       + (f"{pf:.2f}x ({speed['prefill_steps']} steps)" if pf is not None
                          else "none"))
+        if speed.get("probe"):
+            console.print("speed probe (fixed decode batches) / prediction: " + ", ".join(
+                f"{k} {v:.2f}x" for k, v in speed["probe"].items()))
     table = Table(title="simulated vs live")
     banded = any("band" in v for v in rows.values())
     for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")

@@ -168,7 +168,11 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the request workload config `d` into out_dir and judge it against its live
     runs (`rejudge` does it again for another calibration): the table row."""
     from sim.config import parse_config
-    from sim.validate import TOLERANCE, compare, judge, plot_cdfs, speed_check
+    from sim.live_speed import probes_level
+    from sim.simulate import simulate
+    from sim.validate import TOLERANCE, compare, judge, judge_at_probe, plot_cdfs, speed_check
+
+    from reasonsim.cmd_sim import write_sim
 
     _, band = simulate_with_band(parse_config(d, out_dir), out_dir / "sim")
     rows = [compare(out_dir / "sim", live) for live in lives]
@@ -179,7 +183,15 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     metrics = {m: judge(rows[0][m]["sim"], [r[m]["live"] for r in rows], TOLERANCE[m],
                         band.get(m)) for m in REQUEST_METRICS}
     leveled_errors(metrics, leveled)
-    return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds}
+    level = probes_level(d["cluster"]["replicas"][0]["calibration"], lives)
+    if level is not None:  # simulated at the speed the probes measured around the live runs
+        cfg = scaled_config(d, level, out_dir / "sim_at_probe", out_dir)
+        write_sim(cfg, simulate(cfg), out_dir / "sim_at_probe" / "sim")
+        at_probe = compare(out_dir / "sim_at_probe" / "sim", lives[0])
+        for m in REQUEST_METRICS:
+            judge_at_probe(metrics[m], at_probe[m]["sim"])
+    return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
+            "probe_level": level}
 
 
 def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> dict | None:
@@ -241,9 +253,10 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the program workload config `d` (an example's, paths relative to examples/)
     into out_dir and judge it against its live runs: the table row with decision agreement."""
     from sim.config import parse_config
-    from sim.live_speed import step_speed_ratio
+    from sim.live_speed import probes_level, step_speed_ratio
     from sim.program_metrics import compare
-    from sim.validate import judge
+    from sim.simulate import simulate
+    from sim.validate import judge, judge_at_probe
     from traces.store import read_table
 
     base_dir = REPO / "examples"
@@ -263,6 +276,12 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
                         PROGRAM_TOLERANCE[m], band.get(m))
                for m in ("program_latency_p50", "program_latency_p90")}
     leveled_errors(metrics, leveled)
+    level = probes_level(cal, lives)
+    if level is not None:  # simulated at the speed the probes measured around the live runs
+        at_probe = simulate(scaled_config(d, level, out_dir / "sim_at_probe", base_dir))
+        lat = compare(at_probe.programs.to_pandas(), live_tables[0])["sim"]["program_latency_s"]
+        for m in ("program_latency_p50", "program_latency_p90"):
+            judge_at_probe(metrics[m], lat[m[-3:]])
     metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
                                           [r["live"]["tokens_per_program"] for r in results],
                                           PROGRAM_TOLERANCE["tokens_per_program"])
@@ -271,7 +290,8 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
             "decision_agreement": agreement, "live_agreement": live_agreement,
             # as the latency metrics: no further off than live is from live (1.0 if exact)
             "agreement_ok": agreement >= live_agreement,
-            "step_speed": [{"decode": f, "prefill": None} for f in speeds]}
+            "step_speed": [{"decode": f, "prefill": None} for f in speeds],
+            "probe_level": level}
 
 
 def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path,
@@ -332,52 +352,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
         r.get("agreement_ok", True) for r in rows)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
+    from reasonsim.fidelity_report import report
+
     (out / "report.md").write_text(report(result))
     return result
-
-
-def speed_text(v: dict) -> str:
-    """`decode/prefill` ratios of one live run, e.g. 0.96x/1.36x."""
-    return "/".join(f"{v[k]:.2f}x" if v[k] is not None else "-" for k in ("decode", "prefill"))
-
-
-def report(result: dict) -> str:
-    """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
-    lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
-             "suite)", "",
-             f"Calibration `{result['calibration']}`: held-out step MAPE "
-             f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
-             f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
-             "| workload | metric | sim | live (runs) | error | at live decode speed | "
-             "sampled median at live speed | live-vs-live spread | ok | noise band 5-95% | "
-             "live runs in band |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["workloads"]:
-        for m, v in r["metrics"].items():
-            lvl = f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v else ""
-            smp = f"{v['error_sampled_at_live_speed']:+.1%}" \
-                if "error_sampled_at_live_speed" in v else ""
-            lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
-                         f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
-                         f"{lvl} | {smp} | {v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | "
-                         + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
-                            f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
-                            " | |"))
-        if r.get("step_speed"):
-            lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
-                         + ", ".join(speed_text(v) for v in r["step_speed"]) + " | | | | | | | |")
-        if "decision_agreement" in r:
-            lines.append(f"| {r['workload']} | decision agreement | | | "
-                         f"{r['decision_agreement']:.3f} | | | live vs live "
-                         f"{r['live_agreement']:.3f} | "
-                         f"{'yes' if r['agreement_ok'] else 'NO'} | | |")
-    c = result["band_coverage"]
-    lines += ["", "At live decode speed: the mean error against each live run when the "
-              "simulation's step times are scaled by that run's decode steps over the "
-              "calibration's prediction (the machine's speed level of the moment taken out; the "
-              "prefill ratio is left as it is). Sampled median: the median over the noise "
-              "band's draws at that speed (step residuals and the machine's spells within a "
-              "run, `sim.spells`), the simulator's estimate of a tail a mean run cannot show."]
-    lines += ["", f"Step-time noise band ({c['band']}, {c['seeds']} draws): {c['inside']} of "
-              f"{c['of']} live values inside."]
-    lines += ["", f"Overlaid CDFs: `<workload>/validate_cdf.png`. Wall time {result['wall_s']} s."]
-    return "\n".join(lines) + "\n"

@@ -104,3 +104,37 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(cal, indent=1) + "\n")
     return out_path
+
+
+def probe_level(model, live_dir: str | Path) -> dict | None:
+    """The live run's speed probe (`tracers.speed_probe`) against a step-time model: per phase,
+    the median of its decode steps' time over the prediction (repeated shapes, back to back),
+    and `level`, the mean of the phases; None where the run has no probe."""
+    probe = read_table(live_dir, "speed_probe").to_pandas()
+    if not len(probe):
+        return None
+    out = {}
+    for phase, p in probe.sort_values("step_index").groupby("phase"):
+        # back to back in one engine: each step starts where the last ended (no idle)
+        steps = p.assign(replica_id=0, step_id=p.step_index, is_warmup=False, run_id=phase,
+                         start_s=(p.duration_ms.cumsum() - p.duration_ms) / 1e3)
+        ratio, kept = live_over_predicted(model, steps)
+        decode = kept.prefill_tokens.eq(0)
+        if "new_shape" in kept:  # the serving model's features: its first-of-shape steps out
+            decode &= kept.new_shape.eq(0)
+        if decode.any():
+            out[str(phase)] = float(np.median(ratio[decode.to_numpy()]))
+    if not out:
+        return None
+    out["level"] = float(np.mean(list(out.values())))
+    return out
+
+
+def probes_level(calibration: str | Path, live_dirs: list) -> float | None:
+    """Mean speed-probe level of the live runs against the calibration; None unless every run
+    has a probe."""
+    model = step_time.from_json(json.loads(Path(calibration).read_text())["step_time_model"])
+    levels = [probe_level(model, d) for d in live_dirs]
+    if not levels or any(v is None for v in levels):
+        return None
+    return float(np.mean([v["level"] for v in levels]))

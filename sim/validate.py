@@ -33,6 +33,16 @@ def judge(sim: float, live: list[float], tolerance: float, band: dict | None = N
     return out
 
 
+def judge_at_probe(metric: dict, sim: float) -> None:
+    """Add to a `judge` result the error of a simulation leveled to the live runs' speed probe
+    (`sim.live_speed.probes_level`) and whether that is within the tolerance or the spread."""
+    mean = float(np.mean(metric["live"]))
+    err = (sim - mean) / mean if mean else float("nan")
+    metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=float(err),
+                  ok_at_probe_speed=bool(abs(err) <= max(metric["tolerance"],
+                                                         metric["spread"])))
+
+
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     """{metric: {sim, live, rel_err}} for TTFT/TPOT/e2e mean,P50,P90,P99 and throughput."""
     sim = read_table(sim_dir, "requests").to_pandas()
@@ -74,10 +84,11 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     """Median of live step time / the calibration's prediction for the same step, for decode-only
     steps (`decode_step_ratio`, what the device check judges) and for steps that prefill
     (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
-    than the machine's speed. None when the simulation did not record its step-time model or
+    than the machine's speed; `probe`, the run's speed probe before and after it
+    (`sim.live_speed.probe_level`). None when the simulation did not record its step-time model or
     the live run has no decode steps."""
     from sim import step_time
-    from sim.live_speed import live_over_predicted
+    from sim.live_speed import live_over_predicted, probe_level
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
@@ -92,6 +103,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     prefill = (steps.prefill_tokens > 0).to_numpy()
     r = float(np.median(ratio[decode]))
     return {"decode_step_ratio": r, "steps": int(decode.sum()),
+            "probe": probe_level(model, live_dir),
             "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
             "prefill_steps": int(prefill.sum()),
             "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}

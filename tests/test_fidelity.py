@@ -40,6 +40,15 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
         assert all(abs(v["error_sampled_at_live_speed"]) < 5 for v in r["metrics"].values()), r
         assert (out / r["workload"] / "sim_at_live2" / "sim" / "requests").is_dir()
     assert (out / "poisson" / "validate_cdf.png").stat().st_size > 1000
+    # every live run has its speed probe, and each metric is judged again with the simulation
+    # leveled to the probes' speed (the live runs themselves unseen)
+    for r in result["workloads"]:
+        assert 0.2 < r["probe_level"] < 5, r["workload"]
+        for m, v in r["metrics"].items():
+            if m != "tokens_per_program":
+                assert v["ok_at_probe_speed"] == (abs(v["error_at_probe_speed"])
+                                                  <= max(v["tolerance"], v["spread"])), m
+    assert (out / "poisson" / "sim_at_probe" / "sim" / "requests").is_dir()
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
     # the machine's speed from run to run, and its spells within a run, fitted apart
@@ -137,7 +146,8 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
 
 
 def again_equal(a: dict, b: dict) -> bool:
-    keys = ("sim", "live", "error", "error_at_live_speed", "error_sampled_at_live_speed")
+    keys = ("sim", "live", "error", "error_at_live_speed", "error_sampled_at_live_speed",
+            "error_at_probe_speed")
     return all(a.get(k) == b.get(k) for k in keys)
 
 

@@ -47,6 +47,15 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert result["device"]["match"] and result["speed"]["match"], result["speed"]
     assert result["speed"]["prefill_steps"] > 0 and 0.2 < result["speed"]["prefill_step_ratio"] < 5
     assert result["verdict"]["status"] in ("pass", "fail")
+    # The speed probe ran on the warmed engine just before and after the run: its fixed decode
+    # batches, priced by the same calibration, give the machine's speed level of the moment.
+    probe = read_table(live, "speed_probe").to_pandas()
+    assert set(probe.phase) == {"before", "after"}
+    assert set(probe[probe.prefill_tokens == 0].decode_seqs) == {1, 4, 8}
+    level = result["speed"]["probe"]
+    assert set(level) == {"before", "after", "level"} and 0.2 < level["level"] < 5
+    assert "speed probe" in run_cli("validate", str(sim), str(live), "-o",
+                                    str(tmp_path / "v1")).stdout
 
     # A calibration traced on another device: flagged, and no verdict unless allowed.
     other = json.loads(local_calibration.read_text())
@@ -76,6 +85,8 @@ def test_replay_then_validate(tmp_path, local_calibration):
     slowed = json.loads(run_cli(*args, "--json").stdout)
     assert slowed["device"]["match"] and not slowed["speed"]["match"]
     assert slowed["speed"]["decode_step_ratio"] < 1 / 1.5
+    # the probe's level scales with the calibration: a third of the one measured above
+    assert slowed["speed"]["probe"]["level"] == pytest.approx(level["level"] / 3, rel=0.05)
     assert slowed["verdict"]["status"] == "refused" and "SPEED MISMATCH" in run_cli(*args).stdout
 
 

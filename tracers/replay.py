@@ -23,19 +23,24 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 seed: int, max_num_seqs: int, max_num_batched_tokens: int, kv_cache_gb: float,
                 params: dict, warmup_requests: int = 4, progress: bool = True,
                 prefix_group=None, prefix_tokens=None, enable_prefix_caching: bool = False,
-                speculative: dict | None = None, prompt_text: str = "random") -> dict:
+                speculative: dict | None = None, prompt_text: str = "random",
+                speed_probe: bool = True) -> dict:
     """Serve the workload live on an in-process vLLM engine; write requests/steps/token_times.
 
     With `prefix_group`/`prefix_tokens`, requests of a group start with the same tokens (the
     simulator's shared prefixes). With `speculative` ({k, draft}), the engine decodes with
     vLLM's draft-model speculative decoding and the trace gets its `spec_steps`. `prompt_text`
-    "testbed": prompts are windows of the testbed's questions instead of random token ids."""
+    "testbed": prompts are windows of the testbed's questions instead of random token ids.
+    `speed_probe`: the fixed decode probe runs just before and after the run (`speed_probe`
+    table; not with speculation, whose steps a probe without it would not price)."""
     from rich.progress import Progress
     from vllm import SamplingParams
 
     from tracers.recorder import StepRecorder
+    from tracers.speed_probe import run_speed_probe
 
     check_model(model, "auto")
+    speed_probe = speed_probe and not speculative
     arrival_s = np.asarray(arrival_s, float)
     n = len(arrival_s)
     longest = int(np.max(np.asarray(prompt_tokens) + np.asarray(output_tokens))) if n else 256
@@ -75,6 +80,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                                                 size=len(prompts[i])).tolist(), sp)
     while engine.has_unfinished():
         engine.step()
+    if speed_probe:  # the machine's speed level just before the run (`tracers.speed_probe`)
+        run_speed_probe(engine, writer, "before", max_num_seqs, FIRST_TOKEN_ID, seed)
     rec = StepRecorder(engine, writer, t0=time.perf_counter())
     spec = None
     if speculative:
@@ -102,6 +109,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 bar.advance(task, len(rec.finished) - before)
             elif i < n:
                 time.sleep(max(0.0, arrival_s[i] - rec.now_s()))
+    if speed_probe:
+        run_speed_probe(engine, writer, "after", max_num_seqs, FIRST_TOKEN_ID, seed)
     writer.flush("all")
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 

@@ -302,6 +302,19 @@ CONFORMITY = [
 ]
 
 
+SPEED_PROBE = [
+    _RUN_ID,
+    _f("phase", pa.string(), "before (the engine warmed, before the run's first request) or "
+       "after (the run done)"),
+    _f("step_index", pa.int32(), "iteration of the probe within its phase"),
+    _f("duration_ms", pa.float64(), "iteration wall time (schedule + forward + output)"),
+    _f("prefill_tokens", pa.int32(), "prompt tokens computed this iteration"),
+    _f("prefill_seqs", pa.int32(), "sequences with prompt tokens this iteration"),
+    _f("decode_seqs", pa.int32(), "sequences decoding one token this iteration"),
+    _f("context_tokens", pa.int64(), "summed context length of scheduled sequences"),
+]
+
+
 TOT_REQUESTS = [
     _RUN_ID,
     _f("program_id", pa.string(), "ToT program (a traced question x tree, or a workload's)"),
@@ -354,7 +367,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
         "step_logprobs": STEP_LOGPROBS, "step_seeded": STEP_SEEDED, "spec_steps": SPEC_STEPS,
-        "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS,
+        "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS, "speed_probe": SPEED_PROBE,
     }.items()
 }
 
@@ -383,6 +396,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "conformity": ("program_id", "sample", "path"),
     "spec_steps": ("request_id", "step_index"),
     "tot_requests": ("program_id", "node", "kind", "round"),
+    "speed_probe": ("phase", "step_index"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.

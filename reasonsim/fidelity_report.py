@@ -1,0 +1,63 @@
+"""The `reasonsim fidelity` report: the result as a Markdown table (see reasonsim/fidelity.py)."""
+
+from __future__ import annotations
+
+
+def speed_text(v: dict) -> str:
+    """`decode/prefill` ratios of one live run, e.g. 0.96x/1.36x."""
+    return "/".join(f"{v[k]:.2f}x" if v[k] is not None else "-" for k in ("decode", "prefill"))
+
+
+def report(result: dict) -> str:
+    """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
+    lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
+             "suite)", "",
+             f"Calibration `{result['calibration']}`: held-out step MAPE "
+             f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
+             f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
+             "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
+             "at probe speed | ok at probe speed | at live decode speed | "
+             "sampled median at live speed | noise band 5-95% | live runs in band |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["workloads"]:
+        for m, v in r["metrics"].items():
+            lvl = f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v else ""
+            smp = f"{v['error_sampled_at_live_speed']:+.1%}" \
+                if "error_sampled_at_live_speed" in v else ""
+            prb, prb_ok = (f"{v['error_at_probe_speed']:+.1%}",
+                           "yes" if v["ok_at_probe_speed"] else "NO") \
+                if "error_at_probe_speed" in v else ("", "")
+            lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
+                         f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
+                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | {prb} | {prb_ok} | "
+                         f"{lvl} | {smp} | "
+                         + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
+                            f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
+                            " | |"))
+        if r.get("step_speed"):
+            probe = f"probe {r['probe_level']:.2f}x" if r.get("probe_level") else ""
+            lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
+                         + ", ".join(speed_text(v) for v in r["step_speed"])
+                         + f" | | | | {probe} | | | | | |")
+        if "decision_agreement" in r:
+            lines.append(f"| {r['workload']} | decision agreement | | | "
+                         f"{r['decision_agreement']:.3f} | live vs live "
+                         f"{r['live_agreement']:.3f} | "
+                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | |")
+    c = result["band_coverage"]
+    lines += ["", "At live decode speed: the mean error against each live run when the "
+              "simulation's step times are scaled by that run's decode steps over the "
+              "calibration's prediction (the machine's speed level of the moment taken out; the "
+              "prefill ratio is left as it is). Sampled median: the median over the noise "
+              "band's draws at that speed (step residuals and the machine's spells within a "
+              "run, `sim.spells`), the simulator's estimate of a tail a mean run cannot show."]
+    lines += ["", "At probe speed: the simulation with its step times scaled to the speed level "
+              "that a fixed decode probe measured just before and just after each live run "
+              "(`tracers.speed_probe`; the live runs themselves unseen): how far the model is "
+              "off once the shared machine's drift since calibrating is known. `ok` judges the "
+              "raw simulation, `ok at probe speed` that one, against the same tolerance or "
+              "spread."]
+    lines += ["", f"Step-time noise band ({c['band']}, {c['seeds']} draws): {c['inside']} of "
+              f"{c['of']} live values inside."]
+    lines += ["", f"Overlaid CDFs: `<workload>/validate_cdf.png`. Wall time {result['wall_s']} s."]
+    return "\n".join(lines) + "\n"
