@@ -81,7 +81,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     while engine.has_unfinished():
         engine.step()
     if speed_probe:  # the machine's speed level just before the run (`tracers.speed_probe`)
-        run_speed_probe(engine, writer, "before", max_num_seqs, FIRST_TOKEN_ID, seed)
+        run_speed_probe(engine, writer, "before", max_num_seqs, seed)
     rec = StepRecorder(engine, writer, t0=time.perf_counter())
     spec = None
     if speculative:
@@ -110,7 +110,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
             elif i < n:
                 time.sleep(max(0.0, arrival_s[i] - rec.now_s()))
     if speed_probe:
-        run_speed_probe(engine, writer, "after", max_num_seqs, FIRST_TOKEN_ID, seed)
+        run_speed_probe(engine, writer, "after", max_num_seqs, seed)
     writer.flush("all")
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from traces.store import TraceWriter
 from tracers.engine import Engine
+from tracers.step_profile import FIRST_TOKEN_ID
 
 BATCHES = (1, 4, 8)
 """decode batch sizes the probe runs, one after another"""
@@ -24,7 +25,7 @@ DECODE_TOKENS = 100
 
 
 def run_speed_probe(engine: Engine, writer: TraceWriter, phase: str, max_num_seqs: int,
-                    first_token_id: int = 4, seed: int = 0) -> int:
+                    seed: int = 0) -> int:
     """Run the probe's decode batches on `engine` (nothing else in flight) and write each
     iteration as a `speed_probe` row of `phase`; the number of rows."""
     from vllm import SamplingParams
@@ -39,7 +40,7 @@ def run_speed_probe(engine: Engine, writer: TraceWriter, phase: str, max_num_seq
     for batch in BATCHES:
         names = [f"speed-probe-{phase}-{batch}-{i}" for i in range(min(batch, max_num_seqs))]
         for name in names:
-            engine.add(name, rng.integers(first_token_id, vocab, size=PROMPT_TOKENS).tolist(), sp)
+            engine.add(name, rng.integers(FIRST_TOKEN_ID, vocab, size=PROMPT_TOKENS).tolist(), sp)
         while engine.has_unfinished():
             _, _, dt, sched = engine.step()
             if sched is None:
