@@ -24,7 +24,10 @@ def test_step_trace_is_valid_and_complete(steps_trace):
     assert run["device"] and run["device_count"] >= 1 and len(run["model_config_hash"]) == 16
     assert run["params"]["grid"]["batch_sizes"] == [1, 8]
     assert run["params"]["engine"]["max_model_len"] == 1024  # --max-model-len, not the grid's
+    assert run["params"]["grid"]["warm_s"] == 4.0
     steps = read_table(steps_trace, "steps").to_pandas()
+    # The long-prefill warm-up runs before the trace's clock starts: the first cell starts at 0.
+    assert steps.start_s.min() < 1.0
     reqs = read_table(steps_trace, "requests").to_pandas()
     # 3 prompt lengths x 1 output length x 8 repeats, 1+8 requests per pair of batch sizes.
     assert len(reqs) == 3 * (1 + 8) * 8 and (reqs.output_tokens == 16).all()
@@ -37,6 +40,15 @@ def test_step_trace_is_valid_and_complete(steps_trace):
     assert (steps.kv_blocks_used <= steps.kv_blocks_total).all()
     toks = read_table(steps_trace, "token_times").to_pandas()
     assert len(toks) == reqs.output_tokens.sum()
+
+
+def test_grid_warm_up_is_bounded():
+    from tracers.step_profile import StepGrid
+
+    for bad in (-1.0, 121.0):
+        with pytest.raises(ValueError, match="warm_s"):
+            StepGrid(batch_sizes=[1], prompt_tokens=[16], output_tokens=[4], warm_s=bad)
+    assert StepGrid(batch_sizes=[1], prompt_tokens=[16], output_tokens=[4], warm_s=0).warm_s == 0
 
 
 def test_sigkilled_tracer_keeps_flushed_cells_and_resume_completes(tmp_path):

@@ -45,6 +45,9 @@ class StepGrid:
     steps after idle that live traffic has are in the grid too"""
     regimes: tuple[str, ...] = ("greedy",)
     """sampling regimes (`REGIMES`), each cell run in each; cell ids name the non-greedy ones"""
+    warm_s: float = 4.0
+    """seconds of the grid's longest prefills run first, unrecorded (`Engine.warm_prefills`):
+    a fresh engine process ran its first seconds of long prefills 2-4x slower than later"""
 
     def __post_init__(self):
         for name in ("batch_sizes", "prompt_tokens", "output_tokens"):
@@ -53,6 +56,8 @@ class StepGrid:
                 raise ValueError(f"grid {name} must be positive integers, got {values}")
         if self.repeats < 1 or self.warmup_steps < 0:
             raise ValueError("grid repeats must be >= 1 and warmup_steps >= 0")
+        if not 0 <= self.warm_s <= 120:
+            raise ValueError(f"grid warm_s must be in [0, 120] seconds, got {self.warm_s}")
         if not self.idle_ms or any(int(v) < 0 or int(v) > 10_000 for v in self.idle_ms):
             raise ValueError(f"grid idle_ms must be integers in [0, 10000], got {self.idle_ms}")
         unknown = [g for g in self.regimes if g not in REGIMES]
@@ -146,6 +151,9 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
 
     from rich.progress import Progress
 
+    if grid.warm_s:
+        engine.warm_prefills(max(grid.prompt_tokens), grid.warm_s, seed)
+        t0 = time.perf_counter()  # the trace's clock starts with its first cell
     rec = StepRecorder(engine, writer, t0)
     warmup = WarmupFlagger(grid.warmup_steps)
     written = read_table(out_dir, "steps", validate=False).column("step_id").to_pylist()
