@@ -68,6 +68,13 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     seeded = read_table(out / "cot_probes" / "live1", "step_seeded").to_pandas()
     steps = read_table(out / "cot_probes" / "live1", "steps").to_pandas()
     assert len(seeded) > 0.9 * len(steps) and seeded.seeded_seqs.max() > 1
+    # ... and what its prefill chunks' attention spans: the prefix cache's tokens too (each
+    # probe reuses its program's cached reasoning so far)
+    pre = read_table(out / "cot_probes" / "live1", "step_prefill").to_pandas().merge(
+        steps, on=["replica_id", "step_id"], validate="one_to_one")
+    assert (pre.prefill_context_tokens >= pre.prefill_tokens).all()
+    assert (pre.prefill_context_tokens > pre.prefill_tokens).mean() > 0.5
+    assert (pre.prefill_pair_tokens >= pre.prefill_tokens).all()
     # The live calibration traffic also gives the replay loop's host time (~0.4 ms each here).
     assert 0 < cal["host"]["add_request_ms"] < 5 and 0 < cal["host"]["wake_ms"] < 5
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.

@@ -40,6 +40,18 @@ def test_step_trace_is_valid_and_complete(steps_trace):
     assert (steps.kv_blocks_used <= steps.kv_blocks_total).all()
     toks = read_table(steps_trace, "token_times").to_pandas()
     assert len(toks) == reqs.output_tokens.sum()
+    # Every prefill step has its attention span recorded: without a prefix cache or chunking
+    # here, a chunk spans its own tokens, so context = prefill tokens and pairs = sum of n^2.
+    pre = steps[steps.prefill_tokens > 0].merge(
+        read_table(steps_trace, "step_prefill").to_pandas(), on=["replica_id", "step_id"],
+        how="left", validate="one_to_one")
+    assert pre.prefill_context_tokens.notna().all()
+    assert (pre.prefill_context_tokens == pre.prefill_tokens).all()
+    one = pre[pre.prefill_seqs == 1]
+    assert len(one) and (one.prefill_pair_tokens == one.prefill_tokens ** 2).all()
+    equal = pre[pre.prefill_seqs > 1]  # a cell's prompts are all one length
+    assert len(equal) and (equal.prefill_pair_tokens * equal.prefill_seqs
+                           == equal.prefill_tokens ** 2).all()
 
 
 def test_grid_warm_up_is_bounded():

@@ -215,6 +215,19 @@ STEP_SEEDED = [
        "their own (temperature > 0): vLLM draws each from a generator of its own"),
 ]
 
+STEP_PREFILL = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "replica that ran the iteration"),
+    _f("step_id", pa.int64(), "iteration (joins to steps); only iterations that prefill"),
+    _f("prefill_context_tokens", pa.int64(), "summed over the prefill chunks of the iteration: "
+       "the tokens each chunk's attention spans (its sequence's tokens computed before it, from "
+       "the prefix cache or earlier chunks, plus its own); steps.context_tokens adds the decode "
+       "sequences' contexts to it"),
+    _f("prefill_pair_tokens", pa.int64(), "summed over the prefill chunks: new tokens x the "
+       "tokens their attention spans (the chunk's attention work; steps.prefill_tokens x "
+       "steps.context_tokens counts the decode sequences' contexts in too)"),
+]
+
 LAYER_TIMES = [
     _RUN_ID,
     _f("replica_id", pa.int32(), "replica that ran the iteration"),
@@ -252,7 +265,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "runs": RUNS, "steps": STEPS, "requests": REQUESTS, "token_times": TOKEN_TIMES,
         "probes": PROBES, "trajectories": TRAJECTORIES, "branches": BRANCHES,
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
-        "step_logprobs": STEP_LOGPROBS, "step_seeded": STEP_SEEDED, "spec_steps": SPEC_STEPS,
+        "step_logprobs": STEP_LOGPROBS, "step_seeded": STEP_SEEDED, "spec_steps": SPEC_STEPS, "step_prefill": STEP_PREFILL,
         "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS, "speed_probe": SPEED_PROBE,
     }.items()
 }
@@ -279,7 +292,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "exits": ("request_id", "token_index", "layer"), "layers": ("layer",),
     "layer_times": ("replica_id", "step_id", "layer"),
     "step_logprobs": ("replica_id", "step_id"), "step_seeded": ("replica_id", "step_id"),
-    "conformity": ("program_id", "sample", "path"),
+    "step_prefill": ("replica_id", "step_id"), "conformity": ("program_id", "sample", "path"),
     "spec_steps": ("request_id", "step_index"),
     "tot_requests": ("program_id", "node", "kind", "round"),
     "speed_probe": ("phase", "step_index"),
