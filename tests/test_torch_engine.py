@@ -155,6 +155,7 @@ def test_torch_step_grid_traces_calibrate_and_time_every_layer(tmp_path):
     assert check_trace(out) == []
     run = read_run(out)
     assert (run["kind"], run["engine"], run["dtype"]) == ("steps", "torch", "float32")
+    assert run["params"]["grid"]["warm_s"] == 0  # the long-prefill warm-up is vLLM's grid's
     steps = read_table(out, "steps").to_pandas()
     reqs = read_table(out, "requests").to_pandas()
     assert len(reqs) == 2 * (1 + 3) * 2 and (reqs.output_tokens == 6).all()  # 2 repeats

@@ -11,7 +11,7 @@ kernels (no CUDA graphs). A calibration from it is the PyTorch engine's on that 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,8 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                          2048, max(grid.prompt_tokens)))
     engine = TorchEngine(spec)
     vocab = int(engine.config.vocab_size)
-    params = {"grid": asdict(grid),
+    # The long-prefill warm-up is the vLLM grid's (`Engine.warm_prefills`); not run here.
+    params = {"grid": asdict(replace(grid, warm_s=0.0)),
               "engine": {**asdict(spec), "block_size": BLOCK_SIZE,
                          "kv_blocks_total": kv_blocks_total(engine),
                          "resolved_device": str(engine.device)},
