@@ -1,0 +1,116 @@
+"""How a fidelity run's calibration prices prefill steps, by idle before them and attention span.
+
+    reasonsim fidelity -o RUN
+    python benchmarks/prefill_kinds.py RUN [--json]
+
+For the run's grid, calibration traffic and first live run of each request workload: the median
+of measured / predicted (the serving model at its mean fit) over one-sequence-or-more prefill
+steps without decodes, per band of idle before the step, and over all prefill steps split into
+those whose chunks attend to tokens computed before them (prefix-cache hits, later chunks) and
+those that do not (`step_prefill`; traces recorded before it have no split). Then the same split
+under a refit in which `step_prefill`'s new x spanned tokens replaces prefill x context (whose
+context counts the decode sequences' too) and prefill^2 / sequences: whether the span prices
+cached and chunked prefills better (fitted here on the calibration's traces, greedy terms only).
+Program workloads' steps also pay seeded sampling and log-probabilities, which the ratio leaves
+in the measured time and out of the prediction: a ratio under 1 there is an overpriced step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sim import step_time  # noqa: E402
+from sim.serving_latency import engine_features, feature_matrix  # noqa: E402
+from traces import read_table  # noqa: E402
+
+IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]
+
+
+def _steps(trace: Path) -> pd.DataFrame:
+    s = read_table(trace, "steps").to_pandas()
+    try:
+        span = read_table(trace, "step_prefill").to_pandas()
+    except Exception:  # a trace from before the table: no span columns
+        span = pd.DataFrame(columns=["replica_id", "step_id", "prefill_context_tokens",
+                                     "prefill_pair_tokens"])
+    s = s.merge(span[["replica_id", "step_id", "prefill_context_tokens", "prefill_pair_tokens"]],
+                on=["replica_id", "step_id"], how="left")
+    s = engine_features(s)
+    return s[s.duration_ms > 0]
+
+
+def _span_matrix(s: pd.DataFrame) -> np.ndarray:
+    x = feature_matrix(s)
+    x[:, 4] = s.prefill_pair_tokens.fillna(0).to_numpy(float) / 1e3
+    x[:, 10] = 0.0
+    return x
+
+
+def _refit(steps: pd.DataFrame) -> np.ndarray:
+    y = steps.duration_ms.to_numpy(float)
+    x = _span_matrix(steps)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    return coef / scale
+
+
+def table(run: Path) -> dict:
+    """Idle-band and span rows for the run's traces."""
+    cal = json.loads((run / "calibration.json").read_text())
+    model = step_time.from_json(cal["step_time_model"])
+    fitted = [Path(p) for p in cal["provenance"]["traces"]]
+    lives = sorted(d / "live1" for d in run.iterdir() if (d / "live1" / "steps").is_dir())
+    traces = {p.name: _steps(p) for p in fitted} | {p.parent.name: _steps(p) for p in lives}
+    coef = _refit(pd.concat([traces[p.name] for p in fitted]))
+    idle, span = [], []
+    for name, s in traces.items():
+        ratio = s.duration_ms.to_numpy() / model.predict_ms(s)
+        refit = s.duration_ms.to_numpy() / (_span_matrix(s) @ coef)
+        pre = s.prefill_tokens.to_numpy() > 0
+        alone = pre & (s.decode_seqs.to_numpy() == 0)
+        band = pd.cut(s.idle_ms[alone], IDLE_BANDS_MS)
+        for b, r in pd.Series(ratio[alone]).groupby(band.to_numpy(), observed=True):
+            idle.append({"trace": name, "idle_ms": str(b), "ratio": float(r.median()),
+                         "steps": int(r.size)})
+        spanning = (s.prefill_context_tokens > s.prefill_tokens).to_numpy() & pre
+        known = s.prefill_context_tokens.notna().to_numpy() & pre
+        for kind, m in (("fresh", known & ~spanning), ("spanning", spanning)):
+            if m.any():
+                span.append({"trace": name, "prefills": kind, "ratio": float(np.median(
+                    ratio[m])), "ratio_span_refit": float(np.median(refit[m])),
+                    "steps": int(m.sum())})
+    return {"idle": idle, "span": span}
+
+
+def main() -> None:
+    """Print both tables (or JSON)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path, help="a `reasonsim fidelity -o` directory")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    t = table(args.run)
+    if args.json:
+        print(json.dumps(t))
+        return
+    idle = pd.DataFrame(t["idle"])
+    print("prefill-only steps, measured / predicted by idle before them (median, steps):")
+    print(idle.pivot(index="idle_ms", columns="trace", values="ratio").round(3)
+          .reindex([str(b) for b in pd.cut([], IDLE_BANDS_MS).categories]).dropna(how="all")
+          .to_string())
+    print("\nprefill steps by attention span (median measured / predicted):")
+    print(pd.DataFrame(t["span"]).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
