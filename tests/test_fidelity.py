@@ -59,6 +59,9 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \
         ["grid", "sampling_grid", "calibration_traffic_mixed"]
     assert cal["provenance"]["seeded_cost"] == "fitted"
+    # ... and the log-probability term (the sampling grid's logprobs regime): self-consistency
+    # returns every sampled token's log-probability
+    assert cal["provenance"]["logprob_cost"] == "fitted" and cal["provenance"]["logprob_steps"] > 0
     # the program workload too is rerun at each live run's decode speed (its steps priced as
     # seeded: every chunk and probe samples with a seed)
     cot = result["workloads"][2]
