@@ -38,13 +38,10 @@ IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]
 
 def _steps(trace: Path) -> pd.DataFrame:
     s = read_table(trace, "steps").to_pandas()
-    try:
-        span = read_table(trace, "step_prefill").to_pandas()
-    except Exception:  # a trace from before the table: no span columns
-        span = pd.DataFrame(columns=["replica_id", "step_id", "prefill_context_tokens",
-                                     "prefill_pair_tokens"])
-    s = s.merge(span[["replica_id", "step_id", "prefill_context_tokens", "prefill_pair_tokens"]],
-                on=["replica_id", "step_id"], how="left")
+    cols = ["replica_id", "step_id", "prefill_context_tokens", "prefill_pair_tokens"]
+    span = read_table(trace, "step_prefill").to_pandas()[cols] \
+        if (trace / "step_prefill").is_dir() else pd.DataFrame(columns=cols)  # older traces
+    s = s.merge(span, on=["replica_id", "step_id"], how="left")
     s = engine_features(s)
     return s[s.duration_ms > 0]
 
