@@ -39,6 +39,10 @@ def report(result: dict) -> str:
             lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
                          + ", ".join(speed_text(v) for v in r["step_speed"])
                          + f" | | | | {probe} | | | | | |")
+        if r.get("live_started_s"):
+            lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
+                         + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
+                         + " | | | | | | | | | |")
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
                          f"{r['decision_agreement']:.3f} | live vs live "
@@ -57,6 +61,11 @@ def report(result: dict) -> str:
               "off once the shared machine's drift since calibrating is known. `ok` judges the "
               "raw simulation, `ok at probe speed` that one, against the same tolerance or "
               "spread."]
+    if "calibrated_s" in result:
+        lines += ["", f"Calibrated {result['calibrated_s']:.0f} s into the suite; the live runs "
+                  "then ran in passes over the suite, one run of each workload a pass, so a "
+                  "workload's two runs lie a pass apart and their spread includes the machine's "
+                  "drift over that time."]
     lines += ["", f"Step-time noise band ({c['band']}, {c['seeds']} draws): {c['inside']} of "
               f"{c['of']} live values inside."]
     lines += ["", f"Overlaid CDFs: `<workload>/validate_cdf.png`. Wall time {result['wall_s']} s."]

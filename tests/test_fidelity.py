@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from traces import read_table
+from traces.store import read_run
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,16 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
         for m, v in r["metrics"].items():
             assert len(v["live"]) == 2 and v["spread"] >= 0, (r["workload"], m)
             assert v["ok"] == (abs(v["error"]) <= max(v["tolerance"], v["spread"]))
-    assert (out / "report.md").read_text().count("| poisson |") == 8  # 7 metrics, step speed
+    # 7 metrics, step speed, when the live runs started
+    assert (out / "report.md").read_text().count("| poisson |") == 9
+    # one live run of each workload a pass: every second run after every first (its spread
+    # spans the suite's drift), as the runs' own records say
+    first = [read_run(out / r["workload"] / "live1")["created_at"] for r in result["workloads"]]
+    second = [read_run(out / r["workload"] / "live2")["created_at"] for r in result["workloads"]]
+    assert max(first) < min(second)
+    started = [r["live_started_s"] for r in result["workloads"]]
+    assert result["calibrated_s"] <= min(s[0] for s in started) < max(s[0] for s in started) \
+        < min(s[1] for s in started) < result["wall_s"]
     for r in result["workloads"][:2]:  # each live run's steps against the calibration
         assert len(r["step_speed"]) == 2 and all(
             0.2 < v["decode"] < 5 and 0.2 < v["prefill"] < 5 for v in r["step_speed"]), r
