@@ -78,8 +78,8 @@ class Replica:
         self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
         self.outstanding_tokens = 0
         self.busy_s = 0.0
-        # Engine state some step-time models charge for (sim/serving_latency.py).
-        self.engine = EngineState() if getattr(self.lat, "engine_state", False) else None
+        self.engine = EngineState(self.lat.echoes) if getattr(self.lat, "engine_state", False) \
+            else None  # what some step-time models charge for (sim/serving_latency.py)
         # Speculation: an iteration schedules 1 + K tokens, holds KV for K more (the draft's:
         # vLLM's num_lookahead_tokens), yields 1 + accepted (drawn from its own generator).
         self.spec = cfg.spec
@@ -261,14 +261,14 @@ class Replica:
         record it and schedule its end; `totals`: prefill tokens and sequences, decode
         sequences, context, log-probability ms, seeded sequences."""
         prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms, seeded = totals
-        plain = True  # no first-of-shape or after-idle cost: a decode run may fast-forward
+        plain = True  # no first-of-shape, after-idle or echo cost: a decode run may fast-forward
         if self.engine is None:
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
         else:
-            new_shape, idle_ms = self.engine.before_step(now, prefill_tokens + decode_seqs)
-            plain = not new_shape and idle_ms == 0.0
+            new_shape, idle_ms, echo = self.engine.before_step(now, prefill_tokens, decode_seqs)
+            plain = not new_shape and idle_ms == 0.0 and not echo[0]
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
-                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs)
+                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo)
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

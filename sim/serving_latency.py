@@ -5,6 +5,8 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + new_shape * (c_new + c_new_tok * tokens / 100)
           + c_idle * min(idle_ms, IDLE_CAP_MS) / 100
           + c_idle_short * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+          + w_k * (c_echo + c_echo_idle * min(idle before the prefill, IDLE_CAP_MS) / 100
+                   + c_echo_tok * tokens of the prefill / 1000)   [k-th decode step after it]
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+34% median on one-prompt
@@ -20,8 +22,16 @@ Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
   draft's decode steps 1.5 ms after none, 2.2-2.9 ms after 4-16 ms). The second, saturating
   idle term (full after IDLE_SHORT_MS) carries that; calibrations fitted before it have its
   coefficient 0.
-Both extra terms are zero inside a run of decode-only steps (same shape, no idle), so decode
-runs keep the linear model's closed form and fast-forwarding is unchanged.
+- the first decode steps after a prefill step are slower still: on the 23:27 and 00:40 fidelity
+  runs (`reasonsim fidelity`, Intel VM) decode steps ran 0.5-1.2 ms beyond the model on the
+  first step after a prefill, 0.2-0.8 ms on the second, 0.1-0.4 ms on the third, ~0 from the
+  fifth (a decode step takes ~2.2 ms), more after a longer idle before the prefill (live: 0.1-
+  0.3 ms after < 5 ms idle, 0.6-0.8 ms after > 30 ms) and after larger prefills (grid: 0.5-0.7
+  ms after <= 768 tokens, 1.0-1.2 ms after more). The cold state the idle term charges the
+  prefill for lasts a few steps, as does the cache the prefill's activations filled. The echo
+  weighs the k-th decode step after a prefill by ECHO_WEIGHTS[k-1] (the measured decay).
+The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
+so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
 
 from __future__ import annotations
@@ -39,11 +49,17 @@ from sim.step_time import register
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
             "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short",
-            "prefill_sq_per_seq_k")
+            "prefill_sq_per_seq_k", "echo", "echo_idle_100ms", "echo_prefill_k")
 FEATURES_V1 = FEATURES[:9]
 """the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
 FEATURES_V2 = FEATURES[:10]
 """... and before `prefill_sq_per_seq_k` (read with its coefficient 0: same predictions)"""
+FEATURES_V3 = FEATURES[:11]
+"""... and before the after-prefill echo (read with its coefficients 0)"""
+ECHO_WEIGHTS = (1.0, 0.4, 0.16)
+"""the echo's weight on the 1st, 2nd and 3rd decode step after a prefill step (measured: the
+extra time falls ~0.4x a step; beyond the third it is within the noise)"""
+NO_ECHO = (0.0, 0.0, 0.0)
 LINEAR = 5
 """the first LINEAR features are the `linear` model's"""
 IDLE_CAP_MS = 200.0
@@ -64,44 +80,82 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np
     idle_ms = np.minimum(steps.idle_ms.to_numpy(float), idle_seen_ms)
     idle = np.minimum(idle_ms, IDLE_CAP_MS) / 100.0
     short = np.minimum(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+    w = steps.echo_w.to_numpy(float)
+    echo_idle = np.minimum(np.minimum(steps.echo_idle_ms.to_numpy(float), idle_seen_ms),
+                           IDLE_CAP_MS) / 100.0
+    echo_k = steps.echo_prefill_tokens.to_numpy(float) / 1e3
     # A prompt's attention grows with its own length squared: prefill tokens squared over the
     # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
     # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
     # summed context could not tell them apart (decode contexts swamp it in mixed steps).
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
-                            new, new * (p + d) / 100.0, idle, short, p * p / seqs / 1e3])
+                            new, new * (p + d) / 100.0, idle, short, p * p / seqs / 1e3,
+                            w, w * echo_idle, w * echo_k])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
-    """Steps with `idle_ms` (since the previous step ended) and `new_shape` (first step of the
-    engine's life with this many scheduled tokens), per run and replica in step order; the first
-    RUN_WARMUP_STEPS of each are dropped (their features are known, their cost is start-up)."""
+    """Steps with `idle_ms` (since the previous step ended), `new_shape` (first step of the
+    engine's life with this many scheduled tokens) and the after-prefill echo (`echo_w`, and the
+    idle before and tokens of the prefill step it follows), per run and replica in step order;
+    the first RUN_WARMUP_STEPS of each are dropped (their features are known, their cost is
+    start-up)."""
     out = []
     for _, s in steps.sort_values(["run_id", "replica_id", "step_id"]).groupby(
             ["run_id", "replica_id"], sort=False):
         end_s = s.start_s + s.duration_ms / 1e3
         s = s.assign(idle_ms=((s.start_s - end_s.shift(1)).fillna(0.0) * 1e3).clip(lower=0.0),
                      new_shape=(~(s.prefill_tokens + s.decode_seqs).duplicated()).astype(float))
-        out.append(s.iloc[RUN_WARMUP_STEPS:])
-    return pd.concat(out) if out else steps.assign(idle_ms=[], new_shape=[])
+        out.append(with_echo(s).iloc[RUN_WARMUP_STEPS:])
+    return pd.concat(out) if out else steps.assign(idle_ms=[], new_shape=[], echo_w=[],
+                                                   echo_idle_ms=[], echo_prefill_tokens=[])
+
+
+def with_echo(s: pd.DataFrame) -> pd.DataFrame:
+    """One engine's steps (in order, with `idle_ms`) with the echo features: the weight of a
+    decode-only step 1, 2 or 3 steps after the last step that prefilled, that step's idle and
+    prefill tokens (0 elsewhere, and before the first prefill)."""
+    pre = s.prefill_tokens.gt(0)
+    since = s.groupby(pre.cumsum().to_numpy()).cumcount().to_numpy()
+    weights = np.asarray((0.0,) + ECHO_WEIGHTS)
+    echo = (~pre & pre.cummax()).to_numpy() & (since <= len(ECHO_WEIGHTS))
+    w = np.where(echo, weights[np.minimum(since, len(ECHO_WEIGHTS))], 0.0)
+    return s.assign(echo_w=w,
+                    echo_idle_ms=np.where(echo, s.idle_ms.where(pre).ffill().fillna(0.0), 0.0),
+                    echo_prefill_tokens=np.where(
+                        echo, s.prefill_tokens.where(pre).ffill().fillna(0.0), 0.0))
 
 
 class EngineState:
     """What a replica's engine has done that the serving model charges for: the token counts it
-    has run a step with, and when its last step ended."""
+    has run a step with, when its last step ended, and its last prefill step (the echo)."""
 
-    def __init__(self):
+    def __init__(self, echo: bool = True):
         self.seen: set[int] = set()
         self.last_end_s = -float("inf")  # never ran: idle since forever (capped)
+        # No prefill yet: no echo. Without an echo to price (a model fitted before it), decode
+        # runs fast-forward from their first step, as they did then (same events, same draws).
+        self.echo_steps = len(ECHO_WEIGHTS) if echo else 0
+        self.since_prefill = self.echo_steps
+        self.prefill = NO_ECHO[1:]  # (idle before, tokens) of the last prefill step
 
-    def before_step(self, now_s: float, tokens: int) -> tuple[bool, float]:
-        """(new_shape, idle_ms) of a step scheduling `tokens` at now_s; marks the shape seen."""
+    def before_step(self, now_s: float, prefill_tokens: int, decode_seqs: int,
+                    ) -> tuple[bool, float, tuple[float, float, float]]:
+        """(new_shape, idle_ms, echo) of a step at now_s; marks the shape seen. `echo`: (weight,
+        idle before and tokens of the prefill step it follows); NO_ECHO past ECHO_WEIGHTS.
+        A fast-forwarded run counts as one step: runs start only past the echo."""
+        tokens = prefill_tokens + decode_seqs
         new_shape = tokens not in self.seen
         if new_shape:
             self.seen.add(tokens)
         idle_ms = (now_s - self.last_end_s) * 1e3
         # A step that follows the last one (float rounding of event times) did not idle.
-        return new_shape, (idle_ms if idle_ms >= 1e-3 else 0.0)
+        idle_ms = idle_ms if idle_ms >= 1e-3 else 0.0
+        if prefill_tokens:
+            self.since_prefill, self.prefill = 0, (idle_ms, float(prefill_tokens))
+            return new_shape, idle_ms, NO_ECHO
+        self.since_prefill = k = min(self.since_prefill + 1, self.echo_steps + 1)
+        return new_shape, idle_ms, ((ECHO_WEIGHTS[k - 1],) + self.prefill
+                                    if k <= self.echo_steps else NO_ECHO)
 
 
 @register
@@ -131,8 +185,9 @@ class ServingModel:
     window (`sim.spells`), so bands include what they do to the per-request TPOT tail."""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
-                new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1) -> float:
-        """Predicted duration of one iteration."""
+                new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
+                echo: tuple[float, float, float] = NO_ECHO) -> float:
+        """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s)."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3
@@ -144,14 +199,23 @@ class ServingModel:
             idle_ms = min(idle_ms, self.idle_seen_ms)
             ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0 + \
                 c[9] * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+        if echo[0]:
+            w, echo_idle_ms, tokens = echo
+            ms += w * (c[11] + c[12] * min(echo_idle_ms, self.idle_seen_ms, IDLE_CAP_MS) / 100.0
+                       + c[13] * tokens / 1e3)
         return ms
+
+    @property
+    def echoes(self) -> bool:
+        """Whether the model prices the after-prefill echo (fitted with it, not before)."""
+        return any(self.coef_ms[11:14])
 
     def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
         """Vectorised step_ms over steps with engine features."""
         return feature_matrix(steps, self.idle_seen_ms) @ np.asarray(self.coef_ms)
 
     def linear(self) -> LatencyModel:
-        """The linear part: what a decode run (same shape, no idle) costs per step."""
+        """The linear part: what a decode run (same shape, no idle, no echo) costs per step."""
         return LatencyModel(self.coef_ms[:LINEAR], self.residual_log_quantiles)
 
     def decode_run(self, n_seqs: int, context0: int) -> tuple[float, float]:
@@ -175,7 +239,8 @@ class ServingModel:
         """The model from `to_json`'s mapping, every number checked."""
         d = dict(d)
         v, features = d.get("coef_ms"), d.get("features")
-        if features in (list(FEATURES_V1), list(FEATURES_V2)) and isinstance(v, list):
+        if features in (list(FEATURES_V1), list(FEATURES_V2), list(FEATURES_V3)) and \
+                isinstance(v, list):
             d["coef_ms"] = v + [0.0] * (len(FEATURES) - len(features))  # before later terms
         elif d.get("features") != list(FEATURES):
             raise ValueError(f"serving model features {d.get('features')} differ from "

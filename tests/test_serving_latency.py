@@ -16,8 +16,9 @@ from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_ser
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0]  # prefill step, new shape, per 100 tokens, idle,
-# short idle, a prompt's tokens squared
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5]  # prefill step, new shape, per 100
+# tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms idle
+# before the prefill, per 1000 prefill tokens
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -73,9 +74,13 @@ def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
                                   + 0.9 * 2.0)
     r0, r1 = reqs.iloc[0], reqs.iloc[1]
     assert r0.first_token_s - r0.arrival_s == pytest.approx(first * mean_ratio / 1e3)
-    # Decode: the first step of batch 1 is a new shape (1 token), then a closed-form run.
+    # Decode: the first step of batch 1 is a new shape (1 token); it and the next two carry
+    # the prefill's echo (after an idle beyond the cap), then a closed-form run.
+    echo = [lat.step_ms(0, 1, 101 + k, echo=(w, 1e3, 100.0)) - lat.step_ms(0, 1, 101 + k)
+            for k, w in enumerate((1.0, 0.4, 0.16))]
+    assert echo == pytest.approx([w * (0.7 + 0.3 * 2.0 + 0.5 * 0.1) for w in (1.0, 0.4, 0.16)])
     a, b = lat.decode_run(1, 100)
-    decode_ms = lat.step_ms(0, 1, 101, new_shape=True) + run_ms(a + b, b, 9)
+    decode_ms = lat.step_ms(0, 1, 101, new_shape=True) + sum(echo) + run_ms(a + b, b, 9)
     assert r0.finish_s - r0.first_token_s == pytest.approx(decode_ms * mean_ratio / 1e3)
     # The second request, a second later: same shapes (no new-shape term), idle beyond the cap.
     assert r1.first_token_s - r1.arrival_s == pytest.approx(
@@ -84,31 +89,42 @@ def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
 
 def test_fit_recovers_the_engine_terms_from_a_step_sequence():
     rng = np.random.default_rng(0)
-    true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9, 1.2, 0.01])
-    rows, t = [], 0.0
+    true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9, 1.2, 0.01, 0.6, 0.3,
+                     0.8])
+    rows, t, last = [], 0.0, None
     for i in range(3000):  # decode runs with prefills of random lengths between them
         prefill = int(rng.integers(16, 500)) if i % 10 == 0 else 0
         decode = int(rng.integers(0, 8)) if prefill else int(rng.integers(1, 8))
         idle_ms = float(rng.choice([0.0, 0.0, 3.0, 20.0, 150.0])) if prefill else 0.0
         t += idle_ms / 1e3
+        # the echo by hand: decode steps 1-3 after a prefill (idle: its gap + 0.1 ms host time)
+        if prefill:
+            last, echo = (idle_ms + 0.1, prefill, i), (0.0, 0.0, 0.0)
+        else:
+            w = {1: 1.0, 2: 0.4, 3: 0.16}.get(i - last[2], 0.0) if last else 0.0
+            echo = (w, w * min(last[0], 200) / 100, w * last[1] / 1e3) if w else (0.0,) * 3
         rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
                      "prefill_tokens": prefill, "prefill_seqs": int(prefill > 0),
-                     "decode_seqs": decode,
+                     "decode_seqs": decode, "h_echo": echo[0], "h_idle": echo[1],
+                     "h_tok": echo[2],
                      "context_tokens": prefill + decode * 200, "duration_ms": 1.0})
         t += 0.0011  # the step (1 ms as recorded below) and 0.1 ms of host time
     steps = engine_features(pd.DataFrame(rows))
+    assert np.allclose(steps.echo_w, steps.h_echo) and (steps.echo_w > 0).sum() > 500
+    assert np.allclose(steps.echo_w * steps.echo_prefill_tokens / 1e3, steps.h_tok)
     x = np.column_stack([np.ones(len(steps)), steps.prefill_tokens, steps.decode_seqs,
                          steps.context_tokens, steps.prefill_tokens * steps.context_tokens / 1e3,
                          steps.prefill_tokens > 0, steps.new_shape,
                          steps.new_shape * (steps.prefill_tokens + steps.decode_seqs) / 100,
                          np.minimum(steps.idle_ms, 200) / 100,
-                         np.minimum(steps.idle_ms, 10) / 10, steps.prefill_tokens ** 2 / 1e3])
+                         np.minimum(steps.idle_ms, 10) / 10, steps.prefill_tokens ** 2 / 1e3,
+                         steps.h_echo, steps.h_idle, steps.h_tok])
     noise = np.exp(rng.normal(0, 0.02, len(steps)))
     steps = steps.assign(duration_ms=x @ true * noise)
     assert steps.new_shape.sum() > 100 and (steps.idle_ms > 100).sum() > 30
     fitted = fit_serving(steps)
     got = np.array(fitted.coef_ms)
-    for i in (0, 5, 6, 7, 8, 9, 10):  # the terms this model adds, and the constant
+    for i in (0, 5, 6, 7, 8, 9, 10, 11, 12, 13):  # the terms this model adds, the constant
         assert got[i] == pytest.approx(true[i], rel=0.15), FEATURES[i]
 
 
@@ -141,10 +157,10 @@ def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
     (lambda m: m.update(features=m["features"][:5]), "features"),
     (lambda m: m.update(idle_seen_ms=500.0), "idle_seen_ms"),
     (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
-    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 11 finite non-negative"),
+    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 14 finite non-negative"),
     (lambda m: m.update(features=m["features"][:9], coef_ms=m["coef_ms"][:8]),
-     "expected 11 finite non-negative"),
-    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 11 finite non-negative"),
+     "expected 14 finite non-negative"),
+    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 14 finite non-negative"),
 ])
 def test_broken_serving_models_are_refused_naming_the_key(tmp_path, edit, message):
     path = serving_calibration(tmp_path)
@@ -159,12 +175,12 @@ def test_linear_calibrations_still_load_and_ignore_engine_state():
     lat = load_calibration(LINEAR_CAL).latency
     assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
     assert isinstance(ServingModel.from_json(
-        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10, "idle_cap_ms": 200.0,
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 13, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}), ServingModel)
     # fitted before the saturating idle term: read with its coefficient 0, same predictions
     old = ServingModel.from_json({"features": list(FEATURES[:9]), "coef_ms": [1.0] + [0.5] * 8,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[9] == old.coef_ms[10] == 0.0
+    assert old.coef_ms[9:] == (0.0,) * 5
     assert old.step_ms(10, 2, 300, idle_ms=5.0) == pytest.approx(
         1.0 + 0.5 * (10 + 2 + 300 + 3 + 1) + 0.5 * 5.0 / 100)
 
@@ -173,9 +189,39 @@ def test_a_long_prompt_costs_more_than_two_half_as_long_in_one_step():
     """The per-prompt quadratic term: same tokens, one prompt or two (attention is per
     prompt); read from a calibration written before it, nothing changes."""
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0, 0.01] + [0.0] * 8
-                                + [0.01], "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
+                                + [0.01, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
+                                "residual_log_quantiles": [0.0]})
     one, two = m.step_ms(1536, 0, 1536), m.step_ms(1536, 0, 1536, prefill_seqs=2)
     assert one - two == pytest.approx(0.01 * 1536 ** 2 / 1e3 / 2)
-    old = ServingModel.from_json({"features": list(FEATURES[:10]), "coef_ms": [1.0, 0.01] + [0.0] * 8,
-                                  "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
+    old = ServingModel.from_json({"features": list(FEATURES[:10]),
+                                  "coef_ms": [1.0, 0.01] + [0.0] * 8, "idle_cap_ms": 200.0,
+                                  "residual_log_quantiles": [0.0]})
     assert old.step_ms(1536, 0, 1536) == old.step_ms(1536, 0, 1536, prefill_seqs=2) == 1.0 + 15.36
+
+
+def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_without_it():
+    """The after-prefill echo: the engine state hands decode steps 1-3 after a prefill step their
+    weight with the prefill's idle and tokens, nothing to prefills or later steps; a calibration
+    fitted before the echo reads with its coefficients 0."""
+    from sim.serving_latency import NO_ECHO, EngineState
+
+    engine = EngineState()
+    assert engine.before_step(0.0, 0, 2)[2] == NO_ECHO  # no prefill yet
+    engine.last_end_s = 0.01
+    assert engine.before_step(0.06, 300, 2)[2] == NO_ECHO  # the prefill itself, 50 ms idle
+    echoes = [engine.before_step(0.1 + k, 0, 3)[2] for k in range(5)]
+    assert [e[0] for e in echoes] == [1.0, 0.4, 0.16, 0.0, 0.0]
+    assert echoes[0][1:] == pytest.approx((50.0, 300.0)) and echoes[3] == NO_ECHO
+    # a model without the echo: decode runs fast-forward from their first step, as before it
+    plain = EngineState(echo=False)
+    plain.before_step(0.0, 300, 0)
+    assert plain.before_step(0.1, 0, 1)[2] == NO_ECHO
+    m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10
+                                + [0.5, 0.2, 1.0], "idle_cap_ms": 200.0,
+                                "residual_log_quantiles": [0.0]})
+    assert m.step_ms(0, 3, 300, echo=(0.4, 50.0, 300.0)) == pytest.approx(
+        1.0 + 0.4 * (0.5 + 0.2 * 0.5 + 1.0 * 0.3))
+    old = ServingModel.from_json({"features": list(FEATURES[:11]), "coef_ms": [1.0] * 11,
+                                  "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
+    assert old.coef_ms[11:] == (0.0,) * 3 and not old.echoes and m.echoes
+    assert old.step_ms(0, 3, 300, echo=(1.0, 50.0, 300.0)) == old.step_ms(0, 3, 300)
