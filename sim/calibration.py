@@ -22,7 +22,7 @@ from sim.host_time import fit_host_ms
 from sim.latency import LatencyModel, errors, fit
 from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
 from sim.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
-from sim.serving_latency import engine_features, fit_serving, serving_errors
+from sim.serving_latency import attach_spans, engine_features, fit_serving, serving_errors
 from traces import read_run, read_table
 
 CALIBRATION_VERSION = 2
@@ -203,6 +203,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     steps = attach_seeded(attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs),
                           [r for _, r in runs] if seeded_term else [],
                           trace_dirs if seeded_term else [])
+    steps = attach_spans(steps, trace_dirs)
     if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
         steps = engine_features(steps)
         steps = steps[steps.duration_ms > 0]

@@ -68,6 +68,7 @@ def step_ratios(calibration: str | Path, steps_dir: str | Path, all_seeded: bool
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
     steps = attach_seeded(steps, [], [steps_dir])  # the seeded sequences the engine recorded
+    steps = serving_latency.attach_spans(steps, [steps_dir])
     recorded = bool(steps.seeded_seqs.gt(0).any())
     if not recorded and all_seeded:
         steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)

@@ -10,9 +10,8 @@ sequence slot, or no KV room), the batch cannot change until a request finishes 
 runs out, so the replica schedules ONE event for the whole run of iterations (closed form from
 the latency model). An arrival that could be admitted truncates the run at the iteration
 boundary after it (solved in closed form), so results equal a per-iteration simulation.
-With `spec` (vLLM's in-engine speculative decoding, `sim.spec_decode`) a decode iteration holds
-1 + K tokens and yields 1 + accepted; a run's context then grows by the mean yield. This is the
-reference; `sim.lazy_replica` is its faster equal where it applies.
+With `spec` (in-engine speculative decoding, `sim.spec_decode`) a decode iteration holds 1 + K
+tokens, yields 1 + accepted. The reference: `sim.lazy_replica` is its faster equal where it can.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
 from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
-                                step_totals)
+                                spans_context, step_totals)
 from sim.serving_latency import EngineState
 from sim.spells import speed_levels
 from sim.replica_config import ReplicaConfig
@@ -268,7 +267,8 @@ class Replica:
             new_shape, idle_ms, echo = self.engine.before_step(now, prefill_tokens, decode_seqs)
             plain = not new_shape and idle_ms == 0.0 and not echo[0]
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
-                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo)
+                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo,
+                                       spanning=prefill_tokens > 0 and spans_context(sched))
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

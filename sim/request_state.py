@@ -104,6 +104,12 @@ def entry_totals(r: Req, n: int, width: int, lp_ms: float, seeded: int
     return r.computed + width, 0, lp_ms + r.lp_sample_ms, seeded + r.seeded
 
 
+def spans_context(sched: list) -> bool:
+    """Whether a prefill chunk of the step's entries attends to context computed before it (a
+    prefix-cache hit, an earlier chunk); the serving model prices its tokens higher."""
+    return any(0 < r.computed < r.target for r, _ in sched)
+
+
 def step_totals(sched: list, width: int) -> tuple[int, int, int, float, int]:
     """(prefill tokens, prefill sequences, context, log-probability ms, seeded sequences) of a
     step's entries."""

@@ -7,6 +7,7 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + c_idle_short * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
           + w_k * (c_echo + c_echo_idle * min(idle before the prefill, IDLE_CAP_MS) / 100
                    + c_echo_tok * tokens of the prefill / 1000)   [k-th decode step after it]
+          + c_span * prefill tokens   [a step with a chunk that attends to earlier context]
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+34% median on one-prompt
@@ -30,6 +31,11 @@ Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
   ms after <= 768 tokens, 1.0-1.2 ms after more). The cold state the idle term charges the
   prefill for lasts a few steps, as does the cache the prefill's activations filled. The echo
   weighs the k-th decode step after a prefill by ECHO_WEIGHTS[k-1] (the measured decay).
+- a prefill whose chunk attends to context computed before it (a prefix-cache hit, an
+  earlier chunk of its prompt) costs more per token than a fresh one: shared-prefix live runs'
+  prefills with a cached 256-token prefix ran at 1.13x of the model without the term (three
+  full runs, 00:36-01:28 UTC), fresh prefills of the same runs at 1.0-1.05x. One term per
+  prefill token of such a step (any spanning chunk: what `step_prefill` records per step).
 The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
 so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
@@ -37,6 +43,7 @@ so decode runs keep the linear model's closed form and fast-forwarding is unchan
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -46,16 +53,20 @@ from scipy.optimize import nnls
 from sim.latency import LatencyModel, _is_number, midpoints, residual_quantiles
 from sim.spells import SPELL_S
 from sim.step_time import register
+from traces import read_table
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
             "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short",
-            "prefill_sq_per_seq_k", "echo", "echo_idle_100ms", "echo_prefill_k")
+            "prefill_sq_per_seq_k", "echo", "echo_idle_100ms", "echo_prefill_k",
+            "spanning_prefill_tokens")
 FEATURES_V1 = FEATURES[:9]
 """the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
 FEATURES_V2 = FEATURES[:10]
 """... and before `prefill_sq_per_seq_k` (read with its coefficient 0: same predictions)"""
 FEATURES_V3 = FEATURES[:11]
 """... and before the after-prefill echo (read with its coefficients 0)"""
+FEATURES_V4 = FEATURES[:14]
+"""... and before the spanning-prefill term (read with its coefficient 0)"""
 ECHO_WEIGHTS = (1.0, 0.4, 0.16)
 """the echo's weight on the 1st, 2nd and 3rd decode step after a prefill step (measured: the
 extra time falls ~0.4x a step; beyond the third it is within the noise)"""
@@ -71,7 +82,8 @@ RUN_WARMUP_STEPS = 3
 
 
 def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np.ndarray:
-    """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns."""
+    """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns (and
+    the echo's and `spanning_prefill_tokens`, 0 where absent)."""
     p = steps.prefill_tokens.to_numpy(float)
     seqs = np.maximum(steps.prefill_seqs.to_numpy(float), 1.0)
     d = steps.decode_seqs.to_numpy(float)
@@ -80,17 +92,21 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np
     idle_ms = np.minimum(steps.idle_ms.to_numpy(float), idle_seen_ms)
     idle = np.minimum(idle_ms, IDLE_CAP_MS) / 100.0
     short = np.minimum(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
-    w = steps.echo_w.to_numpy(float)
-    echo_idle = np.minimum(np.minimum(steps.echo_idle_ms.to_numpy(float), idle_seen_ms),
-                           IDLE_CAP_MS) / 100.0
-    echo_k = steps.echo_prefill_tokens.to_numpy(float) / 1e3
+    def col(name):  # an echo or span column the steps lack (not from `engine_features`,
+        # not recorded in `step_prefill`): none
+        return steps[name].to_numpy(float) if name in steps else np.zeros_like(p)
+
+    w = col("echo_w")
+    echo_idle = np.minimum(np.minimum(col("echo_idle_ms"), idle_seen_ms), IDLE_CAP_MS) / 100.0
+    echo_k = col("echo_prefill_tokens") / 1e3
+    span = col("spanning_prefill_tokens")
     # A prompt's attention grows with its own length squared: prefill tokens squared over the
     # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
     # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
     # summed context could not tell them apart (decode contexts swamp it in mixed steps).
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
                             new, new * (p + d) / 100.0, idle, short, p * p / seqs / 1e3,
-                            w, w * echo_idle, w * echo_k])
+                            w, w * echo_idle, w * echo_k, span])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
@@ -108,6 +124,21 @@ def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
         out.append(with_echo(s).iloc[RUN_WARMUP_STEPS:])
     return pd.concat(out) if out else steps.assign(idle_ms=[], new_shape=[], echo_w=[],
                                                    echo_idle_ms=[], echo_prefill_tokens=[])
+
+
+def attach_spans(steps: pd.DataFrame, trace_dirs: list) -> pd.DataFrame:
+    """The steps with `spanning_prefill_tokens`: a prefill step's tokens where a chunk of it
+    attends to earlier context (its `step_prefill` span beyond its own tokens); 0 elsewhere,
+    and for traces recorded before that table."""
+    frames = [read_table(d, "step_prefill").to_pandas() for d in trace_dirs
+              if (Path(d) / "step_prefill").is_dir()]
+    keys = ["run_id", "replica_id", "step_id"]
+    if not frames:
+        return steps.assign(spanning_prefill_tokens=0.0)
+    out = steps.merge(pd.concat(frames)[keys + ["prefill_context_tokens"]], on=keys, how="left")
+    ctx = out.pop("prefill_context_tokens").fillna(0.0).to_numpy()
+    p = out.prefill_tokens.to_numpy(float)
+    return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0))
 
 
 def with_echo(s: pd.DataFrame) -> pd.DataFrame:
@@ -186,13 +217,15 @@ class ServingModel:
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
-                echo: tuple[float, float, float] = NO_ECHO) -> float:
-        """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s)."""
+                echo: tuple[float, float, float] = NO_ECHO, spanning: bool = False) -> float:
+        """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s;
+        `spanning`: a prefill chunk of the step attends to earlier context)."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3
         if prefill_tokens:
-            ms += c[5] + c[10] * prefill_tokens * prefill_tokens / max(prefill_seqs, 1) / 1e3
+            ms += c[5] + c[10] * prefill_tokens * prefill_tokens / max(prefill_seqs, 1) / 1e3 \
+                + (c[14] * prefill_tokens if spanning else 0.0)
         if new_shape:
             ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
         if idle_ms > 0.0:
@@ -239,8 +272,8 @@ class ServingModel:
         """The model from `to_json`'s mapping, every number checked."""
         d = dict(d)
         v, features = d.get("coef_ms"), d.get("features")
-        if features in (list(FEATURES_V1), list(FEATURES_V2), list(FEATURES_V3)) and \
-                isinstance(v, list):
+        if features in (list(FEATURES_V1), list(FEATURES_V2), list(FEATURES_V3),
+                        list(FEATURES_V4)) and isinstance(v, list):
             d["coef_ms"] = v + [0.0] * (len(FEATURES) - len(features))  # before later terms
         elif d.get("features") != list(FEATURES):
             raise ValueError(f"serving model features {d.get('features')} differ from "
@@ -267,9 +300,12 @@ class ServingModel:
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100) -> ServingModel:
     """NNLS on relative error over steps with engine features (`engine_features`)."""
     y = steps.duration_ms.to_numpy(float)
-    if y.size < len(FEATURES) or not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise ValueError(f"need >= {len(FEATURES)} finite positive step durations, got {y.size}")
     x = feature_matrix(steps)
+    # a step per feature the steps exercise (one never nonzero, e.g. the echo of a grid without
+    # decode after prefills, gets 0 and asks for no step)
+    need = int((x != 0).any(axis=0).sum()) if len(x) else len(FEATURES)
+    if y.size < need or not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError(f"need >= {need} finite positive step durations, got {y.size}")
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))

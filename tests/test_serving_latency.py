@@ -16,9 +16,9 @@ from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_ser
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5]  # prefill step, new shape, per 100
-# tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms idle
-# before the prefill, per 1000 prefill tokens
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0]  # prefill step, new shape, per
+# 100 tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms idle
+# before the prefill, per 1000 prefill tokens; per token of a prefill spanning earlier context
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -90,7 +90,7 @@ def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
 def test_fit_recovers_the_engine_terms_from_a_step_sequence():
     rng = np.random.default_rng(0)
     true = np.array([2.5, 0.017, 0.05, 0.0003, 0.005, 0.8, 2.0, 1.4, 0.9, 1.2, 0.01, 0.6, 0.3,
-                     0.8])
+                     0.8, 0.0])
     rows, t, last = [], 0.0, None
     for i in range(3000):  # decode runs with prefills of random lengths between them
         prefill = int(rng.integers(16, 500)) if i % 10 == 0 else 0
@@ -118,7 +118,7 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
                          steps.new_shape * (steps.prefill_tokens + steps.decode_seqs) / 100,
                          np.minimum(steps.idle_ms, 200) / 100,
                          np.minimum(steps.idle_ms, 10) / 10, steps.prefill_tokens ** 2 / 1e3,
-                         steps.h_echo, steps.h_idle, steps.h_tok])
+                         steps.h_echo, steps.h_idle, steps.h_tok, np.zeros(len(steps))])
     noise = np.exp(rng.normal(0, 0.02, len(steps)))
     steps = steps.assign(duration_ms=x @ true * noise)
     assert steps.new_shape.sum() > 100 and (steps.idle_ms > 100).sum() > 30
@@ -157,10 +157,10 @@ def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
     (lambda m: m.update(features=m["features"][:5]), "features"),
     (lambda m: m.update(idle_seen_ms=500.0), "idle_seen_ms"),
     (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
-    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 14 finite non-negative"),
+    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 15 finite non-negative"),
     (lambda m: m.update(features=m["features"][:9], coef_ms=m["coef_ms"][:8]),
-     "expected 14 finite non-negative"),
-    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 14 finite non-negative"),
+     "expected 15 finite non-negative"),
+    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 15 finite non-negative"),
 ])
 def test_broken_serving_models_are_refused_naming_the_key(tmp_path, edit, message):
     path = serving_calibration(tmp_path)
@@ -175,12 +175,12 @@ def test_linear_calibrations_still_load_and_ignore_engine_state():
     lat = load_calibration(LINEAR_CAL).latency
     assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
     assert isinstance(ServingModel.from_json(
-        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 13, "idle_cap_ms": 200.0,
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 14, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}), ServingModel)
     # fitted before the saturating idle term: read with its coefficient 0, same predictions
     old = ServingModel.from_json({"features": list(FEATURES[:9]), "coef_ms": [1.0] + [0.5] * 8,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[9:] == (0.0,) * 5
+    assert old.coef_ms[9:] == (0.0,) * 6
     assert old.step_ms(10, 2, 300, idle_ms=5.0) == pytest.approx(
         1.0 + 0.5 * (10 + 2 + 300 + 3 + 1) + 0.5 * 5.0 / 100)
 
@@ -189,7 +189,7 @@ def test_a_long_prompt_costs_more_than_two_half_as_long_in_one_step():
     """The per-prompt quadratic term: same tokens, one prompt or two (attention is per
     prompt); read from a calibration written before it, nothing changes."""
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0, 0.01] + [0.0] * 8
-                                + [0.01, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
+                                + [0.01, 0.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     one, two = m.step_ms(1536, 0, 1536), m.step_ms(1536, 0, 1536, prefill_seqs=2)
     assert one - two == pytest.approx(0.01 * 1536 ** 2 / 1e3 / 2)
@@ -217,11 +217,31 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     plain.before_step(0.0, 300, 0)
     assert plain.before_step(0.1, 0, 1)[2] == NO_ECHO
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10
-                                + [0.5, 0.2, 1.0], "idle_cap_ms": 200.0,
+                                + [0.5, 0.2, 1.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     assert m.step_ms(0, 3, 300, echo=(0.4, 50.0, 300.0)) == pytest.approx(
         1.0 + 0.4 * (0.5 + 0.2 * 0.5 + 1.0 * 0.3))
     old = ServingModel.from_json({"features": list(FEATURES[:11]), "coef_ms": [1.0] * 11,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[11:] == (0.0,) * 3 and not old.echoes and m.echoes
+    assert old.coef_ms[11:] == (0.0,) * 4 and not old.echoes and m.echoes
     assert old.step_ms(0, 3, 300, echo=(1.0, 50.0, 300.0)) == old.step_ms(0, 3, 300)
+
+
+def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_term(tmp_path):
+    """A prefill whose chunk attends to a cached prefix pays the spanning term per prompt token
+    it computes; a fresh one does not (same workload with the term 0 and 0.01 ms a token)."""
+    ttft = []
+    for span_ms in (0.0, 0.01):
+        path = serving_calibration(tmp_path, EXTRA_MS[:-1] + [span_ms])
+        cfg = parse_config({"workload": {
+            "arrival": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 4,
+            "prompt_tokens": {"kind": "uniform", "low": 300, "high": 400}, "output_tokens": 8,
+            "prefix": {"groups": 1, "tokens": 256}},
+            "cluster": {"replicas": [{"calibration": str(path), "enable_prefix_caching": True}]}})
+        reqs = simulate(cfg).requests.to_pandas()
+        ttft.append(reqs.first_token_s - reqs.arrival_s)
+    mean_ratio = load_calibration(path).latency.residual_sampler()[0]
+    cached = reqs.cached_prompt_tokens.to_numpy()
+    assert cached[0] == 0 and (cached[1:] > 0).all()
+    want = np.where(cached > 0, 0.01 * (reqs.prompt_tokens - cached), 0.0) * mean_ratio / 1e3
+    assert np.allclose(ttft[1] - ttft[0], want, rtol=1e-9, atol=1e-12)
