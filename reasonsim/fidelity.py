@@ -1,8 +1,8 @@
 """`reasonsim fidelity`: trace this machine, calibrate, then simulate and replay a suite live.
 
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
-as live traffic has them) and one live replay of calibration traffic (varied lengths in waves: the
-step shapes of real serving), a `serving` calibration of both, then for every workload of the suite
+as live traffic has them) and live replays of calibration traffic (varied lengths in waves: the
+step shapes of real serving), a `serving` calibration of all, then for every workload of the suite
 (examples/fidelity/suite.yaml) a simulation and two live replays on vLLM, one in each of two
 passes over the suite. Each metric is judged against the simulator's tolerance or, where the two
 live runs differ by more, against that live-vs-live spread (the noise floor of a shared machine
