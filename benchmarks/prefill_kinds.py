@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sim import step_time  # noqa: E402
-from sim.serving_latency import engine_features, feature_matrix  # noqa: E402
+from sim.serving_latency import attach_spans, engine_features, feature_matrix  # noqa: E402
 from traces import read_table  # noqa: E402
 
 IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]
@@ -41,7 +41,7 @@ def _steps(trace: Path) -> pd.DataFrame:
     cols = ["replica_id", "step_id", "prefill_context_tokens", "prefill_pair_tokens"]
     span = read_table(trace, "step_prefill").to_pandas()[cols] \
         if (trace / "step_prefill").is_dir() else pd.DataFrame(columns=cols)  # older traces
-    s = s.merge(span, on=["replica_id", "step_id"], how="left")
+    s = attach_spans(s, [trace]).merge(span, on=["replica_id", "step_id"], how="left")
     s = engine_features(s)
     return s[s.duration_ms > 0]
 

@@ -89,6 +89,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     the live run has no decode steps."""
     from sim import step_time
     from sim.live_speed import live_over_predicted, probe_level
+    from sim.serving_latency import attach_spans
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
@@ -96,7 +97,9 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     if len(models) != 1:  # none recorded, or several pools: no single prediction to compare
         return None
     model = step_time.from_json(json.loads(models.pop()))
-    ratio, steps = live_over_predicted(model, read_table(live_dir, "steps").to_pandas())
+    # the span of each prefill the engine recorded: the serving model prices cached prefills
+    steps = attach_spans(read_table(live_dir, "steps").to_pandas(), [live_dir])
+    ratio, steps = live_over_predicted(model, steps)
     decode = (steps.prefill_tokens == 0).to_numpy() & (steps.decode_seqs > 0).to_numpy()
     if not decode.any():
         return None
