@@ -203,9 +203,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     steps = attach_seeded(attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs),
                           [r for _, r in runs] if seeded_term else [],
                           trace_dirs if seeded_term else [])
-    steps = attach_spans(steps, trace_dirs)
     if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
-        steps = engine_features(steps)
+        steps = engine_features(attach_spans(steps, trace_dirs))
         steps = steps[steps.duration_ms > 0]
     elif model == "linear":
         steps = steps[~steps.is_warmup & (steps.duration_ms > 0)]

@@ -23,12 +23,13 @@ Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
   draft's decode steps 1.5 ms after none, 2.2-2.9 ms after 4-16 ms). The second, saturating
   idle term (full after IDLE_SHORT_MS) carries that; calibrations fitted before it have its
   coefficient 0.
-- the first decode steps after a prefill step are slower still: on the 23:27 and 00:40 fidelity
-  runs (`reasonsim fidelity`, Intel VM) decode steps ran 0.5-1.2 ms beyond the model on the
-  first step after a prefill, 0.2-0.8 ms on the second, 0.1-0.4 ms on the third, ~0 from the
-  fifth (a decode step takes ~2.2 ms), more after a longer idle before the prefill (live: 0.1-
-  0.3 ms after < 5 ms idle, 0.6-0.8 ms after > 30 ms) and after larger prefills (grid: 0.5-0.7
-  ms after <= 768 tokens, 1.0-1.2 ms after more). The cold state the idle term charges the
+- the first decode steps after a prefill step are slower still: on a full fidelity run
+  (`reasonsim fidelity`, Intel VM, 2026-11-27 00:36 UTC; `benchmarks/decode_after_prefill.py`)
+  decode steps ran 0.25-1.2 ms beyond the model on the first step after a prefill, 0.1-0.8 ms
+  on the second, 0.05-0.4 ms on the third, ~0 from the fifth (a decode step takes ~2.2 ms),
+  more after a longer idle before the prefill (live: 0.1-0.3 ms after < 5 ms idle, 0.6-0.8 ms
+  after > 30 ms) and after larger prefills (live: 0.25-0.3 ms after <= 256 tokens, 0.7-1.0 ms
+  after more). The cold state the idle term charges the
   prefill for lasts a few steps, as does the cache the prefill's activations filled. The echo
   weighs the k-th decode step after a prefill by ECHO_WEIGHTS[k-1] (the measured decay).
 - a prefill whose chunk attends to context computed before it (a prefix-cache hit, an
