@@ -11,6 +11,10 @@ those that do not (`step_prefill`; traces recorded before it have no split). The
 under a refit in which `step_prefill`'s new x spanned tokens replaces prefill x context (whose
 context counts the decode sequences' too) and prefill^2 / sequences: whether the span prices
 cached and chunked prefills better (fitted here on the calibration's traces, greedy terms only).
+Last, warm prefill steps (<= 1 ms idle before them, not a new shape) of the calibration's traces and
+of the live runs: the step's measured time less every term of the prediction but the
+prefill-step constant and the spanned-context term, by prefill tokens and by the earlier context
+their chunks attend to (median), beside what the model charges for it.
 Program workloads' steps also pay seeded sampling and log-probabilities, which the ratio leaves
 in the measured time and out of the prediction: a ratio under 1 there is an overpriced step.
 """
@@ -34,6 +38,10 @@ from sim.serving_latency import attach_spans, engine_features, feature_matrix  #
 from traces import read_table  # noqa: E402
 
 IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]
+CONTEXT_BANDS = [-1, 0, 128, 256, 512, 1024, 2048, 1e6]
+TOKEN_BANDS = [0, 32, 128, 512, 2048]
+PREFILL_STEP, SPAN_CONTEXT = 5, 15
+"""the prefill-step constant's and the spanned-context term's places in FEATURES"""
 
 
 def _steps(trace: Path) -> pd.DataFrame:
@@ -70,7 +78,8 @@ def table(run: Path) -> dict:
     lives = sorted(d / "live1" for d in run.iterdir() if (d / "live1" / "steps").is_dir())
     traces = {p.name: _steps(p) for p in fitted} | {p.parent.name: _steps(p) for p in lives}
     coef = _refit(pd.concat([traces[p.name] for p in fitted]))
-    idle, span = [], []
+    idle, span, warm = [], [], []
+    c = np.asarray(model.coef_ms)
     for name, s in traces.items():
         ratio = s.duration_ms.to_numpy() / model.predict_ms(s)
         refit = s.duration_ms.to_numpy() / (_span_matrix(s) @ coef)
@@ -87,7 +96,22 @@ def table(run: Path) -> dict:
                 span.append({"trace": name, "prefills": kind, "ratio": float(np.median(
                     ratio[m])), "ratio_span_refit": float(np.median(refit[m])),
                     "steps": int(m.sum())})
-    return {"idle": idle, "span": span}
+        x = feature_matrix(s)
+        left = s.duration_ms.to_numpy() - x @ c + x[:, PREFILL_STEP] * c[PREFILL_STEP] \
+            + x[:, SPAN_CONTEXT] * c[SPAN_CONTEXT]
+        m = pre & (s.idle_ms.to_numpy() <= 1.0) & (s.new_shape.to_numpy() == 0)
+        earlier = (s.prefill_context_tokens.fillna(0) - s.prefill_tokens).clip(lower=0)
+        warm.append(pd.DataFrame({
+            "traces": "calibration" if name in {p.name for p in fitted} else "live",
+            "prefill_tokens": pd.cut(s.prefill_tokens[m], TOKEN_BANDS).astype(str).to_numpy(),
+            "earlier_context": pd.cut(earlier[m], CONTEXT_BANDS).astype(str).to_numpy(),
+            "left_ms": left[m]}))
+    warm = pd.concat(warm).groupby(["traces", "prefill_tokens", "earlier_context"], sort=False)
+    warm = [{"traces": k[0], "prefill_tokens": k[1], "earlier_context": k[2],
+             "left_ms": float(v.median()), "steps": int(v.size)} for k, v in warm.left_ms]
+    model_ms = {str(b): c[PREFILL_STEP] + c[SPAN_CONTEXT] * max(b.mid, 0.0) / 1e3
+                for b in pd.cut([], CONTEXT_BANDS).categories if b.right < 1e6}
+    return {"idle": idle, "span": span, "warm": warm, "warm_model_ms": model_ms}
 
 
 def main() -> None:
@@ -107,6 +131,19 @@ def main() -> None:
           .to_string())
     print("\nprefill steps by attention span (median measured / predicted):")
     print(pd.DataFrame(t["span"]).round(3).to_string(index=False))
+    warm = pd.DataFrame(t["warm"])
+    if warm.empty:
+        return
+    print("\nwarm prefill steps: ms left to the prefill-step constant and the spanned-context "
+          "term (median; the model charges",
+          ", ".join(f"{k}: {v:.2f}" for k, v in t["warm_model_ms"].items()) + " ms)")
+    order = [str(b) for b in pd.cut([], CONTEXT_BANDS).categories]
+    rows = [(g, str(b)) for g in ("calibration", "live")
+            for b in pd.cut([], TOKEN_BANDS).categories]
+    for values in ("left_ms", "steps"):
+        print(warm.pivot_table(index=["traces", "prefill_tokens"], columns="earlier_context",
+                               values=values, aggfunc="sum").reindex(index=rows, columns=order)
+              .dropna(how="all").dropna(axis=1, how="all").round(2).to_string())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ SETTINGS = {
     "greedy": {"temperature": 0.0},
     "temperature": {"temperature": 0.7},
     "seeded": {"temperature": 0.7, "seed": 1},
+    "seeded_top_p": {"temperature": 0.7, "seed": 1, "top_p": 0.95},
     "seeded_logprobs": {"temperature": 0.7, "seed": 1, "logprobs": 0},
 }
 

@@ -27,7 +27,7 @@ from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
 from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
-                                spans_context, step_totals)
+                                span_context_tokens, step_totals)
 from sim.serving_latency import EngineState
 from sim.spells import speed_levels
 from sim.replica_config import ReplicaConfig
@@ -268,7 +268,7 @@ class Replica:
             plain = not new_shape and idle_ms == 0.0 and not echo[0]
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
                                        idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo,
-                                       spanning=prefill_tokens > 0 and spans_context(sched))
+                                       span_context_tokens=span_context_tokens(sched))
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

@@ -104,10 +104,10 @@ def entry_totals(r: Req, n: int, width: int, lp_ms: float, seeded: int
     return r.computed + width, 0, lp_ms + r.lp_sample_ms, seeded + r.seeded
 
 
-def spans_context(sched: list) -> bool:
-    """Whether a prefill chunk of the step's entries attends to context computed before it (a
-    prefix-cache hit, an earlier chunk); the serving model prices its tokens higher."""
-    return any(0 < r.computed < r.target for r, _ in sched)
+def span_context_tokens(sched: list) -> int:
+    """The context computed before them (prefix-cache hits, earlier chunks) that the step's
+    prefill chunks attend to, summed; the serving model prices such prefills higher."""
+    return sum(r.computed for r, _ in sched if 0 < r.computed < r.target)
 
 
 def step_totals(sched: list, width: int) -> tuple[int, int, int, float, int]:

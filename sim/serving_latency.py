@@ -8,6 +8,7 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
           + w_k * (c_echo + c_echo_idle * min(idle before the prefill, IDLE_CAP_MS) / 100
                    + c_echo_tok * tokens of the prefill / 1000)   [k-th decode step after it]
           + c_span * prefill tokens   [a step with a chunk that attends to earlier context]
+          + c_span_ctx * earlier context tokens those chunks attend to / 1000
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+34% median on one-prompt
@@ -37,6 +38,15 @@ Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
   prefills with a cached 256-token prefix ran at 1.13x of the model without the term (three
   full runs, 00:36-01:28 UTC), fresh prefills of the same runs at 1.0-1.05x. One term per
   prefill token of such a step (any spanning chunk: what `step_prefill` records per step).
+- and it costs more the more earlier context its chunks attend to, well beyond their attention
+  pairs: on the 01:40 UTC full run (2026-11-27; `benchmarks/prefill_kinds.py RUN`, the live
+  runs held out of the fit), warm prefill steps (<= 1 ms idle, not a new shape) of <= 32
+  tokens took 0.51 ms beyond the model's other terms fresh, 0.57 / 0.89 / 1.06 ms over <= 128 /
+  128-256 / 256-512 earlier tokens (32-128 tokens: 0.64 fresh, 1.16-1.41 over earlier
+  context), the grid's last chunks over 512-2048 earlier tokens ~3 ms; a constant alone
+  charged 1.38 ms for all and priced the probes of CoT replays (~25 tokens over a short cached
+  reasoning) at 1.25x of what they took. One term per 1000 earlier tokens, summed over the
+  step's chunks.
 The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
 so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
@@ -59,7 +69,7 @@ from traces import read_table
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
             "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short",
             "prefill_sq_per_seq_k", "echo", "echo_idle_100ms", "echo_prefill_k",
-            "spanning_prefill_tokens")
+            "spanning_prefill_tokens", "span_context_k")
 FEATURES_V1 = FEATURES[:9]
 """the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
 FEATURES_V2 = FEATURES[:10]
@@ -68,6 +78,8 @@ FEATURES_V3 = FEATURES[:11]
 """... and before the after-prefill echo (read with its coefficients 0)"""
 FEATURES_V4 = FEATURES[:14]
 """... and before the spanning-prefill term (read with its coefficient 0)"""
+FEATURES_V5 = FEATURES[:15]
+"""... and before the spanned-context term (read with its coefficient 0)"""
 ECHO_WEIGHTS = (1.0, 0.4, 0.16)
 """the echo's weight on the 1st, 2nd and 3rd decode step after a prefill step (measured: the
 extra time falls ~0.4x a step; beyond the third it is within the noise)"""
@@ -84,7 +96,7 @@ RUN_WARMUP_STEPS = 3
 
 def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np.ndarray:
     """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns (and
-    the echo's and `spanning_prefill_tokens`, 0 where absent)."""
+    the echo's, `spanning_prefill_tokens` and `span_context_tokens`, 0 where absent)."""
     p = steps.prefill_tokens.to_numpy(float)
     seqs = np.maximum(steps.prefill_seqs.to_numpy(float), 1.0)
     d = steps.decode_seqs.to_numpy(float)
@@ -101,13 +113,14 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS) -> np
     echo_idle = np.minimum(np.minimum(col("echo_idle_ms"), idle_seen_ms), IDLE_CAP_MS) / 100.0
     echo_k = col("echo_prefill_tokens") / 1e3
     span = col("spanning_prefill_tokens")
+    span_ctx_k = col("span_context_tokens") / 1e3
     # A prompt's attention grows with its own length squared: prefill tokens squared over the
     # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
     # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
     # summed context could not tell them apart (decode contexts swamp it in mixed steps).
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
                             new, new * (p + d) / 100.0, idle, short, p * p / seqs / 1e3,
-                            w, w * echo_idle, w * echo_k, span])
+                            w, w * echo_idle, w * echo_k, span, span_ctx_k])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
@@ -128,18 +141,20 @@ def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def attach_spans(steps: pd.DataFrame, trace_dirs: list) -> pd.DataFrame:
-    """The steps with `spanning_prefill_tokens`: a prefill step's tokens where a chunk of it
-    attends to earlier context (its `step_prefill` span beyond its own tokens); 0 elsewhere,
-    and for traces recorded before that table."""
+    """The steps with `spanning_prefill_tokens` (a prefill step's tokens where a chunk of it
+    attends to earlier context: its `step_prefill` span beyond its own tokens) and
+    `span_context_tokens` (that earlier context, summed over the chunks); 0 elsewhere, and for
+    traces recorded before that table."""
     frames = [read_table(d, "step_prefill").to_pandas() for d in trace_dirs
               if (Path(d) / "step_prefill").is_dir()]
     keys = ["run_id", "replica_id", "step_id"]
     if not frames:
-        return steps.assign(spanning_prefill_tokens=0.0)
+        return steps.assign(spanning_prefill_tokens=0.0, span_context_tokens=0.0)
     out = steps.merge(pd.concat(frames)[keys + ["prefill_context_tokens"]], on=keys, how="left")
     ctx = out.pop("prefill_context_tokens").fillna(0.0).to_numpy()
     p = out.prefill_tokens.to_numpy(float)
-    return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0))
+    return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0),
+                      span_context_tokens=np.where(ctx > p, ctx - p, 0.0))
 
 
 def with_echo(s: pd.DataFrame) -> pd.DataFrame:
@@ -218,15 +233,17 @@ class ServingModel:
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
-                echo: tuple[float, float, float] = NO_ECHO, spanning: bool = False) -> float:
+                echo: tuple[float, float, float] = NO_ECHO, span_context_tokens: int = 0,
+                ) -> float:
         """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s;
-        `spanning`: a prefill chunk of the step attends to earlier context)."""
+        `span_context_tokens`: the earlier context the step's prefill chunks attend to)."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3
         if prefill_tokens:
             ms += c[5] + c[10] * prefill_tokens * prefill_tokens / max(prefill_seqs, 1) / 1e3 \
-                + (c[14] * prefill_tokens if spanning else 0.0)
+                + (c[14] * prefill_tokens + c[15] * span_context_tokens / 1e3
+                   if span_context_tokens > 0 else 0.0)
         if new_shape:
             ms += c[6] + c[7] * (prefill_tokens + decode_seqs) / 100.0
         if idle_ms > 0.0:
@@ -274,7 +291,7 @@ class ServingModel:
         d = dict(d)
         v, features = d.get("coef_ms"), d.get("features")
         if features in (list(FEATURES_V1), list(FEATURES_V2), list(FEATURES_V3),
-                        list(FEATURES_V4)) and isinstance(v, list):
+                        list(FEATURES_V4), list(FEATURES_V5)) and isinstance(v, list):
             d["coef_ms"] = v + [0.0] * (len(FEATURES) - len(features))  # before later terms
         elif d.get("features") != list(FEATURES):
             raise ValueError(f"serving model features {d.get('features')} differ from "

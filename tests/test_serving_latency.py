@@ -16,9 +16,10 @@ from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_ser
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0]  # prefill step, new shape, per
-# 100 tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms idle
-# before the prefill, per 1000 prefill tokens; per token of a prefill spanning earlier context
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0, 0.0]  # prefill step, new shape,
+# per 100 tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms
+# idle before the prefill, per 1000 prefill tokens; per token of a prefill spanning earlier
+# context, per 1000 tokens of that earlier context
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -157,10 +158,10 @@ def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
     (lambda m: m.update(features=m["features"][:5]), "features"),
     (lambda m: m.update(idle_seen_ms=500.0), "idle_seen_ms"),
     (lambda m: m.update(idle_cap_ms=100.0), "idle_cap_ms"),
-    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 15 finite non-negative"),
+    (lambda m: m.update(coef_ms=m["coef_ms"][:5]), "expected 16 finite non-negative"),
     (lambda m: m.update(features=m["features"][:9], coef_ms=m["coef_ms"][:8]),
-     "expected 15 finite non-negative"),
-    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 15 finite non-negative"),
+     "expected 16 finite non-negative"),
+    (lambda m: m["coef_ms"].__setitem__(6, -1.0), "expected 16 finite non-negative"),
 ])
 def test_broken_serving_models_are_refused_naming_the_key(tmp_path, edit, message):
     path = serving_calibration(tmp_path)
@@ -175,12 +176,12 @@ def test_linear_calibrations_still_load_and_ignore_engine_state():
     lat = load_calibration(LINEAR_CAL).latency
     assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
     assert isinstance(ServingModel.from_json(
-        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 14, "idle_cap_ms": 200.0,
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 15, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}), ServingModel)
     # fitted before the saturating idle term: read with its coefficient 0, same predictions
     old = ServingModel.from_json({"features": list(FEATURES[:9]), "coef_ms": [1.0] + [0.5] * 8,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[9:] == (0.0,) * 6
+    assert old.coef_ms[9:] == (0.0,) * 7
     assert old.step_ms(10, 2, 300, idle_ms=5.0) == pytest.approx(
         1.0 + 0.5 * (10 + 2 + 300 + 3 + 1) + 0.5 * 5.0 / 100)
 
@@ -189,7 +190,7 @@ def test_a_long_prompt_costs_more_than_two_half_as_long_in_one_step():
     """The per-prompt quadratic term: same tokens, one prompt or two (attention is per
     prompt); read from a calibration written before it, nothing changes."""
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0, 0.01] + [0.0] * 8
-                                + [0.01, 0.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
+                                + [0.01, 0.0, 0.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     one, two = m.step_ms(1536, 0, 1536), m.step_ms(1536, 0, 1536, prefill_seqs=2)
     assert one - two == pytest.approx(0.01 * 1536 ** 2 / 1e3 / 2)
@@ -217,22 +218,25 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     plain.before_step(0.0, 300, 0)
     assert plain.before_step(0.1, 0, 1)[2] == NO_ECHO
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10
-                                + [0.5, 0.2, 1.0, 0.0], "idle_cap_ms": 200.0,
+                                + [0.5, 0.2, 1.0, 0.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     assert m.step_ms(0, 3, 300, echo=(0.4, 50.0, 300.0)) == pytest.approx(
         1.0 + 0.4 * (0.5 + 0.2 * 0.5 + 1.0 * 0.3))
     old = ServingModel.from_json({"features": list(FEATURES[:11]), "coef_ms": [1.0] * 11,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[11:] == (0.0,) * 4 and not old.echoes and m.echoes
+    assert old.coef_ms[11:] == (0.0,) * 5 and not old.echoes and m.echoes
     assert old.step_ms(0, 3, 300, echo=(1.0, 50.0, 300.0)) == old.step_ms(0, 3, 300)
 
 
-def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_term(tmp_path):
-    """A prefill whose chunk attends to a cached prefix pays the spanning term per prompt token
-    it computes; a fresh one does not (same workload with the term 0 and 0.01 ms a token)."""
+@pytest.mark.parametrize("per_token_ms,per_context_k_ms", [(0.01, 0.0), (0.0, 1.5)])
+def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_terms(tmp_path, per_token_ms,
+                                                                 per_context_k_ms):
+    """A prefill whose chunk attends to a cached prefix pays the spanning terms, per prompt token
+    it computes and per 1000 cached tokens it attends to; a fresh one does not (same workload
+    with the terms 0 and not)."""
     ttft = []
-    for span_ms in (0.0, 0.01):
-        path = serving_calibration(tmp_path, EXTRA_MS[:-1] + [span_ms])
+    for terms in ([0.0, 0.0], [per_token_ms, per_context_k_ms]):
+        path = serving_calibration(tmp_path, EXTRA_MS[:-2] + terms)
         cfg = parse_config({"workload": {
             "arrival": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 4,
             "prompt_tokens": {"kind": "uniform", "low": 300, "high": 400}, "output_tokens": 8,
@@ -243,5 +247,6 @@ def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_term(tmp_path):
     mean_ratio = load_calibration(path).latency.residual_sampler()[0]
     cached = reqs.cached_prompt_tokens.to_numpy()
     assert cached[0] == 0 and (cached[1:] > 0).all()
-    want = np.where(cached > 0, 0.01 * (reqs.prompt_tokens - cached), 0.0) * mean_ratio / 1e3
+    want = np.where(cached > 0, per_token_ms * (reqs.prompt_tokens - cached)
+                    + per_context_k_ms * cached / 1e3, 0.0) * mean_ratio / 1e3
     assert np.allclose(ttft[1] - ttft[0], want, rtol=1e-9, atol=1e-12)

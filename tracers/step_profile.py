@@ -17,12 +17,15 @@ FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
 
 REGIMES = {
     "greedy": {"temperature": 0.0},
-    "seeded": {"temperature": 0.7, "top_p": 0.95, "seeded": True},
-    "logprobs": {"temperature": 0.7, "top_p": 0.95, "seeded": True, "logprobs": 1},
+    "seeded": {"temperature": 0.7, "top_p": 1.0, "seeded": True},
+    "logprobs": {"temperature": 0.7, "top_p": 1.0, "seeded": True, "logprobs": 1},
 }
 """Sampling regimes a grid can run each cell in: greedy (the default), seeded sampling as the
-Dynasor programs sample (a seed per request), and that with the sampled tokens' log-probabilities
-(top 1), as search programs ask; the log-probability steps land in `step_logprobs`."""
+Dynasor programs' reasoning samples (a seed per request, no top-p), and that with the sampled
+tokens' log-probabilities (top 1), as search programs ask; the log-probability steps land in
+`step_logprobs`. Top-p below 1 (Dynasor's probes) filters the whole batch and costs more a step
+(`benchmarks/sampling_cost.py`), which the seeded term leaves out: a regime with it priced the
+programs' reasoning steps at 1.06-1.09x of what they took."""
 
 
 @dataclass(frozen=True)
