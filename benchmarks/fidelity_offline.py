@@ -2,12 +2,15 @@
 
     reasonsim fidelity -o RUN                                  # traces, calibrates, replays
     python benchmarks/fidelity_offline.py RUN OUT [--calibration CAL.json] [--json]
+    python benchmarks/fidelity_offline.py RUN OUT --without FEATURE[,FEATURE] [--json]
 
 Every workload of RUN is simulated again (mean run, noise band, reruns at each live run's decode
 speed) with CAL (default: RUN's own calibration, which reproduces RUN's table) and judged against
 the same live runs, so two step-time models compare on identical live data in seconds instead
-of a new twelve-minute suite on a machine whose speed has moved meanwhile. Prints the report
-table and one summary line (or the result as JSON).
+of a new twelve-minute suite on a machine whose speed has moved meanwhile. `--without`: CAL
+is RUN's calibration refitted on the same traces with those serving-model terms at 0 (an
+ablation: what a term buys, `sim.serving_latency.FEATURES`). Prints the report table and one
+summary line (or the result as JSON).
 """
 
 from __future__ import annotations
@@ -71,10 +74,22 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a `reasonsim fidelity -o` directory")
     ap.add_argument("out", type=Path, help="where the new simulations go")
     ap.add_argument("--calibration", type=Path, help="default: RUN/calibration.json")
+    ap.add_argument("--without", help="refit RUN's calibration without these serving-model "
+                    "features (comma-separated)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = rejudge(args.run, args.out, (args.calibration or args.run / "calibration.json")
-                     .resolve())
+    cal = (args.calibration or args.run / "calibration.json").resolve()
+    if args.without:
+        if args.calibration:
+            ap.error("--without refits RUN's own calibration: leave out --calibration")
+        from sim.calibration import calibrate
+
+        traces = json.loads(cal.read_text())["provenance"]["traces"]
+        fitted = calibrate(traces, model="serving", without=tuple(args.without.split(",")))
+        args.out.mkdir(parents=True, exist_ok=True)
+        cal = (args.out / "calibration.json").resolve()
+        cal.write_text(json.dumps(fitted.to_json(), indent=1) + "\n")
+    result = rejudge(args.run, args.out, cal)
     result["summary"] = summary(result)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -96,7 +96,7 @@ def table(run: Path) -> dict:
                 span.append({"trace": name, "prefills": kind, "ratio": float(np.median(
                     ratio[m])), "ratio_span_refit": float(np.median(refit[m])),
                     "steps": int(m.sum())})
-        x = feature_matrix(s)
+        x = feature_matrix(s, model.idle_seen_ms, model.new_shape_cap_tokens)
         left = s.duration_ms.to_numpy() - x @ c + x[:, PREFILL_STEP] * c[PREFILL_STEP] \
             + x[:, SPAN_CONTEXT] * c[SPAN_CONTEXT]
         m = pre & (s.idle_ms.to_numpy() <= 1.0) & (s.new_shape.to_numpy() == 0)

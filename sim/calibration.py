@@ -170,10 +170,12 @@ def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
 
 
 def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving",
-              spec_k: int | None = None, seeded_term: bool = True) -> Calibration:
+              spec_k: int | None = None, seeded_term: bool = True,
+              without: tuple[str, ...] = ()) -> Calibration:
     """Fit a step-time model (`serving` or `linear`) on the traces' steps; evaluate on held-out
     cells or runs. `spec_k`: fit the spec-decoding steps of K speculative tokens;
-    `seeded_term=False`: no seeded-sampling term (an ablation, `benchmarks/sampling_terms.py`)."""
+    `seeded_term=False`: no seeded-sampling term (an ablation, `benchmarks/sampling_terms.py`);
+    `without`: serving-model FEATURES fitted at 0 (an ablation, `fidelity_offline.py`)."""
     t0 = time.perf_counter()
     frames, runs = [], []
     drafts = set()
@@ -221,7 +223,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
     if model == "serving":
         def fit_rows(rows):
-            return fit_serving(rows)
+            return fit_serving(rows, without=without)
 
         def predict_ms(m, rows):
             return m.predict_ms(rows) * m.residual_sampler()[0]

@@ -12,7 +12,8 @@ from conftest import REPO
 from sim.calibration import load_calibration
 from sim.config import parse_config
 from sim.latency import run_ms
-from sim.serving_latency import FEATURES, ServingModel, engine_features, fit_serving
+from sim.serving_latency import (FEATURES, NEW_SHAPE_TOKENS_CAP, ServingModel, engine_features,
+                                  fit_serving)
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -116,7 +117,8 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
     x = np.column_stack([np.ones(len(steps)), steps.prefill_tokens, steps.decode_seqs,
                          steps.context_tokens, steps.prefill_tokens * steps.context_tokens / 1e3,
                          steps.prefill_tokens > 0, steps.new_shape,
-                         steps.new_shape * (steps.prefill_tokens + steps.decode_seqs) / 100,
+                         steps.new_shape * np.minimum(steps.prefill_tokens + steps.decode_seqs,
+                                                      NEW_SHAPE_TOKENS_CAP) / 100,
                          np.minimum(steps.idle_ms, 200) / 100,
                          np.minimum(steps.idle_ms, 10) / 10, steps.prefill_tokens ** 2 / 1e3,
                          steps.h_echo, steps.h_idle, steps.h_tok, np.zeros(len(steps))])
@@ -127,6 +129,11 @@ def test_fit_recovers_the_engine_terms_from_a_step_sequence():
     got = np.array(fitted.coef_ms)
     for i in (0, 5, 6, 7, 8, 9, 10, 11, 12, 13):  # the terms this model adds, the constant
         assert got[i] == pytest.approx(true[i], rel=0.15), FEATURES[i]
+    # an ablation: the named terms fitted at 0, the others take up what they can
+    ablated = fit_serving(steps, without=("idle_100ms", "echo"))
+    assert ablated.coef_ms[8] == ablated.coef_ms[11] == 0.0 and ablated.coef_ms[0] > 0
+    with pytest.raises(ValueError, match="not serving-model features"):
+        fit_serving(steps, without=("idle",))
 
 
 def test_idle_terms_are_not_extrapolated_beyond_the_idle_the_fit_saw():
@@ -250,3 +257,21 @@ def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_terms(tmp_path, per_
     want = np.where(cached > 0, per_token_ms * (reqs.prompt_tokens - cached)
                     + per_context_k_ms * cached / 1e3, 0.0) * mean_ratio / 1e3
     assert np.allclose(ttft[1] - ttft[0], want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_first_of_shape_term_counts_tokens_up_to_the_cap_of_its_fit():
+    """Fitted models count at most NEW_SHAPE_TOKENS_CAP tokens in the first-of-shape term and
+    say so in their JSON; a calibration written before the cap counts every token."""
+    coef = [1.0] + [0.0] * 5 + [2.0, 0.5] + [0.0] * 8
+    d = {"features": list(FEATURES), "coef_ms": coef, "idle_cap_ms": 200.0,
+         "residual_log_quantiles": [0.0]}
+    old = ServingModel.from_json(d)
+    assert old.new_shape_cap_tokens == float("inf") and "new_shape_cap_tokens" not in old.to_json()
+    assert old.step_ms(1000, 0, 1000, new_shape=True) == pytest.approx(1.0 + 2.0 + 0.5 * 10)
+    capped = ServingModel.from_json(d | {"new_shape_cap_tokens": NEW_SHAPE_TOKENS_CAP})
+    assert capped.step_ms(1000, 0, 1000, new_shape=True) == pytest.approx(
+        1.0 + 2.0 + 0.5 * NEW_SHAPE_TOKENS_CAP / 100)
+    assert capped.step_ms(100, 0, 100, new_shape=True) == old.step_ms(100, 0, 100, new_shape=True)
+    assert ServingModel.from_json(capped.to_json()) == capped
+    with pytest.raises(ValueError, match="new_shape_cap_tokens"):
+        ServingModel.from_json(d | {"new_shape_cap_tokens": 0})
