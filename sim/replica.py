@@ -27,8 +27,8 @@ from sim.calibration import Calibration
 from sim.latency import iterations_within, run_ms
 from sim.prefix_cache import PrefixCache
 from sim.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
-                                span_context_tokens, step_totals)
-from sim.serving_latency import EngineState
+                                prefill_spans, step_totals)
+from sim.engine_state import EngineState
 from sim.spells import speed_levels
 from sim.replica_config import ReplicaConfig
 from sim.run_length import decode_run_length
@@ -268,7 +268,7 @@ class Replica:
             plain = not new_shape and idle_ms == 0.0 and not echo[0]
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
                                        idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo,
-                                       span_context_tokens=span_context_tokens(sched))
+                                       **prefill_spans(sched))
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

@@ -9,6 +9,10 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
                    + c_echo_tok * tokens of the prefill / 1000)   [k-th decode step after it]
           + c_span * prefill tokens   [a step with a chunk that attends to earlier context]
           + c_span_ctx * earlier context tokens those chunks attend to / 1000
+and prefill_sq_per_seq_k = the step's attention pairs / 1000: over its prefill chunks, new tokens
+x the tokens each attends to (`step_prefill.prefill_pair_tokens`; a calibration fitted before
+that column was used counts prefill tokens squared over prefill sequences, which it equals for
+fresh prompts of one length).
 
 Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
 - the first step that schedules a given number of tokens costs more (+34% median on one-prompt
@@ -100,9 +104,11 @@ RUN_WARMUP_STEPS = 3
 
 
 def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS,
-                   new_shape_cap_tokens: float = NEW_SHAPE_TOKENS_CAP) -> np.ndarray:
+                   new_shape_cap_tokens: float = NEW_SHAPE_TOKENS_CAP,
+                   pairs: bool = True) -> np.ndarray:
     """Design matrix in FEATURES order from steps with `new_shape` and `idle_ms` columns (and
-    the echo's, `spanning_prefill_tokens` and `span_context_tokens`, 0 where absent)."""
+    the echo's, `spanning_prefill_tokens`, `span_context_tokens` and `prefill_pair_tokens`, 0
+    where absent); `pairs`: attention pairs where recorded (else tokens squared per sequence)."""
     p = steps.prefill_tokens.to_numpy(float)
     seqs = np.maximum(steps.prefill_seqs.to_numpy(float), 1.0)
     d = steps.decode_seqs.to_numpy(float)
@@ -123,10 +129,13 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS,
     # A prompt's attention grows with its own length squared: prefill tokens squared over the
     # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
     # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
-    # summed context could not tell them apart (decode contexts swamp it in mixed steps).
+    # summed context could not tell them apart (decode contexts swamp it in mixed steps). A
+    # chunk over earlier context does more: its recorded pairs, where the trace has them.
+    recorded = col("prefill_pair_tokens") if pairs else np.zeros_like(p)
+    attention_k = np.where(recorded > 0, recorded, p * p / seqs) / 1e3
     new_tokens = new * np.minimum(p + d, new_shape_cap_tokens) / 100.0
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
-                            new, new_tokens, idle, short, p * p / seqs / 1e3,
+                            new, new_tokens, idle, short, attention_k,
                             w, w * echo_idle, w * echo_k, span, span_ctx_k])
 
 
@@ -149,19 +158,23 @@ def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
 
 def attach_spans(steps: pd.DataFrame, trace_dirs: list) -> pd.DataFrame:
     """The steps with `spanning_prefill_tokens` (a prefill step's tokens where a chunk of it
-    attends to earlier context: its `step_prefill` span beyond its own tokens) and
-    `span_context_tokens` (that earlier context, summed over the chunks); 0 elsewhere, and for
-    traces recorded before that table."""
+    attends to earlier context: its `step_prefill` span beyond its own tokens),
+    `span_context_tokens` (that earlier context, summed over the chunks) and
+    `prefill_pair_tokens` (the chunks' attention pairs); 0 elsewhere, and for traces recorded
+    before that table."""
     frames = [read_table(d, "step_prefill").to_pandas() for d in trace_dirs
               if (Path(d) / "step_prefill").is_dir()]
     keys = ["run_id", "replica_id", "step_id"]
     if not frames:
-        return steps.assign(spanning_prefill_tokens=0.0, span_context_tokens=0.0)
-    out = steps.merge(pd.concat(frames)[keys + ["prefill_context_tokens"]], on=keys, how="left")
+        return steps.assign(spanning_prefill_tokens=0.0, span_context_tokens=0.0,
+                            prefill_pair_tokens=0.0)
+    cols = ["prefill_context_tokens", "prefill_pair_tokens"]
+    out = steps.merge(pd.concat(frames)[keys + cols], on=keys, how="left")
     ctx = out.pop("prefill_context_tokens").fillna(0.0).to_numpy()
     p = out.prefill_tokens.to_numpy(float)
     return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0),
-                      span_context_tokens=np.where(ctx > p, ctx - p, 0.0))
+                      span_context_tokens=np.where(ctx > p, ctx - p, 0.0),
+                      prefill_pair_tokens=out.prefill_pair_tokens.fillna(0.0).astype(float))
 
 
 def with_echo(s: pd.DataFrame) -> pd.DataFrame:
@@ -177,39 +190,6 @@ def with_echo(s: pd.DataFrame) -> pd.DataFrame:
                     echo_idle_ms=np.where(echo, s.idle_ms.where(pre).ffill().fillna(0.0), 0.0),
                     echo_prefill_tokens=np.where(
                         echo, s.prefill_tokens.where(pre).ffill().fillna(0.0), 0.0))
-
-
-class EngineState:
-    """What a replica's engine has done that the serving model charges for: the token counts it
-    has run a step with, when its last step ended, and its last prefill step (the echo)."""
-
-    def __init__(self, echo: bool = True):
-        self.seen: set[int] = set()
-        self.last_end_s = -float("inf")  # never ran: idle since forever (capped)
-        # No prefill yet: no echo. Without an echo to price (a model fitted before it), decode
-        # runs fast-forward from their first step, as they did then (same events, same draws).
-        self.echo_steps = len(ECHO_WEIGHTS) if echo else 0
-        self.since_prefill = self.echo_steps
-        self.prefill = NO_ECHO[1:]  # (idle before, tokens) of the last prefill step
-
-    def before_step(self, now_s: float, prefill_tokens: int, decode_seqs: int,
-                    ) -> tuple[bool, float, tuple[float, float, float]]:
-        """(new_shape, idle_ms, echo) of a step at now_s; marks the shape seen. `echo`: (weight,
-        idle before and tokens of the prefill step it follows); NO_ECHO past ECHO_WEIGHTS.
-        A fast-forwarded run counts as one step: runs start only past the echo."""
-        tokens = prefill_tokens + decode_seqs
-        new_shape = tokens not in self.seen
-        if new_shape:
-            self.seen.add(tokens)
-        idle_ms = (now_s - self.last_end_s) * 1e3
-        # A step that follows the last one (float rounding of event times) did not idle.
-        idle_ms = idle_ms if idle_ms >= 1e-3 else 0.0
-        if prefill_tokens:
-            self.since_prefill, self.prefill = 0, (idle_ms, float(prefill_tokens))
-            return new_shape, idle_ms, NO_ECHO
-        self.since_prefill = k = min(self.since_prefill + 1, self.echo_steps + 1)
-        return new_shape, idle_ms, ((ECHO_WEIGHTS[k - 1],) + self.prefill
-                                    if k <= self.echo_steps else NO_ECHO)
 
 
 @register
@@ -240,18 +220,24 @@ class ServingModel:
     new_shape_cap_tokens: float = float("inf")
     """the tokens the first-of-shape term's per-token part counts at most (NEW_SHAPE_TOKENS_CAP
     when fitted; a calibration fitted before the cap counts every token)"""
+    pairs: bool = False
+    """fitted on recorded attention pairs (`prefill_sq_per_seq_k`): the simulator passes each
+    step's; a calibration fitted before counts prefill tokens squared per sequence"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
                 echo: tuple[float, float, float] = NO_ECHO, span_context_tokens: int = 0,
-                ) -> float:
+                prefill_pair_tokens: int = 0) -> float:
         """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s;
-        `span_context_tokens`: the earlier context the step's prefill chunks attend to)."""
+        `span_context_tokens`: the earlier context the step's prefill chunks attend to,
+        `prefill_pair_tokens` their attention pairs, `sim.request_state.prefill_spans`)."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3
         if prefill_tokens:
-            ms += c[5] + c[10] * prefill_tokens * prefill_tokens / max(prefill_seqs, 1) / 1e3 \
+            pairs = prefill_pair_tokens if self.pairs and prefill_pair_tokens else \
+                prefill_tokens * prefill_tokens / max(prefill_seqs, 1)
+            ms += c[5] + c[10] * pairs / 1e3 \
                 + (c[14] * prefill_tokens + c[15] * span_context_tokens / 1e3
                    if span_context_tokens > 0 else 0.0)
         if new_shape:
@@ -274,7 +260,7 @@ class ServingModel:
 
     def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
         """Vectorised step_ms over steps with engine features."""
-        return feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens) \
+        return feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens, self.pairs) \
             @ np.asarray(self.coef_ms)
 
     def linear(self) -> LatencyModel:
@@ -290,12 +276,13 @@ class ServingModel:
         return self.linear().residual_sampler()
 
     def to_json(self) -> dict:
-        """Features, coefficients, idle cap, first-of-shape token cap (where there is one) and
-        residual quantiles."""
+        """Features, coefficients, idle cap, first-of-shape token cap (where there is one),
+        whether fitted on attention pairs (where so) and residual quantiles."""
         cap = {"new_shape_cap_tokens": self.new_shape_cap_tokens} \
             if np.isfinite(self.new_shape_cap_tokens) else {}
+        pairs = {"prefill_pairs": True} if self.pairs else {}
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
-                "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms, **cap,
+                "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms, **cap, **pairs,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
                 "run_log_quantiles": list(self.run_log_quantiles),
                 "spell_log_quantiles": list(self.spell_log_quantiles)}
@@ -330,8 +317,11 @@ class ServingModel:
         cap = d.get("new_shape_cap_tokens", float("inf"))  # fitted before the cap: none
         if not (cap == float("inf") or _is_number(cap) and cap > 0):
             raise ValueError(f"new_shape_cap_tokens: expected a positive number, got {cap!r}")
+        pairs = d.get("prefill_pairs", False)  # fitted before pairs were used: tokens squared
+        if not isinstance(pairs, bool):
+            raise ValueError(f"prefill_pairs: expected true or false, got {pairs!r}")
         return cls(tuple(float(c) for c in v), residual_quantiles(d), runs, float(seen), spells,
-                   float(cap))
+                   float(cap), pairs)
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
@@ -359,7 +349,7 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
                                 ratio)
     return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), runs,
                         float(min(IDLE_CAP_MS, steps.idle_ms.max())), spells,
-                        NEW_SHAPE_TOKENS_CAP)
+                        NEW_SHAPE_TOKENS_CAP, True)
 
 
 def speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,

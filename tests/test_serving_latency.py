@@ -211,7 +211,8 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     """The after-prefill echo: the engine state hands decode steps 1-3 after a prefill step their
     weight with the prefill's idle and tokens, nothing to prefills or later steps; a calibration
     fitted before the echo reads with its coefficients 0."""
-    from sim.serving_latency import NO_ECHO, EngineState
+    from sim.engine_state import EngineState
+    from sim.serving_latency import NO_ECHO
 
     engine = EngineState()
     assert engine.before_step(0.0, 0, 2)[2] == NO_ECHO  # no prefill yet
@@ -275,3 +276,46 @@ def test_the_first_of_shape_term_counts_tokens_up_to_the_cap_of_its_fit():
     assert ServingModel.from_json(capped.to_json()) == capped
     with pytest.raises(ValueError, match="new_shape_cap_tokens"):
         ServingModel.from_json(d | {"new_shape_cap_tokens": 0})
+
+
+def test_a_chunked_prompt_pays_its_attention_pairs_and_old_fits_tokens_squared(tmp_path):
+    """A prompt prefilled in chunks: each chunk's attention spans the chunks before it. A model
+    fitted on recorded pairs prices each step's new tokens x the tokens they attend to; one
+    fitted before prices tokens squared per sequence (the same for a one-chunk prompt)."""
+    ttft = []
+    for pairs in (False, True):
+        path = serving_calibration(tmp_path, [0.0] * 5 + [0.01] + [0.0] * 5)
+        d = json.loads(path.read_text())
+        d["step_time_model"]["prefill_pairs"] = pairs
+        path.write_text(json.dumps(d))
+        cfg = parse_config({"workload": {
+            "arrival": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 2,
+            "prompt_tokens": {"kind": "uniform", "low": 1200, "high": 1200}, "output_tokens": 4},
+            "cluster": {"replicas": [{"calibration": str(path), "max_num_batched_tokens": 512}]}})
+        reqs = simulate(cfg).requests.to_pandas()
+        ttft.append((reqs.first_token_s - reqs.arrival_s).to_numpy())
+        assert load_calibration(path).latency.pairs is pairs
+    mean_ratio = load_calibration(path).latency.residual_sampler()[0]
+    chunks = [(0, 512), (512, 512), (1024, 176)]  # (computed before, new tokens)
+    extra = sum(n * (c + n) for c, n in chunks) - sum(n * n for _, n in chunks)
+    assert np.allclose(ttft[1] - ttft[0], 0.01 * extra / 1e3 * mean_ratio / 1e3, rtol=1e-9)
+    m = fit_serving_on_pairs()
+    assert m.pairs and ServingModel.from_json(m.to_json()) == m
+
+
+def fit_serving_on_pairs() -> ServingModel:
+    """A fit on steps whose prefills have recorded pairs: 3 ms + 0.004 ms per pair / 1000."""
+    rng = np.random.default_rng(1)
+    p = rng.integers(64, 1024, 400)
+    chunk_over = rng.choice([0, 512], 400)  # half the chunks attend to 512 earlier tokens
+    decode = rng.integers(0, 5, 400)  # beside decode sequences of 300 tokens' context
+    steps = pd.DataFrame({"run_id": "r", "replica_id": 0, "step_id": np.arange(400),
+                          "start_s": np.arange(400) * 0.1, "prefill_tokens": p,
+                          "prefill_seqs": 1, "decode_seqs": decode,
+                          "context_tokens": p + chunk_over + 300 * decode,
+                          "prefill_pair_tokens": p * (p + chunk_over), "duration_ms": 1.0})
+    steps = engine_features(steps)
+    steps = steps.assign(duration_ms=3.0 + 0.004 * steps.prefill_pair_tokens / 1e3)
+    m = fit_serving(steps)
+    assert m.coef_ms[10] == pytest.approx(0.004, rel=0.02)
+    return m

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,9 @@ pytestmark = pytest.mark.engine
 def test_trace_serve_records_every_token(tmp_path):
     out = tmp_path / "serve"
     with LocalServer(TARGET_MODEL, log_path=tmp_path / "server.log") as server:
+        # the server runs on the steady heap, as the in-process engines do
+        environ = (Path("/proc") / str(server.proc.pid) / "environ").read_bytes().split(b"\0")
+        assert b"MALLOC_MMAP_MAX_=0" in environ
         proc = run_cli("trace", "serve", "--url", server.url, "-o", str(out), "--num-requests",
                        "20", "--rate", "10", "--prompt-tokens", "16,48", "--output-tokens",
                        "8,24", "--json", "-q")

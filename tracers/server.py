@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tracers.allocator import child_env
 from tracers.engine import check_kv_env, check_model_dir, vllm_memory_flags
 
 
@@ -45,7 +46,7 @@ class LocalServer:
                "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
                *vllm_memory_flags(self.kv_cache_gb), *self.extra_args]
         check_kv_env()
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        env = child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.nn.attention import sdpa_kernel
 
+from tracers.allocator import steady_heap
 from tracers.engine import check_model
 from tracers.layer_clock import LayerClock
 from tracers.slot_attention import SDPA_BACKENDS, SlotAttention
@@ -75,6 +76,8 @@ class TorchEngine(SlotAttention, VerifySteps):
         self.spec = spec
         self.path = check_model(spec.model, spec.load_format)
         self.device, self.dtype = _resolve(spec)
+        if self.device.type == "cpu":  # host memory holds the activations: price by shape
+            steady_heap()
         self.config = AutoConfig.from_pretrained(str(self.path))
         _decoder_layer(self.config)  # refuses what the engine cannot run
         self.num_layers = int(self.config.num_hidden_layers)

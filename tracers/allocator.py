@@ -1,0 +1,53 @@
+"""A steady heap for every engine reasonsim starts: glibc malloc without mmap'd chunks or trims.
+
+With glibc's defaults a step's cost depends on the allocator's history, not only on its shape.
+Large activations (a long prompt's attention scores: 1500 tokens x 4 heads x fp32 is ~36 MB)
+come from fresh mmap'd pages or a heap top that was trimmed back to the OS, and first-touching
+those pages costs more than the step's arithmetic. Measured on the Intel VM (2026-11-27,
+`[REASONSIM_DEFAULT_HEAP=1] python benchmarks/step_shapes.py --lengths 101:341:16,1301:1541:16
+--order desc|asc --bands 4`: the testbed target's one-prompt prefills, each length run three
+times over, median per band and pass): with glibc's defaults, prefills of 1317-1413 / 1429-1525
+tokens took 28 / 32 ms on the first pass in descending order, 92 / 94 ms on the second, 34 /
+89 ms on the third; in ascending order 1429-1525 took 57 ms the first time, 28 ms after. On the
+steady heap: 29 / 32, 26 / 29, 26 / 28 ms descending, 32 then 28 ms ascending, and the first
+step of a length cost +2-4 ms over the seen one at every length, where the default heap's
+history mixed +5 to +27 ms into it. A calibration can only price a step by its shape if the
+engine's cost is a function of the shape: traces, live replays and servers all run on this
+heap. Memory is kept for reuse instead of returned (a process holds its peak). vLLM's CPU
+guide recommends TCMalloc in its performance tips; glibc's own switches need no install.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+TRIM_THRESHOLD_BYTES = 2**31 - 1
+"""never give the top of the heap back to the OS (mallopt takes a C int: its largest)"""
+ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES)}
+"""the same settings for a child process (glibc reads them at start-up)"""
+OPT_OUT = "REASONSIM_DEFAULT_HEAP"
+"""set (non-empty) to keep glibc's default heap: to measure what the steady heap changes"""
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
+
+
+def steady_heap() -> bool:
+    """Switch this process's glibc malloc to the steady heap (from now on); False where the C
+    library is not glibc (nothing to switch) or OPT_OUT is set."""
+    name = ctypes.util.find_library("c")
+    if platform.libc_ver()[0] != "glibc" or not name or os.environ.get(OPT_OUT):
+        return False
+    mallopt = ctypes.CDLL(name).mallopt
+    # mallopt returns 1 on success; a 0 would leave step times history-dependent: say so.
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+        raise RuntimeError("glibc mallopt refused the steady-heap settings")
+    return True
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the steady heap's settings for a child process
+    (unless it sets OPT_OUT)."""
+    env = dict(os.environ if env is None else env)
+    return env if env.get(OPT_OUT) else {**env, **ENV}
