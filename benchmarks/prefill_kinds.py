@@ -5,7 +5,9 @@
 
 For the run's grid, calibration traffic and first live run of each request workload: the median
 of measured / predicted (the serving model at its mean fit) over one-sequence-or-more prefill
-steps without decodes, per band of idle before the step, and over all prefill steps split into
+steps without decodes, per band of idle before the step and by prefill sequences and tokens
+(median ms beside the ratio: what a model with one attention term must price), and over all
+prefill steps split into
 those whose chunks attend to tokens computed before them (prefix-cache hits, later chunks) and
 those that do not (`step_prefill`; traces recorded before it have no split). Then the same split
 under a refit in which `step_prefill`'s new x spanned tokens replaces prefill x context (whose
@@ -40,13 +42,14 @@ from traces import read_table  # noqa: E402
 IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]
 CONTEXT_BANDS = [-1, 0, 128, 256, 512, 1024, 2048, 1e6]
 TOKEN_BANDS = [0, 32, 128, 512, 2048]
+SHAPE_BANDS = [0, 256, 512, 1024, 1536, 2048]
 PREFILL_STEP, SPAN_CONTEXT = 5, 15
 """the prefill-step constant's and the spanned-context term's places in FEATURES"""
 
 
 def _steps(trace: Path) -> pd.DataFrame:
     s = read_table(trace, "steps").to_pandas()
-    cols = ["replica_id", "step_id", "prefill_context_tokens", "prefill_pair_tokens"]
+    cols = ["replica_id", "step_id", "prefill_context_tokens"]  # attach_spans adds the pairs
     span = read_table(trace, "step_prefill").to_pandas()[cols] \
         if (trace / "step_prefill").is_dir() else pd.DataFrame(columns=cols)  # older traces
     s = attach_spans(s, [trace]).merge(span, on=["replica_id", "step_id"], how="left")
@@ -78,7 +81,7 @@ def table(run: Path) -> dict:
     lives = sorted(d / "live1" for d in run.iterdir() if (d / "live1" / "steps").is_dir())
     traces = {p.name: _steps(p) for p in fitted} | {p.parent.name: _steps(p) for p in lives}
     coef = _refit(pd.concat([traces[p.name] for p in fitted]))
-    idle, span, warm = [], [], []
+    idle, span, warm, shapes = [], [], [], []
     c = np.asarray(model.coef_ms)
     for name, s in traces.items():
         ratio = s.duration_ms.to_numpy() / model.predict_ms(s)
@@ -96,7 +99,15 @@ def table(run: Path) -> dict:
                 span.append({"trace": name, "prefills": kind, "ratio": float(np.median(
                     ratio[m])), "ratio_span_refit": float(np.median(refit[m])),
                     "steps": int(m.sum())})
-        x = feature_matrix(s, model.idle_seen_ms, model.new_shape_cap_tokens)
+        for (seqs, band), g in pd.DataFrame({"seqs": s.prefill_seqs, "ms": s.duration_ms,
+                                             "ratio": ratio}).loc[alone].groupby(
+                [s.prefill_seqs[alone], pd.cut(s.prefill_tokens[alone], SHAPE_BANDS)],
+                observed=True):
+            shapes.append({"trace": name, "prefill_seqs": int(seqs), "prefill_tokens": str(band),
+                           "ms": float(g.ms.median()), "ratio": float(g.ratio.median()),
+                           "steps": int(len(g))})
+        x = feature_matrix(s, model.idle_seen_ms, model.new_shape_cap_tokens,
+                           getattr(model, "pairs", False))
         left = s.duration_ms.to_numpy() - x @ c + x[:, PREFILL_STEP] * c[PREFILL_STEP] \
             + x[:, SPAN_CONTEXT] * c[SPAN_CONTEXT]
         m = pre & (s.idle_ms.to_numpy() <= 1.0) & (s.new_shape.to_numpy() == 0)
@@ -111,7 +122,8 @@ def table(run: Path) -> dict:
              "left_ms": float(v.median()), "steps": int(v.size)} for k, v in warm.left_ms]
     model_ms = {str(b): c[PREFILL_STEP] + c[SPAN_CONTEXT] * max(b.mid, 0.0) / 1e3
                 for b in pd.cut([], CONTEXT_BANDS).categories if b.right < 1e6}
-    return {"idle": idle, "span": span, "warm": warm, "warm_model_ms": model_ms}
+    return {"idle": idle, "span": span, "warm": warm, "warm_model_ms": model_ms,
+            "shapes": shapes}
 
 
 def main() -> None:
@@ -129,6 +141,10 @@ def main() -> None:
     print(idle.pivot(index="idle_ms", columns="trace", values="ratio").round(3)
           .reindex([str(b) for b in pd.cut([], IDLE_BANDS_MS).categories]).dropna(how="all")
           .to_string())
+    print("\nprefill-only steps by prefill sequences and tokens: median ms, measured / "
+          "predicted, steps")
+    shapes = pd.DataFrame(t["shapes"]).set_index(["trace", "prefill_seqs", "prefill_tokens"])
+    print(shapes.round(3).to_string())
     print("\nprefill steps by attention span (median measured / predicted):")
     print(pd.DataFrame(t["span"]).round(3).to_string(index=False))
     warm = pd.DataFrame(t["warm"])
