@@ -99,6 +99,11 @@ IDLE_CAP_MS = 200.0
 """idle time beyond this adds nothing more (measured: flat from ~100 ms)"""
 IDLE_SHORT_MS = 10.0
 """the saturating idle term is full after this much idle time"""
+SPAN_TERMS = ("spanning_prefill_tokens", "span_context_k")
+MIN_SPAN_SHAPES = 4
+"""the spanning terms are fitted (else 0) only over steps of this many (prefill tokens, earlier
+context) shapes: a quick grid's four identical 8-token chunks over 248 cached tokens once set
+0.19 ms per prefill token, and the quick suite's shared-prefix prefills ran at 0.26x of it"""
 RUN_WARMUP_STEPS = 3
 """first steps of every traced run left out of a fit: engine start-up, not serving"""
 
@@ -333,6 +338,9 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
         raise ValueError(f"without: {unknown} are not serving-model features {list(FEATURES)}")
     y = steps.duration_ms.to_numpy(float)
     x = feature_matrix(steps)
+    span = x[:, FEATURES.index("spanning_prefill_tokens")] > 0
+    if len({(a, b) for a, b in zip(x[span, 1], x[span, -1])}) < MIN_SPAN_SHAPES:
+        without = tuple(without) + SPAN_TERMS  # too few to tell the terms from a one-off
     x[:, [FEATURES.index(f) for f in without]] = 0.0
     # a step per feature the steps exercise (one never nonzero, e.g. the echo of a grid without
     # decode after prefills, gets 0 and asks for no step)

@@ -319,3 +319,29 @@ def fit_serving_on_pairs() -> ServingModel:
     m = fit_serving(steps)
     assert m.coef_ms[10] == pytest.approx(0.004, rel=0.02)
     return m
+
+
+def test_spanning_terms_need_several_shapes_to_be_fitted():
+    """Four identical chunks over cached context cannot tell a per-token cost from a
+    per-context one (a quick grid's once priced shared-prefix prefills at 4x): both stay 0
+    until the spanning steps have MIN_SPAN_SHAPES shapes."""
+    from sim.serving_latency import MIN_SPAN_SHAPES
+
+    rng = np.random.default_rng(2)
+    n = 400
+    p = rng.integers(8, 512, n)
+    steps = pd.DataFrame({"run_id": "r", "replica_id": 0, "step_id": np.arange(n),
+                          "start_s": np.arange(n) * 0.1, "prefill_tokens": p,
+                          "prefill_seqs": 1, "decode_seqs": rng.integers(0, 5, n),
+                          "context_tokens": p, "duration_ms": 1.0})
+    steps = engine_features(steps)
+    for shapes, fitted in ((1, False), (MIN_SPAN_SHAPES, True)):
+        span = np.arange(len(steps)) % 10 == 0  # every tenth step chunks over earlier context
+        tokens = np.where(span, 64 * (1 + np.arange(len(steps)) // 10 % shapes), 0)
+        s = steps.assign(prefill_tokens=np.where(span, tokens, steps.prefill_tokens),
+                         spanning_prefill_tokens=tokens.astype(float),
+                         span_context_tokens=np.where(span, 248.0, 0.0))
+        s = s.assign(context_tokens=s.prefill_tokens + s.span_context_tokens)
+        s = s.assign(duration_ms=3.0 + 0.01 * s.prefill_tokens + 0.05 * s.spanning_prefill_tokens)
+        m = fit_serving(s)
+        assert (m.coef_ms[14] + m.coef_ms[15] > 0.0) is fitted, (shapes, m.coef_ms)
