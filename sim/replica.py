@@ -268,7 +268,7 @@ class Replica:
             plain = not new_shape and idle_ms == 0.0 and not echo[0]
             step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
                                        idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo,
-                                       **prefill_spans(sched))
+                                       **(prefill_spans(sched) if prefill_tokens else {}))
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)

@@ -339,7 +339,8 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     y = steps.duration_ms.to_numpy(float)
     x = feature_matrix(steps)
     span = x[:, FEATURES.index("spanning_prefill_tokens")] > 0
-    if len({(a, b) for a, b in zip(x[span, 1], x[span, -1])}) < MIN_SPAN_SHAPES:
+    shapes = x[span][:, [FEATURES.index("prefill_tokens"), FEATURES.index("span_context_k")]]
+    if len(np.unique(shapes, axis=0)) < MIN_SPAN_SHAPES:
         without = tuple(without) + SPAN_TERMS  # too few to tell the terms from a one-off
     x[:, [FEATURES.index(f) for f in without]] = 0.0
     # a step per feature the steps exercise (one never nonzero, e.g. the echo of a grid without

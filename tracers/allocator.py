@@ -20,9 +20,7 @@ guide recommends TCMalloc in its performance tips; glibc's own switches need no 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-import platform
 
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 """never give the top of the heap back to the OS (mallopt takes a C int: its largest)"""
@@ -36,10 +34,13 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
 def steady_heap() -> bool:
     """Switch this process's glibc malloc to the steady heap (from now on); False where the C
     library is not glibc (nothing to switch) or OPT_OUT is set."""
-    name = ctypes.util.find_library("c")
-    if platform.libc_ver()[0] != "glibc" or not name or os.environ.get(OPT_OUT):
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):  # a C library that does not know the name: not glibc
+        glibc = None
+    if not glibc or os.environ.get(OPT_OUT):
         return False
-    mallopt = ctypes.CDLL(name).mallopt
+    mallopt = ctypes.CDLL(None).mallopt  # this process's C library: glibc
     # mallopt returns 1 on success; a 0 would leave step times history-dependent: say so.
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
         raise RuntimeError("glibc mallopt refused the steady-heap settings")
