@@ -10,7 +10,7 @@ from pathlib import Path
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
     from reasonsim.fidelity import SUITE, run_fidelity
-    from reasonsim.fidelity_report import speed_text
+    from reasonsim.fidelity_report import probe_text, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json)
@@ -37,7 +37,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         if r.get("step_speed"):
             table.add_row(r["workload"], "steps/predicted", "",
                           " ".join(speed_text(v) for v in r["step_speed"]), "", "", "",
-                          f"probe {r['probe_level']:.2f}x" if r.get("probe_level") else "",
+                          probe_text(r),
                           "", "", "", "")
         if "decision_agreement" in r:
             table.add_row(r["workload"], "decision agreement", "", "",

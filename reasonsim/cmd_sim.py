@@ -271,8 +271,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       + (f"{pf:.2f}x ({speed['prefill_steps']} steps)" if pf is not None
                          else "none"))
         if speed.get("probe"):
+            probe = dict(speed["probe"])
+            pre = probe.pop("prefill", None)
             console.print("speed probe (fixed decode batches) / prediction: " + ", ".join(
-                f"{k} {v:.2f}x" for k, v in speed["probe"].items()))
+                f"{k} {v:.2f}x" for k, v in probe.items()) + ("; its one-prompt prefills: " +
+                ", ".join(f"{k} {v:.2f}x" for k, v in pre.items() if k != "factor")
+                if pre else ""))
     table = Table(title="simulated vs live")
     banded = any("band" in v for v in rows.values())
     for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")

@@ -196,15 +196,22 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     metrics = {m: judge(rows[0][m]["sim"], [r[m]["live"] for r in rows], TOLERANCE[m],
                         band.get(m)) for m in REQUEST_METRICS}
     leveled_errors(metrics, leveled)
-    level = probes_level(d["cluster"]["replicas"][0]["calibration"], lives)
-    if level is not None:  # simulated at the speed the probes measured around the live runs
-        cfg = scaled_config(d, level, out_dir / "sim_at_probe", out_dir)
+    probe = probes_level(d["cluster"]["replicas"][0]["calibration"], lives) or {}
+    if probe:  # simulated at the speeds the probes measured around the live runs
+        cfg = scaled_config(d, probe["decode"], out_dir / "sim_at_probe", out_dir,
+                            probe["prefill_factor"])
         write_sim(cfg, simulate(cfg), out_dir / "sim_at_probe" / "sim")
         at_probe = compare(out_dir / "sim_at_probe" / "sim", lives[0])
         for m in REQUEST_METRICS:
             judge_at_probe(metrics[m], at_probe[m]["sim"])
     return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
-            "probe_level": level}
+            **probe_levels(probe)}
+
+
+def probe_levels(probe: dict) -> dict:
+    """A table row's speed-probe levels (`sim.live_speed.probes_level`; None without)."""
+    return {"probe_level": probe.get("decode"), "probe_prefill_level": probe.get("prefill"),
+            "probe_prefill_factor": probe.get("prefill_factor")}
 
 
 def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> dict | None:
@@ -289,9 +296,10 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
                         PROGRAM_TOLERANCE[m], band.get(m))
                for m in ("program_latency_p50", "program_latency_p90")}
     leveled_errors(metrics, leveled)
-    level = probes_level(cal, lives)
-    if level is not None:  # simulated at the speed the probes measured around the live runs
-        at_probe = simulate(scaled_config(d, level, out_dir / "sim_at_probe", base_dir))
+    probe = probes_level(cal, lives) or {}
+    if probe:  # simulated at the speeds the probes measured around the live runs
+        at_probe = simulate(scaled_config(d, probe["decode"], out_dir / "sim_at_probe", base_dir,
+                                          probe["prefill_factor"]))
         lat = compare(at_probe.programs.to_pandas(), live_tables[0])["sim"]["program_latency_s"]
         for m in ("program_latency_p50", "program_latency_p90"):
             judge_at_probe(metrics[m], lat[m[-3:]])
@@ -304,7 +312,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
             # as the latency metrics: no further off than live is from live (1.0 if exact)
             "agreement_ok": agreement >= live_agreement,
             "step_speed": [{"decode": f, "prefill": None} for f in speeds],
-            "probe_level": level}
+            **probe_levels(probe)}
 
 
 def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path,
@@ -324,14 +332,17 @@ def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: P
             for m, err in c["error"].items() if m in ("program_latency_p50", "program_latency_p90")}
 
 
-def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path):
+def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path,
+                  prefill_factor: float | None = None):
     """The one-replica-group config `d` with its calibration's step times scaled by `factor`
-    (the scaled calibration written under out_dir)."""
+    (its prefill terms by `prefill_factor`, where given; the scaled calibration written under
+    out_dir)."""
     from sim.config import parse_config
     from sim.live_speed import scaled_calibration
 
     group = d["cluster"]["replicas"][0]
-    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json")
+    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json",
+                             prefill_factor)
     return parse_config({**d, "cluster": {**d["cluster"], "replicas": [
         {**group, "calibration": str(cal)}]}}, base_dir)
 

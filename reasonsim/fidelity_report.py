@@ -8,6 +8,14 @@ def speed_text(v: dict) -> str:
     return "/".join(f"{v[k]:.2f}x" if v[k] is not None else "-" for k in ("decode", "prefill"))
 
 
+def probe_text(r: dict) -> str:
+    """A row's speed-probe levels, e.g. `probe 0.98x/1.21x` (decode/prefill), or ''."""
+    if not r.get("probe_level"):
+        return ""
+    pre = r.get("probe_prefill_level")
+    return f"probe {r['probe_level']:.2f}x" + (f"/{pre:.2f}x" if pre else "")
+
+
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
     lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
@@ -35,7 +43,7 @@ def report(result: dict) -> str:
                             f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
                             " | |"))
         if r.get("step_speed"):
-            probe = f"probe {r['probe_level']:.2f}x" if r.get("probe_level") else ""
+            probe = probe_text(r)
             lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
                          + ", ".join(speed_text(v) for v in r["step_speed"])
                          + f" | | | | {probe} | | | | | |")
@@ -55,9 +63,11 @@ def report(result: dict) -> str:
               "prefill ratio is left as it is). Sampled median: the median over the noise "
               "band's draws at that speed (step residuals and the machine's spells within a "
               "run, `sim.spells`), the simulator's estimate of a tail a mean run cannot show."]
-    lines += ["", "At probe speed: the simulation with its step times scaled to the speed level "
-              "that a fixed decode probe measured just before and just after each live run "
-              "(`tracers.speed_probe`; the live runs themselves unseen): how far the model is "
+    lines += ["", "At probe speed: the simulation with its step times scaled to the speed levels "
+              "that a fixed probe measured just before and just after each live run "
+              "(`tracers.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "
+              "steps and its one-prompt prefills over the prediction, the prefill terms scaled "
+              "apart to take the latter): how far the model is "
               "off once the shared machine's drift since calibrating is known. `ok` judges the "
               "raw simulation, `ok at probe speed` that one, against the same tolerance or "
               "spread."]

@@ -89,16 +89,26 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
     return float(np.median(ratio)) if len(ratio) else None
 
 
-def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -> Path:
-    """Write the calibration with its step times multiplied by `factor` to out_path."""
+def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
+                       prefill_factor: float | None = None) -> Path:
+    """Write the calibration with its step times multiplied by `factor` to out_path; with
+    `prefill_factor`, a serving model's prefill terms (`serving_latency.PREFILL_FEATURES`) by
+    that instead."""
     cal = json.loads(Path(calibration).read_text())
     model = cal["step_time_model"]
     keys = [k for k in _MS_KEYS if k in model]
     if not keys:
         raise ValueError(f"{calibration}: step-time model {model.get('kind')!r} has no "
                          f"millisecond coefficients ({', '.join(_MS_KEYS)}) to scale")
+    if prefill_factor is not None and model.get("kind") != "serving":
+        raise ValueError(f"{calibration}: only a serving model's prefill terms can be scaled "
+                         f"apart, not a {model.get('kind')!r} model's")
     for k in keys:
         model[k] = [c * factor for c in model[k]]
+    if prefill_factor is not None:
+        model["coef_ms"] = [c / factor * prefill_factor
+                            if name in serving_latency.PREFILL_FEATURES else c
+                            for name, c in zip(model["features"], model["coef_ms"])]
     for k in _HOST_MS_KEYS:  # step time too (the loop's host time is not)
         if k in cal.get("host", {}):
             cal["host"][k] *= factor
@@ -110,32 +120,56 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path) -
 def probe_level(model, live_dir: str | Path) -> dict | None:
     """The live run's speed probe (`tracers.speed_probe`) against a step-time model: per phase,
     the median of its decode steps' time over the prediction (repeated shapes, back to back),
-    and `level`, the mean of the phases; None where the run has no probe."""
+    and `level`, the mean of the phases; with `prefill`, the same of its one-prompt prefills
+    (where it ran them) and `factor`, what the serving model's prefill terms must be scaled by,
+    beside the rest at the decode level, to take them (mean of the phases' medians). None where
+    the run has no probe."""
     probe = read_table(live_dir, "speed_probe").to_pandas()
     if not len(probe):
         return None
-    out = {}
+    out, prefill, factors = {}, {}, []
     for phase, p in probe.sort_values("step_index").groupby("phase"):
         # back to back in one engine: each step starts where the last ended (no idle)
         steps = p.assign(replica_id=0, step_id=p.step_index, is_warmup=False, run_id=phase,
                          start_s=(p.duration_ms.cumsum() - p.duration_ms) / 1e3)
         ratio, kept = live_over_predicted(model, steps)
-        decode = kept.prefill_tokens.eq(0)
-        if "new_shape" in kept:  # the serving model's features: its first-of-shape steps out
-            decode &= kept.new_shape.eq(0)
+        seen = kept.new_shape.eq(0) if "new_shape" in kept else True  # first-of-shape out
+        decode = kept.prefill_tokens.eq(0) & seen
         if decode.any():
             out[str(phase)] = float(np.median(ratio[decode.to_numpy()]))
+        one = (kept.prefill_tokens.gt(0) & kept.decode_seqs.eq(0) & kept.prefill_seqs.eq(1)
+               & seen).to_numpy()
+        if one.any():
+            prefill[str(phase)] = float(np.median(ratio[one]))
+            if decode.any() and hasattr(model, "prefill_split_ms"):
+                rest, own = model.prefill_split_ms(kept[one])
+                live_ms, priced = kept.duration_ms.to_numpy()[one], own > 0
+                if priced.any():
+                    factors.append(float(np.median(
+                        (live_ms - out[str(phase)] * rest)[priced] / own[priced])))
     if not out:
         return None
     out["level"] = float(np.mean(list(out.values())))
+    if prefill:
+        prefill["level"] = float(np.mean(list(prefill.values())))
+        prefill["factor"] = float(np.mean(factors)) if factors else None
+        out["prefill"] = prefill
     return out
 
 
-def probes_level(calibration: str | Path, live_dirs: list) -> float | None:
-    """Mean speed-probe level of the live runs against the calibration; None unless every run
-    has a probe."""
+def probes_level(calibration: str | Path, live_dirs: list) -> dict | None:
+    """Mean speed-probe levels of the live runs against the calibration: `decode`, and
+    `prefill` and `prefill_factor` (`probe_level`'s, None unless every run probed prefills);
+    None unless every run has a probe."""
     model = step_time.from_json(json.loads(Path(calibration).read_text())["step_time_model"])
     levels = [probe_level(model, d) for d in live_dirs]
     if not levels or any(v is None for v in levels):
         return None
-    return float(np.mean([v["level"] for v in levels]))
+    out = {"decode": float(np.mean([v["level"] for v in levels])), "prefill": None,
+           "prefill_factor": None}
+    pre = [v.get("prefill") for v in levels]
+    if all(pre):
+        out["prefill"] = float(np.mean([v["level"] for v in pre]))
+        if all(v["factor"] is not None for v in pre):
+            out["prefill_factor"] = float(np.mean([v["factor"] for v in pre]))
+    return out

@@ -9,9 +9,11 @@ so a fit on scoring traffic spreads it over every step. Here it is a per-step te
 `per_step_ms + per_token_ms * logprob_tokens + per_top_k_ms * logprob_top_k` for a step that
 returns any (the `step_logprobs` table's columns): a step pays once for the output path's
 log-probability handling (a grid's decode steps with them took ~0.4 ms more at 1 and at 8
-sequences alike: `trace steps --regimes`), and per row. The step-time model is fitted on the
-steps without log-probabilities, the three coefficients on what the steps with them take beyond
-it (non-negative least squares), and the
+sequences alike: `trace steps --regimes`), and per row. The three coefficients are fitted
+(non-negative, Huber) on what the steps with them take beyond their greedy twins, the same
+steps of the same grid cell run greedy just before (as the seeded term, `sim.sampling_cost`);
+where too few have one (live traces alone), beyond the step-time model fitted on the steps
+without log-probabilities. The
 step-time model is then refitted on every step less its log-probability term (`calibrate`
 leaves out the steps the term makes up more than half of). Without enough
 steps free of log-probabilities the two cannot be told apart: the term stays 0 and the step-time
@@ -31,6 +33,8 @@ from traces import read_table
 
 MIN_PLAIN_STEPS = 20
 """steps without log-probabilities the fit needs to separate their cost"""
+MIN_TWIN_STEPS = 20
+"""log-probability steps with a greedy twin that the fit takes as its own reference"""
 
 
 def attach_logprobs(steps: pd.DataFrame, trace_dirs: list[str | Path]) -> pd.DataFrame:
@@ -45,16 +49,27 @@ def attach_logprobs(steps: pd.DataFrame, trace_dirs: list[str | Path]) -> pd.Dat
 def fit_logprob_cost(steps: pd.DataFrame, fit, predict_ms
                      ) -> tuple[float, float, float] | None:
     """(per_step_ms, per_token_ms, per_top_k_ms) of the steps' log-probability rows, or None
-    when too few steps are free of them to tell them apart: `fit(plain steps)` is the step-time
-    model, `predict_ms(model, steps)` its mean prediction."""
+    when too few steps are free of them to tell them apart: against their greedy twins where
+    at least `MIN_TWIN_STEPS` have one (`greedy_twin_ms`, `sim.sampling_cost.attach_seeded`),
+    else against `fit(plain steps)`, the step-time model, by `predict_ms(model, steps)`."""
     has = steps.logprob_tokens.to_numpy() > 0
     if not has.any():
         return 0.0, 0.0, 0.0
-    if (~has).sum() < MIN_PLAIN_STEPS:
+    twin = has & steps.greedy_twin_ms.notna().to_numpy() if "greedy_twin_ms" in steps \
+        else np.zeros(len(steps), bool)
+    if twin.sum() >= MIN_TWIN_STEPS:
+        # A grid's log-probability step against the same step of its cell run greedy just
+        # before: same shape, same machine speed. Against the step-time model instead, the
+        # term took up the model's local error at the regime grid's shapes: 0.17 / 0.28 /
+        # 0.21 ms a step in three fits on one machine, where the twins differed by 0.27-0.28
+        # every time, and self-consistency replays (a row per token) ran 1.03-1.07x slow.
+        lp = steps[twin]
+        excess = lp.duration_ms.to_numpy() - lp.greedy_twin_ms.to_numpy()
+    elif (~has).sum() < MIN_PLAIN_STEPS:
         return None
-    model = fit(steps[~has])
-    lp = steps[has]
-    excess = lp.duration_ms.to_numpy() - predict_ms(model, lp)
+    else:
+        lp = steps[has]
+        excess = lp.duration_ms.to_numpy() - predict_ms(fit(steps[~has]), lp)
     x = np.column_stack([np.ones(len(lp)),
                          lp[["logprob_tokens", "logprob_top_k"]].to_numpy(dtype=float)])
     return tuple(robust_nonnegative_fit(x, excess))

@@ -99,6 +99,9 @@ IDLE_CAP_MS = 200.0
 """idle time beyond this adds nothing more (measured: flat from ~100 ms)"""
 IDLE_SHORT_MS = 10.0
 """the saturating idle term is full after this much idle time"""
+PREFILL_FEATURES = ("prefill_tokens", "prefill_x_context_k", "prefill_step",
+                    "prefill_sq_per_seq_k", "spanning_prefill_tokens", "span_context_k")
+"""the features that are 0 on every decode-only step: a prefill's own work"""
 SPAN_TERMS = ("spanning_prefill_tokens", "span_context_k")
 MIN_SPAN_SHAPES = 4
 """the spanning terms are fitted (else 0) only over steps of this many (prefill tokens, earlier
@@ -267,6 +270,13 @@ class ServingModel:
         """Vectorised step_ms over steps with engine features."""
         return feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens, self.pairs) \
             @ np.asarray(self.coef_ms)
+
+    def prefill_split_ms(self, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """`predict_ms` in two parts: (the rest, the PREFILL_FEATURES' terms)."""
+        x, c = feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens,
+                              self.pairs), np.asarray(self.coef_ms)
+        own = np.isin(FEATURES, PREFILL_FEATURES)
+        return x[:, ~own] @ c[~own], x[:, own] @ c[own]
 
     def linear(self) -> LatencyModel:
         """The linear part: what a decode run (same shape, no idle, no echo) costs per step."""

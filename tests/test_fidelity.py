@@ -54,6 +54,8 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     # leveled to the probes' speed (the live runs themselves unseen)
     for r in result["workloads"]:
         assert 0.2 < r["probe_level"] < 5, r["workload"]
+        # ... and its one-prompt prefills, whose level scales the model's prefill terms apart
+        assert 0.2 < r["probe_prefill_level"] < 5 and 0.1 < r["probe_prefill_factor"] < 10, r
         for m, v in r["metrics"].items():
             if m != "tokens_per_program":
                 assert v["ok_at_probe_speed"] == (abs(v["error_at_probe_speed"])

@@ -99,6 +99,39 @@ def test_the_fit_recovers_a_known_log_probability_cost():
     assert fit_logprob_cost(steps[steps.logprob_tokens == 0], fit_rows, predict_ms) == (0, 0, 0)
 
 
+def test_steps_with_a_greedy_twin_are_fitted_against_the_twin():
+    # The regime grid's shapes run 12% slower than the step-time model fitted elsewhere says
+    # (its local error); their log-probability steps cost 0.28 ms + 0.01 ms a row beyond the
+    # same steps run greedy. Against the twins the fit finds that; against the model, more.
+    rng = np.random.default_rng(1)
+    n = 400
+    decode = rng.integers(1, 9, n)
+    plain_ms = 2.0 + 0.3 * decode
+    tokens = np.where(np.arange(n) < 60, decode, 0)
+    twin_ms = np.where(tokens > 0, plain_ms * 1.12 * np.exp(rng.normal(0, 0.01, n)), np.nan)
+    steps = pd.DataFrame({
+        "prefill_tokens": 0, "decode_seqs": decode, "context_tokens": 100 * decode,
+        "logprob_tokens": tokens, "logprob_top_k": 0, "greedy_twin_ms": twin_ms,
+        "duration_ms": np.where(tokens > 0, twin_ms + 0.28 + 0.01 * tokens,
+                                plain_ms * np.exp(rng.normal(0, 0.01, n)))})
+    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
+
+    def fit_rows(rows):
+        return fit(*(rows[c] for c in cols), rows.duration_ms)
+
+    def predict_ms(m, rows):
+        return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
+
+    per_step, per_token, _ = fit_logprob_cost(steps, fit_rows, predict_ms)
+    assert per_step == pytest.approx(0.28, abs=0.02)
+    assert per_token == pytest.approx(0.01, abs=0.004)
+    # too few twins: the model is the reference, and takes the regime's local error for rows
+    few = steps.assign(greedy_twin_ms=np.where(np.arange(n) < 10, twin_ms, np.nan))
+    biased = fit_logprob_cost(few, fit_rows, predict_ms)
+    assert logprob_ms(steps[:60], biased).mean() > \
+        1.5 * logprob_ms(steps[:60], (per_step, per_token, 0.0)).mean()
+
+
 def test_a_scored_prefill_takes_its_rows_time():
     cal = load_calibration(CALIB)
 

@@ -53,7 +53,12 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert set(probe.phase) == {"before", "after"}
     assert set(probe[probe.prefill_tokens == 0].decode_seqs) == {1, 4, 8}
     level = result["speed"]["probe"]
-    assert set(level) == {"before", "after", "level"} and 0.2 < level["level"] < 5
+    assert set(level) == {"before", "after", "level", "prefill"} and 0.2 < level["level"] < 5
+    # then one-prompt prefills of fixed lengths, repeated (the first of each a new shape, left
+    # out): the machine's prefill speed, which moves apart from its decode speed
+    one = probe[(probe.decode_seqs == 0) & (probe.prefill_seqs == 1)]
+    assert (one.groupby("phase").prefill_tokens.value_counts() >= 4).sum() >= 2 * 2
+    assert 0.2 < level["prefill"]["level"] < 5 and level["prefill"]["factor"] > 0
     assert "speed probe" in run_cli("validate", str(sim), str(live), "-o",
                                     str(tmp_path / "v1")).stdout
 

@@ -1,0 +1,95 @@
+"""A live run's speed probe against a calibration: decode level, prefill level, and a serving
+calibration scaled with its prefill terms apart."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from sim import step_time
+from sim.live_speed import probe_level, scaled_calibration
+from sim.serving_latency import PREFILL_FEATURES, engine_features
+
+SERVING = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
+LINEAR = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+
+
+def _model(path):
+    return step_time.from_json(json.loads(path.read_text())["step_time_model"])
+
+
+def _probe_steps() -> pd.DataFrame:
+    """A probe phase's shapes, as `tracers.speed_probe` runs them: decode batches, then
+    one-prompt prefills of three lengths, four times each."""
+    rows = []
+    for batch in (1, 4, 8):
+        rows.append((32 * batch, batch, 0, 32 * batch))
+        rows += [(0, 0, batch, batch * (33 + i)) for i in range(100)]
+    for tokens in (64, 256, 1024):
+        rows += [(tokens, 1, 0, tokens)] * 4
+    return pd.DataFrame(rows, columns=["prefill_tokens", "prefill_seqs", "decode_seqs",
+                                       "context_tokens"])
+
+
+def _write_probe(path, phases: dict[str, pd.DataFrame]) -> None:
+    from traces import TraceWriter
+
+    run = {"kind": "replay", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+           "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+           "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
+           "created_at": datetime.now(timezone.utc), "params_json": "{}"}
+    w = TraceWriter(path, run)
+    for phase, p in phases.items():
+        for i, r in enumerate(p.itertuples()):
+            w.add("speed_probe", phase=phase, step_index=i, duration_ms=float(r.duration_ms),
+                  prefill_tokens=int(r.prefill_tokens), prefill_seqs=int(r.prefill_seqs),
+                  decode_seqs=int(r.decode_seqs), context_tokens=int(r.context_tokens))
+    w.flush("all")
+
+
+def _timed(model, steps: pd.DataFrame, decode: float, prefill: float) -> pd.DataFrame:
+    """The probe's steps taking the model's time, the prefill terms at `prefill` x and the
+    rest at `decode` x (steps back to back, as the probe runs them)."""
+    est = steps.assign(replica_id=0, step_id=range(len(steps)), run_id="p", is_warmup=False,
+                       start_s=0.0, duration_ms=0.0)
+    rest, own = model.prefill_split_ms(engine_features(est))  # all but its warm-up rows
+    ms = np.concatenate([np.ones(len(steps) - len(rest)), decode * rest + prefill * own])
+    return steps.assign(duration_ms=ms)
+
+
+def test_the_probe_prefill_factor_recovers_how_much_slower_prefills_ran(tmp_path):
+    model = _model(SERVING)
+    steps = _probe_steps()
+    _write_probe(tmp_path, {"before": _timed(model, steps, 1.1, 1.5),
+                            "after": _timed(model, steps, 0.9, 1.3)})
+    level = probe_level(model, tmp_path)
+    assert level["before"] == pytest.approx(1.1) and level["after"] == pytest.approx(0.9)
+    assert level["level"] == pytest.approx(1.0)
+    # the prefill steps' ratio lies between the two speeds: their fixed part ran at decode's
+    pre = level["prefill"]
+    assert 1.1 < pre["before"] < 1.5 and 0.9 < pre["after"] < 1.3
+    # the factor on the prefill terms that, with the rest at the decode level, gives their time
+    assert pre["factor"] == pytest.approx(1.4)
+
+
+def test_a_serving_calibration_scales_its_prefill_terms_apart(tmp_path):
+    out = scaled_calibration(SERVING, 1.2, tmp_path / "s.json", prefill_factor=1.8)
+    base, scaled = _model(SERVING), _model(out)
+    names = json.loads(SERVING.read_text())["step_time_model"]["features"]
+    for name, a, b in zip(names, base.coef_ms, scaled.coef_ms):
+        assert b == pytest.approx(a * (1.8 if name in PREFILL_FEATURES else 1.2)), name
+    probe = _probe_steps()
+    steps = engine_features(probe.assign(replica_id=0, step_id=range(len(probe)), run_id="p",
+                                         is_warmup=False, start_s=np.arange(len(probe)) * 0.01,
+                                         duration_ms=1.0))
+    rest, own = base.prefill_split_ms(steps)
+    assert np.allclose(scaled.predict_ms(steps), 1.2 * rest + 1.8 * own)
+    assert np.allclose(rest + own, base.predict_ms(steps))
+    # a model without prefill terms of its own: refused, not scaled as if it had them
+    with pytest.raises(ValueError, match="only a serving model"):
+        scaled_calibration(LINEAR, 1.2, tmp_path / "l.json", prefill_factor=1.8)
