@@ -71,6 +71,7 @@ def calibration_fingerprints(cfg) -> list[dict]:
         out.append({"pool": g.pool, "calibration": str(g.calibration),
                     **fingerprint(cal.provenance),
                     "step_time_model": step_time.to_json(cal.latency),
+                    "speed_probe_ms": cal.provenance.get("speed_probe_ms"),
                     "speculative": g.speculative})
     return out
 
@@ -273,10 +274,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if speed.get("probe"):
             probe = dict(speed["probe"])
             pre = probe.pop("prefill", None)
-            console.print("speed probe (fixed decode batches) / prediction: " + ", ".join(
-                f"{k} {v:.2f}x" for k, v in probe.items()) + ("; its one-prompt prefills: " +
-                ", ".join(f"{k} {v:.2f}x" for k, v in pre.items() if k != "factor")
-                if pre else ""))
+            levels = ", ".join(f"{k} {v:.2f}x" for k, v in probe.items())
+            if pre:
+                levels += "; its one-prompt prefills: " + ", ".join(
+                    f"{k} {v:.2f}x" for k, v in pre.items() if k != "factor")
+            console.print(f"speed probe (fixed decode batches) / {speed['probe_against']}: "
+                          + levels)
     table = Table(title="simulated vs live")
     banded = any("band" in v for v in rows.values())
     for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")

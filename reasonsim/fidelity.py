@@ -211,7 +211,8 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
 def probe_levels(probe: dict) -> dict:
     """A table row's speed-probe levels (`sim.live_speed.probes_level`; None without)."""
     return {"probe_level": probe.get("decode"), "probe_prefill_level": probe.get("prefill"),
-            "probe_prefill_factor": probe.get("prefill_factor")}
+            "probe_prefill_factor": probe.get("prefill_factor"),
+            "probe_against": probe.get("against")}
 
 
 def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> dict | None:

@@ -66,8 +66,9 @@ def report(result: dict) -> str:
     lines += ["", "At probe speed: the simulation with its step times scaled to the speed levels "
               "that a fixed probe measured just before and just after each live run "
               "(`tracers.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "
-              "steps and its one-prompt prefills over the prediction, the prefill terms scaled "
-              "apart to take the latter): how far the model is "
+              "steps and its one-prompt prefills against the same probe run at the end of the "
+              "calibration's grid, or, for a calibration without one, against the prediction; "
+              "the prefill terms scaled apart to take the latter): how far the model is "
               "off once the shared machine's drift since calibrating is known. `ok` judges the "
               "raw simulation, `ok at probe speed` that one, against the same tolerance or "
               "spread."]

@@ -20,6 +20,7 @@ import pandas as pd
 from sim import step_time
 from sim.host_time import fit_host_ms
 from sim.latency import LatencyModel, errors, fit
+from sim.live_speed import probe_reference
 from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
 from sim.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
 from sim.serving_latency import attach_spans, engine_features, fit_serving, serving_errors
@@ -283,6 +284,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     eng = run0["params"].get("engine", {})
     # The in-process replay loop's host time, from the live replays among the traces.
     add_ms, wake_ms = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
+    reference = probe_reference(trace_dirs)
     provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
                   "engine": run0["engine"], "engine_version": run0["engine_version"],
                   "device": run0["device"], "device_count": run0["device_count"],
@@ -301,6 +303,8 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                   "seeded_steps": int((steps.seeded_seqs > 0).sum()),
                   "seeded_cost": seeded_note,
                   "fitted_on": "every step; heldout_* from a fit without the held-out ones",
+                  # the machine's speed when traced, model-free: live runs' probes against it
+                  **({"speed_probe_ms": reference} if reference else {}),
                   **({"speculative": {"k": spec_k, "method": "draft_model",
                                       "draft_model_id": sorted(drafts)}} if spec_k else {}),
                   "fit_s": round(time.perf_counter() - t0, 3)}

@@ -218,9 +218,11 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
     rp[j, IN_FLIGHT] += 1
     rf[j, HOST_S] += rf[j, ADD_S]
     append_waiting(rq, rp, j, i)
-    if rp[j, BUSY] == 0:
-        rf[j, HOST_S] += rf[j, WAKE_S]
+    if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
         _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
+    elif rp[j, BUSY] == 0:  # the idle loop wakes, then composes with what arrived meanwhile
+        rp[j, BUSY] = 1
+        push_event(h, ctr, env_now + rf[j, WAKE_S], j, rp[j, GEN], -1, 0.0)
     elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
         truncate_run(rp, rf, seg, h, ctr, j, env_now)
     return j
@@ -266,6 +268,9 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
                 continue  # superseded by a truncation
             if ctr[SEG_N] + 2 > seg.shape[0]:
                 seg = grow_rows(seg)
+            if int(ev[4]) < 0:  # awake (`_submit`)
+                _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, now)
+                continue
             _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, int(ev[4]), ev[5],
                     now)
         else:

@@ -117,13 +117,41 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
     return out_path
 
 
-def probe_level(model, live_dir: str | Path) -> dict | None:
-    """The live run's speed probe (`tracers.speed_probe`) against a step-time model: per phase,
-    the median of its decode steps' time over the prediction (repeated shapes, back to back),
+def probe_shape(probe: pd.DataFrame) -> pd.Series:
+    """Each probe step's shape key (prefill tokens, prefill sequences, decode sequences)."""
+    return ("p" + probe.prefill_tokens.astype(str) + "s" + probe.prefill_seqs.astype(str)
+            + "d" + probe.decode_seqs.astype(str))
+
+
+def _repeats(probe: pd.DataFrame) -> np.ndarray:
+    """Steps of a shape the phase ran before (the first of each: a shape the engine may
+    never have run, whose kernels are built then)."""
+    return probe.assign(key=probe_shape(probe)).duplicated(["phase", "key"]).to_numpy()
+
+
+def probe_reference(trace_dirs: list) -> dict[str, float] | None:
+    """The `reference` speed probe a grid runs after its cells (`trace steps`), as the median ms
+    of each shape over its repeats: what the probes around live runs are leveled against (the
+    machine's speed when calibrated; model-free). None where no trace has one."""
+    frames = [read_table(d, "speed_probe").to_pandas() for d in trace_dirs
+              if (Path(d) / "speed_probe").is_dir()]
+    probe = pd.concat(frames) if frames else pd.DataFrame()
+    if not len(probe) or not probe.phase.eq("reference").any():
+        return None
+    probe = probe[probe.phase.eq("reference")].sort_values(["run_id", "step_index"])
+    probe = probe.assign(phase=probe.run_id)  # repeats within each grid's probe
+    rep = probe[_repeats(probe)]
+    return {k: float(v) for k, v in rep.groupby(probe_shape(rep)).duration_ms.median().items()}
+
+
+def probe_level(model, live_dir: str | Path, reference: dict | None = None) -> dict | None:
+    """The live run's speed probe (`tracers.speed_probe`) against `reference` (`probe_reference`,
+    the same probe at calibration time) where given, else against a step-time model's
+    prediction: per phase, the median over its repeated decode steps of live time over that,
     and `level`, the mean of the phases; with `prefill`, the same of its one-prompt prefills
     (where it ran them) and `factor`, what the serving model's prefill terms must be scaled by,
-    beside the rest at the decode level, to take them (mean of the phases' medians). None where
-    the run has no probe."""
+    beside the rest at the decode level, for its prefills to move that much (mean of the
+    phases' medians). None where the run has no probe (or none of the reference's shapes)."""
     probe = read_table(live_dir, "speed_probe").to_pandas()
     if not len(probe):
         return None
@@ -133,20 +161,23 @@ def probe_level(model, live_dir: str | Path) -> dict | None:
         steps = p.assign(replica_id=0, step_id=p.step_index, is_warmup=False, run_id=phase,
                          start_s=(p.duration_ms.cumsum() - p.duration_ms) / 1e3)
         ratio, kept = live_over_predicted(model, steps)
-        seen = kept.new_shape.eq(0) if "new_shape" in kept else True  # first-of-shape out
-        decode = kept.prefill_tokens.eq(0) & seen
+        seen = _repeats(kept.assign(phase=phase))
+        if reference is not None:
+            ref_ms = probe_shape(kept).map(reference).to_numpy(dtype=float)
+            ratio, seen = kept.duration_ms.to_numpy() / ref_ms, seen & ~np.isnan(ref_ms)
+        decode = kept.prefill_tokens.eq(0).to_numpy() & seen
         if decode.any():
-            out[str(phase)] = float(np.median(ratio[decode.to_numpy()]))
+            out[str(phase)] = float(np.median(ratio[decode]))
         one = (kept.prefill_tokens.gt(0) & kept.decode_seqs.eq(0) & kept.prefill_seqs.eq(1)
-               & seen).to_numpy()
+               ).to_numpy() & seen
         if one.any():
             prefill[str(phase)] = float(np.median(ratio[one]))
             if decode.any() and hasattr(model, "prefill_split_ms"):
                 rest, own = model.prefill_split_ms(kept[one])
-                live_ms, priced = kept.duration_ms.to_numpy()[one], own > 0
+                priced = own > 0
                 if priced.any():
                     factors.append(float(np.median(
-                        (live_ms - out[str(phase)] * rest)[priced] / own[priced])))
+                        ((ratio[one] * (rest + own) - out[str(phase)] * rest) / own)[priced])))
     if not out:
         return None
     out["level"] = float(np.mean(list(out.values())))
@@ -158,15 +189,18 @@ def probe_level(model, live_dir: str | Path) -> dict | None:
 
 
 def probes_level(calibration: str | Path, live_dirs: list) -> dict | None:
-    """Mean speed-probe levels of the live runs against the calibration: `decode`, and
+    """Mean speed-probe levels of the live runs against the calibration (its reference probe,
+    `provenance.speed_probe_ms`, where it has one; `against` says which): `decode`, and
     `prefill` and `prefill_factor` (`probe_level`'s, None unless every run probed prefills);
     None unless every run has a probe."""
-    model = step_time.from_json(json.loads(Path(calibration).read_text())["step_time_model"])
-    levels = [probe_level(model, d) for d in live_dirs]
+    cal = json.loads(Path(calibration).read_text())
+    model = step_time.from_json(cal["step_time_model"])
+    reference = (cal.get("provenance") or {}).get("speed_probe_ms")
+    levels = [probe_level(model, d, reference) for d in live_dirs]
     if not levels or any(v is None for v in levels):
         return None
     out = {"decode": float(np.mean([v["level"] for v in levels])), "prefill": None,
-           "prefill_factor": None}
+           "prefill_factor": None, "against": "reference" if reference else "model"}
     pre = [v.get("prefill") for v in levels]
     if all(pre):
         out["prefill"] = float(np.mean([v["level"] for v in pre]))

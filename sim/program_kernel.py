@@ -178,10 +178,12 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     rp[j, ARRIVALS] += 1
     rf[j, HOST_S] += rf[j, ADD_S]
     enqueue(rq, rp, j, r, False)
-    if rp[j, BUSY] == 0:
-        rf[j, HOST_S] += rf[j, WAKE_S]
+    if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
         plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
              free, j)
+    elif rp[j, BUSY] == 0:  # the idle loop wakes, then composes with what arrived meanwhile
+        rp[j, BUSY] = 1
+        push_event(h, ctr, clock[0] + rf[j, WAKE_S], j, rp[j, GEN], -1, 0.0)
     elif rp[j, RUN_K] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS]:
         truncate_run(rp, rf, seg, h, ctr, j, clock[0])
 
@@ -301,6 +303,10 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
             return ARRIVAL, 0, 0, clock[0], 0, 0
         if int(ev[3]) != rp[j, GEN]:
             continue  # superseded by a truncation
+        if int(ev[4]) < 0:  # awake (`submit`)
+            plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
+                 lru, free, j)
+            continue
         _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, int(ev[4]),
                 ev[5])
         if ctr[DONE_N] > 0:

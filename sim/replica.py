@@ -59,7 +59,7 @@ class Replica:
         self.fast_forward = fast_forward and device is None
         self.device = device
         # The loop's host time (`sim.host_time`): adding a request delays the next step (on a
-        # shared device, the device's); an idle loop first wakes. Charged at the next plan.
+        # shared device, the device's; at the next plan); an idle loop wakes first (`submit`).
         self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
         self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
         self.seeded_ms = (cal.seeded_step_ms, cal.seeded_seq_ms)  # a step with any; per one
@@ -95,12 +95,12 @@ class Replica:
             self.device.busy_until = max(self.device.busy_until, self.env.now) + self.add_s
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
-        if not self.busy and self.device is None:
-            self._host_s += self.wake_s
+        if not self.busy and self.device is None and not self.wake_s:
             self._plan()
-        elif not self.busy:  # compose once every request of this instant is in (live: a step)
-            self.busy, self._sched = True, []
-            self.env.timeout(0).callbacks.append(lambda _e: self._plan())
+        elif not self.busy:  # compose once every request of this instant (of an idle loop's
+            self.busy, self._sched = True, []  # wake) is in, as the live loop's step does
+            self.env.timeout(self.wake_s if self.device is None else 0).callbacks.append(
+                lambda _e: self._plan())
         elif self.run is not None and len(self.running) < self.cfg.max_num_seqs:
             self._truncate()
 

@@ -85,7 +85,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     steps (`decode_step_ratio`, what the device check judges) and for steps that prefill
     (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
     than the machine's speed; `probe`, the run's speed probe before and after it
-    (`sim.live_speed.probe_level`). None when the simulation did not record its step-time model or
+    (`sim.live_speed.probe_level`, against the calibration's own probe where it has one). None when the simulation did not record its step-time model or
     the live run has no decode steps."""
     from sim import step_time
     from sim.live_speed import live_over_predicted, probe_level
@@ -97,6 +97,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     if len(models) != 1:  # none recorded, or several pools: no single prediction to compare
         return None
     model = step_time.from_json(json.loads(models.pop()))
+    reference = cals[0].get("speed_probe_ms")  # the calibration's own probe, where it has one
     # the span of each prefill the engine recorded: the serving model prices cached prefills
     steps = attach_spans(read_table(live_dir, "steps").to_pandas(), [live_dir])
     ratio, steps = live_over_predicted(model, steps)
@@ -106,7 +107,8 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     prefill = (steps.prefill_tokens > 0).to_numpy()
     r = float(np.median(ratio[decode]))
     return {"decode_step_ratio": r, "steps": int(decode.sum()),
-            "probe": probe_level(model, live_dir),
+            "probe": probe_level(model, live_dir, reference),
+            "probe_against": "the calibration's own probe" if reference else "prediction",
             "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
             "prefill_steps": int(prefill.sum()),
             "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}

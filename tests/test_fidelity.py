@@ -56,6 +56,9 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
         assert 0.2 < r["probe_level"] < 5, r["workload"]
         # ... and its one-prompt prefills, whose level scales the model's prefill terms apart
         assert 0.2 < r["probe_prefill_level"] < 5 and 0.1 < r["probe_prefill_factor"] < 10, r
+        # against the same probe at the end of the calibration's grid: the machine's speed
+        # then, not the model's error at the probe's shapes
+        assert r["probe_against"] == "reference", r
         for m, v in r["metrics"].items():
             if m != "tokens_per_program":
                 assert v["ok_at_probe_speed"] == (abs(v["error_at_probe_speed"])
@@ -63,6 +66,10 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert (out / "poisson" / "sim_at_probe" / "sim" / "requests").is_dir()
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
+    # the grids' reference probes, as medians of each shape's repeats
+    ref = cal["provenance"]["speed_probe_ms"]
+    assert {"p0s0d1", "p0s0d4", "p64s1d0", "p256s1d0"} <= set(ref) and \
+        all(0 < v < 1000 for v in ref.values())
     # the machine's speed from run to run, and its spells within a run, fitted apart
     model = cal["step_time_model"]
     assert len(model["run_log_quantiles"]) == len(model["spell_log_quantiles"]) == 21

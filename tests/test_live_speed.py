@@ -93,3 +93,25 @@ def test_a_serving_calibration_scales_its_prefill_terms_apart(tmp_path):
     # a model without prefill terms of its own: refused, not scaled as if it had them
     with pytest.raises(ValueError, match="only a serving model"):
         scaled_calibration(LINEAR, 1.2, tmp_path / "l.json", prefill_factor=1.8)
+
+
+def test_the_probe_is_leveled_against_the_calibrations_own_probe(tmp_path):
+    # A grid's reference probe (`trace steps` runs it after its cells), then a live run whose
+    # decodes ran 1.2x and prefills 1.5x of it: the levels say so whatever the model predicts.
+    from sim.live_speed import probe_reference
+
+    model = _model(SERVING)
+    steps = _probe_steps()
+    ref = _timed(model, steps, 0.8, 0.7)  # the model is off at these shapes: no matter
+    _write_probe(tmp_path / "grid", {"reference": ref})
+    reference = probe_reference([tmp_path / "grid", tmp_path / "no-probe"])
+    assert reference["p0s0d4"] == pytest.approx(ref.duration_ms[ref.decode_seqs == 4].iloc[1:]
+                                                .median())
+    assert "p1024s1d0" in reference and "p32s1d0" not in reference  # repeats only
+    slow = ref.duration_ms * np.where(ref.prefill_tokens > 0, 1.5, 1.2)
+    _write_probe(tmp_path / "live", {"before": ref.assign(duration_ms=slow)})
+    level = probe_level(model, tmp_path / "live", reference)
+    assert level["level"] == pytest.approx(1.2) and level["prefill"]["level"] == pytest.approx(1.5)
+    # the prefill terms move further than 1.5x: the rest of a prefill's time moved 1.2x only
+    assert level["prefill"]["factor"] > 1.5
+    assert probe_reference([tmp_path / "no-probe"]) is None

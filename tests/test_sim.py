@@ -343,8 +343,9 @@ def test_a_missing_trace_directory_is_named():
 def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
     """With `host.add_request_ms` (the loop processes each added request between steps) and
     `host.wake_ms` (an idle loop first wakes): on a shared device every request submitted delays
-    the device's next step; a replica of its own wakes, adds the first request and steps, and the
-    two that arrived meanwhile are added before its next step."""
+    the device's next step; a replica of its own wakes, then adds what arrived by then (as the
+    live loop reads the clock once awake) and steps with it, and one that arrived while it added
+    them is added before its next step."""
     from sim.cluster import Cluster
     from sim.request_state import Req
 
@@ -366,16 +367,21 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
             yield env.timeout(1.0)
             for i in range(3):
                 cluster.replicas[0].submit(Req(i, 40, 2))
+            if device is None:
+                yield env.timeout(0.2e-3)  # still waking
+                cluster.replicas[0].submit(Req(3, 40, 2))
+                yield env.timeout(0.3e-3)  # awake: the step is composed, adds under way
+                cluster.replicas[0].submit(Req(4, 40, 2))
 
         cluster.run(arrivals())
         seg[device] = cluster.res.seg
     assert seg["cpu"]["start_s"][0] == pytest.approx(1.0 + 3 * 0.5e-3)
     assert seg["cpu"]["prefill_seqs"][0] == 3
     solo = seg[None]
-    assert solo["start_s"][0] == pytest.approx(1.0 + 0.25e-3 + 0.5e-3)
-    assert solo["prefill_seqs"][0] == 1 and solo["prefill_seqs"][1] == 2
+    assert solo["start_s"][0] == pytest.approx(1.0 + 0.25e-3 + 4 * 0.5e-3)
+    assert solo["prefill_seqs"][0] == 4 and solo["prefill_seqs"][1] == 1
     first_end = solo["start_s"][0] + solo["k_iters"][0] * solo["a_ms"][0] * solo["factor"][0] / 1e3
-    assert solo["start_s"][1] == pytest.approx(first_end + 2 * 0.5e-3)
+    assert solo["start_s"][1] == pytest.approx(first_end + 0.5e-3)
     d["host"] = {"add_request_ms": -1}
     cal.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="host.add_request_ms"):

@@ -14,6 +14,8 @@ from traces.seeds import request_seed
 from traces.store import TraceWriter, read_table
 
 FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
+REFERENCE_UNIT = "speed-probe"
+"""the unit of a grid's `reference` speed probe, run after its cells (`tracers.speed_probe`)"""
 
 REGIMES = {
     "greedy": {"temperature": 0.0},
@@ -180,6 +182,11 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                 rec.step(cell_id=cell_id, warmup=warmup)
             writer.flush(cell_id)
             bar.advance(task)
+    from tracers.speed_probe import run_speed_probe  # (it imports this module)
+
+    if REFERENCE_UNIT not in done:  # the machine's speed now, for live runs' probes to meet
+        run_speed_probe(engine, writer, "reference", engine.max_num_seqs, seed)
+        writer.flush(REFERENCE_UNIT)
     wall_s = time.perf_counter() - wall0
     return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
         c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}

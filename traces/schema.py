@@ -238,8 +238,8 @@ LAYER_TIMES = [
 
 SPEED_PROBE = [
     _RUN_ID,
-    _f("phase", pa.string(), "before (the engine warmed, before the run's first request) or "
-       "after (the run done)"),
+    _f("phase", pa.string(), "before (the engine warmed, before the run's first request), "
+       "after (the run done), or reference (a grid's, after its cells)"),
     _f("step_index", pa.int32(), "iteration of the probe within its phase"),
     _f("duration_ms", pa.float64(), "iteration wall time (schedule + forward + output)"),
     _f("prefill_tokens", pa.int32(), "prompt tokens computed this iteration"),
