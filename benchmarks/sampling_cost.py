@@ -6,6 +6,7 @@ The latency calibration is profiled with greedy sampling; the Dynasor live repla
 temperature 0.7 with a per-request seed and (search programs) the sampled tokens' log-probs.
 This prints the median decode-step time of each setting for the same batch (8 sequences, 64
 prompt tokens, 64 new tokens), interleaved over `--repeats` rounds, and its ratio to greedy.
+Every setting returns text (vLLM's default, as the program engines ask) but the `_no_text` ones.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ SETTINGS = {
     "seeded": {"temperature": 0.7, "seed": 1},
     "seeded_top_p": {"temperature": 0.7, "seed": 1, "top_p": 0.95},
     "seeded_logprobs": {"temperature": 0.7, "seed": 1, "logprobs": 0},
+    # without text (as the grid's greedy and seeded cells): no log-probability entries decoded
+    "seeded_no_text": {"temperature": 0.7, "seed": 1, "detokenize": False},
+    "seeded_logprobs_no_text": {"temperature": 0.7, "seed": 1, "logprobs": 0,
+                                "detokenize": False},
 }
 
 

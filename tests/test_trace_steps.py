@@ -127,7 +127,10 @@ def test_grid_regimes_run_each_cell_sampled_and_with_logprobs_and_calibrate_as_o
                                                 for g in ("greedy", "seeded", "logprobs")}
     assert set(lp.step_id) == set(steps.step_id[regime == "logprobs"])  # every one, only those
     sampling = read_run(out)["params"]["sampling"]
-    assert sampling["regimes"]["logprobs"]["logprobs"] == 1
+    # each sampled token's own log-probability, with text: as the programs ask
+    assert sampling["regimes"]["logprobs"]["logprobs"] == 0
+    assert sampling["regimes"]["logprobs"]["detokenize"] is True
+    assert (lp.logprob_top_k == 0).all() and (lp.logprob_tokens > 0).all()
     cal = tmp_path / "regimes.calib.json"
     run_cli("calibrate", str(out), "-o", str(cal))
     fitted = json.loads(cal.read_text())

@@ -20,14 +20,20 @@ REFERENCE_UNIT = "speed-probe"
 REGIMES = {
     "greedy": {"temperature": 0.0},
     "seeded": {"temperature": 0.7, "top_p": 1.0, "seeded": True},
-    "logprobs": {"temperature": 0.7, "top_p": 1.0, "seeded": True, "logprobs": 1},
+    "logprobs": {"temperature": 0.7, "top_p": 1.0, "seeded": True, "logprobs": 0,
+                 "detokenize": True},
 }
 """Sampling regimes a grid can run each cell in: greedy (the default), seeded sampling as the
-Dynasor programs' reasoning samples (a seed per request, no top-p), and that with the sampled
-tokens' log-probabilities (top 1), as search programs ask; the log-probability steps land in
-`step_logprobs`. Top-p below 1 (Dynasor's probes) filters the whole batch and costs more a step
-(`benchmarks/sampling_cost.py`), which the seeded term leaves out: a regime with it priced the
-programs' reasoning steps at 1.06-1.09x of what they took."""
+Dynasor programs' reasoning samples (a seed per request, no top-p), and that returning each
+sampled token's log-probability (no top-k entries) with text, as self-consistency and search
+programs ask; the log-probability steps land in `step_logprobs`. With text, vLLM decodes each
+returned entry too (`python benchmarks/sampling_cost.py --batch B --repeats 3`, Intel VM,
+medians at 4 / 8 sequences: seeded with log-probabilities 2.39 / 2.63 ms without text, 2.50 /
+2.77 ms with; seeded alone 2.12 / 2.35 and 2.18 / 2.39 ms), which the regime without text left
+unpriced (self-consistency's decode steps ran at 1.02-1.05x of the model). Top-p below 1
+(Dynasor's probes) filters the whole batch and costs more a step (`benchmarks/sampling_cost.py`),
+which the seeded term leaves out: a regime with it priced the programs' reasoning steps at
+1.06-1.09x of what they took."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                 sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
                                     temperature=r["temperature"], top_p=r.get("top_p", 1.0),
                                     seed=request_seed(seed, cell_index, i) if r.get("seeded")
-                                    else None, logprobs=r.get("logprobs"), detokenize=False)
+                                    else None, logprobs=r.get("logprobs"),
+                                    detokenize=r.get("detokenize", False))
                 prompt_ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
                 rec.add(ids.cell_request_id(cell_id, i), prompt_ids, sp, cell_id=cell_id)
             while engine.has_unfinished():
