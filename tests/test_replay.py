@@ -90,8 +90,23 @@ def test_replay_then_validate(tmp_path, local_calibration):
     slowed = json.loads(run_cli(*args, "--json").stdout)
     assert slowed["device"]["match"] and not slowed["speed"]["match"]
     assert slowed["speed"]["decode_step_ratio"] < 1 / 1.5
-    # the probe's level scales with the calibration: a third of the one measured above
-    assert slowed["speed"]["probe"]["level"] == pytest.approx(level["level"] / 3, rel=0.05)
+    # the probe is leveled against the calibration's own probe (its grid ran one): the
+    # machine's speed since, whatever the coefficients say, and the same as measured above
+    assert slowed["speed"]["probe_against"] == "the calibration's own probe"
+    assert slowed["speed"]["probe"]["level"] == pytest.approx(level["level"])
+    # without one, against the prediction: then a third of the level
+    del slow["provenance"]["speed_probe_ms"]
+    (tmp_path / "slow.calib.json").write_text(json.dumps(slow))
+    run_cli("simulate", str(cfg), "-o", str(tmp_path / "sim-slow2"), "--json")
+    unref = json.loads(run_cli("validate", str(tmp_path / "sim-slow2"), str(live), "-o",
+                               str(tmp_path / "v4"), "--json").stdout)["speed"]
+    assert unref["probe_against"] == "prediction"
+    from sim import step_time
+    from sim.live_speed import probe_level
+
+    model = step_time.from_json(json.loads(local_calibration.read_text())["step_time_model"])
+    assert unref["probe"]["level"] == pytest.approx(probe_level(model, live)["level"] / 3,
+                                                    rel=0.05)
     assert slowed["verdict"]["status"] == "refused" and "SPEED MISMATCH" in run_cli(*args).stdout
 
 

@@ -22,6 +22,7 @@ from traces.provenance import config_hash, cpu_count, cpu_model, run_row
 
 
 GIB = 1 << 30
+FIRST_TOKEN_ID = 4  # random prompts skip the special tokens of small vocabularies
 CPU_MEMORY_FRACTION = 0.5
 """vLLM's `gpu_memory_utilization` on the CPU backend (a fraction of the NUMA node's memory).
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from traces.store import TraceWriter
-from tracers.engine import Engine
-from tracers.step_profile import FIRST_TOKEN_ID
+from tracers.engine import FIRST_TOKEN_ID, Engine
 
 BATCHES = (1, 4, 8)
 """decode batch sizes the probe runs, one after another"""

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tracers.engine import Engine, EngineSpec, check_model, engine_name
+from tracers.engine import FIRST_TOKEN_ID, Engine, EngineSpec, check_model, engine_name
+from tracers.speed_probe import run_speed_probe
 from traces import ids
 from traces.seeds import request_seed
 from traces.store import TraceWriter, read_table
 
-FIRST_TOKEN_ID = 4  # skip the special tokens of small vocabularies
 REFERENCE_UNIT = "speed-probe"
 """the unit of a grid's `reference` speed probe, run after its cells (`tracers.speed_probe`)"""
 
@@ -189,8 +189,6 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                 rec.step(cell_id=cell_id, warmup=warmup)
             writer.flush(cell_id)
             bar.advance(task)
-    from tracers.speed_probe import run_speed_probe  # (it imports this module)
-
     if REFERENCE_UNIT not in done:  # the machine's speed now, for live runs' probes to meet
         run_speed_probe(engine, writer, "reference", engine.max_num_seqs, seed)
         writer.flush(REFERENCE_UNIT)
