@@ -66,6 +66,19 @@ def test_the_recorder_counts_the_log_probability_rows_vllm_returns(tmp_path):
     assert seeded[["step_id", "seeded_seqs"]].values.tolist() == [[0, 1], [1, 1]]
 
 
+_COLS = ["prefill_tokens", "decode_seqs", "context_tokens"]
+
+
+def fit_rows(rows):
+    """The linear step-time model fitted on `rows`."""
+    return fit(*(rows[c] for c in _COLS), rows.duration_ms)
+
+
+def predict_ms(m, rows):
+    """Its mean prediction for `rows`."""
+    return m.predict_ms(*(rows[c] for c in _COLS)) * m.residual_sampler()[0]
+
+
 def test_the_fit_recovers_a_known_log_probability_cost():
     rng = np.random.default_rng(0)
     n = 600
@@ -81,14 +94,6 @@ def test_the_fit_recovers_a_known_log_probability_cost():
                           "logprob_top_k": top_k,
                           "duration_ms": (plain_ms + np.where(tokens > 0, 0.3, 0.0)
                                           + 0.005 * tokens + 0.004 * top_k) * noise})
-    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
-
-    def fit_rows(rows):
-        return fit(*(rows[c] for c in cols), rows.duration_ms)
-
-    def predict_ms(m, rows):
-        return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
-
     per_step, per_token, per_k = fit_logprob_cost(steps, fit_rows, predict_ms)
     assert per_step == pytest.approx(0.3, abs=0.15)  # the step model's fit leans on it a little
     assert per_token == pytest.approx(0.005, rel=0.25) and per_k == pytest.approx(0.004, rel=0.05)
@@ -114,14 +119,6 @@ def test_steps_with_a_greedy_twin_are_fitted_against_the_twin():
         "logprob_tokens": tokens, "logprob_top_k": 0, "greedy_twin_ms": twin_ms,
         "duration_ms": np.where(tokens > 0, twin_ms + 0.28 + 0.01 * tokens,
                                 plain_ms * np.exp(rng.normal(0, 0.01, n)))})
-    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
-
-    def fit_rows(rows):
-        return fit(*(rows[c] for c in cols), rows.duration_ms)
-
-    def predict_ms(m, rows):
-        return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
-
     per_step, per_token, _ = fit_logprob_cost(steps, fit_rows, predict_ms)
     assert per_step == pytest.approx(0.28, abs=0.02)
     assert per_token == pytest.approx(0.01, abs=0.004)
