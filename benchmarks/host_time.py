@@ -35,11 +35,14 @@ def main(dirs: list[str]) -> None:
         reqs = read_table(d, "requests").to_pandas()
         start, end, gap_ms, added = step_gaps(read_table(d, "steps").to_pandas(), reqs)
         short = gap_ms < 5.0
-        add_ms, wake_ms = fit_host_ms([d])
+        host = fit_host_ms([d])
         print(f"{d}\n  gap, none added: {spread(gap_ms[short & (added == 0)])}\n"
               f"  gap, one added:  {spread(gap_ms[short & (added == 1)])}\n"
+              f"  gap, two added:  {spread(gap_ms[short & (added == 2)])}\n"
               f"  idle arrival to its step: {spread(idle_waits_ms(reqs, start, end))}\n"
-              f"  fitted add_request_ms {add_ms:.3f}, wake_ms {wake_ms:.3f}")
+              f"  fitted add_request_ms {host.add_request_ms:.3f}, add_next_ms "
+              f"{host.add_next_ms if host.add_next_ms is None else round(host.add_next_ms, 3)}, "
+              f"wake_ms {host.wake_ms:.3f}, step_gap_ms {host.step_gap_ms:.3f}")
 
 
 if __name__ == "__main__":

@@ -13,15 +13,14 @@ DEMO_CONFIG = REPO / "examples" / "demo.yaml"
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim calibrate`."""
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from sim.calibration import calibrate
     from sim.host_time import fit_host_ms
 
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
-        add_ms, wake_ms = fit_host_ms(args.host_from)
-        cal = replace(cal, add_request_ms=add_ms, wake_ms=wake_ms)
+        cal = replace(cal, **asdict(fit_host_ms(args.host_from)))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
@@ -30,6 +29,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                "heldout_p90_ape": h["p90_ape"], "heldout_rows": h["rows"],
                "train_rows": h["train_rows"], "fit_s": cal.provenance["fit_s"],
                "step_time_model": cal.latency.kind, "add_request_ms": cal.add_request_ms,
+               "add_next_ms": cal.add_next_ms, "step_gap_ms": cal.step_gap_ms,
                "wake_ms": cal.wake_ms,
                "logprob_token_ms": cal.logprob_token_ms,
                "logprob_top_k_ms": cal.logprob_top_k_ms,

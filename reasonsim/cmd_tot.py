@@ -142,14 +142,14 @@ def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
     """One calibration per pool from the live steps of the calibration runs under `cal_dir`
     (`<mode>/live<i>/<pool>`), with the loop's host time per added request
     and after idle (`sim.host_time.fit_host_ms`), written beside them; pool -> calibration path."""
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from sim.calibration import calibrate
     from sim.host_time import fit_host_ms
     from traces.store import read_table
 
     # the loop's host time per added request, from every calibration run (all engines at once)
-    add_ms, wake_ms = fit_host_ms(sorted(cal_dir.glob("*/live*")))
+    host = asdict(fit_host_ms(sorted(cal_dir.glob("*/live*"))))
     out = {}
     for pool in dict.fromkeys(g.pool for g in cfg.replicas):
         # a mode that never uses a pool (ar: the draft) leaves its engine's steps empty
@@ -159,7 +159,7 @@ def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
             raise UserError(f"--calibrate-here: no calibration traffic reached pool {pool!r} "
                             "(add a mode that uses it)")
         path = cal_dir / f"{pool}.calib.json"
-        cal = replace(calibrate(dirs), add_request_ms=add_ms, wake_ms=wake_ms)
+        cal = replace(calibrate(dirs), **host)
         path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
         out[pool] = str(path.resolve())
     return out

@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim import step_time
-from sim.host_time import fit_host_ms
+from sim.host_time import fit_host_ms, with_step_gap
 from sim.latency import LatencyModel, errors, fit
 from sim.live_speed import probe_reference
 from sim.logprob_cost import MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost, logprob_ms
@@ -68,6 +68,20 @@ class Calibration:
     """step time of a step with any sequence sampling with a seed, once (`sim.sampling_cost`)"""
     seeded_seq_ms: float = 0.0
     """and per such sequence"""
+    add_next_ms: float | None = None
+    """host time per further request added in the same gap (None: as `add_request_ms`)"""
+    step_gap_ms: float = 0.0
+    """host time between every two steps of the loop (`sim.host_time`; 0: not measured)"""
+
+    @property
+    def add_more_ms(self) -> float:
+        """Host time of a request added after another in the same gap."""
+        return self.add_request_ms if self.add_next_ms is None else self.add_next_ms
+
+    @property
+    def stepping(self) -> step_time.StepTimeModel:
+        """The step-time model a replica steps with: the loop's gap between steps included."""
+        return with_step_gap(self.latency, self.step_gap_ms)
 
     def to_json(self) -> dict:
         """The artifact as a JSON-ready dict."""
@@ -84,7 +98,10 @@ class Calibration:
                          "logprob_top_k_ms": self.logprob_top_k_ms,
                          "logprob_step_ms": self.logprob_step_ms, "wake_ms": self.wake_ms,
                          "seeded_step_ms": self.seeded_step_ms,
-                         "seeded_seq_ms": self.seeded_seq_ms}}
+                         "seeded_seq_ms": self.seeded_seq_ms,
+                         **({"add_next_ms": self.add_next_ms}
+                            if self.add_next_ms is not None else {}),
+                         "step_gap_ms": self.step_gap_ms}}
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -118,7 +135,7 @@ def load_calibration(path: str | Path) -> Calibration:
                        lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
                        host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
                        host.wake_ms, host.logprob_step_ms, host.seeded_step_ms,
-                       host.seeded_seq_ms)
+                       host.seeded_seq_ms, host.add_next_ms, host.step_gap_ms)
 
 
 def fingerprint(provenance: dict) -> dict:
@@ -283,7 +300,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     run0 = runs[0][1]
     eng = run0["params"].get("engine", {})
     # The in-process replay loop's host time, from the live replays among the traces.
-    add_ms, wake_ms = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
+    host = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
     reference = probe_reference(trace_dirs)
     provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
                   "engine": run0["engine"], "engine_version": run0["engine_version"],
@@ -313,7 +330,6 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
                        provenance, heldout,
                        int(eng["max_model_len"]) if eng.get("max_model_len") else None,
-                       add_request_ms=add_ms, logprob_token_ms=lp_cost[1],
-                       logprob_top_k_ms=lp_cost[2], wake_ms=wake_ms,
+                       logprob_token_ms=lp_cost[1], logprob_top_k_ms=lp_cost[2],
                        logprob_step_ms=lp_cost[0], seeded_step_ms=seeded_cost[0],
-                       seeded_seq_ms=seeded_cost[1])
+                       seeded_seq_ms=seeded_cost[1], **asdict(host))

@@ -80,10 +80,11 @@ class Device:
     what they submit to another replica of the device joins that replica's next iteration
     whole (composed when its turn comes, not when it first asked)."""
 
-    __slots__ = ("busy_until", "holder", "waiting")
+    __slots__ = ("busy_until", "holder", "waiting", "added")
 
     def __init__(self):
         self.busy_until = 0.0
+        self.added = False  # a request added since the last step (the next costs less)
         self.holder = None
         self.waiting: deque = deque()
 
@@ -98,6 +99,12 @@ class Device:
             self.waiting.popleft()
         self.holder = replica
         return True
+
+    def add(self, now_s: float, first_s: float, more_s: float) -> None:
+        """A request added to a replica of the device: the loop's next step waits for it (a
+        second one since the last step for less)."""
+        self.busy_until = max(self.busy_until, now_s) + (more_s if self.added else first_s)
+        self.added = True
 
     def release(self):
         """Free the device; the replica whose turn is next, if any."""

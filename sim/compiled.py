@@ -96,9 +96,10 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
         rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.kv_blocks)
-        rf[j, S.C0:S.CX + 1] = cal.latency.coef_ms
+        rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
         rf[j, S.NOISE], rf[j, S.NOISE_STD] = cal.latency.residual_sampler()
-        rf[j, S.ADD_S], rf[j, S.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
+        rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
+            cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
     rp[:, [S.RHEAD, S.RTAIL, S.WHEAD, S.WTAIL]] = -1
     rngs, quantiles = _noise(cfg, specs, rp, rf)
     loop0 = time.perf_counter()

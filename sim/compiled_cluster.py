@@ -276,9 +276,10 @@ def _state(specs: list, capacity: int, fold: bool) -> S.State:
         st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.kv_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
-        st.rf[j, S.C0:S.CX + 1] = cal.latency.coef_ms
+        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
         st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
-        st.rf[j, S.ADD_S], st.rf[j, S.WAKE_S] = cal.add_request_ms / 1e3, cal.wake_ms / 1e3
+        st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
+            cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
         st.rf[j, [S.LP_STEP, S.SEED_STEP, S.SEED_SEQ]] = (
             cal.logprob_step_ms, cal.seeded_step_ms, cal.seeded_seq_ms)
     st.rp[:, [S.WHEAD, S.WTAIL]] = -1

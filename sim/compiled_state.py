@@ -23,7 +23,7 @@ MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL
     WHEAD, WTAIL, WCOUNT, OUTSTANDING, IN_FLIGHT, SAMPLED, N_QUANTILES, RP_COLS = range(20)
 # per replica (float64): the linear model's coefficients, then state
 C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, \
-    RUN_B, RUN_F, SEG_START, BUSY_S, RF_COLS = range(18)
+    RUN_B, RUN_F, SEG_START, BUSY_S, ADD_MORE_S, RF_COLS = range(19)
 # per request results (float64)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS = range(4)
 # counters

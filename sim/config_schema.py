@@ -108,6 +108,8 @@ class HostSpec(_Strict):
     seeded_step_ms: Annotated[float, Field(ge=0)] = 0.0
     seeded_seq_ms: Annotated[float, Field(ge=0)] = 0.0
     wake_ms: Annotated[float, Field(ge=0)] = 0.0
+    add_next_ms: Annotated[float, Field(ge=0)] | None = None
+    step_gap_ms: Annotated[float, Field(ge=0)] = 0.0
 
 
 class CalibrationSpec(_Strict):

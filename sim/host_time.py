@@ -10,10 +10,21 @@ Measured on live replays of this VM's vLLM CPU engine (`reasonsim fidelity --qui
   the add above plus the loop waking from its sleep (~0.4 ms on this VM).
 On a 12 ms TTFT those are 3-7%. Both are fitted from the live runs a calibration is given
 (`fit_host_ms`) and charged by the replica at the next step it plans (`sim.replica`).
+
+Two refinements (live replays of `reasonsim fidelity`, 2026-11-27, three full runs, 189,000
+gaps: `python benchmarks/host_time.py RUN/*/live1`):
+- the gap with nothing added (median 0.025 ms, 1.2% of a 2 ms decode step) passes between
+  every two steps; it is charged with each step (`step_gap_ms`, folded into the step-time
+  model's constant by `with_step_gap`), else every simulated TPOT comes out ~1% short;
+- further requests added in the same gap cost less than the first: medians 0.39 / 0.60 / 0.66
+  ms for 1 / 2 / 3 added (0.37 / 0.47-0.49 / 0.55 in the bursty workload), so the first is
+  charged `add_request_ms` and each further one `add_next_ms`; charging every one the first's
+  made a burst's TTFT some 5% long.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +44,10 @@ def _engines(run: Path) -> list[Path]:
         [d for d in sorted(run.iterdir()) if (d / "steps").is_dir()]
 
 
-def fit_host_ms(run_dirs: list[str | Path]) -> tuple[float, float]:
-    """(add_request_ms, wake_ms) from live runs of in-process engines: each run directory is an
+def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
+    """The loop's host times from live runs of in-process engines: each run directory is an
     engine trace or holds one per engine (stepped from one loop). 0 where not measurable."""
-    adds, waits = [], []
+    bases, firsts, nexts, waits = [], [], [], []
     for run in map(Path, run_dirs):
         engines = _engines(run)
         steps = pd.concat([read_table(d, "steps").to_pandas() for d in engines])
@@ -47,12 +58,42 @@ def fit_host_ms(run_dirs: list[str | Path]) -> tuple[float, float]:
         short = (gap_ms < GAP_CAP_MS) & (gap_ms >= 0)
         idle = gap_ms[short & (added == 0)]
         base = float(np.median(idle)) if len(idle) else 0.0
-        some = short & (added > 0)
-        adds.append((gap_ms[some] - base) / added[some])
+        bases.append(idle)
+        firsts.append(gap_ms[short & (added == 1)] - base)
+        more = short & (added > 1)
+        nexts.append((gap_ms[more] - base, added[more] - 1))
         waits.append(idle_waits_ms(reqs, start, end))
-    add_ms = _median(adds)
+    first_ms = _median(firsts)
+    extra = [(g - first_ms) / n for g, n in nexts]
+    next_ms = _median(extra) if sum(map(len, extra)) else None
     w = np.concatenate(waits) if waits else np.zeros(0)
-    return add_ms, max(float(np.median(w)) - add_ms, 0.0) if len(w) else 0.0
+    wake_ms = max(float(np.median(w)) - first_ms, 0.0) if len(w) else 0.0
+    return HostTimes(first_ms, next_ms, wake_ms, _median(bases))
+
+
+@dataclass(frozen=True)
+class HostTimes:
+    """What an engine loop spends outside its steps (`fit_host_ms`)."""
+
+    add_request_ms: float
+    """the first request added between two steps"""
+    add_next_ms: float | None
+    """each further one added in the same gap (None: not measured, as the first)"""
+    wake_ms: float
+    """an idle loop waking for an arrival, before the add"""
+    step_gap_ms: float
+    """between every two steps"""
+
+
+def with_step_gap(model, gap_ms: float):
+    """The step-time model with `gap_ms` added to every step (its constant term): a simulated
+    step lasts from one step's start to the next's when nothing is added."""
+    if not gap_ms:
+        return model
+    if not hasattr(model, "coef_ms"):
+        raise ValueError(f"a step gap needs a model with a constant term, not {model.kind!r}")
+    c = model.coef_ms
+    return replace(model, coef_ms=(c[0] + gap_ms, *c[1:]))
 
 
 def step_gaps(steps: pd.DataFrame, reqs: pd.DataFrame) -> tuple[np.ndarray, ...]:

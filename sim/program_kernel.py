@@ -25,12 +25,12 @@ from sim.compiled_state import cdiv, pop_event, push_event, record_run, truncate
 from sim.program_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
-    BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP, CD,
-    CC, CX, NOISE, ADD_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP, SEED_SEQ,
-    SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED, ABORTED_R, PROMPT_R,
-    PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
-    DONE_J, FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
-    entry, preempt, store, head_admissible, run_length)
+    BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
+    CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
+    SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
+    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
+    FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue,
+    remove_running, entry, preempt, store, head_admissible, run_length)
 
 
 @njit(cache=True)
@@ -176,7 +176,8 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     ri[PRIORITY_R, idx] = min(max(priority, -2**31), 2**31 - 1)
     rq[r, SEQ] = rp[j, ARRIVALS]
     rp[j, ARRIVALS] += 1
-    rf[j, HOST_S] += rf[j, ADD_S]
+    # the first request added since the last step costs the loop most (`sim.host_time`)
+    rf[j, HOST_S] += rf[j, ADD_MORE_S] if rf[j, HOST_S] > 0.0 else rf[j, ADD_S]
     enqueue(rq, rp, j, r, False)
     if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
         plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,

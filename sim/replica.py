@@ -43,7 +43,7 @@ class Replica:
                  fast_forward: bool = True, device=None,
                  spec_rng: np.random.Generator | None = None):
         self.env, self.id = env, replica_id
-        self.lat = cal.latency
+        self.lat = cal.stepping  # the loop's gap between two steps included
         self.cfg = cfg
         self.res = results
         self.rng = rng  # None = deterministic (mean latency)
@@ -58,9 +58,10 @@ class Replica:
         # False: an event per iteration (reference; a shared device's replicas take turns)
         self.fast_forward = fast_forward and device is None
         self.device = device
-        # The loop's host time (`sim.host_time`): adding a request delays the next step (on a
-        # shared device, the device's; at the next plan); an idle loop wakes first (`submit`).
-        self.add_s, self.wake_s, self._host_s = cal.add_request_ms / 1e3, cal.wake_ms / 1e3, 0.0
+        # The loop's host time (`sim.host_time`): adding requests delays the next step (on a
+        # shared device, the device's), the first most; an idle loop wakes first (`submit`).
+        self.add_s, self.add_more_s = cal.add_request_ms / 1e3, cal.add_more_ms / 1e3
+        self.wake_s, self._host_s = cal.wake_ms / 1e3, 0.0
         self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
         self.seeded_ms = (cal.seeded_step_ms, cal.seeded_seq_ms)  # a step with any; per one
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
@@ -90,9 +91,9 @@ class Replica:
         """A request arrives at this replica."""
         req.seq = next(self._arrivals)
         if self.device is None:
-            self._host_s += self.add_s
+            self._host_s += self.add_more_s if self._host_s else self.add_s
         elif self.add_s:
-            self.device.busy_until = max(self.device.busy_until, self.env.now) + self.add_s
+            self.device.add(self.env.now, self.add_s, self.add_more_s)
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
         if not self.busy and self.device is None and not self.wake_s:
@@ -172,8 +173,7 @@ class Replica:
             now, self._host_s = self.env.now + self._host_s, 0.0
         else:
             now = max(self.env.now, self.device.busy_until)
-        cfg = self.cfg
-        budget = cfg.max_num_batched_tokens
+        cfg, budget = self.cfg, self.cfg.max_num_batched_tokens
         sched: list[tuple[Req, int]] = []
         prefill_tokens = prefill_seqs = context = preempted = 0
         bs, w, la, running = cfg.block_size, self.width, self.lookahead, self.running
@@ -304,7 +304,7 @@ class Replica:
         self.gen += 1
         t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
         if self.device is not None:
-            self.device.busy_until = t_end
+            self.device.busy_until, self.device.added = t_end, False
         self._schedule_end(t_end, k)
 
     def _stable_run_length(self) -> int:

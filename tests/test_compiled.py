@@ -32,7 +32,7 @@ def host_cal(tmp_path_factory):
     """The shipped calibration with the loop's host terms set (they shift every step)."""
     d = json.loads(CAL.read_text())
     d["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.0, "logprob_top_k_ms": 0.0,
-                 "wake_ms": 2.5}
+                 "wake_ms": 2.5, "add_next_ms": 0.2, "step_gap_ms": 0.03}
     path = tmp_path_factory.mktemp("cal") / "host.calib.json"
     path.write_text(json.dumps(d))
     return path

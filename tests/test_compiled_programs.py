@@ -35,7 +35,7 @@ def host_cal(tmp_path_factory):
     d = json.loads(CAL.read_text())
     d["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.0, "logprob_top_k_ms": 0.0,
                  "logprob_step_ms": 0.0, "wake_ms": 2.5, "seeded_step_ms": 0.4,
-                 "seeded_seq_ms": 0.05}
+                 "seeded_seq_ms": 0.05, "add_next_ms": 0.2, "step_gap_ms": 0.03}
     path = tmp_path_factory.mktemp("cal") / "host.calib.json"
     path.write_text(json.dumps(d))
     return path

@@ -4,31 +4,46 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from conftest import REPO
 from sim.calibration import calibrate
-from sim.host_time import fit_host_ms
+from sim.host_time import HostTimes, fit_host_ms
 from traces.store import read_table
 
 REPLAY = REPO / "traces" / "data" / "testbed-spec-replay-cpu"
+TOT = REPO / "traces" / "data" / "testbed-tot-cpu"
 
 
 def test_a_live_replay_gives_the_loops_add_and_wake_times():
     """Requests of a replay arrive while a step runs and are added after it: the gaps that add
     one cost a fraction of a millisecond more than those that add none (the fit once counted
-    only arrivals after the step's end and found none), and an idle loop wakes before its step."""
-    add_ms, wake_ms = fit_host_ms([REPLAY])
-    assert 0.1 < add_ms < 2.0
-    assert 0.1 < wake_ms < 2.0
+    only arrivals after the step's end and found none), a second one added in the same gap
+    less, an idle loop wakes before its step, and a little passes between any two steps."""
+    host = fit_host_ms([REPLAY])
+    assert 0.1 < host.add_request_ms < 2.0
+    assert host.add_next_ms is None  # no gap of this replay added two
+    assert 0.1 < host.wake_ms < 2.0
+    assert 0.005 < host.step_gap_ms < 0.2
+    # a live tree-of-thought run (two engines, one loop) adds several requests in one gap
+    tot = fit_host_ms([TOT])
+    assert tot.add_next_ms is not None and 0.0 <= tot.add_next_ms < tot.add_request_ms
 
 
 def test_calibrate_takes_the_host_time_from_the_live_replays_it_is_given(tmp_path):
     cal = calibrate([REPLAY], spec_k=4)
-    assert (cal.add_request_ms, cal.wake_ms) == fit_host_ms([REPLAY])
+    host = fit_host_ms([REPLAY])
+    assert (cal.add_request_ms, cal.add_next_ms, cal.wake_ms, cal.step_gap_ms) == (
+        host.add_request_ms, host.add_next_ms, host.wake_ms, host.step_gap_ms)
     assert cal.to_json()["host"]["wake_ms"] == cal.wake_ms
+    assert "add_next_ms" not in cal.to_json()["host"]  # not measured: as the first
+    assert cal.add_more_ms == cal.add_request_ms
+    # the step gap is charged with every step the simulator plans, not in the fitted model
+    assert cal.stepping.coef_ms[0] == pytest.approx(cal.latency.coef_ms[0] + cal.step_gap_ms)
     # The same steps without their requests' arrivals: nothing to fit the host time from.
     bare = tmp_path / "bare"
     shutil.copytree(REPLAY, bare)
     reqs = read_table(bare, "requests")
     assert reqs.num_rows
     shutil.rmtree(bare / "requests")
-    assert fit_host_ms([bare]) == (0.0, 0.0)
+    assert fit_host_ms([bare]) == HostTimes(0.0, None, 0.0, 0.0)

@@ -341,16 +341,17 @@ def test_a_missing_trace_directory_is_named():
 
 
 def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
-    """With `host.add_request_ms` (the loop processes each added request between steps) and
-    `host.wake_ms` (an idle loop first wakes): on a shared device every request submitted delays
-    the device's next step; a replica of its own wakes, then adds what arrived by then (as the
-    live loop reads the clock once awake) and steps with it, and one that arrived while it added
-    them is added before its next step."""
+    """With `host.add_request_ms` (the loop processes the first request added between two
+    steps), `host.add_next_ms` (each further one), `host.wake_ms` (an idle loop first wakes) and
+    `host.step_gap_ms` (between every two steps): on a shared device every request submitted
+    delays the device's next step; a replica of its own wakes, then adds what arrived by then (as
+    the live loop reads the clock once awake) and steps with it, and one that arrived while it
+    added them is added before its next step; every step lasts the gap longer."""
     from sim.cluster import Cluster
     from sim.request_state import Req
 
     d = json.loads(CAL.read_text())
-    d["host"] = {"add_request_ms": 0.5, "wake_ms": 0.25}
+    d["host"] = {"add_request_ms": 0.5, "add_next_ms": 0.2, "wake_ms": 0.25, "step_gap_ms": 0.1}
     cal = tmp_path / "host.calib.json"
     cal.write_text(json.dumps(d))
     seg = {}
@@ -375,13 +376,15 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
 
         cluster.run(arrivals())
         seg[device] = cluster.res.seg
-    assert seg["cpu"]["start_s"][0] == pytest.approx(1.0 + 3 * 0.5e-3)
+    assert seg["cpu"]["start_s"][0] == pytest.approx(1.0 + (0.5 + 2 * 0.2) * 1e-3)
     assert seg["cpu"]["prefill_seqs"][0] == 3
     solo = seg[None]
-    assert solo["start_s"][0] == pytest.approx(1.0 + 0.25e-3 + 4 * 0.5e-3)
+    assert solo["start_s"][0] == pytest.approx(1.0 + 0.25e-3 + (0.5 + 3 * 0.2) * 1e-3)
     assert solo["prefill_seqs"][0] == 4 and solo["prefill_seqs"][1] == 1
     first_end = solo["start_s"][0] + solo["k_iters"][0] * solo["a_ms"][0] * solo["factor"][0] / 1e3
     assert solo["start_s"][1] == pytest.approx(first_end + 0.5e-3)
+    gapless = load_calibration(CAL).latency.step_ms(160, 0, 160)
+    assert solo["a_ms"][0] == pytest.approx(gapless + 0.1)
     d["host"] = {"add_request_ms": -1}
     cal.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="host.add_request_ms"):
