@@ -24,9 +24,9 @@ def report(result: dict) -> str:
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
              "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
-             "at probe speed | ok at probe speed | at live decode speed | "
+             "mean-latency run | at probe speed | ok at probe speed | at live decode speed | "
              "sampled median at live speed | noise band 5-95% | live runs in band |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["workloads"]:
         for m, v in r["metrics"].items():
             lvl = f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v else ""
@@ -35,9 +35,11 @@ def report(result: dict) -> str:
             prb, prb_ok = (f"{v['error_at_probe_speed']:+.1%}",
                            "yes" if v["ok_at_probe_speed"] else "NO") \
                 if "error_at_probe_speed" in v else ("", "")
+            mean = f"{v['error_mean']:+.1%}" if "error_mean" in v else ""
             lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
                          f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
-                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | {prb} | {prb_ok} | "
+                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | {mean} | {prb} | "
+                         f"{prb_ok} | "
                          f"{lvl} | {smp} | "
                          + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
                             f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
@@ -46,17 +48,22 @@ def report(result: dict) -> str:
             probe = probe_text(r)
             lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
                          + ", ".join(speed_text(v) for v in r["step_speed"])
-                         + f" | | | | {probe} | | | | | |")
+                         + f" | | | | | {probe} | | | | | |")
         if r.get("live_started_s"):
             lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
                          + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
-                         + " | | | | | | | | | |")
+                         + " | | | | | | | | | | |")
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
                          f"{r['decision_agreement']:.3f} | live vs live "
                          f"{r['live_agreement']:.3f} | "
-                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | |")
+                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | |")
     c = result["band_coverage"]
+    lines += ["", "sim: the median over the noise band's draws (sampled step times: residuals, "
+              "the machine's level and its spells within a run), the simulator's estimate of a "
+              "percentile over requests under step-time noise; the mean-latency run, whose "
+              "steps carry no noise and so narrow the distributions it takes percentiles of, "
+              "beside it (its error)."]
     lines += ["", "At live decode speed: the mean error against each live run when the "
               "simulation's step times are scaled by that run's decode steps over the "
               "calibration's prediction (the machine's speed level of the moment taken out; the "
