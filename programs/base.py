@@ -55,6 +55,10 @@ class RequestSpec:
     sent: tuple | None = None
     """the simulator's driver's handle while the request is in flight, for an abort: where a
     map from spec to handle would cost a lookup per request"""
+    continues: bool = False
+    """its output continues its prompt's content: the path's next request sends this prompt
+    and these tokens back (a reasoning chunk), so the engine's cached blocks of its output
+    serve that one (vLLM caches every full block a request computed, its output's too)"""
 
 
 @dataclass(frozen=True)

@@ -189,8 +189,10 @@ class ReasoningProgram:
         ids = None if path.ids is None else self.prompt_ids + path.ids
         prompt = self.prompt_tokens + path.pos
         # Sampling(n, temperature, 1.0, seed) made as a tuple: this runs for most requests
-        return self._spec(path, "chunk", prompt, prompt, _new(Sampling, (
+        spec = self._spec(path, "chunk", prompt, prompt, _new(Sampling, (
             n, s.temperature, 1.0, chunk_seed(path.seed, path.chunks)) + _DEFAULTS), ids)
+        spec.continues = True  # the path's next chunk and probes send its tokens back
+        return spec
 
     def _probe(self, path: Path) -> RequestSpec:
         s = self.setup

@@ -235,6 +235,8 @@ class ProgramDriver:
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
         idx = len(self.owner)
         prompt, prefix, key, output = self.oracle.request(run, spec)
+        if spec.continues:  # its output's blocks are the path's content too (`_finish`)
+            prefix = prompt + output
         rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
         if rid is None:
             rid = self.pin(run, spec.role, prompt, prompt + output)

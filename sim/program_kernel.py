@@ -199,24 +199,27 @@ def abort(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
     rq[r, ABORTED] = 1
     ri[ABORTED_R, rq[r, IDX]] = 1
     if dequeue(rq, rp, j, r):
-        return finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r) >> 1
+        return finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r) >> 1
     in_flight = False
     if rp[j, ENDING] == 0 and rp[j, BUSY]:
         for m in range(rp[j, NSCHED]):
             in_flight = in_flight or sched[j, m, 0] == r
     if not in_flight:
         remove_running(rp, running, j, r)
-        return finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r) >> 1
+        return finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r) >> 1
     if rp[j, RUN_K] > 0:
         truncate_run(rp, rf, seg, h, ctr, j, clock[0])
     return -1
 
 
 @njit(cache=True)
-def finish(rq, rp, rt, ri, clock, pc, tab, lru, j, r):
-    """`Replica._finish` but its callback: free the request's blocks, record its end; the
-    tokens it generated times 2, plus 1 if it was aborted."""
+def finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r):
+    """`Replica._finish` but its callback: cache the full blocks of an output that continues
+    its prompt, free the request's blocks, record its end; the tokens it generated times 2,
+    plus 1 if it was aborted."""
     rq[r, DONE] = 1
+    if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, PREFIX] > rq[r, PROMPT]:
+        store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED])
     release(rq, rp, pc, tab, lru, j, r)
     rt[FINISH_S, rq[r, IDX]] = clock[0]
     ri[OUT_TOKENS, rq[r, IDX]] = rq[r, GENERATED]
@@ -311,8 +314,8 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
         _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, int(ev[4]),
                 ev[5])
         if ctr[DONE_N] > 0:
-            return RETIRED, j, ctr[DONE_N], clock[0], done[0], finish(rq, rp, rt, ri, clock, pc,
-                                                                      tab, lru, j, done[0])
+            return RETIRED, j, ctr[DONE_N], clock[0], done[0], finish(
+                rq, rp, rt, ri, clock, pc, tab, lru, free, j, done[0])
         end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
                  lru, free, j)
     return END, 0, 0, clock[0], 0, 0
@@ -359,7 +362,7 @@ def arrival_st(st, npend, gap):
 def finish_st(st, npend, j, r):
     """The pending sends, then `finish` of slot r on replica j, on the packed state."""
     drain_st(st, npend)
-    return finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru, j, r)
+    return finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru, st.free, j, r)
 
 
 @njit(cache=True)

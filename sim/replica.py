@@ -73,8 +73,7 @@ class Replica:
         self.prefix_cache = PrefixCache(cfg.block_size)
         # prefix caching applies to requests of a prefix group (>= 0) when enabled
         self._caching = cfg.enable_prefix_caching
-        self.busy = False
-        self.gen = 0            # invalidates a truncated run's end event
+        self.busy, self.gen = False, 0  # gen: invalidates a truncated run's end event
         self.run: tuple | None = None  # (start, a_ms, b_ms, factor, k) of a decode run
         self.outstanding_tokens = 0
         self.busy_s = 0.0
@@ -122,8 +121,7 @@ class Replica:
         return True
 
     def _release(self, r: Req) -> None:
-        self.free_blocks += r.blocks
-        r.blocks = 0
+        self.free_blocks, r.blocks = self.free_blocks + r.blocks, 0
         if r.shared:
             self.prefix_cache.unref(r)
 
@@ -148,6 +146,8 @@ class Replica:
 
     def _finish(self, r: Req) -> None:
         r.done = True
+        if r.prefix_tokens > r.prompt and self._caching and r.group >= 0:  # output continues
+            self.prefix_cache.store(r, r.computed)  # it: the engine cached its full blocks
         self._release(r)
         self.res.finish_s[r.idx] = self.env.now
         self.res.output_tokens[r.idx] = r.generated
@@ -330,8 +330,8 @@ class Replica:
                                      * self.rng.standard_normal())
 
     def _schedule_end(self, t_end: float, k: int) -> None:
-        ev = self.env.timeout(t_end - self.env.now)
-        ev.callbacks.append(partial(self._on_end, self.gen, k, t_end))
+        self.env.timeout(t_end - self.env.now).callbacks.append(
+            partial(self._on_end, self.gen, k, t_end))
         self.res.events += 1
 
     def _truncate(self) -> None:
