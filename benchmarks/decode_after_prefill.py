@@ -1,5 +1,5 @@
 """The decode steps just after a prefill, against a calibration: what the serving model's echo
-(`sim.serving_latency`, ECHO_WEIGHTS) is for.
+(`sim.step_time.serving_latency`, ECHO_WEIGHTS) is for.
 
     reasonsim fidelity -o RUN
     python benchmarks/decode_after_prefill.py RUN [--calibration CAL] [--traces DIR,...] [--json]
@@ -25,7 +25,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.live_speed import step_ratios  # noqa: E402
+from sim.step_time.live_speed import step_ratios  # noqa: E402
 
 REQUEST_WORKLOADS = ("poisson", "bursty", "short_prompts", "long_prompts", "mixed_outputs",
                      "near_saturation", "prefix_sharing")

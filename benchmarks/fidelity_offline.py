@@ -9,7 +9,8 @@ speed) with CAL (default: RUN's own calibration, which reproduces RUN's table) a
 the same live runs, so two step-time models compare on identical live data in seconds instead
 of a new twelve-minute suite on a machine whose speed has moved meanwhile. `--without`: CAL
 is RUN's calibration refitted on the same traces with those serving-model terms at 0 (an
-ablation: what a term buys, `sim.serving_latency.FEATURES`). Prints the report table and one
+ablation: what a term buys, `sim.step_time.serving_latency.FEATURES`). Prints the report table and
+one
 summary line (or the result as JSON).
 """
 
@@ -82,7 +83,7 @@ def main() -> None:
     if args.without:
         if args.calibration:
             ap.error("--without refits RUN's own calibration: leave out --calibration")
-        from sim.calibration import calibrate
+        from sim.step_time.calibration import calibrate
 
         traces = json.loads(cal.read_text())["provenance"]["traces"]
         fitted = calibrate(traces, model="serving", without=tuple(args.without.split(",")))

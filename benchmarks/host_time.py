@@ -1,4 +1,5 @@
-"""The engine loop's host time in live replays: per run, what `sim.host_time.fit_host_ms` fits.
+"""The engine loop's host time in live replays: per run, what `sim.step_time.host_time.fit_host_ms`
+fits.
 
     python benchmarks/host_time.py RUN_DIR...      # e.g. a `reasonsim fidelity -o DIR` run's
                                                    # DIR/*/live* and DIR/calibration_traffic_*
@@ -18,7 +19,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.host_time import fit_host_ms, idle_waits_ms, step_gaps  # noqa: E402
+from sim.step_time.host_time import fit_host_ms, idle_waits_ms, step_gaps  # noqa: E402
 from traces.store import read_table  # noqa: E402
 
 

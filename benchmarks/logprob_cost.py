@@ -6,7 +6,8 @@ One prompt of each length (40, 200 tokens; random ids, prefix caching off) prefi
 log-probabilities, then with prompt log-probabilities at top-k 1, 8 and the vocabulary (whole
 distributions, what sampled speculative acceptance needs), in a shuffled order in each of
 `--repeats` rounds (the first dropped); the median step time of each, and the extra ms per
-prompt position. These are the rows `sim/logprob_cost.py` fits a per-position and a per-entry
+prompt position. These are the rows `sim/step_time/logprob_cost.py` fits a per-position and a
+per-entry
 cost on.
 """
 

@@ -18,9 +18,9 @@ from scipy.optimize import nnls
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.calibration import load_calibration  # noqa: E402
-from sim.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
-from sim.serving_latency import engine_features  # noqa: E402
+from sim.step_time.calibration import load_calibration  # noqa: E402
+from sim.step_time.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
+from sim.step_time.serving_latency import engine_features  # noqa: E402
 from traces import read_table  # noqa: E402
 
 

@@ -22,8 +22,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim import step_time  # noqa: E402
-from sim.live_speed import live_over_predicted  # noqa: E402
+from sim.step_time import registry as step_time  # noqa: E402
+from sim.step_time.live_speed import live_over_predicted  # noqa: E402
 from traces import read_table  # noqa: E402
 
 BANDS = [0, 256, 1024, 2048, 4096]

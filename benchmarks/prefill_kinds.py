@@ -35,8 +35,9 @@ from scipy.optimize import nnls
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim import step_time  # noqa: E402
-from sim.serving_latency import attach_spans, engine_features, feature_matrix  # noqa: E402
+from sim.step_time import registry as step_time  # noqa: E402
+from sim.step_time.serving_latency import (  # noqa: E402
+    attach_spans, engine_features, feature_matrix)
 from traces import read_table  # noqa: E402
 
 IDLE_BANDS_MS = [-1, 1, 10, 50, 150, 300, 1000, 1e6]

@@ -23,7 +23,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.live_speed import step_ratios  # noqa: E402
+from sim.step_time.live_speed import step_ratios  # noqa: E402
 from traces import read_table  # noqa: E402
 
 SEQ_BANDS = [0, 1, 2, 4, 8, 16, 256]

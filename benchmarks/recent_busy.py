@@ -4,7 +4,8 @@
 
 For the one-sequence decode steps of each live run (a fidelity run's `<workload>/live1`, a
 `seed replay` run's `<mode>/live0/target`), the median of live step time over the calibration's
-prediction (`sim.live_speed.step_ratios`) by the share of the previous `--window-s` the engine
+prediction (`sim.step_time.live_speed.step_ratios`) by the share of the previous `--window-s` the
+engine
 spent stepping, over its run's median (within-run: the machine's drift between runs is out)
 and raw. The `serving` model's idle terms see only the gap right before a step; a gradient here
 is a cost of the engine's recent load that they miss.
@@ -23,7 +24,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.live_speed import step_ratios  # noqa: E402
+from sim.step_time.live_speed import step_ratios  # noqa: E402
 
 BUSY_BANDS = [-0.01, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.01]
 

@@ -21,10 +21,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.calibration import calibrate  # noqa: E402
-from sim.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
-from sim.sampling_cost import attach_seeded, seeded_ms  # noqa: E402
-from sim.serving_latency import engine_features  # noqa: E402
+from sim.step_time.calibration import calibrate  # noqa: E402
+from sim.step_time.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
+from sim.step_time.sampling_cost import attach_seeded, seeded_ms  # noqa: E402
+from sim.step_time.serving_latency import engine_features  # noqa: E402
 from traces import read_run, read_table  # noqa: E402
 
 

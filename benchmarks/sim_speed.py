@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
-from sim.workload import workload_from_config, workload_to_vidur_csv  # noqa: E402
+from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
@@ -50,7 +50,7 @@ def config(n: int, replicas: int, per_replica_rate: float = 15.0):
 
 def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = True) -> dict:
     """Median CPU seconds of simulate() over repeats, with min/max (lazy=False: the reference
-    replica, `sim.lazy_replica`; compiled=False: under SimPy, `sim.compiled`)."""
+    replica, `sim.engine.lazy_replica`; compiled=False: under SimPy, `sim.kernels.plain`)."""
     cpu = []
     for _ in range(repeats):
         t0 = time.process_time()
@@ -194,7 +194,7 @@ def main() -> None:
               f"{r['requests_per_cpu_s']:>10.0f} {r['events_per_request']:>10.2f} "
               f"{r['real_time_factor']:>11.2g}")
     sp = out["simpy"]
-    print(f"plain requests compiled (sim/compiled_kernel.py; its cached load "
+    print(f"plain requests compiled (sim/kernels/plain_kernel.py; its cached load "
           f"{kernel_load_cpu_s:.2f} CPU-s apart); under SimPy {sp['requests_per_cpu_s']:.0f} "
           f"req/cpu-s, the kernel "
           f"{sp['compiled_speedup']:.1f}x faster; doubled output tokens there: cost ratio "
@@ -210,7 +210,7 @@ def main() -> None:
           f"cost ratio {out['double_tokens_cost_ratio']:.2f} at the same rate (twice the "
           f"concurrency), {out['double_tokens_half_rate_cost_ratio']:.2f} at half the rate")
     ref = out["reference_replica"]
-    print(f"reference replica (sim/replica.py, every running request per event): "
+    print(f"reference replica (sim/engine/replica.py, every running request per event): "
           f"{ref['cpu_s']:.2f} CPU-s, the lazy one (SimPy) {ref['lazy_speedup']:.2f}x faster; "
           f"doubled "
           f"output tokens there: cost ratio {ref['double_tokens_cost_ratio']:.2f}")

@@ -5,7 +5,8 @@
 For each live run (a `steps` trace: a fidelity run's `<workload>/live1`, a replay), the decode
 steps' measured / predicted ratio, its median per window of time over the run's median: the
 5/25/50/75/95% quantiles of those levels, their log standard deviation, and the lag-1
-correlation of successive windows' log levels (how long a spell lasts). `sim.spells` draws such
+correlation of successive windows' log levels (how long a spell lasts). `sim.step_time.spells` draws
+such
 levels per replica and `SPELL_S` window in sampled latency.
 """
 
@@ -21,8 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim import step_time  # noqa: E402
-from sim.live_speed import live_over_predicted  # noqa: E402
+from sim.step_time import registry as step_time  # noqa: E402
+from sim.step_time.live_speed import live_over_predicted  # noqa: E402
 from traces import read_table  # noqa: E402
 
 

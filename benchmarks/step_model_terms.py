@@ -23,8 +23,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.latency import midpoints  # noqa: E402
-from sim.serving_latency import FEATURES, LINEAR, engine_features, feature_matrix  # noqa: E402
+from sim.step_time.latency import midpoints  # noqa: E402
+from sim.step_time.serving_latency import (  # noqa: E402
+    FEATURES, LINEAR, engine_features, feature_matrix)
 from traces import read_table  # noqa: E402
 
 

@@ -14,7 +14,7 @@ Two measurements on the testbed target (vLLM CPU build), each a one-prompt prefi
 2. idle: prompts of 64, 128, 256 and 400 tokens (`--idle-lengths`; shapes seen) after the engine sat idle for
    0, 2, 5, 10, 20, 50, 100, 300 ms, interleaved over `--repeats` rounds; median extra ms over
    the busy (0 ms) step.
-These are the terms of the `serving` step-time model (sim/serving_latency.py).
+These are the terms of the `serving` step-time model (sim/step_time/serving_latency.py).
 """
 
 from __future__ import annotations

@@ -26,14 +26,15 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.live_speed import step_ratios  # noqa: E402
+from sim.step_time.live_speed import step_ratios  # noqa: E402
 
 SEQ_BANDS = [0, 1, 2, 4, 8, 1024]
 IDLE_BANDS_MS = [-1.0, 0.5, 2.0, 4.0, 8.0, 16.0, np.inf]
 
 
 def ratios(calibration: Path, dirs: list[Path]) -> pd.DataFrame:
-    """Per step of the engines under `dirs`: live / predicted (`sim.live_speed.step_ratios`, as
+    """Per step of the engines under `dirs`: live / predicted
+    (`sim.step_time.live_speed.step_ratios`, as
     `seed replay` measures a run's speed), sequences, idle ms."""
     frames = []
     for d in dirs:

@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from sim.config import read_yaml
-from sim.online import max_sustainable_rate
+from sim.families.dynasor.online import max_sustainable_rate
 from sim.sweep import Backend, Sweep, read_results, run_sweep
 from sim.sweep.stats import by_point
 

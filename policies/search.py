@@ -126,7 +126,8 @@ class ParetoFrontier:
     """Certaindex -> how many solutions a program may use: stop once it has used that many.
 
     `rules` are (certaindex at least, solutions at most) pairs; the most permissive rule that a
-    program's current certaindex reaches applies. A fitted skyline (`sim.search.fit_frontier`).
+    program's current certaindex reaches applies. A fitted skyline
+    (`sim.families.dynasor.search.fit_frontier`).
     """
 
     rules: tuple[tuple[float, int], ...]

@@ -63,8 +63,8 @@ def add_trace_parser(tsub) -> None:
 
 def cmd_a1_offline(args: argparse.Namespace) -> int:
     """`reasonsim a1 offline`: rejection rate vs alpha, accuracy and tokens per policy."""
-    from sim.a1_offline import offline_grid
-    from sim.a1_report import plot_rates, plot_tokens_accuracy
+    from sim.families.a1.offline import offline_grid
+    from sim.families.a1.report import plot_rates, plot_tokens_accuracy
 
     try:
         rows = offline_grid(args.trace, args.alphas, args.samples, args.calib_samples)
@@ -158,7 +158,7 @@ def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> 
     import pandas as pd
 
     from live.a1 import replay_a1
-    from sim.a1_metrics import a1_summary, request_log
+    from sim.families.a1.metrics import a1_summary, request_log
     from traces.store import read_table
 
     cfg, wl = _config(Path(config), count, seed)
@@ -184,7 +184,7 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
 
     from reasonsim.cmd_sim import write_sim
     from reasonsim.fidelity import fresh_process
-    from sim.a1_metrics import compare_a1, decision_strings
+    from sim.families.a1.metrics import compare_a1, decision_strings
     from sim.simulate import simulate
     from traces.store import read_table
 
@@ -247,7 +247,7 @@ def cmd_a1_samples(args: argparse.Namespace) -> int:
     """`reasonsim a1 samples`: simulated latency vs samples, async vs sync vs target-only."""
     import yaml
 
-    from sim.a1_report import latency_vs_samples, plot_latency_vs_samples
+    from sim.families.a1.report import latency_vs_samples, plot_latency_vs_samples
 
     path = Path(args.config)
     d = yaml.safe_load(path.read_text())

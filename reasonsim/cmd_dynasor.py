@@ -14,7 +14,7 @@ from reasonsim.common import UserError, print_summary
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
     """`reasonsim dynasor offline`."""
     from programs.traced import load_trajectories
-    from sim.reasoning import plot_tokens_to_accuracy, tokens_to_accuracy
+    from sim.families.dynasor.reasoning import plot_tokens_to_accuracy, tokens_to_accuracy
     from traces.store import read_run
 
     if read_run(args.trace)["kind"] == "branches":
@@ -47,7 +47,7 @@ def cmd_dynasor_offline(args: argparse.Namespace) -> int:
 
 def dynasor_offline_search(args: argparse.Namespace) -> int:
     """`reasonsim dynasor offline` on a branches trace."""
-    from sim.search import plot_search_curves, search_tokens_to_accuracy
+    from sim.families.dynasor.search import plot_search_curves, search_tokens_to_accuracy
 
     rows = search_tokens_to_accuracy(args.trace, sc_per_round=args.per_round)
     out = Path(args.out)
@@ -74,7 +74,7 @@ def dynasor_offline_search(args: argparse.Namespace) -> int:
 
 def cmd_dynasor_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim dynasor calibrate`."""
-    from sim.search import calibrate
+    from sim.families.dynasor.search import calibrate
 
     try:
         result = calibrate(args.trace, args.method, args.cap, args.signal, args.thresholds,
@@ -104,7 +104,7 @@ def cmd_dynasor_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_dynasor_online(args: argparse.Namespace) -> int:
     """`reasonsim dynasor online`."""
-    from sim.online import max_sustainable_rate, plot, sweep
+    from sim.families.dynasor.online import max_sustainable_rate, plot, sweep
 
     from sim.sweep import Backend
 

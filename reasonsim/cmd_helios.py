@@ -13,7 +13,7 @@ def cmd_helios_offline(args: argparse.Namespace) -> int:
     """`reasonsim helios offline`: exit distribution per model and threshold, breach rates."""
     from rich.table import Table
 
-    from sim.exits import depth_summary, exit_summary, load_exits, plot_exit_shares
+    from sim.families.helios.exits import depth_summary, exit_summary, load_exits, plot_exit_shares
 
     if any(not 0 < t <= 1 for t in args.thresholds):
         raise UserError("--thresholds: each must be in (0, 1]")
@@ -72,7 +72,7 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
     import copy
     from dataclasses import replace
 
-    from sim.helios import load_profile
+    from sim.families.helios.serving import load_profile
     from tracers.exits import ExitsWorkload, trace_exits
     from traces.store import read_run
 
@@ -97,7 +97,7 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
 
 def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None):
     from sim.config import read_yaml
-    from sim.helios_config import Experiment
+    from sim.families.helios.config import Experiment
 
     d = read_yaml(path)
     try:
@@ -112,7 +112,7 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
     """`reasonsim simulate` of a config with a `helios:` section: every policy, one stream."""
     from rich.table import Table
 
-    from sim.helios_report import plot_policies, plot_timeline
+    from sim.families.helios.report import plot_policies, plot_timeline
 
     exp = _experiment(config)
     if out:
@@ -153,8 +153,8 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from live.helios import run_live, stream_prompts
-    from sim.helios import HeliosResult, candidates_of, simulate_stream
-    from sim.helios_report import METRICS, compare
+    from sim.families.helios.serving import HeliosResult, candidates_of, simulate_stream
+    from sim.families.helios.report import METRICS, compare
 
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")

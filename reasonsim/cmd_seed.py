@@ -78,7 +78,7 @@ def cmd_seed_offline(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from sim.speculative import acceptance, load_spec, plot_acceptance, step_costs
+    from sim.engine.speculative import acceptance, load_spec, plot_acceptance, step_costs
 
     try:
         spec, steps = load_spec(args.trace)

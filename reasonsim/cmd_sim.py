@@ -15,8 +15,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim calibrate`."""
     from dataclasses import asdict, replace
 
-    from sim.calibration import calibrate
-    from sim.host_time import fit_host_ms
+    from sim.step_time.calibration import calibrate
+    from sim.step_time.host_time import fit_host_ms
 
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
@@ -47,7 +47,7 @@ def sim_run_row(cfg, result) -> dict:
     """The `runs` row of a simulation (the calibration's device, simulated)."""
     from importlib import metadata
 
-    from sim.calibration import load_calibration
+    from sim.step_time.calibration import load_calibration
     from traces.provenance import run_row
 
     cal = load_calibration(cfg.replicas[0].calibration)
@@ -62,8 +62,8 @@ def sim_run_row(cfg, result) -> dict:
 def calibration_fingerprints(cfg) -> list[dict]:
     """Per replica group: its pool, calibration file, the device its timings came from and its
     step-time model (so `validate` can check the live run's step speed against it)."""
-    from sim import step_time
-    from sim.calibration import fingerprint, load_calibration
+    from sim.step_time import registry as step_time
+    from sim.step_time.calibration import fingerprint, load_calibration
 
     out = []
     for g in cfg.replicas:
@@ -119,7 +119,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.config is None:
         raise UserError("simulate needs CONFIG.yaml (or --help-config)")
     from sim.config import read_yaml
-    from sim.helios_config import is_helios_config
+    from sim.families.helios.config import is_helios_config
 
     if is_helios_config(read_yaml(args.config)):
         from reasonsim.cmd_helios import run_helios_simulate
@@ -198,8 +198,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False) -> dict:
     """Serve a one-replica config's workload live on vLLM, with the engine limits and KV space
     its calibration was traced with; the replay's summary."""
-    from sim.calibration import load_calibration
-    from sim.workload import workload_from_config
+    from sim.step_time.calibration import load_calibration
+    from sim.workloads.requests import workload_from_config
     from tracers.replay import replay_live
 
     group = cfg.replicas[0]
@@ -221,7 +221,7 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
 def live_speculative(group, cal, base_dir: Path) -> dict | None:
     """The speculative decoding a replay's engine runs: the K and draft its calibration was
     fitted on (the group must ask for speculation, as the simulator checks)."""
-    from sim.cluster import speculative
+    from sim.engine.cluster import speculative
 
     spec = speculative(group, cal, base_dir)
     if spec is None:

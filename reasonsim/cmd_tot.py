@@ -54,7 +54,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from reasonsim.cmd_sim import write_sim
     from reasonsim.fidelity import fresh_process
     from sim.simulate import simulate
-    from sim.tot_metrics import add_at_live_speed, compare_modes
+    from sim.families.seed.metrics import add_at_live_speed, compare_modes
     from traces.store import read_table
 
     path, out = Path(args.config), Path(args.out)
@@ -110,10 +110,11 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
 
 def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[dict]:
     """The mode re-simulated once per live run, every pool's step times scaled to that run's
-    measured speed (`sim.live_speed`); per run: the factors by pool and the simulated programs."""
+    measured speed (`sim.step_time.live_speed`); per run: the factors by pool and the simulated
+    programs."""
     from dataclasses import replace
 
-    from sim.live_speed import scaled_calibration, step_speed_ratio
+    from sim.step_time.live_speed import scaled_calibration, step_speed_ratio
     from sim.simulate import simulate
 
     cfg, _ = _config(path, mode, args.count, seed=args.seed, calibrations=calibrations)
@@ -141,11 +142,12 @@ CALIBRATION_SEED_OFFSET = 1000
 def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
     """One calibration per pool from the live steps of the calibration runs under `cal_dir`
     (`<mode>/live<i>/<pool>`), with the loop's host time per added request
-    and after idle (`sim.host_time.fit_host_ms`), written beside them; pool -> calibration path."""
+    and after idle (`sim.step_time.host_time.fit_host_ms`), written beside them; pool -> calibration
+    path."""
     from dataclasses import asdict, replace
 
-    from sim.calibration import calibrate
-    from sim.host_time import fit_host_ms
+    from sim.step_time.calibration import calibrate
+    from sim.step_time.host_time import fit_host_ms
     from traces.store import read_table
 
     # the loop's host time per added request, from every calibration run (all engines at once)
@@ -170,7 +172,7 @@ def cmd_seed_modes(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from sim.simulate import simulate
-    from sim.tot_report import mode_sweep, plot_speedup, plot_timeline
+    from sim.families.seed.report import mode_sweep, plot_speedup, plot_timeline
 
     path = Path(args.config)
     modes = args.modes.split(",")

@@ -117,7 +117,7 @@ def simulate_with_band(cfg, out_dir: Path):
 def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> Path:
     """Trace the grid on this machine's vLLM, replay the suite's calibration traffic live
     (workloads of their own, never evaluated), and fit a serving calibration on all; its path."""
-    from sim.calibration import calibrate
+    from sim.step_time.calibration import calibrate
     from sim.config import parse_config
     from tracers.step_profile import StepGrid, profile_steps
 
@@ -129,7 +129,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
               "max_num_seqs": max(grid["batch_sizes"])}  # one engine for every grid
     traces = []
     # The sampling grid runs small cells greedy and seeded back to back: the seeded-sampling
-    # term the program workloads pay (`sim.sampling_cost`), in the same calibration.
+    # term the program workloads pay (`sim.step_time.sampling_cost`), in the same calibration.
     for name, g in (("grid", grid), ("sampling_grid", suite.get("sampling_grid"))):
         if g:
             spec = StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
@@ -181,7 +181,7 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the request workload config `d` into out_dir and judge it against its live
     runs (`rejudge` does it again for another calibration): the table row."""
     from sim.config import parse_config
-    from sim.live_speed import probes_level
+    from sim.step_time.live_speed import probes_level
     from sim.simulate import simulate
     from sim.validate import TOLERANCE, compare, judge, judge_at_probe, plot_cdfs, speed_check
 
@@ -209,7 +209,7 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
 
 
 def probe_levels(probe: dict) -> dict:
-    """A table row's speed-probe levels (`sim.live_speed.probes_level`; None without)."""
+    """A table row's speed-probe levels (`sim.step_time.live_speed.probes_level`; None without)."""
     return {"probe_level": probe.get("decode"), "probe_prefill_level": probe.get("prefill"),
             "probe_prefill_factor": probe.get("prefill_factor"),
             "probe_against": probe.get("against")}
@@ -274,7 +274,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the program workload config `d` (an example's, paths relative to examples/)
     into out_dir and judge it against its live runs: the table row with decision agreement."""
     from sim.config import parse_config
-    from sim.live_speed import probes_level, step_speed_ratio
+    from sim.step_time.live_speed import probes_level, step_speed_ratio
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from sim.validate import judge, judge_at_probe
@@ -339,7 +339,7 @@ def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path,
     (its prefill terms by `prefill_factor`, where given; the scaled calibration written under
     out_dir)."""
     from sim.config import parse_config
-    from sim.live_speed import scaled_calibration
+    from sim.step_time.live_speed import scaled_calibration
 
     group = d["cluster"]["replicas"][0]
     cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json",
@@ -359,7 +359,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     t0 = time.perf_counter()
     cal = trace_and_calibrate(out, suite, quick, progress)
     calibrated_s = round(time.perf_counter() - t0, 1)
-    from sim.calibration import load_calibration
+    from sim.step_time.calibration import load_calibration
 
     calibration = load_calibration(cal)
     plans = [(program_workload if "program" in spec else request_workload)(

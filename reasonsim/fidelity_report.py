@@ -69,7 +69,8 @@ def report(result: dict) -> str:
               "calibration's prediction (the machine's speed level of the moment taken out; the "
               "prefill ratio is left as it is). Sampled median: the median over the noise "
               "band's draws at that speed (step residuals and the machine's spells within a "
-              "run, `sim.spells`), the simulator's estimate of a tail a mean run cannot show."]
+              "run, `sim.step_time.spells`), the simulator's estimate of a tail a mean run "
+              "cannot show."]
     lines += ["", "At probe speed: the simulation with its step times scaled to the speed levels "
               "that a fixed probe measured just before and just after each live run "
               "(`tracers.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "

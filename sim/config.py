@@ -43,7 +43,7 @@ class ReplicaGroup:
     their iterations run one at a time, in turn, as two engines driven from one process on one
     machine do; None: a device of its own"""
     speculative: dict | None = None
-    """in-engine speculative decoding (`sim.spec_decode`): acceptance_rates (per position) or
+    """in-engine speculative decoding (`sim.engine.spec_decode`): acceptance_rates (per position) or
     acceptance_trace (+ temperature); the calibration must be fitted on spec-decoding steps
     (`calibrate --spec-k K`)"""
 
@@ -53,7 +53,7 @@ class SimConfig:
     """A whole simulation: workload, cluster, latency mode, SLOs, outputs."""
 
     workload: dict
-    """workload mapping (see sim/workload.py)"""
+    """workload mapping (see sim/workloads/requests.py)"""
     replicas: list[ReplicaGroup]
     """replica groups"""
     router: str = "least_outstanding"

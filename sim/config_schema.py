@@ -3,7 +3,7 @@
 Strict: unknown keys, wrong types (`count: "2"`, `count: true`, `seed: 1.7`), NaN/inf, zero or
 negative limits and non-boolean flags (`enable_prefix_caching: "no"`) are errors, rendered as one
 line naming the key: `cluster.replicas[0].count: Input should be greater than or equal to 1`.
-Workload sections keep their own checks (`sim.workload`, `programs.workload`).
+Workload sections keep their own checks (`sim.workloads.requests`, `programs.workload`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class _Strict(BaseModel):
 
 
 class SpeculativeSpec(_Strict):
-    """A replica group's `speculative:` (see `sim.spec_decode`)."""
+    """A replica group's `speculative:` (see `sim.engine.spec_decode`)."""
 
     acceptance_rates: Annotated[list[Annotated[float, Field(ge=0, le=1)]],
                                 Field(min_length=1)] | None = None

@@ -2,7 +2,7 @@
 
 Event budget per request: one arrival event, plus the replica runs its arrival truncates and its
 completion ends. Nothing here runs per token; tables are written once from column buffers. A
-plain workload that the compiled kernel covers runs there (`sim.compiled`, equal to the SimPy
+plain workload that the compiled kernel covers runs there (`sim.kernels.plain`, equal to the SimPy
 run bit for bit); the rest runs under SimPy.
 """
 
@@ -14,13 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from policies.routing import RequestView
-from sim.cluster import Cluster, build_replicas, gc_paused, run_summary
-from sim.compiled import simulate_compiled, why_not_compiled
+from sim.engine.cluster import Cluster, build_replicas, gc_paused, run_summary
+from sim.kernels.plain import simulate_compiled, why_not_compiled
 from sim.config import SimConfig
 from sim.metrics import summarize
-from sim.request_state import Req, Results
-from sim.tables import SimResult, finish_reasons, kv_usage, steps_table
-from sim.workload import Workload, workload_from_config
+from sim.engine.request_state import Req, Results
+from sim.engine.tables import SimResult, finish_reasons, kv_usage, steps_table
+from sim.workloads.requests import Workload, workload_from_config
 from traces import ids
 
 
@@ -29,9 +29,9 @@ def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: boo
     """Run one simulation of the config (or of an explicit workload) and return its tables.
 
     fast_forward=False simulates one event per iteration on the reference replica: what the fast
-    paths must equal; lazy=False fast-forwards the reference replica (`sim.lazy_replica`);
+    paths must equal; lazy=False fast-forwards the reference replica (`sim.engine.lazy_replica`);
     compiled=False keeps a plain workload that the compiled kernel covers under SimPy
-    (`sim.compiled`).
+    (`sim.kernels.plain`).
     """
     with gc_paused():
         return _simulate(cfg, workload, fast_forward, lazy, compiled)
@@ -40,7 +40,7 @@ def simulate(cfg: SimConfig, workload: Workload | None = None, fast_forward: boo
 def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
               lazy: bool, compiled: bool) -> SimResult:
     if workload is None and "programs" in cfg.workload:
-        from sim.programs import simulate_programs
+        from sim.workloads.programs import simulate_programs
 
         return simulate_programs(cfg, fast_forward, lazy, compiled)
     if workload is None:

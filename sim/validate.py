@@ -42,7 +42,8 @@ def judge(sim: float, live: list[float], tolerance: float, band: dict | None = N
 
 def judge_at_probe(metric: dict, sim: float) -> None:
     """Add to a `judge` result the error of a simulation leveled to the live runs' speed probe
-    (`sim.live_speed.probes_level`) and whether that is within the tolerance or the spread."""
+    (`sim.step_time.live_speed.probes_level`) and whether that is within the tolerance or the
+    spread."""
     mean = float(np.mean(metric["live"]))
     err = (sim - mean) / mean if mean else float("nan")
     metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=float(err),
@@ -92,11 +93,12 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     steps (`decode_step_ratio`, what the device check judges) and for steps that prefill
     (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
     than the machine's speed; `probe`, the run's speed probe before and after it
-    (`sim.live_speed.probe_level`, against the calibration's own probe where it has one). None when the simulation did not record its step-time model or
+    (`sim.step_time.live_speed.probe_level`, against the calibration's own probe where it has one).
+    None when the simulation did not record its step-time model or
     the live run has no decode steps."""
-    from sim import step_time
-    from sim.live_speed import live_over_predicted, probe_level
-    from sim.serving_latency import attach_spans
+    from sim.step_time import registry as step_time
+    from sim.step_time.live_speed import live_over_predicted, probe_level
+    from sim.step_time.serving_latency import attach_spans
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals

@@ -116,7 +116,7 @@ def small_trace(tmp_path_factory):
 @pytest.mark.engine
 def test_conformity_trace_on_two_engines_validates_and_replays(small_trace):
     run_cli("traces", "check", str(small_trace))
-    from sim.a1_offline import load_trace, offline_grid
+    from sim.families.a1.offline import load_trace, offline_grid
     from traces.store import read_table
 
     rows = offline_grid(small_trace)

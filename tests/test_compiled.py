@@ -1,4 +1,5 @@
-"""The compiled kernel (`sim.compiled_kernel`) equals the SimPy run bit for bit where it applies.
+"""The compiled kernel (`sim.kernels.plain_kernel`) equals the SimPy run bit for bit where it
+applies.
 
 Same requests table, same steps table, same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
@@ -17,11 +18,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import REPO
-from sim.cluster import build_replicas
-from sim.compiled import why_not_compiled
+from sim.engine.cluster import build_replicas
+from sim.kernels.plain import why_not_compiled
 from sim.config import parse_config
 from sim.simulate import simulate
-from sim.workload import workload_from_config
+from sim.workloads.requests import workload_from_config
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 SERVING = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"

@@ -1,4 +1,5 @@
-"""The program kernel (`sim.program_kernel`) under the Python driver equals the SimPy run of a
+"""The program kernel (`sim.kernels.program_kernel`) under the Python driver equals the SimPy run of
+a
 program workload table for table.
 
 Same requests, programs and steps tables and the same events, iterations and preemptions as
@@ -19,9 +20,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import REPO
-from sim.cluster import build_replicas
-from sim.compiled import why_not_compiled_programs
-from sim.compiled_prefix import grow_cache, insert, new_cache, find, evict
+from sim.engine.cluster import build_replicas
+from sim.kernels.plain import why_not_compiled_programs
+from sim.kernels.prefix import grow_cache, insert, new_cache, find, evict
 from sim.config import parse_config, read_yaml
 from sim.simulate import simulate
 

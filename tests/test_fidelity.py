@@ -150,8 +150,8 @@ def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path):
 
 
 def test_block_size_override_keeps_kv_tokens(tmp_path):
-    from sim.calibration import load_calibration
-    from sim.cluster import build_replicas
+    from sim.step_time.calibration import load_calibration
+    from sim.engine.cluster import build_replicas
     from sim.config import parse_config
 
     cal_path = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -193,7 +193,7 @@ def test_step_noise_floor_scores_a_live_run_against_its_own_shapes(quick):
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from sim.calibration import load_calibration
+    from sim.step_time.calibration import load_calibration
     from step_noise_floor import noise_floor
 
     out, _ = quick

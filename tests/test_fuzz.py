@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from sim.calibration import load_calibration
+from sim.step_time.calibration import load_calibration
 from sim.config import parse_config
 from sim.simulate import simulate
 from traces import check_trace, write_tables
@@ -151,7 +151,7 @@ def test_random_arrival_files_fail_in_one_line_or_give_a_valid_workload(tmp_path
     fmt = data.draw(st.sampled_from(sorted(HEADERS)))
     rows = data.draw(st.lists(st.tuples(TIME_CELL[fmt], LENGTH_CELL, LENGTH_CELL), max_size=6))
     raw = data.draw(st.one_of(st.none(), st.none(), st.binary(max_size=40)))
-    from sim.workload import workload_from_config
+    from sim.workloads.requests import workload_from_config
 
     d = tmp_path_factory.mktemp("arr")
     path = d / "trace.csv"
@@ -183,7 +183,7 @@ def test_random_arrival_files_fail_in_one_line_or_give_a_valid_workload(tmp_path
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_mooncake_files_fail_in_one_line_or_give_a_valid_workload(tmp_path_factory,
                                                                          lines):
-    from sim.workload import workload_from_config
+    from sim.workloads.requests import workload_from_config
 
     d = tmp_path_factory.mktemp("moon")
     (d / "m.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -8,7 +8,8 @@ max_model_len of 1280, which simulate now enforces; its golden was regenerated t
 examples (a `helios:` section), A1 examples (`method: a1`) and ToT examples (`method: tot`)
 were added later with their first output as golden. The examples whose replicas share a
 device (a1-*, seed-greedy, seed-sampled) were regenerated when such replicas began composing an
-iteration at their turn (`sim.cluster.Device`: what arrived meanwhile joins it, as in the live
+iteration at their turn (`sim.engine.cluster.Device`: what arrived meanwhile joins it, as in the
+live
 runner's loop) instead of when they first asked. The HELIOS goldens were regenerated when the
 exits traces were re-traced on the machine that replays them (with layer-skipping steps for the
 EE-full baseline, added to helios-testbed), the layered fit took midpoint residual quantiles, and
@@ -25,8 +26,9 @@ ar and sd trees unchanged, row for row); `seed-greedy-small` (the second draft/t
 with its first output when it was added; `spec-k4` (in-engine speculative decoding) with its
 first output when speculative replicas were added; `seed-separate` (engines on devices of their
 own) when replicas without a shared device began charging their loop's host time per added
-request (`sim.host_time`; before, only shared devices did). Every non-HELIOS golden gained its
-`simulator` key when plain workloads began running on the compiled kernel (`sim.compiled`):
+request (`sim.step_time.host_time`; before, only shared devices did). Every non-HELIOS golden gained
+its
+`simulator` key when plain workloads began running on the compiled kernel (`sim.kernels.plain`):
 `demo` and `replay-small` run there now, their figures unchanged. `llama-8b-h100` (the first
 GPU calibration) was added with its first output. Every program workload's golden gained
 `kv_usage_mean` (the figure plain runs report) when program runs began reporting it, every
@@ -51,7 +53,7 @@ import pytest
 
 from conftest import REPO
 from sim.config import load_config, read_yaml
-from sim.helios_config import Experiment, is_helios_config
+from sim.families.helios.config import Experiment, is_helios_config
 from sim.simulate import simulate
 
 WALL_CLOCK = {"wall_s", "event_loop_s"}

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import REPO, TESTBED, run_cli
 from sim.config import read_yaml
-from sim.exits import load_exits
-from sim.helios_config import Experiment
-from sim.layered import LayeredModel, fit_layered
+from sim.families.helios.exits import load_exits
+from sim.families.helios.config import Experiment
+from sim.step_time.layered import LayeredModel, fit_layered
 from traces import check_trace, read_run, read_table
 
 EXAMPLE = REPO / "examples" / "helios-testbed.yaml"
@@ -218,7 +218,7 @@ def test_the_ee_full_baseline_simulates_layer_skipping():
 
     from policies.helios import EarlyExitFull
     from programs.helios import HeliosProgram
-    from sim.helios import ee_times, simulate_stream
+    from sim.families.helios.serving import ee_times, simulate_stream
 
     # Known answer: exits [4, 1, 1, 4, 2] of 4 layers; decode steps j = 1..4 run layers 1..exit
     # over the new token and the pending ones (0, 1, 2, 0: fed since the last full-depth step).

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from conftest import REPO
-from sim.calibration import calibrate
-from sim.host_time import HostTimes, fit_host_ms
+from sim.step_time.calibration import calibrate
+from sim.step_time.host_time import HostTimes, fit_host_ms
 from traces.store import read_table
 
 REPLAY = REPO / "traces" / "data" / "testbed-spec-replay-cpu"

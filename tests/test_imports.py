@@ -6,7 +6,7 @@ from conftest import REPO
 
 def test_simulator_packages_load_no_engine():
     code = ("import sys, sim, policies, traces, programs; "
-            "import sim.simulate, sim.programs, programs.reasoning, programs.search; "
+            "import sim.simulate, sim.workloads.programs, programs.reasoning, programs.search; "
             "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -31,6 +31,29 @@ FORBIDDEN = {
     "live": {"sim", "reasonsim"},
     "tracers": {"sim", "reasonsim"},
 }
+# Layers inside sim: a module under a prefix never imports the modules under the listed ones.
+# Step time is priced beneath the engine, the engine beneath its compiled mirrors, the core
+# beneath the method families and the entry points (simulate, validate, sweeps, reports).
+_ENTRY = ("sim.simulate", "sim.validate", "sim.demo", "sim.bands", "sim.sweep", "sim.report")
+SIM_LAYERS = {
+    "sim.step_time": ("sim.engine", "sim.kernels", "sim.workloads", "sim.families") + _ENTRY,
+    "sim.engine": ("sim.kernels", "sim.workloads", "sim.families") + _ENTRY,
+    "sim.kernels": ("sim.families",) + _ENTRY,
+}
+
+
+def _layer_violation(mod: str, imp: str) -> bool:
+    """`mod` reaches above its layer in sim, or into another family than its own."""
+    for low, high in SIM_LAYERS.items():
+        if _under(mod, low) and any(_under(imp, h) for h in high):
+            return True
+    fam, other = mod.split(".")[:3], imp.split(".")[:3]
+    return (_under(mod, "sim.families") and _under(imp, "sim.families") and len(other) == 3
+            and fam != other)
+
+
+def _under(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
 
 
 def _module_name(root, path) -> str:
@@ -72,6 +95,8 @@ def import_violations(root) -> list[str]:
         for imp in _imports(root, path):
             if imp.split(".")[0] in FORBIDDEN.get(top, ()) and imp.split(".")[0] != top:
                 problems.append(f"{mod} imports {imp}")
+            elif top == "sim" and imp in modules and _layer_violation(mod, imp):
+                problems.append(f"{mod} imports {imp}")
             if imp in modules and imp != mod:
                 graph[mod].add(imp)
     # Circles: a module reachable from itself (packages' __init__ count as modules).
@@ -108,10 +133,18 @@ def test_import_rules_catch_planted_violations(tmp_path):
     assert import_violations(tmp_path) == []
     (tmp_path / "policies" / "planted.py").write_text("def f():\n    import torch\n")
     (tmp_path / "sim" / "planted.py").write_text("from tracers import engine\n")
-    (tmp_path / "tracers" / "planted.py").write_text("import sim.cluster\n")
+    (tmp_path / "tracers" / "planted.py").write_text("import sim.engine.cluster\n")
+    (tmp_path / "sim" / "engine" / "planted.py").write_text("from sim.families.a1 import driver\n")
+    (tmp_path / "sim" / "step_time" / "planted.py").write_text("import sim.engine.replica\n")
+    (tmp_path / "sim" / "families" / "a1" / "planted.py").write_text(
+        "def f():\n    from sim.families.seed.driver import tot_results\n")
     (tmp_path / "traces" / "a.py").write_text("from . import b\n")
     (tmp_path / "traces" / "b.py").write_text("def f():\n    from traces import a\n")
     found = import_violations(tmp_path)
     assert "policies.planted imports torch" in found
-    assert "sim.planted imports tracers" in found and "tracers.planted imports sim.cluster" in found
+    assert "sim.planted imports tracers" in found
+    assert "tracers.planted imports sim.engine.cluster" in found
     assert "import circle: traces.a -> traces.b -> traces.a" in found
+    assert "sim.engine.planted imports sim.families.a1.driver" in found
+    assert "sim.step_time.planted imports sim.engine.replica" in found
+    assert "sim.families.a1.planted imports sim.families.seed.driver" in found

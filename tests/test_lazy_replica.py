@@ -1,7 +1,7 @@
-"""The lazy replica (`sim.lazy_replica`) equals the reference `Replica` step for step.
+"""The lazy replica (`sim.engine.lazy_replica`) equals the reference `Replica` step for step.
 
 Both fast-forward runs of decode iterations; the lazy one accounts decoding requests by one clock
-(`sim.decode_cohort`). Same requests table and same steps table, on plain requests under KV
+(`sim.engine.decode_cohort`). Same requests table and same steps table, on plain requests under KV
 pressure, chunked prefill, few sequence slots, prefix caching, and on Dynasor
 programs (the priority scheduler, prefix caching) whose early stops abort requests mid-run.
 """
@@ -16,9 +16,9 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import REPO
 from sim.config import parse_config, read_yaml
-from sim.decode_cohort import DecodeCohort
-from sim.request_state import Req
-from sim.run_length import decode_run_length
+from sim.engine.decode_cohort import DecodeCohort
+from sim.engine.request_state import Req
+from sim.engine.run_length import decode_run_length
 from sim.simulate import simulate
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from sim import step_time
-from sim.live_speed import probe_level, scaled_calibration
-from sim.serving_latency import PREFILL_FEATURES, engine_features
+from sim.step_time import registry as step_time
+from sim.step_time.live_speed import probe_level, scaled_calibration
+from sim.step_time.serving_latency import PREFILL_FEATURES, engine_features
 
 SERVING = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
 LINEAR = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -98,7 +98,7 @@ def test_a_serving_calibration_scales_its_prefill_terms_apart(tmp_path):
 def test_the_probe_is_leveled_against_the_calibrations_own_probe(tmp_path):
     # A grid's reference probe (`trace steps` runs it after its cells), then a live run whose
     # decodes ran 1.2x and prefills 1.5x of it: the levels say so whatever the model predicts.
-    from sim.live_speed import probe_reference
+    from sim.step_time.live_speed import probe_reference
 
     model = _model(SERVING)
     steps = _probe_steps()

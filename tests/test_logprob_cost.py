@@ -14,11 +14,11 @@ import pytest
 import simpy
 
 from conftest import REPO
-from sim.calibration import load_calibration
-from sim.latency import fit
-from sim.logprob_cost import fit_logprob_cost, logprob_ms
-from sim.replica import Replica, ReplicaConfig
-from sim.request_state import Req, Results
+from sim.step_time.calibration import load_calibration
+from sim.step_time.latency import fit
+from sim.step_time.logprob_cost import fit_logprob_cost, logprob_ms
+from sim.engine.replica import Replica, ReplicaConfig
+from sim.engine.request_state import Req, Results
 
 CALIB = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 
@@ -243,7 +243,7 @@ def test_calibrate_separates_the_cost_whichever_run_is_held_out(tmp_path):
     # step, where the term is most of the step. Whichever runs the held-out split takes, the
     # term is fitted, and the step model still prices plain steps (not chasing the small own
     # times left on the scored steps).
-    from sim.calibration import calibrate
+    from sim.step_time.calibration import calibrate
 
     dirs = [_scoring_trace(tmp_path / "plain", False, 1),
             _scoring_trace(tmp_path / "s1", True, 2), _scoring_trace(tmp_path / "s2", True, 3)]

@@ -8,9 +8,9 @@ import pytest
 from conftest import REPO
 from policies.scheduling import make_scheduler
 from programs.base import Outcome, RequestSpec, Sampling
-from sim.cluster import Cluster
+from sim.engine.cluster import Cluster
 from sim.config import parse_config
-from sim.program_driver import ProgramDriver, SimProgram
+from sim.workloads.program_driver import ProgramDriver, SimProgram
 from sim.simulate import simulate
 
 TARGET_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"

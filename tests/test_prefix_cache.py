@@ -8,11 +8,11 @@ from conftest import REPO
 from policies.seed import SeedPolicy, ToTSettings
 from programs.base import Outcome
 from programs.tot import ToTProgram
-from sim.calibration import load_calibration
-from sim.cluster import Device
-from sim.prefix_cache import PrefixCache
-from sim.replica import Replica, ReplicaConfig
-from sim.request_state import Req, Results
+from sim.step_time.calibration import load_calibration
+from sim.engine.cluster import Device
+from sim.engine.prefix_cache import PrefixCache
+from sim.engine.replica import Replica, ReplicaConfig
+from sim.engine.request_state import Req, Results
 
 BS = 16
 

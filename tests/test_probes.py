@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 from policies.certaindex import ProbeConsistency
 from programs.traced import load_trajectories
-from sim.reasoning import budget_outcome, certaindex_outcome
+from sim.families.dynasor.reasoning import budget_outcome, certaindex_outcome
 from traces import check_trace, read_table
 
 pytestmark = pytest.mark.engine

@@ -12,7 +12,7 @@ from live.replay import build_runs as live_runs
 from programs.base import Abort, Outcome, RequestSpec
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.config import parse_config
-from sim.programs import build_runs as sim_runs
+from sim.workloads.programs import build_runs as sim_runs
 from traces import ids
 from traces.store import read_run
 

@@ -17,12 +17,12 @@ from policies.certaindex import Certaindex, ProbeConsistency
 from policies.scheduling import DynasorGang, FinishedLengths, ProgramView, make_scheduler
 from policies.search import majority_vote
 from programs.traced import load_questions, load_trajectories
-from sim.calibration import load_calibration
+from sim.step_time.calibration import load_calibration
 from sim.config import parse_config, read_yaml
-from sim.online import max_sustainable_rate
-from sim.reasoning import certaindex_outcome
-from sim.replica import Replica, ReplicaConfig
-from sim.request_state import Req, Results
+from sim.families.dynasor.online import max_sustainable_rate
+from sim.families.dynasor.reasoning import certaindex_outcome
+from sim.engine.replica import Replica, ReplicaConfig
+from sim.engine.request_state import Req, Results
 from sim.simulate import simulate
 from traces import check_trace, ids
 

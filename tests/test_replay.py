@@ -101,8 +101,8 @@ def test_replay_then_validate(tmp_path, local_calibration):
     unref = json.loads(run_cli("validate", str(tmp_path / "sim-slow2"), str(live), "-o",
                                str(tmp_path / "v4"), "--json").stdout)["speed"]
     assert unref["probe_against"] == "prediction"
-    from sim import step_time
-    from sim.live_speed import probe_level
+    from sim.step_time import registry as step_time
+    from sim.step_time.live_speed import probe_level
 
     model = step_time.from_json(json.loads(local_calibration.read_text())["step_time_model"])
     assert unref["probe"]["level"] == pytest.approx(probe_level(model, live)["level"] / 3,

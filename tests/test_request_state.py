@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.request_state import _BLOCK, SEG_COLUMNS, Results
+from sim.engine.request_state import _BLOCK, SEG_COLUMNS, Results
 
 
 def test_records_read_back_the_same_packed_or_not_and_truncate_in_a_block():

@@ -1,4 +1,5 @@
-"""Seeded sampling's step time: fitted from a grid's greedy twins (`sim.sampling_cost`), charged
+"""Seeded sampling's step time: fitted from a grid's greedy twins (`sim.step_time.sampling_cost`),
+charged
 by the simulator once a step with seeded sequences and per one, on the lazy replica as on the
 reference."""
 
@@ -11,10 +12,10 @@ import pytest
 import simpy
 
 from conftest import REPO
-from sim.calibration import load_calibration
+from sim.step_time.calibration import load_calibration
 from sim.config import parse_config, read_yaml
-from sim.replica import Replica, ReplicaConfig
-from sim.request_state import Req, Results
+from sim.engine.replica import Replica, ReplicaConfig
+from sim.engine.request_state import Req, Results
 from sim.simulate import simulate
 from traces.ids import cell_id, cell_regime
 
@@ -88,7 +89,7 @@ def test_live_steps_take_the_seeded_counts_the_engine_recorded(tmp_path):
     import pandas as pd
     import pyarrow as pa
 
-    from sim.sampling_cost import attach_seeded
+    from sim.step_time.sampling_cost import attach_seeded
     from traces import read_run, write_tables
 
     run = {k: v for k, v in read_run(REPO / "traces" / "data" / "testbed-large-cpu").items()

@@ -13,7 +13,8 @@ from policies.search import (NodeStats, ParetoFrontier, SearchBudget, best_of_n,
                              weighted_vote)
 from programs.traced import load_search
 from sim.config import parse_config
-from sim.search import calibrate, evaluate, fit_frontier, search_outcome, split_questions
+from sim.families.dynasor.search import (calibrate, evaluate, fit_frontier, search_outcome,
+                                         split_questions)
 from sim.simulate import simulate
 from traces import check_trace
 

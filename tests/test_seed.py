@@ -307,7 +307,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
 
 def test_a_calibration_scaled_to_a_live_runs_step_speed(tmp_path):
     """The speed of steps against the calibration fitted on them is ~1; scaled steps follow."""
-    from sim.live_speed import scaled_calibration, step_speed_ratio
+    from sim.step_time.live_speed import scaled_calibration, step_speed_ratio
 
     cal = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
     steps = REPO / "traces" / "data" / "testbed-tot-cpu" / "target"
@@ -326,8 +326,8 @@ def test_step_speed_counts_the_log_probability_term(tmp_path):
     """A step's predicted time includes the log-probability rows it returned, as simulated: a
     calibration fitted on the steps with that term finds them at their own speed (~1), the same
     one without it finds the scoring steps slower, and scaling scales the term too."""
-    from sim.calibration import calibrate
-    from sim.live_speed import scaled_calibration, step_speed_ratio
+    from sim.step_time.calibration import calibrate
+    from sim.step_time.live_speed import scaled_calibration, step_speed_ratio
 
     steps = REPO / "traces" / "data" / "testbed-tot-cpu" / "target"
     cal = calibrate([steps]).to_json()
@@ -370,7 +370,7 @@ def test_speedups_are_judged_against_each_repeats_own_ratio():
     own speedups (each repeat's modes ran minutes apart on a drifting machine); else it fails."""
     import pandas as pd
 
-    from sim.tot_metrics import compare_modes
+    from sim.families.seed.metrics import compare_modes
 
     tot = pd.DataFrame({"program_id": ["p"], "node": [0], "kind": ["eval"], "round": [0],
                         "accepted_tokens": [None]})

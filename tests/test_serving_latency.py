@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from sim.calibration import load_calibration
+from sim.step_time.calibration import load_calibration
 from sim.config import parse_config
-from sim.latency import run_ms
-from sim.serving_latency import (FEATURES, NEW_SHAPE_TOKENS_CAP, ServingModel, engine_features,
-                                  fit_serving)
+from sim.step_time.latency import run_ms
+from sim.step_time.serving_latency import (FEATURES, NEW_SHAPE_TOKENS_CAP, ServingModel,
+                                           engine_features, fit_serving)
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -211,8 +211,8 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     """The after-prefill echo: the engine state hands decode steps 1-3 after a prefill step their
     weight with the prefill's idle and tokens, nothing to prefills or later steps; a calibration
     fitted before the echo reads with its coefficients 0."""
-    from sim.engine_state import EngineState
-    from sim.serving_latency import NO_ECHO
+    from sim.engine.engine_state import EngineState
+    from sim.step_time.serving_latency import NO_ECHO
 
     engine = EngineState()
     assert engine.before_step(0.0, 0, 2)[2] == NO_ECHO  # no prefill yet
@@ -325,7 +325,7 @@ def test_spanning_terms_need_several_shapes_to_be_fitted():
     """Four identical chunks over cached context cannot tell a per-token cost from a
     per-context one (a quick grid's once priced shared-prefix prefills at 4x): both stay 0
     until the spanning steps have MIN_SPAN_SHAPES shapes."""
-    from sim.serving_latency import MIN_SPAN_SHAPES
+    from sim.step_time.serving_latency import MIN_SPAN_SHAPES
 
     rng = np.random.default_rng(2)
     n = 400

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
-from sim.calibration import load_calibration
+from sim.step_time.calibration import load_calibration
 from sim.simulate import simulate
 from sim.config import load_config, parse_config
-from sim.latency import iterations_within, run_ms
+from sim.step_time.latency import iterations_within, run_ms
 from traces import check_trace
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -347,8 +347,8 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
     delays the device's next step; a replica of its own wakes, then adds what arrived by then (as
     the live loop reads the clock once awake) and steps with it, and one that arrived while it
     added them is added before its next step; every step lasts the gap longer."""
-    from sim.cluster import Cluster
-    from sim.request_state import Req
+    from sim.engine.cluster import Cluster
+    from sim.engine.request_state import Req
 
     d = json.loads(CAL.read_text())
     d["host"] = {"add_request_ms": 0.5, "add_next_ms": 0.2, "wake_ms": 0.25, "step_gap_ms": 0.1}
@@ -395,8 +395,8 @@ def test_replicas_sharing_a_device_take_turns_and_batch_what_arrived_meanwhile()
     """Two replicas on one device (the live runner's two engines in one loop): one iteration at
     a time, in turn; what a replica is sent while it waits (or within one instant) joins its
     next iteration whole, composed when its turn comes."""
-    from sim.cluster import Cluster
-    from sim.request_state import Req
+    from sim.engine.cluster import Cluster
+    from sim.engine.request_state import Req
 
     group = {"calibration": str(CAL), "count": 1, "device": "cpu"}
     cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson", "rate_per_s": 1.0},

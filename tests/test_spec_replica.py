@@ -1,4 +1,4 @@
-"""The simulator's in-engine speculative decoding (`sim.spec_decode`): accepted-length draws,
+"""The simulator's in-engine speculative decoding (`sim.engine.spec_decode`): accepted-length draws,
 iterations per request, the fast path against one event per iteration, and the guards that keep
 a speculative calibration and a plain one apart."""
 
@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO, run_cli
 from sim.config import parse_config
 from sim.simulate import simulate
-from sim.spec_decode import from_rates, from_trace
+from sim.engine.spec_decode import from_rates, from_trace
 
 SPEC_CAL = REPO / "sim" / "data" / "testbed-large-spec-k4-cpu.calib.json"
 PLAIN_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -149,7 +149,7 @@ def test_a_tot_trace_gives_program_level_acceptance_to_offline_and_to_replicas()
     """A ToT trace's full chain-draft rounds are verify steps of K with the exact acceptance rule
     (sampled too, which this CPU build's engine gets wrong); tree drafts and rounds cut at a
     thought's end are left out; a trace with no verifications is refused by name."""
-    from sim.speculative import acceptance, spec_rows
+    from sim.engine.speculative import acceptance, spec_rows
     from traces.store import read_table
 
     tot = REPO / "traces" / "data" / "testbed-tot-sampled-cpu"

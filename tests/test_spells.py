@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from conftest import REPO
-from sim import step_time
+from sim.step_time import registry as step_time
 from sim.config import parse_config
-from sim.live_speed import live_over_predicted
-from sim.serving_latency import speed_levels
+from sim.step_time.live_speed import live_over_predicted
+from sim.step_time.serving_latency import speed_levels
 from sim.simulate import simulate
-from sim.spells import SPELL_S, Spells
+from sim.step_time.spells import SPELL_S, Spells
 
 CAL = REPO / "sim" / "data" / "testbed-large-a1-cpu.calib.json"
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from sim import step_time
-from sim.calibration import load_calibration
+from sim.step_time import registry as step_time
+from sim.step_time.calibration import load_calibration
 from sim.config import parse_config
-from sim.latency import LatencyModel
+from sim.step_time.latency import LatencyModel
 from sim.simulate import simulate
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -148,7 +148,7 @@ def _steps_trace(path, max_num_seqs: int, warmup: bool = False):
 
 
 def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
-    from sim.calibration import calibrate
+    from sim.step_time.calibration import calibrate
 
     a = _steps_trace(tmp_path / "a", 64)
     assert calibrate([a]).max_num_seqs == 64

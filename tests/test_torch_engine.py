@@ -144,7 +144,7 @@ def test_layer_skipping_recomputes_the_skipped_kv_exactly():
 
 def test_torch_step_grid_traces_calibrate_and_time_every_layer(tmp_path):
     from conftest import run_cli
-    from sim.calibration import load_calibration
+    from sim.step_time.calibration import load_calibration
     from traces import check_trace, read_run, read_table
 
     out = tmp_path / "grid"

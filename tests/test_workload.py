@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from sim.workload import Workload, workload_from_config
+from sim.workloads.requests import Workload, workload_from_config
 
 BASE = {"arrival": {"kind": "poisson", "rate_per_s": 4.0}, "num_requests": 100,
         "prompt_tokens": 512, "output_tokens": 128}
@@ -190,7 +190,7 @@ def test_workload_rejects_invalid_columns():
 
 
 def test_module_imports_no_engine_or_simpy():
-    code = ("import sys, sim.workload; "
+    code = ("import sys, sim.workloads.requests; "
             "bad = [m for m in ('torch', 'vllm', 'simpy') if m in sys.modules]; "
             "sys.exit(','.join(bad) or 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

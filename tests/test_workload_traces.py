@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
-from sim.workload import workload_from_config, workload_to_vidur_csv
-from sim.workload_traces import mooncake_prefixes
+from sim.workloads.requests import workload_from_config, workload_to_vidur_csv
+from sim.workloads.traces import mooncake_prefixes
 
 SYNTHETIC = {"arrival": {"kind": "poisson", "rate_per_s": 4.0}, "num_requests": 50,
              "prompt_tokens": {"kind": "uniform", "low": 1, "high": 900}, "output_tokens": 128}

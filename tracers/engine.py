@@ -232,9 +232,10 @@ class Engine:
             if samples and sp is not None and sp.seed is not None and sp.temperature > 0:
                 seeded += 1
         # Log-probability positions cost host time on the output path (whole distributions
-        # most): the step_logprobs table, fitted by `sim.logprob_cost`.
+        # most): the step_logprobs table, fitted by `sim.step_time.logprob_cost`.
         self.last_logprobs = (lp_tokens, lp_top_k)
-        # Seeded sampling costs a draw per such sequence (`sim.sampling_cost`): step_seeded.
+        # Seeded sampling costs a draw per such sequence (`sim.step_time.sampling_cost`):
+        # step_seeded.
         self.last_seeded = seeded
         # What the prefill chunks' attention spans (cached prefix and earlier chunks included):
         # the step_prefill table.

@@ -3,7 +3,7 @@
 For each held-out question every method's program (`programs.search.SearchProgram`) runs on the
 engine through the live runner and every request it sends is recorded as a node of the
 `branches` table (parent, depth, round, tokens, answer, path-likelihood reward, seed), so any
-stop policy can later be replayed counterfactually in the simulator (`sim.search`).
+stop policy can later be replayed counterfactually in the simulator (`sim.families.dynasor.search`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A shared machine's speed drifts by ±10% within minutes (`benchmarks/speed_spell
 calibration traffic of one fidelity run decoded at 1.06-1.12x of its fit, live runs minutes later
 at 0.80-0.98x. The probe measures that level without looking at the run itself: the same
 decode batches every time, on the run's own warmed engine, recorded in the `speed_probe` table.
-`sim.live_speed.probe_level` prices its steps with a calibration; their median ratio is the
+`sim.step_time.live_speed.probe_level` prices its steps with a calibration; their median ratio is
+the
 machine's speed of the moment, against which a simulation can be leveled and the rest of the
 model judged.
 

@@ -26,7 +26,7 @@ POOL_RESTARTS = 3  # a worker killed this many times over means something kills 
 
 def compute_point(point_id: str, seed: int, config: dict, base_dir: str, out_dir: str) -> str:
     """Simulate one point and write its row; returns the point's file name."""
-    from sim.calibration import fingerprint, load_calibration
+    from sim.step_time.calibration import fingerprint, load_calibration
     from sim.config import parse_config
     from sim.simulate import simulate
     from sim.sweep.spec import file_digest

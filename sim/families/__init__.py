@@ -1,0 +1,1 @@
+"""The method families' simulator parts: Dynasor, A1, SEED, HELIOS."""

@@ -1,0 +1,1 @@
+"""A1: the simulator's oracle, metrics, offline analysis and report."""

@@ -1,0 +1,79 @@
+"""A1 programs in the simulator: their requests answered from a conformity trace's path trees.
+
+The program (`programs.a1.A1Program`) decides; this oracle tells the driver how long each
+request is (draft step, target step, or a one-token scoring prefill) and what it returned (the
+step's answer and end, or the score), from the traced node the request belongs to. Draft
+requests go to the `draft` pool, scoring and target steps to the `target` pool.
+"""
+
+from __future__ import annotations
+
+from programs.a1 import A1Program, a1_program_seed
+from programs.a1_traced import A1Bank
+from programs.base import Outcome, RequestSpec
+from sim.workloads.program_driver import SimProgram
+
+
+class TracedA1:
+    """Outcomes of A1 requests from the traced node of the same sample and decision string."""
+
+    def _node(self, run: SimProgram, spec: RequestSpec) -> dict:
+        sample, path = run.program.node_of(spec)
+        node = run.question.nodes.get((sample, path))
+        if node is None or (spec.kind != "target" and node["draft_tokens"] is None):
+            raise ValueError(f"{run.question.question_id}: the conformity trace has no "
+                             f"{spec.kind} step for sample {sample} after decisions "
+                             f"{path or '(none)'}: this policy leaves the traced tree (trace "
+                             "its alpha, coverage and calibration with reasonsim trace "
+                             "conformity)")
+        return node
+
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: the sample's path, tokens
+        the request generates: the traced step, or 1 for a scoring prefill)."""
+        output = 1 if spec.kind == "score" else int(self._node(run, spec)[f"{spec.kind}_tokens"])
+        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        node = self._node(run, spec)
+        if spec.kind == "score":
+            return Outcome(0, score=float(node["score"]))
+        return Outcome(tokens, aborted=aborted, ended=bool(node[f"{spec.kind}_ended"]),
+                       answer=node[f"{spec.kind}_answer"])
+
+
+def build_a1_runs(wl, bank: A1Bank, plans) -> tuple[list[SimProgram], int, TracedA1]:
+    """A1 program objects of planned programs, a bound on their requests, and their oracle."""
+    by_id = {q.question_id: q for q in bank.questions}
+    policy = bank.calibrate(wl.policy)
+    settings = bank.settings_for(policy)
+    runs = [SimProgram(p, A1Program(p.question_id, (policy.step,), settings,
+                                    by_id[p.question_id].prompt_tokens,
+                                    a1_program_seed(bank.seed, p.question_id)),
+                       by_id[p.question_id]) for p in plans]
+    # three requests a turn per path at most
+    capacity = sum(3 * settings.turns * settings.samples for _ in runs)
+    return runs, capacity, TracedA1()
+
+
+def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
+    """The conformity table of the simulated programs and their A1 summary."""
+    import pandas as pd
+
+    from sim.families.a1.metrics import a1_summary
+
+    rows = [row for r in runs for row in r.program.node_rows(
+        r.plan.program_id, r.question.gold_answer, difficulty=r.question.difficulty)]
+    n = len(driver.owner)
+    res = cluster.res
+    program_id = {r.idx: r.plan.program_id for r in runs}
+    log = pd.DataFrame({"program_id": [program_id[i] for i in driver.owner.program],
+                        "sample": list(driver.owner.path),
+                        "arrival_s": res.arrival_s[:n], "scheduled_s": res.scheduled_s[:n],
+                        "finish_s": res.finish_s[:n]})
+    busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
+            for pool, members in cluster.pools.items()}
+    summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {"conformity": {k: [row.get(k) for row in rows] for k in keys}}, summary

@@ -1,0 +1,1 @@
+"""Dynasor: counterfactual early stopping on probes and search traces, online sweeps."""

@@ -1,0 +1,138 @@
+"""What-if early-exit profiles for real model shapes that have no trained exits or traces here.
+
+Everything that is not the model's shape is stated in the config and labelled what-if: the exit
+distribution per phase of the prompt stream (share of tokens whose first confident exit is each
+exit layer), the prompt stream itself, and the device (memory bandwidth, peak compute, weight
+load bandwidth). Shapes come from the model's `config.json` (OPT and Llama families): weight
+bytes per decoder layer and KV bytes per token per layer.
+
+Step time is a roofline sum per loaded layer (`sim.step_time.layered.LayeredModel` coefficients):
+reading
+the layer's weights once per step (memory-bound decode: the cost a larger batch amortises), its
+matmul FLOPs per token computed, and reading each sequence's KV for the layer. Summing the terms
+instead of taking their max errs slow; it is a what-if, not a measurement.
+
+Tokens are drawn per prompt from the phase's exit distribution (seeded); a token's max
+probability is `CONFIDENT` at its first confident exit and every later exit, `UNSURE` at earlier
+exits, 0 where a layer has no exit. The token stream does not depend on the loaded depth (a
+what-if cannot know how a shallower model's tokens would differ).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.families.helios.serving import ModelProfile
+from sim.step_time.layered import LayeredModel
+
+CONFIDENT, UNSURE = 0.95, 0.3
+
+
+@dataclass(frozen=True)
+class Device:
+    """A what-if accelerator (datasheet figures, not measured)."""
+
+    memory_bw_gb_s: float
+    peak_tflops: float
+    load_gb_s: float
+    """host-to-device bandwidth for loading layer weights"""
+    step_overhead_ms: float = 0.0
+    """per-step time outside the layers (scheduling, embedding, head)"""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of the prompt stream with one task mix."""
+
+    prompts: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int, int, int, int]:
+    """(layers, weight bytes per layer, matmul parameters per layer, KV bytes per token-layer,
+    embedding and head bytes)."""
+    cfg = json.loads(Path(config_path).read_text())
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or h // heads)
+    ffn = int(cfg.get("ffn_dim") or cfg.get("intermediate_size") or 4 * h)
+    mlp_mats = 3 if cfg.get("model_type") in ("llama", "qwen2", "mistral") else 2
+    attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q, o; k, v
+    params = attn + mlp_mats * h * ffn
+    tied = cfg.get("tie_word_embeddings", cfg.get("model_type") == "opt")
+    embed = int(cfg["vocab_size"]) * h * dtype_bytes * (1 if tied else 2)
+    return (int(cfg["num_hidden_layers"]), params * dtype_bytes, params,
+            2 * kv_heads * head_dim * dtype_bytes, embed)
+
+
+def roofline(device: Device, weight_bytes: int, params: int, kv_bytes: int,
+             layers: int) -> LayeredModel:
+    """Per-layer step time from the device's bandwidth and compute (what-if)."""
+    bw = device.memory_bw_gb_s * 1e9 / 1e3   # bytes per ms
+    flops = device.peak_tflops * 1e12 / 1e3  # FLOP per ms
+    per_token = 2 * params / flops
+    layer = (weight_bytes / bw, per_token, per_token, kv_bytes / bw, 0.0)
+    return LayeredModel((device.step_overhead_ms, 0.0, 0.0, 0.0, 0.0), layer, layers)
+
+
+class SyntheticStreams:
+    """`streams[depth][prompt]` -> per token, max probability at exits 1..depth (on demand)."""
+
+    def __init__(self, first_exit: list[np.ndarray], exit_layers: list[int], layers: int):
+        self.first_exit = first_exit  # per prompt: each token's first confident exit layer
+        self.has_exit = np.zeros(layers + 1, dtype=bool)
+        self.has_exit[exit_layers] = True
+
+    def __getitem__(self, depth: int) -> "_Depth":
+        return _Depth(self, depth)
+
+
+class _Depth:
+    def __init__(self, streams: SyntheticStreams, depth: int):
+        self.s, self.depth = streams, depth
+
+    def __getitem__(self, prompt: int) -> list[list[float]]:
+        layer = np.arange(1, self.depth + 1)
+        has = self.s.has_exit[1:self.depth + 1]
+        out = []
+        for first in self.s.first_exit[prompt]:
+            p = np.where(has, np.where(layer >= first, CONFIDENT, UNSURE), 0.0)
+            out.append(p.tolist())
+        return out
+
+
+def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
+                    exit_shares: list[list[float]], phases: list[Phase], device: Device,
+                    seed: int) -> ModelProfile:
+    """A model profile from its shape and stated what-if inputs; errors name the input."""
+    layers, weight_bytes, params, kv_bytes, embed_bytes = layer_shape(config_path)
+    if sorted(set(exit_layers)) != list(exit_layers) or not exit_layers or \
+            exit_layers[0] < 1 or exit_layers[-1] != layers:
+        raise ValueError(f"exit_layers {exit_layers}: increasing, from 1 up to the last layer "
+                         f"({layers})")
+    if len(exit_shares) != len(phases):
+        raise ValueError(f"exit_shares: one distribution per phase ({len(phases)}), got "
+                         f"{len(exit_shares)}")
+    rng = np.random.default_rng(seed)
+    first_exit, prompt_tokens = [], []
+    for k, (phase, shares) in enumerate(zip(phases, exit_shares)):
+        if len(shares) != len(exit_layers) or min(shares) < 0 or abs(sum(shares) - 1) > 1e-6:
+            raise ValueError(f"exit_shares[{k}]: {len(exit_layers)} non-negative shares "
+                             "summing to 1 (one per exit layer)")
+        for _ in range(phase.prompts):
+            first_exit.append(rng.choice(exit_layers, size=phase.output_tokens, p=shares))
+            prompt_tokens.append(phase.prompt_tokens)
+    return ModelProfile(
+        name=name, model_dir=str(config_path), layers=layers, prompt_tokens=prompt_tokens,
+        streams=SyntheticStreams(first_exit, exit_layers, layers),  # type: ignore[arg-type]
+        step=roofline(device, weight_bytes, params, kv_bytes, layers),
+        weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes,
+        load_ms_per_layer=weight_bytes / (device.load_gb_s * 1e9) * 1e3,
+        device="what-if", workload={"max_tokens": max(p.output_tokens for p in phases)},
+        resident_bytes=embed_bytes)

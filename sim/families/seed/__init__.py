@@ -1,0 +1,1 @@
+"""SEED (ToT with speculative drafts): the simulator's oracle, metrics and mode report."""

@@ -1,0 +1,102 @@
+"""ToT programs in the simulator: their requests answered from a tot trace, by identity.
+
+The program (`programs.tot.ToTProgram`) decides (what goes when, acceptance's consequences, the
+tree); this oracle tells the driver how long each request is and what it returned, from the
+traced request of the same (thought, kind, round) in the tree of the program's mode. Drafts go
+to the `draft` pool; verifications (a prefill of the drafted tokens over the cached context, one
+token generated), the target's own thoughts and value prompts to the `target` pool. What each
+prompt finds in a replica's prefix cache follows from its content (the program's chain of text
+pieces), as on the live engine: identical sibling thoughts share blocks, and a verification
+whose drafted tail is already cached runs uncached, as the live engine re-runs it. A
+multi-candidate round's draft tree is the one traced: a candidate was drafted further where
+the trace holds the request that did it.
+"""
+
+from __future__ import annotations
+
+from programs.base import Outcome, RequestSpec
+from programs.tot import ToTProgram, tot_program_seed
+from programs.tot_traced import ToTBank
+from sim.workloads.program_driver import SimProgram
+from traces import ids
+
+
+class TracedToT:
+    """Outcomes of ToT requests from the traced request of the same identity."""
+
+    def _row(self, run: SimProgram, spec: RequestSpec) -> dict:
+        key = run.program.key_of(spec)
+        tree = run.question.requests.get(run.program.policy.tree, {})
+        row = tree.get(key)
+        if row is None:
+            raise ValueError(f"{run.question.question_id}: the tot trace has no {key[1]} "
+                             f"request of thought {key[0]} round {key[2]} in its "
+                             f"{run.program.policy.tree} tree (a bug, or a trace from another "
+                             "program version: re-trace with reasonsim trace tot)")
+        return row
+
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens: all of it, prefix-cache key: one per
+        program, tokens the engine generates: the drafted or written thought tokens, else one);
+        the spec's content chain says which blocks other prompts share."""
+        output = 1
+        if spec.kind == "ar" or spec.kind.startswith("draft"):
+            output = int(self._row(run, spec)["output_tokens"])
+        return spec.prompt_tokens, spec.prompt_tokens, 0, output
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        r = self._row(run, spec)
+        if spec.kind == "eval":
+            return Outcome(tokens, score=float(r["value"]), answer=r["answer"])
+        kids = run.program.branch_children(spec)
+        if kids is not None:  # which candidates were drafted further: the requests traced
+            node, _, rnd = run.program.key_of(spec)
+            tree = run.question.requests[run.program.policy.tree]
+            return Outcome(int(r["output_tokens"]), text=r["text"],
+                           step=tuple((node, k, rnd) in tree for k in kids))
+        step = None
+        if spec.kind == "verify":
+            step = (int(r["accepted_tokens"]), int(r["drafted_tokens"]),
+                    tuple(r["accepted_positions"]))
+        return Outcome(int(r["output_tokens"]), ended=bool(r["ended"]), eos=bool(r["eos"]),
+                       text=r["text"], step=step)
+
+
+def build_tot_runs(wl, bank: ToTBank, plans) -> tuple[list[SimProgram], int, TracedToT]:
+    """ToT program objects of planned programs, their request count, and their oracle."""
+    bank.check(wl.policy)
+    by_id = {q.question_id: q for q in bank.questions}
+    runs = [SimProgram(p, ToTProgram(p.question_id, wl.policy, by_id[p.question_id].prompt_tokens,
+                                     tot_program_seed(bank.seed, p.question_id),
+                                     bank.probe_tokens, vocab=bank.vocab), by_id[p.question_id])
+            for p in plans]
+    capacity = sum(len(r.question.requests[wl.policy.tree]) for r in runs)
+    return runs, capacity, TracedToT()
+
+
+def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
+    """The tot_requests table of the simulated programs and their ToT summary."""
+    import pandas as pd
+
+    from sim.families.seed.metrics import tot_summary
+
+    res = cluster.res
+    at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
+    rows = []
+    for run in runs:
+        q, prog = run.question, run.program
+        for r in prog.rows:
+            i = at[(run.idx, r["request_index"])]
+            rows.append({**{k: v for k, v in r.items() if k != "request_index"},
+                         "program_id": run.plan.program_id, "question_id": q.question_id,
+                         "difficulty": q.difficulty, "gold_answer": q.gold_answer,
+                         "mode": prog.policy.mode, "request_id": ids.search_request_id(
+                             run.plan.program_id, r["request_index"]),
+                         "sent_s": float(res.arrival_s[i]),
+                         "finish_s": float(res.finish_s[i]),
+                         "rescored": bool(res.rescored[i])})
+    busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
+            for pool, members in cluster.pools.items()}
+    summary = tot_summary(pd.DataFrame(rows), busy, makespan_s)
+    return {"tot_requests": {k: [r[k] for r in rows] for k in rows[0]}}, summary

@@ -1,0 +1,1 @@
+"""Compiled fast paths (numba), each equal to the SimPy engine it mirrors."""

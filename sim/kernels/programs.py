@@ -1,0 +1,311 @@
+"""A program workload's replicas compiled (`sim.kernels.program_kernel`) under the Python driver.
+
+`CompiledCluster` stands where `sim.engine.cluster.Cluster` stands for `sim.workloads.programs`: the
+same
+routers, the same `send` / `cancel` and `env.now` the driver uses, the same result buffers,
+and an arrival process written as for SimPy (it yields the seconds to wait). The replicas'
+decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
+table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects
+the live runner drives. `sim.kernels.plain.why_not_compiled_programs` says what keeps a workload
+under SimPy; numba loads only once a run takes this path.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+
+from sim.kernels import prefix as P
+from sim.kernels import program_kernel as K
+from sim.kernels import program_state as S
+from sim.engine.cluster import Cluster, gc_paused, run_summary
+from sim.engine.request_state import Results, Sent
+
+CALLS = 64
+"""kernel calls between two checks of the arrays' room"""
+_PACK = struct.Struct(f"<{K.SENT - 2}q2d")
+"""a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
+_PACKED = _PACK.size
+
+
+class KernelEnv:
+    """The simulated clock the driver reads (`env.now`); a timeout is the delay itself."""
+
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = 0.0
+
+    @staticmethod
+    def timeout(delay: float) -> float:
+        """What the arrival process yields to wait `delay` seconds."""
+        return delay
+
+
+class KernelReplica:
+    """One compiled replica, as the tables and summaries read it."""
+
+    __slots__ = ("cluster", "id")
+
+    def __init__(self, cluster: "CompiledCluster", replica_id: int):
+        self.cluster, self.id = cluster, replica_id
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the replica was computing."""
+        return float(self.cluster.st.rf[self.id, S.BUSY_S])
+
+
+class CompiledCluster(Cluster):
+    """The replicas of a config in the program kernel, with the routers of `Cluster`."""
+
+    def __init__(self, cfg, capacity: int, specs: list, on_done=None):
+        # not Cluster.__init__: no SimPy environment or replicas, only its routing
+        self.wall0 = time.perf_counter()
+        self.specs = specs
+        self.env = KernelEnv()
+        self.res = Results(0)  # no columns of `capacity` to fill: the kernel's replace them
+        for name in ("scheduled_s", "first_token_s", "finish_s", "cached_tokens", "output_tokens",
+                     "aborted", "preemptions", "arrival_s", "prompt_tokens", "priority",
+                     "replica_id"):  # set at the end
+            setattr(self.res, name, None)
+        self._routing(cfg, specs)
+        self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
+        self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
+        self.st = _state(specs, capacity, not cfg.write_steps)
+        self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
+        self._requests = self.st.rt.shape[1]    # result columns' length
+        self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
+        # the most blocks one call can cache: a step's (its budget's full blocks, one more per
+        # entry) and one finished request's (an output that continues its prompt, `finish`)
+        self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 2 * rc.max_num_seqs + 2
+                             + min(cal.max_model_len or 1 << 40, rc.kv_blocks * rc.block_size)
+                             // rc.block_size + 1
+                             for cal, rc in specs)
+        self._calls = 0  # kernel calls (sends count) left before room is checked again
+        # Sends wait in `pend` for the next kernel call, which submits them first: one call
+        # where each was one (a kernel call's dispatch costs more than a submit's work).
+        self._npend = 0
+        self._pend = np.zeros(64 * _PACKED, dtype=np.uint8)
+        self._pend_room = 64  # sends it holds
+        self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
+        self._st = self.st.packed()  # packed again whenever an array is replaced
+        self.loop_s = 0.0
+
+    # ------------------------------------------------------------------ the driver's calls
+    def send(self, j: int, sent: Sent, chain: tuple | None = None) -> int:
+        """`Cluster.send`: the request arrives at replica j; its slot is the handle, valid until
+        the request's callback (the driver never cancels a request it was told is done)."""
+        if chain is not None:  # the kernel's block identities are a group's prefix only
+            raise ValueError(f"request {sent.idx} names its prompt as a prefix chain, which the "
+                             "program kernel does not cover (why_not_compiled_programs let a "
+                             "program kind through that it should not have)")
+        if not self._free:
+            self._grow_slots()
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
+        idx = sent[0]
+        if idx >= self._requests:
+            self._grow_results(idx)
+        s = self._free.pop()
+        self._idx[s] = idx
+        n = self._npend
+        if n == self._pend_room:
+            self._grow_pend()
+        _PACK.pack_into(self._pend, n * _PACKED, j, s, *sent)
+        self._npend = n + 1
+        return s
+
+    def cancel(self, j: int, s: int) -> None:
+        """`Cluster.cancel` of the request in slot `s` on replica j (a no-op once it ended)."""
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
+        generated = K.abort_st(self._st, self._npend, j, s)
+        self._npend = 0
+        if generated >= 0:
+            self._retired(j, s, generated, True)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, process) -> None:
+        """Run the arrival process and every event it leads to."""
+        loop0 = time.perf_counter()
+        st, env, finish, advance = self.st, self.env, K.finish_st, K.advance_st
+        retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
+        with gc_paused():
+            self._resume(process)
+            pending = -1  # a replica whose step end waits for its callbacks to finish
+            while True:
+                code, j, n, env.now, s, out = advance(self._st, self._npend, self.node_room,
+                                                      pending)
+                self._npend = 0
+                pending = -1
+                if code == retired:
+                    rest = st.done[1:n].tolist() if n > 1 else ()
+                    # the callback of each, then its slot is free (`_retired`, inlined)
+                    self.on_done(self._idx[s], out >> 1, out & 1 == 1)
+                    self._free.append(s)
+                    for s in rest:
+                        out = finish(self._st, self._npend, j, s)
+                        self._npend = 0
+                        self.on_done(self._idx[s], out >> 1, out & 1 == 1)
+                        self._free.append(s)
+                    self._calls -= 1
+                    if self._calls <= 0:
+                        self._room()
+                    pending = j
+                elif code == arrival:
+                    self._resume(process)
+                elif code == room:
+                    self._room()
+                else:
+                    break
+        self.loop_s = time.perf_counter() - loop0
+        self._results()
+
+    def _resume(self, process) -> None:
+        try:
+            gap = next(process)
+        except StopIteration:
+            return
+        self._calls -= 1
+        if self._calls <= 0:
+            self._room()
+        K.arrival_st(self._st, self._npend, gap)
+        self._npend = 0
+
+    def _grow_pend(self) -> None:
+        pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
+        pend[:self._pend.shape[0]] = self._pend
+        self._pend = pend
+        self._pend_room *= 2
+        self.st.pend_i, self.st.pend_f = pend.view(np.int64), pend.view(np.float64)
+        self._st = self.st.packed()
+
+    def _retired(self, j: int, s: int, generated: int, aborted) -> None:
+        """Hand a finished (or aborted) request to the caller, then free its slot."""
+        self.on_done(self._idx[s], generated, aborted == 1)
+        self._free.append(s)
+
+    # ------------------------------------------------------------------ room
+    def _room(self) -> None:
+        """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
+        event and `node_room` cached blocks)."""
+        st = self.st
+        self._calls = CALLS
+        grown = False
+        if st.ctr[S.SEG_N] + CALLS + 2 > st.seg.shape[0]:
+            st.seg = _doubled(st.seg)
+            grown = True
+        if st.ctr[S.HEAP_N] + CALLS + 4 > st.h.shape[0]:
+            st.h = _doubled(st.h)
+            grown = True
+        if st.free[1] + (CALLS + 1) * self.node_room > st.pc.shape[0]:
+            st.pc, st.tab = P.grow_cache(st.pc, st.free)
+            grown = True
+        if grown:
+            self._st = st.packed()
+            self._room()  # doubled once may not be enough
+
+    def _grow_results(self, idx: int) -> None:
+        st = self.st
+        n = st.rt.shape[1]
+        while n <= idx:
+            n *= 2
+        # empty: the kernel sets a request's float columns when it is sent, and fresh memory
+        # costs its first touch (a million programs' columns are gigabytes)
+        rt, ri = np.empty((S.RT_ROWS, n)), np.zeros((S.RI_ROWS, n), dtype=np.int32)
+        rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
+        st.rt, st.ri = rt, ri
+        self._requests = n
+        self._st = st.packed()
+
+    def _grow_slots(self) -> None:
+        st = self.st
+        n = st.rq.shape[0]
+        st.rq, st.rqf = _doubled(st.rq), _doubled(st.rqf)
+        self._idx += [0] * n
+        self._free.extend(range(2 * n - 1, n - 1, -1))
+        self._st = st.packed()
+
+    def _results(self) -> None:
+        st, res = self.st, self.res
+        n = int(st.rp[:, S.ARRIVALS].sum())  # the requests sent, idx 0..n-1 (beyond: unset)
+        rt, ri = st.rt[:, :n], st.ri[:, :n]
+        res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = rt
+        res.prompt_tokens, res.priority, res.replica_id = \
+            ri[S.PROMPT_R], ri[S.PRIORITY_R], ri[S.REPLICA_R]
+        res.output_tokens, res.cached_tokens = ri[S.OUT_TOKENS], ri[S.CACHED]
+        res.aborted, res.preemptions = ri[S.ABORTED_R].astype(bool), ri[S.PREEMPTS]
+        if st.ctr[S.FOLD]:
+            k, rows = st.rf[:, S.RUNS_K].copy(), st.seg[:len(st.rf)]
+            kv = st.rf[:, S.RUNS_KV].copy()
+            ran = rows[:, 2] > 0
+            k[ran] += rows[ran, 2]
+            kv[ran] += rows[ran, 12] / rows[ran, 13] * rows[ran, 2]
+            res.load_totals(k, kv)
+        else:
+            res.load_segments(st.seg[:st.ctr[S.SEG_N]])
+        res.events = int(st.ctr[S.EVENTS])
+
+    def summary(self, events: int, makespan_s: float) -> dict:
+        """Run-level figures every simulation reports."""
+        return run_summary(self.res, self.st.rf[:, S.BUSY_S].copy(), self.wall0, self.loop_s,
+                           events, makespan_s)
+
+    def close(self) -> None:
+        """Drop the callback (the run's cycle through the caller's state)."""
+        self.on_done = None
+
+
+def _doubled(a: np.ndarray) -> np.ndarray:
+    out = np.empty((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    out[:a.shape[0]] = a
+    return out
+
+
+def _state(specs: list, capacity: int, fold: bool) -> S.State:
+    """The kernel's arrays for replicas `specs` and `capacity` requests (`fold`: a step row per
+    replica, `program_state.FOLD`)."""
+    nrep = len(specs)
+    st = S.State()
+    slots = 64 * nrep
+    st.rq = np.zeros((slots, S.RQ_COLS), dtype=np.int64)
+    st.rqf = np.zeros((slots, S.RQF_COLS))
+    st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
+    st.rf = np.zeros((nrep, S.RF_COLS))
+    for j, (cal, rc) in enumerate(specs):
+        st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
+            rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
+            rc.kv_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
+        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
+        st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
+        st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
+            cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
+        st.rf[j, [S.LP_STEP, S.SEED_STEP, S.SEED_SEQ]] = (
+            cal.logprob_step_ms, cal.seeded_step_ms, cal.seeded_seq_ms)
+    st.rp[:, [S.WHEAD, S.WTAIL]] = -1
+    max_seqs = max(rc.max_num_seqs for _, rc in specs)
+    st.running = np.zeros((nrep, max_seqs), dtype=np.int64)
+    # a step's entries: the running requests, those admitted, victims scheduled before
+    st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
+    # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
+    # start smaller and grow by doubling
+    requests = min(capacity, 1 << 20)
+    st.rt = np.empty((S.RT_ROWS, requests))  # set as each request is sent
+    st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
+    st.h = np.empty((4 * nrep + 64, 6))
+    st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
+    if fold:  # room for CALLS more rows is checked before each CALLS calls: never short
+        st.seg = np.zeros((nrep + CALLS + 4, 15))
+        st.ctr[S.SEG_N], st.ctr[S.FOLD] = nrep, 1
+    else:
+        st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
+    st.clock = np.zeros(1)
+    st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
+    st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)
+    return st
+

@@ -1,0 +1,132 @@
+"""Host time of an in-process engine loop: what passes between a request's arrival and the step
+that first schedules it, outside every step's own duration.
+
+Measured on live replays of this VM's vLLM CPU engine (`reasonsim fidelity --quick`, 2026-11-25;
+`python benchmarks/host_time.py` reprints it from any replays):
+- each request added between two steps delays the next step: the gap between two steps is
+  0.02 ms with nothing added and 0.32-0.53 ms (median 0.40) with one request added (input
+  processing), so ~0.37 ms per request;
+- a request arriving at an idle engine waits 0.69-0.89 ms (median 0.78) for its step to start:
+  the add above plus the loop waking from its sleep (~0.4 ms on this VM).
+On a 12 ms TTFT those are 3-7%. Both are fitted from the live runs a calibration is given
+(`fit_host_ms`) and charged by the replica at the next step it plans (`sim.engine.replica`).
+
+Two refinements (live replays of `reasonsim fidelity`, 2026-11-27, three full runs, 189,000
+gaps: `python benchmarks/host_time.py RUN/*/live1`):
+- the gap with nothing added (median 0.025 ms, 1.2% of a 2 ms decode step) passes between
+  every two steps; it is charged with each step (`step_gap_ms`, folded into the step-time
+  model's constant by `with_step_gap`), else every simulated TPOT comes out ~1% short;
+- further requests added in the same gap cost less than the first: medians 0.39 / 0.60 / 0.66
+  ms for 1 / 2 / 3 added (0.37 / 0.47-0.49 / 0.55 in the bursty workload), so the first is
+  charged `add_request_ms` and each further one `add_next_ms`; charging every one the first's
+  made a burst's TTFT some 5% long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.store import read_table
+
+GAP_CAP_MS = 5.0
+"""gaps between steps longer than this are waits for work, not host time"""
+WAKE_MIN_IDLE_MS = 1.0
+"""an arrival this long after the last step, with nothing unfinished, found the loop asleep
+(a program's next request submitted right after a step is not a wake)"""
+
+
+def _engines(run: Path) -> list[Path]:
+    return [run] if (run / "steps").is_dir() else \
+        [d for d in sorted(run.iterdir()) if (d / "steps").is_dir()]
+
+
+def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
+    """The loop's host times from live runs of in-process engines: each run directory is an
+    engine trace or holds one per engine (stepped from one loop). 0 where not measurable."""
+    bases, firsts, nexts, waits = [], [], [], []
+    for run in map(Path, run_dirs):
+        engines = _engines(run)
+        steps = pd.concat([read_table(d, "steps").to_pandas() for d in engines])
+        reqs = pd.concat([read_table(d, "requests").to_pandas() for d in engines])
+        if len(steps) < 2 or reqs.empty:
+            continue
+        start, end, gap_ms, added = step_gaps(steps, reqs)
+        short = (gap_ms < GAP_CAP_MS) & (gap_ms >= 0)
+        idle = gap_ms[short & (added == 0)]
+        base = float(np.median(idle)) if len(idle) else 0.0
+        bases.append(idle)
+        firsts.append(gap_ms[short & (added == 1)] - base)
+        more = short & (added > 1)
+        nexts.append((gap_ms[more] - base, added[more] - 1))
+        waits.append(idle_waits_ms(reqs, start, end))
+    first_ms = _median(firsts)
+    extra = [(g - first_ms) / n for g, n in nexts]
+    next_ms = _median(extra) if sum(map(len, extra)) else None
+    w = np.concatenate(waits) if waits else np.zeros(0)
+    wake_ms = max(float(np.median(w)) - first_ms, 0.0) if len(w) else 0.0
+    return HostTimes(first_ms, next_ms, wake_ms, _median(bases))
+
+
+@dataclass(frozen=True)
+class HostTimes:
+    """What an engine loop spends outside its steps (`fit_host_ms`)."""
+
+    add_request_ms: float
+    """the first request added between two steps"""
+    add_next_ms: float | None
+    """each further one added in the same gap (None: not measured, as the first)"""
+    wake_ms: float
+    """an idle loop waking for an arrival, before the add"""
+    step_gap_ms: float
+    """between every two steps"""
+
+
+def with_step_gap(model, gap_ms: float):
+    """The step-time model with `gap_ms` added to every step (its constant term): a simulated
+    step lasts from one step's start to the next's when nothing is added."""
+    if not gap_ms:
+        return model
+    if not hasattr(model, "coef_ms"):
+        raise ValueError(f"a step gap needs a model with a constant term, not {model.kind!r}")
+    c = model.coef_ms
+    return replace(model, coef_ms=(c[0] + gap_ms, *c[1:]))
+
+
+def step_gaps(steps: pd.DataFrame, reqs: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """(start_s, end_s) of each step in time order, and per gap between two steps its length in
+    ms and the requests added in it: those that arrived while the previous step ran or in the
+    gap after it (the loop adds them there, before the next step starts)."""
+    steps = steps.sort_values("start_s")
+    start = steps.start_s.to_numpy()
+    end = start + steps.duration_ms.to_numpy() / 1e3
+    arrivals = np.sort(reqs.arrival_s.to_numpy())
+    added = np.searchsorted(arrivals, start[1:]) - np.searchsorted(arrivals, start[:-1])
+    return start, end, (start[1:] - end[:-1]) * 1e3, added
+
+
+def idle_waits_ms(reqs: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Arrival to the next step's start, for requests that arrived alone at an idle loop."""
+    a = reqs.arrival_s.to_numpy()
+    fin = reqs.finish_s.fillna(np.inf).to_numpy()
+    order = np.argsort(a)
+    a, fin = a[order], fin[order]
+    nxt = np.searchsorted(start, a)  # the first step starting after the arrival
+    ok = (nxt > 0) & (nxt < len(start))
+    nxt = np.minimum(nxt, len(start) - 1)
+    prev_end = end[np.maximum(nxt - 1, 0)]
+    asleep = ok & (a - prev_end >= WAKE_MIN_IDLE_MS / 1e3)
+    # nothing unfinished that arrived before it (the loop had no work), and no other
+    # arrival before its step (one add each)
+    busy_before = np.maximum.accumulate(np.concatenate([[-np.inf], fin[:-1]]))
+    alone = np.searchsorted(a, start[nxt], side="right") - np.arange(len(a)) == 1
+    keep = asleep & (busy_before < a) & alone
+    return (start[nxt][keep] - a[keep]) * 1e3
+
+
+def _median(parts: list[np.ndarray]) -> float:
+    v = np.concatenate(parts) if parts else np.zeros(0)
+    return max(float(np.median(v)), 0.0) if len(v) else 0.0

@@ -1,0 +1,163 @@
+"""Per-iteration latency model: linear in batch features, fitted with non-negative least squares.
+
+step_ms = c0 + c_prefill * prefill_tokens + c_decode * decode_seqs + c_context * context_tokens
+          + c_attn * prefill_tokens * context_tokens / 1e3
+
+Linear in the decode terms on purpose: over a run of decode-only iterations the context grows by
+one token per sequence per step, so the time of k iterations is a closed-form quadratic in k and
+the simulator can fast-forward over them (and solve for the iteration an arrival lands in).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from scipy.optimize import nnls
+
+from sim.step_time.registry import register
+
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k")
+
+
+def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
+    """Design matrix (rows = iterations) in FEATURES order."""
+    p = np.asarray(prefill_tokens, dtype=float)
+    d = np.asarray(decode_seqs, dtype=float)
+    c = np.asarray(context_tokens, dtype=float)
+    return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3])
+
+
+@register
+@dataclass(frozen=True)
+class LatencyModel:
+    """Fitted coefficients (milliseconds per unit of each feature) and residual quantiles.
+
+    The `linear` step-time model (`sim.step_time.registry.StepTimeModel`), with a closed-form decode
+    run.
+    """
+
+    kind: ClassVar[str] = "linear"
+    version: ClassVar[int] = 1
+    coef_ms: tuple[float, ...]
+    """coefficients in FEATURES order"""
+    residual_log_quantiles: tuple[float, ...] = (0.0,)
+    """quantiles (evenly spaced probabilities) of log(actual / predicted) on the training split"""
+
+    def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float) -> float:
+        """Predicted mean duration of one iteration."""
+        c0, cp, cd, cc, cx = self.coef_ms
+        return c0 + cp * prefill_tokens + cd * decode_seqs + cc * context_tokens \
+            + cx * prefill_tokens * context_tokens / 1e3
+
+    def predict_ms(self, prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
+        """Vectorised step_ms."""
+        return feature_matrix(prefill_tokens, decode_seqs, context_tokens) @ np.asarray(self.coef_ms)
+
+    def decode_run(self, n_seqs: int, context0: int) -> tuple[float, float]:
+        """(a_ms, b_ms): iteration k (0-based) of a decode-only run lasts a_ms + b_ms * k.
+
+        `context0` is the summed context of the n sequences before the run; after iteration k it
+        is context0 + n * (k + 1).
+        """
+        c0, _, cd, cc, _ = self.coef_ms
+        return c0 + cd * n_seqs + cc * (context0 + n_seqs), cc * n_seqs
+
+    def to_json(self) -> dict:
+        """Features, coefficients and residual quantiles."""
+        return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
+                "residual_log_quantiles": list(self.residual_log_quantiles)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LatencyModel":
+        """The model from `to_json`'s mapping."""
+        if d.get("features") != list(FEATURES):
+            raise ValueError(f"linear model features {d.get('features')} differ from "
+                             f"{list(FEATURES)}")
+        coef = coefficients(d, "coef_ms")
+        if not any(coef[:3]):  # constant, prefill and decode all zero: steps take no time
+            raise ValueError(f"coef_ms: {list(coef)!r} makes iterations free (all leading "
+                             "coefficients 0)")
+        return cls(coef, residual_quantiles(d))
+
+    def residual_sampler(self) -> tuple[float, float]:
+        """(mean, std) of the multiplicative residual exp(log ratio)."""
+        q = np.exp(np.asarray(self.residual_log_quantiles))
+        return float(q.mean()), float(q.std())
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def coefficients(d: dict, key: str) -> tuple[float, ...]:
+    """`d[key]` as one finite non-negative coefficient per feature; a one-line error if not."""
+    v = d.get(key)
+    if not isinstance(v, list) or len(v) != len(FEATURES) or \
+            not all(_is_number(c) and c >= 0 for c in v):
+        raise ValueError(f"{key}: expected {len(FEATURES)} finite non-negative numbers, got {v!r}")
+    return tuple(float(c) for c in v)
+
+
+def residual_quantiles(d: dict) -> tuple[float, ...]:
+    """`d["residual_log_quantiles"]` as finite numbers; a one-line error if not."""
+    q = d.get("residual_log_quantiles")
+    if not isinstance(q, list) or not q or not all(_is_number(v) for v in q):
+        raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
+    return tuple(float(v) for v in q)
+
+
+def run_ms(a_ms: float, b_ms: float, k: int) -> float:
+    """Total duration of the first k iterations of a decode run."""
+    return k * a_ms + b_ms * k * (k - 1) / 2.0
+
+
+def iterations_within(a_ms: float, b_ms: float, dt_ms: float) -> int:
+    """Smallest k such that the first k iterations end at or after dt_ms (k >= 1)."""
+    if dt_ms <= 0:
+        return 1
+    if b_ms <= 1e-12:
+        k = math.ceil(dt_ms / a_ms)
+    else:  # b/2 k^2 + (a - b/2) k - dt = 0
+        h = a_ms - b_ms / 2.0
+        k = math.ceil((-h + math.sqrt(h * h + 2.0 * b_ms * dt_ms)) / b_ms)
+    k = max(k, 1)
+    while k > 1 and run_ms(a_ms, b_ms, k - 1) >= dt_ms:  # guard float rounding both ways
+        k -= 1
+    while run_ms(a_ms, b_ms, k) < dt_ms:
+        k += 1
+    return k
+
+
+def midpoints(n: int) -> np.ndarray:
+    """Probabilities (i + 0.5) / n: n quantiles that each stand for 1/n of the mass. Evenly
+    spaced ones from 0 to 1 would give the single slowest step (a 78x stall was seen) the weight
+    of 1% of all steps in the mean residual, and in every sampled draw."""
+    return (np.arange(n) + 0.5) / n
+
+
+def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int = 100,
+        ) -> LatencyModel:
+    """Fit coefficients minimising relative squared error (NNLS on rows scaled by 1/y)."""
+    y = np.asarray(duration_ms, dtype=float)
+    if y.size < len(FEATURES) or not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError(f"need >= {len(FEATURES)} finite positive step durations, got {y.size}")
+    x = feature_matrix(prefill_tokens, decode_seqs, context_tokens)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    coef = coef / scale
+    pred = x @ coef
+    log_ratio = np.log(y / np.maximum(pred, 1e-9))
+    q = np.quantile(log_ratio, midpoints(quantiles))
+    return LatencyModel(tuple(float(c) for c in coef), tuple(float(v) for v in q))
+
+
+def errors(model: LatencyModel, prefill_tokens, decode_seqs, context_tokens, duration_ms) -> dict:
+    """MAPE, median and P90 absolute percentage error (fractions) of the model on rows."""
+    y = np.asarray(duration_ms, dtype=float)
+    ape = np.abs(model.predict_ms(prefill_tokens, decode_seqs, context_tokens) - y) / y
+    return {"mape": float(ape.mean()), "p50_ape": float(np.median(ape)),
+            "p90_ape": float(np.quantile(ape, 0.9)), "rows": int(y.size)}

@@ -1,0 +1,1 @@
+"""Workloads: plain request streams and reasoning-program workloads, and the program driver."""

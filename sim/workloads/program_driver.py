@@ -1,0 +1,286 @@
+"""Drives program objects (`programs/`) on simulated replicas, answering outcomes from a trace.
+
+The driver turns each `RequestSpec` a program sends into a replica request (priority from the
+inter-program scheduler, prefix-cache group per program path, output length from the trace) and,
+when the replica finishes or aborts it, hands the program the traced `Outcome`. The program
+decides; the driver only delivers, and never re-implements a program's logic.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+from policies.routing import RequestView
+from policies.scheduling import FinishedLengths, ProgramView
+from programs.base import Abort, Outcome, RequestSpec
+from programs.traced import Trajectory
+from sim.engine.request_state import Sent
+
+
+_new = tuple.__new__
+
+LP_FLAG_MS = 1e-9
+"""a row cost too small to tell, so that a step knows it returns log-probabilities"""
+
+
+class Owners:
+    """Whose each simulated request is, by request idx, for the tables: columns, not an object
+    per request (the specs are dropped once done: a million programs' would hold gigabytes)."""
+
+    __slots__ = ("program", "index", "path", "role", "roles", "codes")
+
+    def __init__(self):
+        self.program = array("q")  # the program's index in the workload
+        self.index = array("q")    # the spec's request order within its program
+        self.path = array("q")     # the spec's path
+        self.role = bytearray()    # its (model role, requests-table role), a code into `roles`
+        self.roles: list[tuple[str, str]] = []
+        self.codes: dict[tuple[str, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.program)
+
+    def code(self, spec: RequestSpec) -> int:
+        """The code of the spec's (model role, requests-table role), numbered as first seen
+        (`ProgramDriver._submit` appends each request's columns)."""
+        key = (spec.role, spec.table_role)
+        if key not in self.codes:
+            self.codes[key] = len(self.roles)
+            self.roles.append(key)
+        return self.codes[key]
+
+    def role_names(self) -> list[str]:
+        """Each request's model role, in idx order."""
+        return [self.roles[c][0] for c in self.role]
+
+
+class SimProgram:
+    """A program object in the simulator: its plan, where it runs and when it finished."""
+
+    __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
+                 "groups", "traced", "open", "finish_s")
+
+    def __init__(self, plan, program, question):
+        self.plan = plan
+        self.idx = plan.index  # the program's index in the workload
+        self.arrival_s = plan.arrival_s
+        self.program = program
+        self.question = question
+        self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
+        self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
+        self.groups: dict[int, int] = {}    # prefix-cache key -> the driver's group number
+        self.traced: list = []              # the oracle's memo per program path
+        self.open = 0                       # its requests in flight
+        self.finish_s = math.nan
+
+
+class TracedReasoning:
+    """Outcomes of cot/sc requests from a probes trace: the traced trajectory at that position."""
+
+    def __init__(self):
+        self._paths: dict[tuple[str, int], tuple[Trajectory, dict]] = {}
+        # Outcomes are values: one object per distinct outcome, not one per request.
+        self._outcomes: dict[tuple, Outcome] = {}
+
+    def _path(self, run: SimProgram, path: int) -> tuple[Trajectory, dict]:
+        """(traced trajectory, probe position -> (probe, its tokens)) of a program path."""
+        memo = run.traced  # the program's own: no key to build and hash
+        if path < len(memo) and memo[path] is not None:
+            return memo[path]
+        q, sample = run.question, run.program.paths[path].sample
+        key = (q.question_id, sample)
+        if key not in self._paths:
+            traj = next(t for t in q.samples if t.sample_id == sample)
+            probes = dict(zip((p.position_tokens for p in traj.probes),
+                              zip(traj.probes, traj.probe_tokens)))
+            self._paths[key] = (traj, probes)
+        memo.extend([None] * (path + 1 - len(memo)))
+        memo[path] = self._paths[key]
+        return memo[path]
+
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
+        the request generates if it runs to its end)."""
+        memo, path = run.traced, spec.path  # `_path`'s memo read inline: once a request
+        traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
+        if spec.kind == "probe":
+            output = probes[spec.position][1]
+        else:
+            output = min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
+        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        if aborted:
+            key = (tokens, True, False, None, False)
+        else:
+            memo, path = run.traced, spec.path
+            traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
+            if spec.kind == "probe":
+                probe = probes[spec.position][0]
+                key = (tokens, False, False, probe.answer, probe.hesitant)
+            else:
+                ended = spec.position + tokens >= traj.reasoning_tokens
+                key = (tokens, False, ended, traj.final_answer if ended else None, False)
+        out = self._outcomes.get(key)
+        if out is None:
+            tokens, aborted, ended, answer, hesitant = key
+            out = self._outcomes[key] = Outcome(tokens, aborted=aborted, ended=ended,
+                                                answer=answer, hesitant=hesitant)
+        return out
+
+
+class TracedSearch:
+    """Outcomes of search requests from a branches trace: the traced request of the same index.
+
+    A search program is deterministic given its outcomes, so its i-th request is the traced
+    i-th request; its prompt length comes from the trace (the program holds no token ids here).
+    """
+
+    def _traced(self, run: SimProgram, spec: RequestSpec):
+        reqs = run.question.requests
+        if spec.index >= len(reqs):
+            raise ValueError(f"{run.question.question_id}: the program asks for request "
+                             f"{spec.index}; the trace has {len(reqs)}")
+        return reqs[spec.index]
+
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
+        the request generates)."""
+        t = self._traced(run, spec)
+        # One prefix-cache group per program, its whole prompt cacheable: this overestimates
+        # hits where sibling branches diverge.
+        return t.prompt_tokens, t.prompt_tokens, 0, t.output_tokens
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        """What the request returned, as the trace recorded it."""
+        t = self._traced(run, spec)
+        return Outcome(tokens, aborted=aborted, ended=t.is_leaf,
+                       answer=t.answer if t.is_leaf else None, reward=t.reward)
+
+
+class ProgramDriver:
+    """Runs program objects on replicas: submits their requests, delivers outcomes, records."""
+
+    def __init__(self, cluster, oracle, scheduler, on_program_done=None):
+        self.cluster = cluster
+        self.env = cluster.env
+        self.oracle = oracle
+        self.scheduler = scheduler
+        self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
+        self.owner = Owners()  # per request idx
+        # per request idx: (program, spec) while in flight, then None (a list: idx are dense)
+        self._live: list[tuple[SimProgram, RequestSpec] | None] = []
+        self.on_program_done = on_program_done
+        # called once a program is done and none of its requests is in flight: nothing can
+        # change it any more (a caller may take its row and let it go)
+        self.on_program_closed = None
+        self._groups = 0  # prefix-cache groups numbered so far, one per (program, path)
+        self._pools: dict[str, str] = {}  # role -> its pool
+        self._costs = [_costs(cal) for cal, _ in cluster.specs]
+
+    def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
+        """The replica of a pool a program runs on (its prefix cache lives there): routed once,
+        at its first request of that role, booking `tokens` outstanding tokens."""
+        pool = self._pools.get(role)
+        if pool is None:
+            pool = self._pools[role] = self.cluster.pool_for(role)
+        rid = run.replicas.get(pool)
+        if rid is None:
+            rid = self.cluster.route(RequestView(run.idx, prompt_tokens, tokens - prompt_tokens),
+                                     tokens, pool)
+            run.replicas[pool] = rid
+            run.booked[rid] = tokens
+        return rid
+
+    def start(self, run: SimProgram) -> None:
+        """A program arrives: send its first requests."""
+        self._act(run, run.program.start())
+
+    def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
+        """Replica callback: request `idx` finished (or was aborted) with `generated` tokens."""
+        run, spec = self._live[idx]
+        self._live[idx] = spec.sent = None
+        run.open -= 1
+        actions = run.program.on_done(spec, self.oracle.outcome(run, spec, generated, aborted))
+        if not aborted:  # an abort lands inside the action that caused it: finish there
+            self._act(run, actions)
+        elif run.open == 0 and not math.isnan(run.finish_s):  # the last abort of a finished one
+            self._closed(run)
+
+    def _act(self, run: SimProgram, actions: list) -> None:
+        program = run.program  # an abort's callback may close it before this returns
+        for a in actions:
+            if type(a) is Abort:
+                entry = a.spec.sent  # (replica, handle), None once it is done
+                if entry is not None:
+                    a.spec.sent = None
+                    self.cluster.cancel(*entry)
+            else:
+                self._submit(run, a)
+        if program.done and run.finish_s != run.finish_s:  # not finished yet: NaN (isnan, inlined)
+            run.finish_s = self.env.now
+            # Aborted requests report their tokens after this: the SJF history takes what is known.
+            self.finished_tokens.add(program.tokens)
+            if self.on_program_done is not None:
+                self.on_program_done(run)
+        if run.open == 0 and program.done:
+            self._closed(run)
+
+    def _closed(self, run: SimProgram) -> None:
+        if self.on_program_closed is not None and run.program is not None:
+            self.on_program_closed(run)
+
+    def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
+        idx = len(self.owner)
+        prompt, prefix, key, output = self.oracle.request(run, spec)
+        if spec.continues:  # its output's blocks are the path's content too (`_finish`)
+            prefix = prompt + output
+        rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
+        if rid is None:
+            rid = self.pin(run, spec.role, prompt, prompt + output)
+        limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
+        if limit is not None and prompt + output > limit:
+            raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "
+                             f"(prompt {prompt} + output {output} tokens) exceeds the model's "
+                             f"max_model_len {limit} (replica {rid}'s calibration); the engine "
+                             "would reject it")
+        group = run.groups.get(key)
+        if group is None:
+            group = run.groups[key] = self._groups
+            self._groups += 1
+        s = spec.sampling
+        # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
+        # positions, and for sampled tokens when it asks their log-probabilities
+        row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
+        # A scoring request needs its tail's log-probabilities, which vLLM has none of for
+        # cached positions: the engine runs it cached, then again uncached (`Cluster._finished`).
+        scored = s.prompt_logprobs
+        # named tuples made as tuples (a named tuple's own constructor costs twice as much)
+        priority = self.scheduler.priority(
+            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.program.tokens)),
+            self.finished_tokens)
+        sent = _new(Sent, (idx, prompt, output, priority, group, prefix,
+                           prompt - scored if scored else 0,
+                           s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
+                           row_ms if s.top_logprobs or s.logprobs else 0.0))
+        owner = self.owner  # `Owners.add`, inlined: this runs for every request
+        code = owner.codes.get((spec.role, spec.table_role))
+        if code is None:
+            code = owner.code(spec)
+        owner.program.append(run.idx)
+        owner.index.append(spec.index)
+        owner.path.append(spec.path)
+        owner.role.append(code)
+        self._live.append((run, spec))
+        run.open += 1
+        spec.sent = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
+
+
+def _costs(cal) -> tuple:
+    """A replica's terms of a request: (max_model_len, log-probability row ms per token and per
+    top-k entry, the row cost when those are zero)."""
+    # rows must show for a step to pay its own log-probability term
+    flag_ms = LP_FLAG_MS if cal.logprob_step_ms else 0.0
+    return (cal.max_model_len, float(cal.logprob_token_ms), float(cal.logprob_top_k_ms), flag_ms)
