@@ -10,8 +10,7 @@ the same live runs, so two step-time models compare on identical live data in se
 of a new twelve-minute suite on a machine whose speed has moved meanwhile. `--without`: CAL
 is RUN's calibration refitted on the same traces with those serving-model terms at 0 (an
 ablation: what a term buys, `sim.step_time.serving_latency.FEATURES`). Prints the report table and
-one
-summary line (or the result as JSON).
+one summary line (or the result as JSON).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ layer, beside the same layer replayed as a CUDA graph: prints numbers (medians o
 
     python benchmarks/gpu_overheads.py [--model models/configs/llama-3.1-8b] [--json]
 
-The PyTorch engine (`tracers.torch_engine`) runs eager kernels; where launches are slow (a
+The PyTorch engine (`engines.pytorch.engine`) runs eager kernels; where launches are slow (a
 sandboxed kernel, say) a step's time is launch time, and a calibration from it says so.
 """
 

@@ -7,8 +7,7 @@ log-probabilities, then with prompt log-probabilities at top-k 1, 8 and the voca
 distributions, what sampled speculative acceptance needs), in a shuffled order in each of
 `--repeats` rounds (the first dropped); the median step time of each, and the extra ms per
 prompt position. These are the rows `sim/step_time/logprob_cost.py` fits a per-position and a
-per-entry
-cost on.
+per-entry cost on.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tracers.engine import Engine, EngineSpec  # noqa: E402
+from engines.vllm_engine import Engine, EngineSpec  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tracers.engine import Engine, EngineSpec  # noqa: E402
+from engines.vllm_engine import Engine, EngineSpec  # noqa: E402
 
 
 ADD_MS: list[float] = []

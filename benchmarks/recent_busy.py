@@ -5,8 +5,7 @@
 For the one-sequence decode steps of each live run (a fidelity run's `<workload>/live1`, a
 `seed replay` run's `<mode>/live0/target`), the median of live step time over the calibration's
 prediction (`sim.step_time.live_speed.step_ratios`) by the share of the previous `--window-s` the
-engine
-spent stepping, over its run's median (within-run: the machine's drift between runs is out)
+engine spent stepping, over its run's median (within-run: the machine's drift between runs is out)
 and raw. The `serving` model's idle terms see only the gap right before a step; a gradient here
 is a cost of the engine's recent load that they miss.
 """

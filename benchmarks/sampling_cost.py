@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tracers.engine import Engine, EngineSpec  # noqa: E402
+from engines.vllm_engine import Engine, EngineSpec  # noqa: E402
 
 SETTINGS = {
     "greedy": {"temperature": 0.0},

@@ -6,8 +6,7 @@ For each live run (a `steps` trace: a fidelity run's `<workload>/live1`, a repla
 steps' measured / predicted ratio, its median per window of time over the run's median: the
 5/25/50/75/95% quantiles of those levels, their log standard deviation, and the lag-1
 correlation of successive windows' log levels (how long a spell lasts). `sim.step_time.spells` draws
-such
-levels per replica and `SPELL_S` window in sampled latency.
+such levels per replica and `SPELL_S` window in sampled latency.
 """
 
 from __future__ import annotations

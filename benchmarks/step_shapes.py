@@ -10,7 +10,7 @@ Two measurements on the testbed target (vLLM CPU build), each a one-prompt prefi
    (seen shapes), each pass in `--order`; median ratio first / seen, per length, and by
    `--bands` bands of lengths each pass's median step and first - seen (ms): how the
    first-of-shape cost grows with tokens, and (with glibc's default heap) how much a step's cost
-   depends on the allocator's history (`tracers/allocator.py`).
+   depends on the allocator's history (`engines/allocator.py`).
 2. idle: prompts of 64, 128, 256 and 400 tokens (`--idle-lengths`; shapes seen) after the engine sat idle for
    0, 2, 5, 10, 20, 50, 100, 300 ms, interleaved over `--repeats` rounds; median extra ms over
    the busy (0 ms) step.
@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from prefill_cost import prefill_step_ms  # noqa: E402
-from tracers.allocator import steady_heap  # noqa: E402
-from tracers.engine import Engine, EngineSpec  # noqa: E402
+from engines.allocator import steady_heap  # noqa: E402
+from engines.vllm_engine import Engine, EngineSpec  # noqa: E402
 
 GAPS_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3)
 IDLE_LENGTHS = (64, 128, 256, 400)

@@ -12,8 +12,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tracers.torch_engine import TorchEngine
-from tracers.torch_spec import TorchSpec
+from engines.pytorch.engine import TorchEngine
+from engines.pytorch.spec import TorchSpec
 
 
 def main() -> None:

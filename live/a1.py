@@ -14,15 +14,15 @@ import json
 import time
 from pathlib import Path
 
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.certaindex import extract_boxed
 from policies.scheduling import make_scheduler
 from programs.a1 import A1Program, a1_program_seed
 from programs.records import program_row
 from programs.workload import draw_seed, load_bank, plan_programs
-from tracers.engine import check_model, reasoning_engine
-from tracers.testbed import tasks
+from engines.vllm_engine import check_model, reasoning_engine
+from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, read_run
 

@@ -15,9 +15,9 @@ import time
 import pandas as pd
 
 from programs.helios import HeliosProgram
-from tracers.exits import ExitsWorkload
-from tracers.testbed import lm
-from tracers.torch_engine import TorchEngine, TorchSpec
+from testbed.streams import ExitsWorkload
+from testbed import lm
+from engines.pytorch.engine import TorchEngine, TorchSpec
 
 
 def stream_prompts(workload: dict, prompt_tokens: list[int]) -> list[list[int]]:

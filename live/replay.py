@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.certaindex import PROBE_SUFFIX, extract_boxed
 from policies.scheduling import make_scheduler
@@ -23,9 +23,9 @@ from programs.records import program_row
 from programs.search import SearchProgram, SearchSettings, program_seed
 from programs.traced import QuestionBank
 from programs.workload import ProgramWorkload, draw_seed, load_bank, plan_programs
-from tracers.engine import check_model, reasoning_engine
-from tracers.speed_probe import run_speed_probe
-from tracers.testbed import tasks
+from engines.vllm_engine import check_model, reasoning_engine
+from engines.speed_probe import run_speed_probe
+from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, read_run, read_table
 
@@ -48,8 +48,8 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     if url is not None:
         from transformers import AutoTokenizer
 
-        from live.http_engine import HttpEngine
-        from tracers.serve import http_run_row
+        from engines.http_engine import HttpEngine
+        from engines.http_engine import http_run_row
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))
         url = url.rstrip("/")
@@ -75,7 +75,7 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
         live.t0 = time.perf_counter()
     else:
         engine.warm_up()
-        # the machine's speed level just before and after the run (`tracers.speed_probe`)
+        # the machine's speed level just before and after the run (`engines.speed_probe`)
         run_speed_probe(engine, writer, "before", engine.max_num_seqs, seed=seed)
         live = VllmEngine(engine, writer, time.perf_counter())
     try:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.certaindex import PROBE_SUFFIX
 from programs.records import program_row
 from programs.tot import ToTProgram
-from tracers.engine import check_model, reasoning_engine
+from engines.vllm_engine import check_model, reasoning_engine
 from traces import ids
 from traces.store import TraceWriter
 
@@ -139,7 +139,7 @@ def replay_tot(wl, cfg, out_dir: str | Path) -> dict:
     write its tables; the runs and their tot_requests rows."""
     from programs.tot import tot_program_seed
     from programs.workload import draw_seed, load_bank, plan_programs
-    from tracers.testbed import tasks
+    from testbed import tasks
     from traces.store import read_run
 
     bank = load_bank(wl)

@@ -12,7 +12,7 @@ from reasonsim.common import TESTBED, UserError, print_summary, program_config
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
     """`reasonsim trace conformity`."""
     from policies.a1 import A1Settings
-    from tracers.conformity import ConformityWorkload, trace_conformity
+    from live.conformity import ConformityWorkload, trace_conformity
 
     try:
         wl = ConformityWorkload(

@@ -73,7 +73,8 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
     from dataclasses import replace
 
     from sim.families.helios.serving import load_profile
-    from tracers.exits import ExitsWorkload, trace_exits
+    from testbed.streams import ExitsWorkload
+    from tracers.exits import trace_exits
     from traces.store import read_run
 
     out = copy.deepcopy(config)

@@ -11,7 +11,7 @@ def cmd_testbed_build(args: argparse.Namespace) -> int:
     """`reasonsim testbed build`."""
     import torch
 
-    from tracers.testbed.train import build
+    from testbed.train import build
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -22,7 +22,7 @@ def cmd_testbed_build(args: argparse.Namespace) -> int:
 
 def cmd_testbed_eval(args: argparse.Namespace) -> int:
     """`reasonsim testbed eval`."""
-    from tracers.testbed.evaluate import evaluate
+    from testbed.evaluate import evaluate
 
     result = evaluate(args.models, items_per_cell=args.items, samples=args.samples,
                       seed=args.seed, progress=not (args.quiet or args.json))

@@ -14,7 +14,7 @@ MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 def cmd_trace_tot(args: argparse.Namespace) -> int:
     """`reasonsim trace tot`."""
     from policies.seed import ToTSettings
-    from tracers.tot import TotWorkload, trace_tot
+    from live.tot_trace import TotWorkload, trace_tot
 
     try:
         settings = ToTSettings(

@@ -74,7 +74,7 @@ def cmd_trace_probes(args: argparse.Namespace) -> int:
 def cmd_trace_branches(args: argparse.Namespace) -> int:
     """`reasonsim trace branches`."""
     from programs.search import SearchSettings
-    from tracers.search import BranchWorkload, trace_branches
+    from live.branches import BranchWorkload, trace_branches
 
     try:
         wl = BranchWorkload(questions_per_cell=args.questions, sc_samples=args.samples,
@@ -92,8 +92,9 @@ def cmd_trace_branches(args: argparse.Namespace) -> int:
 
 def cmd_trace_exits(args: argparse.Namespace) -> int:
     """`reasonsim trace exits`."""
-    from tracers.exits import ExitsWorkload, trace_exits
-    from tracers.testbed.tasks import FAMILIES
+    from testbed.streams import ExitsWorkload
+    from tracers.exits import trace_exits
+    from testbed.tasks import FAMILIES
 
     bad = [p for p in args.phases if p not in FAMILIES]
     if bad:

@@ -73,7 +73,7 @@ def report(result: dict) -> str:
               "cannot show."]
     lines += ["", "At probe speed: the simulation with its step times scaled to the speed levels "
               "that a fixed probe measured just before and just after each live run "
-              "(`tracers.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "
+              "(`engines.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "
               "steps and its one-prompt prefills against the same probe run at the end of the "
               "calibration's grid, or, for a calibration without one, against the prediction; "
               "the prefill terms scaled apart to take the latter): how far the model is "

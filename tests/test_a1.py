@@ -156,7 +156,7 @@ def test_cached_scores_equal_the_targets_own_likelihood(small_trace):
     t = pd.concat([cached, rescored])
     path = str(TESTBED / "target-large")
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    from tracers.testbed import tasks
+    from testbed import tasks
     prompts = {}
     for i, item in enumerate(tasks.items(0, 16)):
         from traces import ids

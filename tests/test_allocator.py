@@ -1,4 +1,4 @@
-"""The steady heap (`tracers.allocator`): large buffers come from a heap kept for reuse."""
+"""The steady heap (`engines.allocator`): large buffers come from a heap kept for reuse."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tracers.allocator import ENV, OPT_OUT, child_env
+from engines.allocator import ENV, OPT_OUT, child_env
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # and unmaps it, the steady heap keeps it.
 PROBE = """
 import ctypes, json
-from tracers.allocator import steady_heap
+from engines.allocator import steady_heap
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from conftest import REPO, TESTBED
-from tracers.engine import GIB, check_kv_env, vllm_memory_args, vllm_memory_flags
+from engines.vllm_engine import GIB, check_kv_env, vllm_memory_args, vllm_memory_flags
 
 # Both engines in one process, stepped in turn, as a draft/target program would drive them.
 _TWO_ENGINES = """
 import json
-from tracers.engine import Engine, EngineSpec
+from engines.vllm_engine import Engine, EngineSpec
 from vllm import SamplingParams
 engines = {role: Engine(EngineSpec(model=f"models/testbed/{name}", kv_cache_gb=gb,
                                    max_model_len=512))
@@ -38,11 +38,11 @@ print(json.dumps({"tokens": tokens, "blocks": {r: [e.kv_blocks_total, e.block_si
 _TWO_ROLE_PROGRAM = """
 import json, sys, time
 from pathlib import Path
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from programs.base import RequestSpec, Sampling
 from traces.store import TraceWriter
-from tracers.engine import Engine, EngineSpec
+from engines.vllm_engine import Engine, EngineSpec
 
 class DraftThenTarget:
     def __init__(self, ids, rounds):

@@ -9,8 +9,7 @@ examples (a `helios:` section), A1 examples (`method: a1`) and ToT examples (`me
 were added later with their first output as golden. The examples whose replicas share a
 device (a1-*, seed-greedy, seed-sampled) were regenerated when such replicas began composing an
 iteration at their turn (`sim.engine.cluster.Device`: what arrived meanwhile joins it, as in the
-live
-runner's loop) instead of when they first asked. The HELIOS goldens were regenerated when the
+live runner's loop) instead of when they first asked. The HELIOS goldens were regenerated when the
 exits traces were re-traced on the machine that replays them (with layer-skipping steps for the
 EE-full baseline, added to helios-testbed), the layered fit took midpoint residual quantiles, and
 layer-token executions stopped counting each sequence's last output token (no layer runs it);
@@ -27,8 +26,7 @@ with its first output when it was added; `spec-k4` (in-engine speculative decodi
 first output when speculative replicas were added; `seed-separate` (engines on devices of their
 own) when replicas without a shared device began charging their loop's host time per added
 request (`sim.step_time.host_time`; before, only shared devices did). Every non-HELIOS golden gained
-its
-`simulator` key when plain workloads began running on the compiled kernel (`sim.kernels.plain`):
+its `simulator` key when plain workloads began running on the compiled kernel (`sim.kernels.plain`):
 `demo` and `replay-small` run there now, their figures unchanged. `llama-8b-h100` (the first
 GPU calibration) was added with its first output. Every program workload's golden gained
 `kv_usage_mean` (the figure plain runs report) when program runs began reporting it, every

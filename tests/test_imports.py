@@ -20,16 +20,20 @@ def test_cli_help_loads_no_engine():
 
 
 # ------------------------------------------------------------------ import rules, parsed
-OURS = ("policies", "programs", "traces", "sim", "live", "tracers", "reasonsim")
+OURS = ("policies", "programs", "traces", "sim", "engines", "testbed", "live", "tracers",
+        "reasonsim")
 ENGINES = ("torch", "vllm", "transformers", "safetensors")
 # package -> packages (ours or third-party) it must never import, at top level or in a function
 FORBIDDEN = {
     "policies": set(OURS) | set(ENGINES) | {"simpy", "time"},
     "programs": set(OURS) - {"policies", "traces", "programs"} | set(ENGINES) | {"simpy"},
     "traces": set(OURS) - {"traces"} | set(ENGINES),
-    "sim": {"live", "tracers", "reasonsim"} | set(ENGINES),
-    "live": {"sim", "reasonsim"},
-    "tracers": {"sim", "reasonsim"},
+    "sim": {"engines", "testbed", "live", "tracers", "reasonsim"} | set(ENGINES),
+    # engines lie beneath both the tracers and the live runner, which never import each other
+    "engines": {"sim", "testbed", "live", "tracers", "reasonsim"},
+    "testbed": {"sim", "engines", "live", "tracers", "reasonsim"},
+    "live": {"sim", "tracers", "reasonsim"},
+    "tracers": {"sim", "live", "reasonsim"},
 }
 # Layers inside sim: a module under a prefix never imports the modules under the listed ones.
 # Step time is priced beneath the engine, the engine beneath its compiled mirrors, the core
@@ -132,7 +136,10 @@ def test_import_rules_catch_planted_violations(tmp_path):
             shutil.copytree(REPO / pkg, tmp_path / pkg)
     assert import_violations(tmp_path) == []
     (tmp_path / "policies" / "planted.py").write_text("def f():\n    import torch\n")
-    (tmp_path / "sim" / "planted.py").write_text("from tracers import engine\n")
+    (tmp_path / "sim" / "planted.py").write_text("from tracers import exits\n")
+    (tmp_path / "tracers" / "planted_live.py").write_text("def f():\n    from live import runner\n")
+    (tmp_path / "live" / "planted.py").write_text("from tracers.exits import trace_exits\n")
+    (tmp_path / "engines" / "planted.py").write_text("import live.runner\n")
     (tmp_path / "tracers" / "planted.py").write_text("import sim.engine.cluster\n")
     (tmp_path / "sim" / "engine" / "planted.py").write_text("from sim.families.a1 import driver\n")
     (tmp_path / "sim" / "step_time" / "planted.py").write_text("import sim.engine.replica\n")
@@ -143,6 +150,9 @@ def test_import_rules_catch_planted_violations(tmp_path):
     found = import_violations(tmp_path)
     assert "policies.planted imports torch" in found
     assert "sim.planted imports tracers" in found
+    assert "tracers.planted_live imports live" in found
+    assert "live.planted imports tracers.exits" in found
+    assert "engines.planted imports live.runner" in found
     assert "tracers.planted imports sim.engine.cluster" in found
     assert "import circle: traces.a -> traces.b -> traces.a" in found
     assert "sim.engine.planted imports sim.families.a1.driver" in found

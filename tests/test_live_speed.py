@@ -24,7 +24,7 @@ def _model(path):
 
 
 def _probe_steps() -> pd.DataFrame:
-    """A probe phase's shapes, as `tracers.speed_probe` runs them: decode batches, then
+    """A probe phase's shapes, as `engines.speed_probe` runs them: decode batches, then
     one-prompt prefills of three lengths, four times each."""
     rows = []
     for batch in (1, 4, 8):

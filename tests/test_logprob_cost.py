@@ -27,8 +27,8 @@ _RECORD = """
 import json, sys, time
 from pathlib import Path
 from traces.store import TraceWriter
-from tracers.engine import Engine, EngineSpec
-from tracers.recorder import StepRecorder
+from engines.vllm_engine import Engine, EngineSpec
+from engines.recorder import StepRecorder
 from vllm import SamplingParams
 out = Path(sys.argv[1])
 e = Engine(EngineSpec(model="models/testbed/target-large", kv_cache_gb=0.25, max_model_len=256))

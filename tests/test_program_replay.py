@@ -91,7 +91,7 @@ def test_trace_branches_records_every_request_and_reproduces_the_shipped_trace(t
 def test_live_replay_through_an_openai_server(tmp_path):
     # The same programs through the HTTP engine: aborts (cot) close the stream, search programs
     # read log-probabilities and stop strings from the server's answers.
-    from tracers.server import LocalServer
+    from engines.server import LocalServer
 
     args = ["--block-size", "32", "--scheduling-policy", "priority", "--max-num-seqs", "8",
             "--enable-prefix-caching"]

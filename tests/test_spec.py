@@ -49,9 +49,9 @@ def test_greedy_speculative_output_equals_the_targets_greedy_output():
 
     code = f"""
 from vllm import SamplingParams
-from tracers.engine import reasoning_engine
+from engines.vllm_engine import reasoning_engine
 from tracers.spec import spec_engine
-from tracers.testbed import tasks
+from testbed import tasks
 def run(engine, prompts):
     for i, p in enumerate(prompts):
         engine.add(str(i), p, SamplingParams(max_tokens=96, temperature=0))

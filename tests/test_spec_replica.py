@@ -112,8 +112,8 @@ def test_calibrate_fits_one_k_of_a_spec_trace(tmp_path):
 def test_testbed_prompts_have_the_workload_lengths_and_the_testbeds_text():
     from transformers import AutoTokenizer
 
-    from tracers.testbed.tasks import testbed_prompts
-    from tracers.testbed import tasks
+    from testbed.tasks import testbed_prompts
+    from testbed import tasks
 
     tok = AutoTokenizer.from_pretrained(str(REPO / "models" / "testbed" / "target-large"))
     lengths = [5, 40, 300]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, TESTBED, run_cli
-from tracers.testbed import tasks
+from testbed import tasks
 
 MODELS = ("target-large", "target-small", "draft")
 
@@ -70,7 +70,7 @@ def test_answer_extraction_rules():
 
 
 def test_transformers_loads_every_model_and_the_target_solves_easy_items():
-    from tracers.testbed import lm
+    from testbed import lm
 
     easy = tasks.items(11, 16, levels=(1,))
     for name in MODELS:
@@ -142,10 +142,10 @@ def test_fresh_eval_holds_the_bounds_and_matches_the_committed_one(eval_result):
 
 _VLLM_GREEDY = """
 import json, sys
-from tracers.engine import prepare_env, vllm_memory_args
+from engines.vllm_engine import prepare_env, vllm_memory_args
 prepare_env()
 from vllm import LLM, SamplingParams
-from tracers.testbed import tasks
+from testbed import tasks
 held = tasks.items(21, 16)
 llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=512, seed=0,
           **vllm_memory_args(kv_cache_gb=0.5))
@@ -157,7 +157,7 @@ print(json.dumps([o.outputs[0].text for o in outs]))
 @pytest.mark.engine
 @pytest.mark.parametrize("name", ["target-large", "draft"])
 def test_vllm_serves_the_model_and_agrees_with_transformers(name):
-    from tracers.testbed import lm
+    from testbed import lm
 
     # prepare_env runs the engine core in-process: a `python -c` script cannot be re-imported by
     # a spawned process.
@@ -178,7 +178,7 @@ def test_build_smoke_run_writes_a_loadable_model(tmp_path):
             "--quiet")
     history = json.loads((tmp_path / "draft" / "training.json").read_text())["history"]
     assert history[-1]["step"] == 10
-    from tracers.testbed import lm
+    from testbed import lm
 
     assert lm.load_model(tmp_path / "draft").config.num_hidden_layers == 1
     proc = run_cli("testbed", "build", "-o", str(tmp_path), "--models", "huge", check=False)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import TESTBED
-from tracers.testbed import lm, tasks
-from tracers.torch_engine import TorchEngine, TorchSpec
+from testbed import lm, tasks
+from engines.pytorch.engine import TorchEngine, TorchSpec
 
 TARGET = TESTBED / "target-large"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from conftest import TESTBED, run_cli
-from tracers.testbed import lm, tasks
-from tracers.torch_engine import TorchEngine, TorchSpec
+from testbed import lm, tasks
+from engines.pytorch.engine import TorchEngine, TorchSpec
 from tracers.torch_spec_trace import SpecPair, _Request
 
 TARGET, DRAFT = str(TESTBED / "target-large"), str(TESTBED / "draft")

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TARGET_MODEL, run_cli
 from traces import check_trace, read_run, read_table
-from tracers.server import LocalServer
+from engines.server import LocalServer
 
 pytestmark = pytest.mark.engine
 

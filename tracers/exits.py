@@ -20,12 +20,13 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from tracers.engine import device_info
-from tracers.testbed import lm, tasks
-from tracers.torch_engine import TorchEngine, TorchSpec
+from engines.vllm_engine import device_info
+from testbed import lm, tasks
+from testbed.streams import ExitsWorkload
+from engines.pytorch.engine import TorchEngine, TorchSpec
 from tracers.torch_rows import BLOCK_SIZE, TorchStepWriter
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
@@ -34,29 +35,6 @@ WAVES = (1, 4, 2, 8, 3, 12)
 """prompts per arrival wave (cycled) within a phase"""
 WAVE_EVERY_STEPS = 6
 """steps between waves (a wave also comes at once when the engine runs dry)"""
-
-
-@dataclass(frozen=True)
-class ExitsWorkload:
-    """The prompt stream: phases of one task family each, levels cycling, held-out items."""
-
-    phases: tuple[str, ...] = ("mod", "count", "mod", "count")
-    prompts_per_phase: int = 30
-    max_tokens: int = 96
-    max_num_seqs: int = 32
-    load_repeats: int = 5
-    seed: int = 0
-
-    def prompts(self) -> list[tuple[str, tasks.Item]]:
-        """(cell_id, item) in stream order: cell_id = phase index, family and level."""
-        return [p for phase in self.phase_prompts() for p in phase]
-
-    def phase_prompts(self) -> list[list[tuple[str, tasks.Item]]]:
-        """The stream cut into its phases."""
-        return [[(f"p{k}-{family}-l{item.level}", item)
-                 for item in tasks.items(self.seed * 1000 + k, self.prompts_per_phase,
-                                         families=(family,))]
-                for k, family in enumerate(self.phases)]
 
 
 def measure_load_ms(model: str, load_format: str, repeats: int) -> list[float]:

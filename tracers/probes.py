@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from policies.certaindex import PROBE_SUFFIX, probe_from_text
-from tracers.engine import check_model, reasoning_engine
-from tracers.testbed import tasks
+from engines.vllm_engine import check_model, reasoning_engine
+from testbed import tasks
 from traces import ids
 from traces.seeds import chunk_seed, request_seed
 from traces.store import TraceWriter, check_out_dir
@@ -82,7 +82,7 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
     out_dir = check_out_dir(out_dir, resume)
     from vllm import SamplingParams
 
-    from tracers.recorder import StepRecorder
+    from engines.recorder import StepRecorder
 
     engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
     run = engine.run_row("probes", workload.seed, {"workload": asdict(workload), "engine": engine.params(),

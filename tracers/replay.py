@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tracers.engine import Engine, EngineSpec, check_model
+from engines.vllm_engine import Engine, EngineSpec, check_model
 from tracers.step_profile import FIRST_TOKEN_ID
 from traces import ids
-from tracers.testbed import tasks
+from testbed import tasks
 from traces.store import TraceWriter
 
 
@@ -36,8 +36,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     from rich.progress import Progress
     from vllm import SamplingParams
 
-    from tracers.recorder import StepRecorder
-    from tracers.speed_probe import run_speed_probe
+    from engines.recorder import StepRecorder
+    from engines.speed_probe import run_speed_probe
 
     check_model(model, "auto")
     speed_probe = speed_probe and not speculative
@@ -80,7 +80,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                                                 size=len(prompts[i])).tolist(), sp)
     while engine.has_unfinished():
         engine.step()
-    if speed_probe:  # the machine's speed level just before the run (`tracers.speed_probe`)
+    if speed_probe:  # the machine's speed level just before the run (`engines.speed_probe`)
         run_speed_probe(engine, writer, "before", max_num_seqs, seed)
     rec = StepRecorder(engine, writer, t0=time.perf_counter())
     spec = None

@@ -14,12 +14,11 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 
+from engines.http_engine import http_run_row
 from traces import ids
-from traces.provenance import cpu_count, cpu_model, run_row
 from traces.store import TraceWriter, read_table
 
 UNIT_SIZE = 16
@@ -164,39 +163,6 @@ async def _run(url: str, model: str, todo: list[dict], writer: TraceWriter, conc
                             writer.add("token_times", **t)
                     writer.flush(unit)
         await launcher
-
-
-def server_model(url: str) -> tuple[str, str]:
-    """(served model id, server version) of an OpenAI-compatible server."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
-        models = json.loads(r.read())["data"]
-    version = "unknown"
-    try:
-        with urllib.request.urlopen(f"{url}/version", timeout=10) as r:
-            version = json.loads(r.read()).get("version", "unknown")
-    except OSError:
-        pass
-    if not models:
-        raise ValueError(f"{url}: server lists no models")
-    return models[0]["id"], version
-
-
-def http_run_row(url: str, kind: str, seed: int, params: dict,
-                 model: str | None = None) -> tuple[str, dict]:
-    """(served model id, `runs` row) of a run against an OpenAI-compatible server."""
-    host = urlparse(url).hostname or ""
-    if not urlparse(url).scheme.startswith("http") or not host:
-        raise ValueError(f"--url must be http(s)://host:port, got {url!r}")
-    try:
-        served, version = server_model(url)
-    except OSError as e:
-        raise ValueError(f"{url}: no OpenAI-compatible server answers ({e})") from None
-    local = host in ("127.0.0.1", "localhost", "::1")
-    return served, run_row(kind, "vllm-openai-http", version,
-                           cpu_model() if local else f"remote {host}", cpu_count() if local else 0,
-                           model or served, "remote", "server", "server", seed, params)
 
 
 def trace_serve(url: str, out_dir: str | Path, workload: ServeWorkload, model: str | None = None,

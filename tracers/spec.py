@@ -21,9 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tracers.engine import Engine, EngineSpec, check_model
-from tracers.recorder import StepRecorder
-from tracers.testbed import tasks
+from engines.vllm_engine import Engine, EngineSpec, check_model
+from engines.recorder import StepRecorder
+from testbed import tasks
 from traces import ids
 from traces.seeds import request_seed
 from traces.store import TraceWriter, check_out_dir

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tracers.engine import FIRST_TOKEN_ID, Engine, EngineSpec, check_model, engine_name
-from tracers.speed_probe import run_speed_probe
+from engines.vllm_engine import FIRST_TOKEN_ID, Engine, EngineSpec, check_model, engine_name
+from engines.speed_probe import run_speed_probe
 from traces import ids
 from traces.seeds import request_seed
 from traces.store import TraceWriter, read_table
 
 REFERENCE_UNIT = "speed-probe"
-"""the unit of a grid's `reference` speed probe, run after its cells (`tracers.speed_probe`)"""
+"""the unit of a grid's `reference` speed probe, run after its cells (`engines.speed_probe`)"""
 
 REGIMES = {
     "greedy": {"temperature": 0.0},
@@ -129,7 +129,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     model_dir = check_model(model, load_format)
     from vllm import SamplingParams
 
-    from tracers.recorder import StepRecorder
+    from engines.recorder import StepRecorder
 
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
     if max_model_len is not None and max_model_len < max_len:

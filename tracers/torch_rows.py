@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from tracers.torch_engine import TorchEngine
-from tracers.torch_spec import StepResult
+from engines.pytorch.engine import TorchEngine
+from engines.pytorch.spec import StepResult
 from traces.store import TraceWriter
 
 BLOCK_SIZE = 16

@@ -22,12 +22,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tracers.engine import device_info
+from engines.vllm_engine import device_info
 from tracers.spec import MAX_MODEL_LEN, SpecWorkload
-from tracers.testbed import lm, tasks
-from tracers.torch_engine import TorchEngine
+from testbed import lm, tasks
+from engines.pytorch.engine import TorchEngine
 from tracers.torch_rows import BLOCK_SIZE
-from tracers.torch_spec import TorchSpec
+from engines.pytorch.spec import TorchSpec
 from traces import ids
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir

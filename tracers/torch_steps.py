@@ -1,6 +1,6 @@
 """`reasonsim trace steps --engine torch`: the step grid on the PyTorch engine, CPU or CUDA.
 
-vLLM does not run on the GPU machines we reach; the PyTorch engine (`tracers.torch_engine`) does.
+vLLM does not run on the GPU machines we reach; the PyTorch engine (`engines.pytorch.engine`) does.
 The grid, the tables (`steps`, `requests`) and the warm-up flags are the vLLM profiler's, so
 `reasonsim calibrate` fits a GPU's step time the same way; each step's per-layer time
 (`layer_times`) comes too. The engine differs from vLLM where it says so: fixed KV slots (one per
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tracers.engine import device_info
+from engines.vllm_engine import device_info
 from tracers.step_profile import FIRST_TOKEN_ID, StepGrid, WarmupFlagger, summarize_steps
-from tracers.torch_engine import TorchEngine
+from engines.pytorch.engine import TorchEngine
 from tracers.torch_rows import BLOCK_SIZE, TorchStepWriter, kv_blocks_total
-from tracers.torch_spec import TorchSpec
+from engines.pytorch.spec import TorchSpec
 from traces import ids
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir

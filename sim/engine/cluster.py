@@ -2,8 +2,7 @@
 
 `Cluster` is the harness every simulation shares (plain request workloads in `sim.simulate`,
 program workloads in `sim.workloads.programs`): one environment, one replica per configured slot
-with its
-own seeded latency noise, a router, and the per-replica load arrays the router reads.
+with its own seeded latency noise, a router, and the per-replica load arrays the router reads.
 """
 
 from __future__ import annotations
@@ -148,7 +147,7 @@ class Cluster:
 
     def _finished(self, on_finish, rid: int, r: Req) -> None:
         """A replica's request ended. One that read cached positions it needed log-probabilities
-        of runs again, reading no cache, as the live engine re-runs it (`live.engines`), and
+        of runs again, reading no cache, as the live engine re-runs it (`engines.live_engine`), and
         only its second run ends it for the caller."""
         if r.rescore and not r.aborted:
             r.rerun_uncached()

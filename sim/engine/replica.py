@@ -10,10 +10,8 @@ sequence slot, or no KV room), the batch cannot change until a request finishes 
 runs out, so the replica schedules ONE event for the whole run of iterations (closed form from
 the latency model). An arrival that could be admitted truncates the run at the iteration
 boundary after it (solved in closed form), so results equal a per-iteration simulation.
-With `spec` (in-engine speculative decoding, `sim.engine.spec_decode`) a decode iteration holds 1 +
-K
-tokens, yields 1 + accepted. The reference: `sim.engine.lazy_replica` is its faster equal where it
-can.
+With `spec` (in-engine speculative decoding, `sim.engine.spec_decode`) a decode iteration holds
+1 + K tokens, yields 1 + accepted. The reference: `lazy_replica` is its faster equal where it can.
 """
 
 from __future__ import annotations
@@ -53,8 +51,7 @@ class Replica:
         # residual ratio's mean (a smearing estimate) restores it in mean mode.
         self.noise_mean, self.noise_std = self.lat.residual_sampler()
         # Sampled latency: the machine's speed for the run and its spells per window of time
-        # (`sim.step_time.spells`), where the model has measured them; they multiply each step's
-        # residual.
+        # (`step_time.spells`), where the model has measured them; they multiply each residual.
         self.drift, self.spells = speed_levels(self.lat, rng)
         self.run_factor = self.drift
         self.on_finish = on_finish
@@ -62,8 +59,7 @@ class Replica:
         self.fast_forward = fast_forward and device is None
         self.device = device
         # The loop's host time (`sim.step_time.host_time`): adding requests delays the next step (on
-        # a
-        # shared device, the device's), the first most; an idle loop wakes first (`submit`).
+        # a shared device, the device's), the first most; an idle loop wakes first (`submit`).
         self.add_s, self.add_more_s = cal.add_request_ms / 1e3, cal.add_more_ms / 1e3
         self.wake_s, self._host_s = cal.wake_ms / 1e3, 0.0
         self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
@@ -294,8 +290,7 @@ class Replica:
                                                      if self.spec else 1.0)
                 factor = self._noise(k)
         # The log-probability and seeded-sampling terms were fitted beyond the mean step
-        # (`sim.step_time.logprob_cost`, `sim.step_time.sampling_cost`): they take no residual
-        # factor.
+        # (`step_time.logprob_cost`, `step_time.sampling_cost`): they take no residual factor.
         a_ms += ((lp_ms + self.lp_step_ms if lp_ms > 0.0 else 0.0) + (
             self.seeded_ms[0] + self.seeded_ms[1] * seeded if seeded else 0.0)) / factor
         self.busy, self._seg_start = True, now

@@ -1,8 +1,7 @@
 """The plain-request simulation compiled (numba): the reference replica's logic, event for event.
 
 `sim.engine.replica.Replica` under SimPy is the reference: this kernel runs the same decisions in
-the
-same event order (a heap on (time, creation order), as SimPy's queue of timeouts), with the same
+the same event order (a heap on (time, creation order), as SimPy's queue of timeouts), with the same
 float expressions in the same order, so its tables equal the SimPy run's bit for bit
 (`tests/test_compiled.py`). It covers what a plain request workload needs (FCFS, chunked prefill,
 KV blocks with recompute preemption, runs of decode iterations and their truncation by arrivals,

@@ -1,8 +1,7 @@
 """A program workload's replicas compiled (`sim.kernels.program_kernel`) under the Python driver.
 
 `CompiledCluster` stands where `sim.engine.cluster.Cluster` stands for `sim.workloads.programs`: the
-same
-routers, the same `send` / `cancel` and `env.now` the driver uses, the same result buffers,
+same routers, the same `send` / `cancel` and `env.now` the driver uses, the same result buffers,
 and an arrival process written as for SimPy (it yields the seconds to wait). The replicas'
 decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
 table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects

@@ -149,7 +149,7 @@ def probe_reference(trace_dirs: list) -> dict[str, float] | None:
 
 
 def probe_level(model, live_dir: str | Path, reference: dict | None = None) -> dict | None:
-    """The live run's speed probe (`tracers.speed_probe`) against `reference` (`probe_reference`,
+    """The live run's speed probe (`engines.speed_probe`) against `reference` (`probe_reference`,
     the same probe at calibration time) where given, else against a step-time model's
     prediction: per phase, the median over its repeated decode steps of live time over that,
     and `level`, the mean of the phases; with `prefill`, the same of its one-prompt prefills

@@ -251,7 +251,7 @@ class ProgramDriver:
             group = run.groups[key] = self._groups
             self._groups += 1
         s = spec.sampling
-        # what the live engine returns (live/engines.py): top-k rows for a scored prompt's
+        # what the live engine returns (engines/live_engine.py): top-k rows for a scored prompt's
         # positions, and for sampled tokens when it asks their log-probabilities
         row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
         # A scoring request needs its tail's log-probabilities, which vLLM has none of for

@@ -4,9 +4,8 @@ Programs (`programs/`) arrive as a Poisson process; each is pinned to one replic
 (its prefix cache lives there) and each request gets a priority from the inter-program scheduler
 (`policies.scheduling`). Programs are the objects the live runner drives (`programs/`); the
 driver (`sim.workloads.program_driver`) answers their requests from the trace: cot/sc on a probes
-trace,
-sc/mcts/rebase search on a branches trace. The cost grows with requests (one per chunk, probe or
-search step), not tokens.
+trace, sc/mcts/rebase search on a branches trace. The cost grows with requests (one per chunk, probe
+or search step), not tokens.
 """
 
 from __future__ import annotations

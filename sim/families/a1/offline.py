@@ -1,7 +1,7 @@
 """A1 counterfactually on a conformity trace (`a1 offline`): rejection rate vs alpha, accuracy,
 tokens by model, per policy, coverage and sample count.
 
-A conformity trace is a path tree per evaluated sample (`tracers.conformity`): a node is
+A conformity trace is a path tree per evaluated sample (`live.conformity`): a node is
 (program, sample, decision string). A policy's path is walked from the root: at each node the
 policy decides from the node's score (p-values recomputed from the trace's calibration rows),
 and the path goes on to the child its decision names, or ends where the chosen step ends it. The

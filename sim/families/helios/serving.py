@@ -12,7 +12,7 @@ round's prefill step and its decode steps, fast-forwarded between sequence finis
 step-time model's closed form (events grow with rounds and finishes, not tokens).
 
 The EE-full baseline (whole model loaded, one sequence, per-token exits at a threshold, EE-LLM's
-layer skipping with KV recomputation as `tracers/torch_engine.py` runs it) serves each prompt
+layer skipping with KV recomputation as `engines/pytorch/engine.py` runs it) serves each prompt
 alone: the tokens are the full-depth stream's, each exits at the first layer whose max
 probability reaches the threshold, and each decode step runs layers 1..its exit over the new
 token plus the pending ones (those fed since the last step that ran every layer). Its step time

@@ -7,9 +7,8 @@ load bandwidth). Shapes come from the model's `config.json` (OPT and Llama famil
 bytes per decoder layer and KV bytes per token per layer.
 
 Step time is a roofline sum per loaded layer (`sim.step_time.layered.LayeredModel` coefficients):
-reading
-the layer's weights once per step (memory-bound decode: the cost a larger batch amortises), its
-matmul FLOPs per token computed, and reading each sequence's KV for the layer. Summing the terms
+reading the layer's weights once per step (memory-bound decode: the cost a larger batch amortises),
+its matmul FLOPs per token computed, and reading each sequence's KV for the layer. Summing the terms
 instead of taking their max errs slow; it is a what-if, not a measurement.
 
 Tokens are drawn per prompt from the phase's exit distribution (seeded); a token's max

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.a1 import (COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly,
                         calibration_sets)
 from policies.certaindex import extract_boxed
 from programs.a1 import A1Program, a1_program_seed
-from tracers.engine import check_model, reasoning_engine
-from tracers.testbed import tasks
+from engines.vllm_engine import check_model, reasoning_engine
+from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, check_out_dir, read_table
 

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tracers.allocator import steady_heap
+from engines.allocator import steady_heap
 from traces.provenance import config_hash, cpu_count, cpu_model, run_row
 
 
@@ -32,7 +32,7 @@ machine whose node 0 holds ~8 GiB with anything else running."""
 
 
 def prepare_env() -> None:
-    """Process-wide vLLM settings and the steady heap (`tracers.allocator`); call before vLLM
+    """Process-wide vLLM settings and the steady heap (`engines.allocator`); call before vLLM
     is imported (every engine start does)."""
     # In-process engine core so the scheduler is reachable.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

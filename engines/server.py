@@ -10,8 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tracers.allocator import child_env
-from tracers.engine import check_kv_env, check_model_dir, vllm_memory_flags
+from engines.allocator import child_env
+from engines.vllm_engine import check_kv_env, check_model_dir, vllm_memory_flags
 
 
 def free_port() -> int:

@@ -12,12 +12,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from live.engines import VllmEngine
+from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.search import SearchBudget
 from programs.search import METHOD_INDEX, SearchProgram, SearchSettings, program_seed
-from tracers.engine import check_model, reasoning_engine
-from tracers.testbed import tasks
+from engines.vllm_engine import check_model, reasoning_engine
+from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, check_out_dir
 

@@ -1,4 +1,4 @@
-"""What the PyTorch engine (`tracers.torch_engine`) is started with and what a step returns."""
+"""What the PyTorch engine (`engines.pytorch.engine`) is started with and what a step returns."""
 
 from __future__ import annotations
 

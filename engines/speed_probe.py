@@ -5,8 +5,7 @@ calibration traffic of one fidelity run decoded at 1.06-1.12x of its fit, live r
 at 0.80-0.98x. The probe measures that level without looking at the run itself: the same
 decode batches every time, on the run's own warmed engine, recorded in the `speed_probe` table.
 `sim.step_time.live_speed.probe_level` prices its steps with a calibration; their median ratio is
-the
-machine's speed of the moment, against which a simulation can be leveled and the rest of the
+the machine's speed of the moment, against which a simulation can be leveled and the rest of the
 model judged.
 
 Then one-prompt prefills of fixed lengths, a few times each: the machine's speed for prefills
@@ -22,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from traces.store import TraceWriter
-from tracers.engine import FIRST_TOKEN_ID, Engine
+from engines.vllm_engine import FIRST_TOKEN_ID, Engine
 
 BATCHES = (1, 4, 8)
 """decode batch sizes the probe runs, one after another"""

@@ -16,10 +16,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from urllib.parse import urlparse
 
 from programs.base import Outcome, Sampling
+from traces.provenance import cpu_count, cpu_model, run_row
 
 
 class HttpEngine:
-    """A model served over HTTP, speaking `live.engines.LiveEngine`."""
+    """A model served over HTTP, speaking `engines.live_engine.LiveEngine`."""
 
     def __init__(self, url: str, model: str, writer, t0: float, max_in_flight: int = 64,
                  timeout_s: float = 600.0):
@@ -148,3 +149,36 @@ class HttpEngine:
                         prompt_tokens=m["prompt_tokens"], output_tokens=len(got["ids"]),
                         cached_prompt_tokens=int(got["cached"]),
                         finish_reason="abort" if aborted else got["finish_reason"])
+
+
+def server_model(url: str) -> tuple[str, str]:
+    """(served model id, server version) of an OpenAI-compatible server."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+        models = json.loads(r.read())["data"]
+    version = "unknown"
+    try:
+        with urllib.request.urlopen(f"{url}/version", timeout=10) as r:
+            version = json.loads(r.read()).get("version", "unknown")
+    except OSError:
+        pass
+    if not models:
+        raise ValueError(f"{url}: server lists no models")
+    return models[0]["id"], version
+
+
+def http_run_row(url: str, kind: str, seed: int, params: dict,
+                 model: str | None = None) -> tuple[str, dict]:
+    """(served model id, `runs` row) of a run against an OpenAI-compatible server."""
+    host = urlparse(url).hostname or ""
+    if not urlparse(url).scheme.startswith("http") or not host:
+        raise ValueError(f"--url must be http(s)://host:port, got {url!r}")
+    try:
+        served, version = server_model(url)
+    except OSError as e:
+        raise ValueError(f"{url}: no OpenAI-compatible server answers ({e})") from None
+    local = host in ("127.0.0.1", "localhost", "::1")
+    return served, run_row(kind, "vllm-openai-http", version,
+                           cpu_model() if local else f"remote {host}", cpu_count() if local else 0,
+                           model or served, "remote", "server", "server", seed, params)

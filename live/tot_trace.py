@@ -20,7 +20,7 @@ from live.runner import LiveRun
 from live.tot import open_session, run_tot
 from policies.seed import SeedPolicy, ToTSettings
 from programs.tot import tot_program_seed
-from tracers.testbed import tasks
+from testbed import tasks
 from traces import ids
 from traces.store import check_out_dir
 

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from tracers.allocator import steady_heap
-from tracers.engine import check_model
-from tracers.layer_clock import LayerClock
-from tracers.slot_attention import SDPA_BACKENDS, SlotAttention
-from tracers.torch_spec import StepResult, Token, TorchSpec
-from tracers.torch_verify import VerifySteps
-from tracers.torch_weights import load_partial, read_layer_weights
+from engines.allocator import steady_heap
+from engines.vllm_engine import check_model
+from engines.pytorch.layer_clock import LayerClock
+from engines.pytorch.slot_attention import SDPA_BACKENDS, SlotAttention
+from engines.pytorch.spec import StepResult, Token, TorchSpec
+from engines.pytorch.verify import VerifySteps
+from engines.pytorch.weights import load_partial, read_layer_weights
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Small-model helpers shared by testbed training and evaluation: encoding, loading, generation.
 
-The testbed uses the character tokenizer of `tracers.tokenizer` with no BOS token, so a prompt's
+The testbed uses the character tokenizer of `testbed.tokenizer` with no BOS token, so a prompt's
 ids here are exactly what vLLM's tokenizer produces from the same text.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tracers.tokenizer import vocab
+from testbed.tokenizer import vocab
 
 _VOCAB = vocab()
 _INV = {i: t for t, i in _VOCAB.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tracers.testbed import lm, tasks
+from testbed import lm, tasks
 
 
 
@@ -192,7 +192,7 @@ def train(spec: ModelSpec, out_dir: str | Path, log=print, eval_every: int = 500
     """
     from transformers import LlamaForCausalLM
 
-    from tracers.tokenizer import save_tokenizer
+    from testbed.tokenizer import save_tokenizer
 
     torch.manual_seed(spec.seed)
     stages = list(enumerate(spec.stages))

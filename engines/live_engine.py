@@ -3,8 +3,8 @@
 An engine takes requests as token ids with `programs.base.Sampling`, runs iterations, and
 returns finished requests as raw `Outcome`s (ids, text, log-probabilities, end of sequence);
 every request and iteration is recorded in the trace schema. `VllmEngine` is the in-process
-vLLM engine (`tracers.engine`); an HTTP (OpenAI-compatible) or PyTorch engine implements the same
-five methods.
+vLLM engine (`engines.vllm_engine`); an HTTP (OpenAI-compatible) or PyTorch engine implements
+the same five methods.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class VllmEngine:
     def __init__(self, engine, writer, t0: float):
         from vllm import SamplingParams
 
-        from tracers.recorder import StepRecorder
+        from engines.recorder import StepRecorder
 
         self.engine = engine
         self.rec = StepRecorder(engine, writer, t0, record_tokens=False)

@@ -8,8 +8,8 @@ import time
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from tracers.layer_clock import LayerClock
-from tracers.slot_attention import SDPA_BACKENDS
+from engines.pytorch.layer_clock import LayerClock
+from engines.pytorch.slot_attention import SDPA_BACKENDS
 
 
 class VerifySteps:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from traces.store import TraceWriter
-from tracers.engine import Engine
+from engines.vllm_engine import Engine
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from policies.certaindex import answer_certainty
-from tracers.testbed import lm, tasks
+from testbed import lm, tasks
 
 TARGETS = ("target-large", "target-small")
 DRAFT = "draft"
