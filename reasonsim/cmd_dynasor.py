@@ -183,3 +183,99 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     print_summary(result["error"], False)
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def add_dynasor_parser(sub) -> None:
+    """The `dynasor` command group."""
+    dy = sub.add_parser("dynasor", help="Dynasor experiments on probes traces")
+    dysub = dy.add_subparsers(dest="dynasor_command", required=True, metavar="EXPERIMENT")
+    _add_offline_parser(dysub)
+    _add_calibrate_parser(dysub)
+    _add_online_parser(dysub)
+    _add_replay_parser(dysub)
+
+
+def _add_offline_parser(dysub) -> None:
+    """`reasonsim dynasor offline`."""
+    from reasonsim.common import ints
+
+    off = dysub.add_parser("offline", help="tokens-to-accuracy of certaindex vs fixed budgets",
+                           description="Replay probe-consistency stopping (window x interval) "
+                           "and fixed token budgets counterfactually on a probes trace; or, on a "
+                           "branches trace, certaindex stops vs baseline-even caps for SC, MCTS "
+                           "and Rebase.")
+    off.add_argument("trace", help="probes or branches trace directory (reasonsim trace ...)")
+    off.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
+    off.add_argument("--windows", type=ints, default=[2, 3, 4, 5], help="e.g. 2,3,4,5")
+    off.add_argument("--intervals", type=ints, default=None,
+                     help="probe intervals in tokens (multiples of the stride; default: stride, "
+                     "2 x stride)")
+    off.add_argument("--budgets", type=ints, default=[32, 64, 96, 128, 160, 192, 256])
+    off.add_argument("--json", action="store_true")
+    off.add_argument("--per-round", type=int, default=2,
+                     help="branches traces: self-consistency paths per round")
+    off.set_defaults(func=cmd_dynasor_offline)
+
+
+def _add_calibrate_parser(dysub) -> None:
+    """`reasonsim dynasor calibrate`."""
+    from reasonsim.common import floats
+
+    ca = dysub.add_parser("calibrate", help="profiler-guided certaindex threshold and Pareto "
+                          "frontier on a branches trace",
+                          description="Split the questions (seeded, by difficulty); on the "
+                          "calibration half choose the most aggressive threshold, and fit a "
+                          "Pareto-frontier curve, that keep the cap's accuracy; report both on "
+                          "the held-out half against baseline-even.")
+    ca.add_argument("trace", help="branches trace directory (reasonsim trace branches)")
+    ca.add_argument("--method", choices=["sc", "mcts", "rebase"], required=True)
+    ca.add_argument("--cap", type=int, required=True,
+                    help="samples (sc), iterations (mcts) or width (rebase)")
+    ca.add_argument("--signal", choices=["entropy", "reward"], default="entropy")
+    ca.add_argument("--thresholds", type=floats, default=None,
+                    help="candidates; default: 0.05..0.95 (entropy), the traced rewards (reward)")
+    ca.add_argument("--detect", type=int, default=None,
+                    help="detect@knob: check once at this many solutions (default: every round)")
+    ca.add_argument("--per-round", type=int, default=0, help="sc: paths per round")
+    ca.add_argument("--split-seed", type=int, default=0)
+    ca.add_argument("--json", action="store_true")
+    ca.set_defaults(func=cmd_dynasor_calibrate)
+
+
+def _add_online_parser(dysub) -> None:
+    """`reasonsim dynasor online`."""
+    from reasonsim.common import floats
+
+    on = dysub.add_parser("online", help="deadline attainment vs rate and SLO scale per scheduler",
+                          description="Simulate program configs (same cluster, different "
+                          "allocation policies) under each scheduler, sweeping the arrival rate "
+                          "and the SLO scale; report the max rate at the target attainment.")
+    on.add_argument("configs", nargs="+", help="program workload configs (examples/dynasor-*.yaml)")
+    on.add_argument("-o", "--out", default="reports/dynasor", help="directory for plots + JSON")
+    on.add_argument("--schedulers", type=lambda t: t.split(","),
+                    default=["fcfs", "lpm", "app_fifo", "dynasor"])
+    on.add_argument("--rates", type=floats, default=[1, 2, 3, 4, 5, 6])
+    on.add_argument("--slo-scales", type=floats, default=[0.5, 1, 1.5, 2, 3, 4])
+    on.add_argument("--target", type=float, default=0.9, help="attainment target")
+    on.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
+    on.add_argument("--json", action="store_true")
+    on.set_defaults(func=cmd_dynasor_online)
+
+
+def _add_replay_parser(dysub) -> None:
+    """`reasonsim dynasor replay`."""
+    rp = dysub.add_parser("replay", help="run a program config live on vLLM and compare with sim",
+                          description="Drive real vLLM with the config's programs and policy "
+                          "objects (probes as prefix-sharing requests, stops as aborts, "
+                          "scheduler priorities as vLLM priorities), simulate the same config, "
+                          "and report decision agreement and sim-vs-live errors.")
+    rp.add_argument("config", help="a program workload config with one replica")
+    rp.add_argument("-o", "--out", default="reports/dynasor-replay")
+    rp.add_argument("--count", type=int, default=None, help="override the number of programs")
+    rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
+    rp.add_argument("--url", default=None,
+                    help="run on this OpenAI-compatible server instead of an in-process engine "
+                    "(start it with the trace's block size and, for non-fcfs schedulers, "
+                    "--scheduling-policy priority)")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_dynasor_replay)

@@ -63,3 +63,19 @@ def yes_no(ok: bool | None) -> str:
 def pct(v: float | None) -> str:
     """An error cell: signed percent, or empty."""
     return "" if v is None else f"{v:+.1%}"
+
+
+def add_fidelity_parser(sub) -> None:
+    """`reasonsim fidelity`."""
+    fi = sub.add_parser("fidelity", help="trace, calibrate, simulate and replay live a suite "
+                        "of workloads on this machine; one sim-vs-live table",
+                        description="Traces a step grid here, calibrates (serving model), then "
+                        "simulates each workload of the suite and replays it live twice; each "
+                        "metric passes within its tolerance or the live-vs-live spread.")
+    fi.add_argument("--quick", action="store_true", help="the quick grid and suite (~3 min)")
+    fi.add_argument("-o", "--out", default="reports/fidelity", help="directory to write (new)")
+    fi.add_argument("--suite", default=None, help="suite YAML (default "
+                    "examples/fidelity/suite.yaml)")
+    fi.add_argument("--json", action="store_true")
+    fi.add_argument("-q", "--quiet", action="store_true")
+    fi.set_defaults(func=cmd_fidelity)

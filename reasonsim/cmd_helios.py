@@ -208,3 +208,51 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         console.print("live step time / simulated, per run: "
                       + ", ".join(f"{v:.2f}x" for v in r["step_speed"]))
     return 0
+
+
+def add_helios_parser(sub) -> None:
+    """The `helios` command group."""
+    he = sub.add_parser("helios", help="HELIOS early-exit experiments on exits traces")
+    hesub = he.add_subparsers(dest="helios_command", required=True, metavar="EXPERIMENT")
+    _add_offline_parser(hesub)
+    _add_replay_parser(hesub)
+
+
+def _add_offline_parser(hesub) -> None:
+    """`reasonsim helios offline`."""
+    from reasonsim.common import floats
+
+    ho = hesub.add_parser("offline", help="exit distribution per model and threshold",
+                          description="Counterfactually, from exits traces (reasonsim trace "
+                          "exits): the share of tokens exiting at each layer per threshold, how "
+                          "often an early token equals the full model's (HELIOS's insight), and "
+                          "per loaded depth the confidence-breach rate.")
+    ho.add_argument("traces", nargs="+", help="exits trace directories")
+    ho.add_argument("--thresholds", type=floats, default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
+    ho.add_argument("--breach-threshold", type=float, default=0.9,
+                    help="a token at the last loaded layer below it is a confidence breach")
+    ho.add_argument("-o", "--out", help="write exits.json and exit_shares.png here")
+    ho.add_argument("--json", action="store_true")
+    ho.set_defaults(func=cmd_helios_offline)
+
+
+def _add_replay_parser(hesub) -> None:
+    """`reasonsim helios replay`."""
+    hr = hesub.add_parser("replay", help="each policy live on the PyTorch engine vs simulated",
+                          description="Serve a helios config's prompt stream live with each "
+                          "policy (the same policy objects and round program as the simulator) "
+                          "and compare: decision agreement, throughput, TTFT, TPOT, batch, "
+                          "perplexity, with the live-vs-live spread over --repeats runs.")
+    hr.add_argument("config", help="a config with a helios: section (examples/helios-*.yaml)")
+    hr.add_argument("--policies", type=lambda t: t.split(","),
+                    help="policy names to replay (default: all)")
+    hr.add_argument("--repeats", type=int, default=2, help="live runs per policy")
+    hr.add_argument("--retrace", metavar="DIR",
+                    help="first trace every model's exits again on this machine, with its "
+                    "trace's own workload, into DIR/<model>, and simulate from those (profiles "
+                    "belong to the device that traced them)")
+    hr.add_argument("--prompts-per-phase", type=int,
+                    help="with --retrace: a longer (or shorter) stream than the trace's, so "
+                    "live runs last long enough to average a shared machine's speed spells")
+    hr.add_argument("--json", action="store_true")
+    hr.set_defaults(func=cmd_helios_replay)

@@ -296,3 +296,81 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"CDF plot: {png}")
     return 0
 
+
+def add_calibrate_parser(sub) -> None:
+    """`reasonsim calibrate`."""
+    cal = sub.add_parser("calibrate", help="fit the latency model from steps traces",
+                         description="Fit per-iteration latency from steps tables (NNLS, relative "
+                         "error); report held-out error on grid cells the fit never saw.")
+    cal.add_argument("trace_dirs", nargs="+", metavar="TRACE_DIR")
+    cal.add_argument("-o", "--out", required=True, help="calibration JSON to write")
+    cal.add_argument("--seed", type=int, default=0, help="held-out split seed")
+    cal.add_argument("--model", choices=["serving", "linear"], default="serving",
+                     help="step-time model: serving (linear + first-of-shape, idle and prefill-"
+                     "step terms) or linear")
+    cal.add_argument("--host-from", nargs="+", default=[], metavar="RUN_DIR",
+                     help="live runs of in-process engines stepped from one loop (each a trace "
+                     "or a directory of one per engine): fit the host time per added request "
+                     "and after idle from them (default: from the live replays among the "
+                     "traces)")
+    cal.add_argument("--spec-k", type=int, default=None, metavar="K",
+                     help="fit the steps of vLLM's speculative decoding with K draft tokens (a "
+                     "spec trace's K cells, or live replays of a speculative engine)")
+    cal.add_argument("--json", action="store_true")
+    cal.set_defaults(func=cmd_calibrate)
+
+
+def add_simulate_parser(sub) -> None:
+    """`reasonsim simulate`."""
+    sm = sub.add_parser("simulate", help="simulate a cluster from a YAML config",
+                        description="Run the SimPy cluster model; print a summary; with -o write "
+                        "requests/steps tables (same schema as live traces) and summary.json.")
+    sm.add_argument("config", nargs="?")
+    sm.add_argument("-o", "--out", help="directory for the tables")
+    sm.add_argument("--json", action="store_true")
+    sm.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="also simulate N draws of the step-time noise (same workload) and "
+                    "report each metric's 5-95%% band (bands.json under -o)")
+    sm.add_argument("--help-config", action="store_true",
+                    help="list every cluster/slo/output config key with its type, default and "
+                    "bounds (from the schema the config is validated against), then exit")
+    sm.set_defaults(func=cmd_simulate)
+
+
+def add_demo_parser(sub) -> None:
+    """`reasonsim demo`."""
+    dm = sub.add_parser("demo", help="simulate the default cluster and write a report",
+                        description="Simulate examples/demo.yaml from the shipped calibration, "
+                        "sweep the arrival rate, write PNG plots and report.md.")
+    dm.add_argument("-o", "--out", default="reports/demo")
+    dm.add_argument("--quick", action="store_true", help="smaller workload (tests)")
+    dm.add_argument("--json", action="store_true")
+    dm.set_defaults(func=cmd_demo)
+
+
+def add_replay_parser(sub) -> None:
+    """`reasonsim replay`."""
+    rp = sub.add_parser("replay", help="serve a config's workload live on vLLM (one replica)",
+                        description="Same arrivals, lengths (ignore_eos) and seed as `simulate`, "
+                        "in real time on vLLM's engine; writes the same tables.")
+    rp.add_argument("config")
+    rp.add_argument("-o", "--out", required=True)
+    rp.add_argument("--model", help="model directory (default: the calibration's model)")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("-q", "--quiet", action="store_true")
+    rp.set_defaults(func=cmd_replay)
+
+
+def add_validate_parser(sub) -> None:
+    """`reasonsim validate`."""
+    va = sub.add_parser("validate", help="compare simulated and live tables",
+                        description="Per metric (mean/P50/P90/P99 of TTFT, TPOT, e2e; throughput) "
+                        "print simulated, live and relative error; write overlaid CDF plots.")
+    va.add_argument("sim_dir")
+    va.add_argument("live_dir")
+    va.add_argument("-o", "--out", default="reports/validate", help="plot directory")
+    va.add_argument("--allow-device-mismatch", action="store_true",
+                    help="give a pass/fail verdict even when the calibration was traced on "
+                    "another device than the live run")
+    va.add_argument("--json", action="store_true")
+    va.set_defaults(func=cmd_validate)

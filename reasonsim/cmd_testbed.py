@@ -30,3 +30,34 @@ def cmd_testbed_eval(args: argparse.Namespace) -> int:
         Path(args.save).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=None if args.json else 2))
     return 0
+
+
+def add_testbed_parser(sub) -> None:
+    """The `testbed` command group."""
+    from reasonsim.common import TESTBED
+
+    tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
+    tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
+    b = tbsub.add_parser("build", help="train target-large, target-small and draft (CPU, ~1 h)",
+                         description="Train the testbed models on the synthetic reasoning task, "
+                         "deterministically (seeded data and initialisation).")
+    b.add_argument("-o", "--out", default=str(TESTBED), help="directory for the model folders")
+    b.add_argument("--models", nargs="+", default=None, help="subset of models to train")
+    b.add_argument("--steps-scale", type=float, default=1.0,
+                   help="multiply every model's step budget (e.g. 0.01 for a smoke run)")
+    b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    b.add_argument("--init-from", default=None,
+                   help="directory of models that finished stage 1: run only the later stages")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=cmd_testbed_build)
+    e = tbsub.add_parser("eval", help="measure accuracy, probes, entropy, exits and acceptance",
+                         description="Evaluate the testbed models on held-out items and print "
+                         "one JSON object.")
+    e.add_argument("--models", default=str(TESTBED), help="directory holding the model folders")
+    e.add_argument("--items", type=int, default=24, help="held-out items per family x level")
+    e.add_argument("--samples", type=int, default=8, help="samples per item at temperature 0.7")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--save", default=None, help="also write the JSON object to this file")
+    e.add_argument("--json", action="store_true", help="print compact JSON, no progress")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=cmd_testbed_eval)

@@ -130,3 +130,167 @@ def cmd_traces_check(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"{bad} of {len(args.paths)} trace paths violate the contract")
     return 0
+
+
+def add_steps_parser(tsub) -> None:
+    """`reasonsim trace steps`."""
+    from reasonsim.common import DEFAULT_MODEL, counts, ints
+
+    s = tsub.add_parser("steps", help="profile an engine step by step over a grid",
+                        description="Drive vLLM's LLMEngine step by step over a grid of batch "
+                        "sizes x prompt lengths x output lengths; record every iteration "
+                        "(steps table) and every request (requests table).")
+    s.add_argument("--model", default=str(DEFAULT_MODEL),
+                   help="model directory (config.json; weights optional with --load-format "
+                   "dummy); default: the testbed's target-large")
+    s.add_argument("-o", "--out", required=True, help="trace directory to write")
+    s.add_argument("--batch-sizes", type=ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
+    s.add_argument("--prompt-tokens", type=ints, default=[32, 128, 512, 1024])
+    s.add_argument("--output-tokens", type=ints, default=[16, 64, 128, 256])
+    s.add_argument("--repeats", type=int, default=2,
+                   help="repeats of each grid cell (>= 2 gives every shape warm samples)")
+    s.add_argument("--warmup-steps", type=int, default=3,
+                   help="first N iterations of the run flagged is_warmup; the first iteration "
+                   "of each new shape is flagged too")
+    s.add_argument("--idle-ms", type=counts, default=[0], help="idle time before each cell, "
+                   "cycling (e.g. 0,20,100: steps after idle, as live traffic has them)")
+    s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy = random weights from config.json alone")
+    s.add_argument("--dtype", default="auto", help="auto = float32 on CPU, bfloat16 on GPU")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-num-seqs", type=int, default=None)
+    s.add_argument("--max-num-batched-tokens", type=int, default=None)
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's longest request (prompt + output); the calibration "
+                   "carries it, so set it to the deployment's (default: the grid's longest)")
+    s.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU KV cache space (GiB)")
+    s.add_argument("--regimes", type=lambda t: tuple(x for x in t.split(",") if x),
+                   default=("greedy",), help="sampling regimes, each cell run in each: greedy, "
+                   "seeded (temperature 0.7, top-p 0.95, a seed per request), logprobs (seeded "
+                   "with the sampled tokens' log-probabilities); e.g. greedy,seeded,logprobs")
+    s.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
+                   help="torch: the PyTorch engine, on CUDA where torch sees a GPU (no vLLM "
+                   "there); a KV slot per sequence, so --kv-cache-gb does not apply")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted trace")
+    s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_trace_steps)
+
+
+def add_serve_parser(tsub) -> None:
+    """`reasonsim trace serve`."""
+    from reasonsim.common import ints
+
+    v = tsub.add_parser("serve", help="stream a workload against an OpenAI-compatible server",
+                        description="Send a seeded Poisson workload to /v1/completions with "
+                        "streaming and record per-token arrival times (token_times) and "
+                        "per-request timings (requests).")
+    v.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    v.add_argument("--model", default=None, help="model name on the server (default: first "
+                   "model listed by /v1/models)")
+    v.add_argument("-o", "--out", required=True, help="trace directory to write")
+    v.add_argument("--num-requests", type=int, default=32)
+    v.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second "
+                   "(0 = all at once)")
+    v.add_argument("--prompt-tokens", type=ints, default=[64, 256], help="choices, sampled")
+    v.add_argument("--output-tokens", type=ints, default=[32, 128], help="choices, sampled")
+    v.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
+    v.add_argument("--warmup-requests", type=int, default=2,
+                   help="unrecorded requests sent before the clock starts (server warm-up)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--resume", action="store_true")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("-q", "--quiet", action="store_true")
+    v.set_defaults(func=cmd_trace_serve)
+
+
+def add_probes_parser(tsub) -> None:
+    """`reasonsim trace probes`."""
+    from reasonsim.common import DEFAULT_MODEL
+
+    pr = tsub.add_parser("probes", help="probe chain-of-thought mid-reasoning on vLLM (Dynasor)",
+                         description="Decode each question x sample in chunks and probe the "
+                         "answer after every chunk; never stop early (counterfactual replay).")
+    pr.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="trained model directory; default: the testbed's target-large")
+    pr.add_argument("-o", "--out", required=True, help="trace directory to write")
+    pr.add_argument("--questions", type=int, default=4, help="questions per family x level")
+    pr.add_argument("--samples", type=int, default=4, help="reasoning samples per question")
+    pr.add_argument("--stride", type=int, default=16, help="reasoning tokens between probes")
+    pr.add_argument("--budget", type=int, default=256, help="reasoning token budget")
+    pr.add_argument("--probe-tokens", type=int, default=20, help="tokens per probe")
+    pr.add_argument("--temperature", type=float, default=0.7, help="reasoning temperature")
+    pr.add_argument("--probe-temperature", type=float, default=0.6,
+                    help="probe temperature (0.6 is the public reference's; 0 is greedy)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--resume", action="store_true", help="continue a killed trace")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("-q", "--quiet", action="store_true")
+    pr.set_defaults(func=cmd_trace_probes)
+
+
+def add_branches_parser(tsub) -> None:
+    """`reasonsim trace branches`."""
+    from reasonsim.common import DEFAULT_MODEL, ints
+
+    br = tsub.add_parser("branches", help="SC, MCTS and Rebase programs on vLLM (Dynasor)",
+                         description="Run each question's self-consistency, MCTS and Rebase "
+                         "programs to their caps and record every request (the branches table) "
+                         "with its path reward: the model's own path likelihood.")
+    br.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="trained model directory; default: the testbed's target-large")
+    br.add_argument("-o", "--out", required=True, help="trace directory to write")
+    br.add_argument("--questions", type=int, default=6, help="questions per family x level")
+    br.add_argument("--methods", type=lambda t: t.split(","), default=["sc", "mcts", "rebase"])
+    br.add_argument("--samples", type=int, default=16, help="self-consistency samples")
+    br.add_argument("--iterations", type=int, default=16, help="MCTS iterations")
+    br.add_argument("--widths", type=ints, default=[4, 8, 16], help="Rebase widths")
+    br.add_argument("--budget", type=int, default=256, help="reasoning tokens per path")
+    br.add_argument("--temperature", type=float, default=0.7)
+    br.add_argument("--seed", type=int, default=0)
+    br.add_argument("--resume", action="store_true", help="continue a killed trace")
+    br.add_argument("--json", action="store_true")
+    br.add_argument("-q", "--quiet", action="store_true")
+    br.set_defaults(func=cmd_trace_branches)
+
+
+def add_exits_parser(tsub) -> None:
+    """`reasonsim trace exits`."""
+    from reasonsim.common import DEFAULT_MODEL
+
+    ex = tsub.add_parser("exits", help="every exit's view of every token on the PyTorch engine "
+                         "(HELIOS)", description="Run a stream of held-out testbed prompts in "
+                         "phases of one task family each on the PyTorch engine at full depth "
+                         "(greedy) and record, per output token, the max probability and argmax "
+                         "at every exit; per step, each layer's time; per layer, weight and KV "
+                         "bytes and the measured load time. The stream is also served with layer "
+                         "skipping (EE-LLM style, one sequence) at each --ee-thresholds value, "
+                         "to time the EE-full baseline's steps.")
+    ex.add_argument("--model", default=str(DEFAULT_MODEL),
+                    help="Llama model directory; default: the testbed's target-large")
+    ex.add_argument("-o", "--out", required=True, help="trace directory to write")
+    ex.add_argument("--phases", type=lambda t: tuple(t.split(",")),
+                    default=("mod", "count", "mod", "count"), help="task family per phase")
+    ex.add_argument("--prompts-per-phase", type=int, default=30)
+    ex.add_argument("--max-tokens", type=int, default=96)
+    ex.add_argument("--max-num-seqs", type=int, default=32)
+    ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    ex.add_argument("--ee-thresholds", type=lambda t: tuple(float(x) for x in t.split(",") if x),
+                    default=(0.9,), help="thresholds of the layer-skipping passes (EE-full "
+                    "baseline); '' for none. Default: 0.9")
+    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--json", action="store_true")
+    ex.add_argument("-q", "--quiet", action="store_true")
+    ex.set_defaults(func=cmd_trace_exits)
+
+
+def add_traces_parser(sub) -> None:
+    """The `traces` command group."""
+    tr = sub.add_parser("traces", help="inspect and validate trace directories")
+    trsub = tr.add_subparsers(dest="traces_command", required=True, metavar="ACTION")
+    c = trsub.add_parser("check", help="validate trace directories or part files",
+                         description="Validate schema, version, columns, times; name file, "
+                         "column and row of every violation. Exit 2 if any path fails.")
+    c.add_argument("paths", nargs="+", metavar="PATH")
+    c.add_argument("--max-errors", type=int, default=20)
+    c.set_defaults(func=cmd_traces_check)
