@@ -13,7 +13,7 @@ from conftest import REPO
 from sim.step_time import registry as step_time
 from sim.config import parse_config
 from sim.step_time.live_speed import live_over_predicted
-from sim.step_time.serving_latency import speed_levels
+from sim.step_time.spells import fit_speed_levels
 from sim.simulate import simulate
 from sim.step_time.spells import SPELL_S, Spells
 
@@ -26,8 +26,8 @@ def test_the_fit_tells_a_runs_level_from_the_spells_within_it():
     level (at most 1.6x, most of them at it)."""
     t = np.arange(0, 10, 0.01)
     ratio_a = np.where((t // SPELL_S == 3) | (t // SPELL_S == 6) | (t // SPELL_S == 7), 1.6, 1.0)
-    runs, spells = speed_levels(np.array(["a"] * t.size + ["b"] * t.size),
-                                np.concatenate([t, t]), np.concatenate([ratio_a, 1.3 + 0 * t]))
+    runs, spells = fit_speed_levels(np.array(["a"] * t.size + ["b"] * t.size),
+                                    np.concatenate([t, t]), np.concatenate([ratio_a, 1.3 + 0 * t]))
     assert math.isclose(math.exp(max(runs) - min(runs)), 1.6, rel_tol=1e-9)
     assert math.isclose(math.exp(max(spells)), 1.6, rel_tol=1e-9)
     assert sorted(spells)[len(spells) // 2] == 0.0  # most windows run at their run's level

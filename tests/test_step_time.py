@@ -160,3 +160,21 @@ def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
         calibrate([warm], model="linear")
     # The serving model keeps first-of-shape steps (they are its data); only run start-up goes.
     assert calibrate([warm]).heldout["train_rows"] + calibrate([warm]).heldout["rows"] == 37
+
+
+def test_calibrate_fits_through_the_registry_that_loads(tmp_path):
+    """A kind fits by the class registered under its name, the one loading finds; a kind that is
+    unknown or fitted elsewhere (the layered model, from a helios: config) is refused by name."""
+    from sim.step_time.calibration import calibrate
+
+    trace = _steps_trace(tmp_path / "a", 64)
+    for kind in ("linear", "serving"):
+        cal = calibrate([trace], model=kind)
+        assert type(cal.latency) is step_time.fitter(kind) is step_time.STEP_TIME_MODELS[kind]
+        assert step_time.from_json(step_time.to_json(cal.latency)) == cal.latency
+    for kind in ("layered", "nonesuch"):
+        with pytest.raises(ValueError, match=rf"step-time model '{kind}': calibrate fits "
+                                             r"\['linear', 'serving'\]"):
+            calibrate([trace], model=kind)
+    with pytest.raises(ValueError, match="the linear model has no optional terms"):
+        calibrate([trace], model="linear", without=("prefill_step",))

@@ -19,12 +19,12 @@ import pandas as pd
 
 from sim.step_time import registry as step_time
 from sim.step_time.host_time import fit_host_ms, with_step_gap
-from sim.step_time.latency import LatencyModel, errors, fit
+from sim.step_time.latency import LatencyModel
 from sim.step_time.live_speed import probe_reference
 from sim.step_time.logprob_cost import (MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost,
                                         logprob_ms)
 from sim.step_time.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
-from sim.step_time.serving_latency import attach_spans, engine_features, fit_serving, serving_errors
+from sim.step_time.serving_latency import ServingModel  # noqa: F401 (registers `serving`)
 from traces import read_run, read_table
 
 CALIBRATION_VERSION = 2
@@ -191,16 +191,9 @@ def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
     return steps, spec["draft_model_id"] if spec else None
 
 
-def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving",
-              spec_k: int | None = None, seeded_term: bool = True,
-              without: tuple[str, ...] = ()) -> Calibration:
-    """Fit a step-time model (`serving` or `linear`) on the traces' steps; evaluate on held-out
-    cells or runs. `spec_k`: fit the spec-decoding steps of K speculative tokens;
-    `seeded_term=False`: no seeded-sampling term (an ablation, `benchmarks/sampling_terms.py`);
-    `without`: serving-model FEATURES fitted at 0 (an ablation, `fidelity_offline.py`)."""
-    t0 = time.perf_counter()
-    frames, runs = [], []
-    drafts = set()
+def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
+    """Each trace's steps (spec steps at K where asked), its (dir, run) and the drafts seen."""
+    frames, runs, drafts = [], [], set()
     for d in trace_dirs:
         run = read_run(d)
         if run["kind"] == "exits":  # steps at several loaded depths: one linear fit is wrong
@@ -213,6 +206,11 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
             raise ValueError(f"{d}: steps table is empty; nothing to calibrate")
         runs.append((str(d), run))
         frames.append(steps)
+    return frames, runs, drafts
+
+
+def _engine_limits(runs: list) -> dict:
+    """The engine limits of each trace, which must agree, as must engine, device and model."""
     keys = {(r["engine"], r["device"], r["model_config_hash"], r["dtype"]) for _, r in runs}
     if len(keys) != 1:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
@@ -224,16 +222,72 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
         (a, la), (b, lb) = list(limits.items())[:2]
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
+    return limits
+
+
+def _seeded_term(steps: pd.DataFrame) -> tuple[pd.DataFrame, tuple[float, float], str]:
+    """Seeded sampling's own term, fitted on every step and taken out of their durations."""
+    cost = fit_seeded_cost(steps)
+    note = "fitted" if (steps.seeded_seqs > 0).any() else "no seeded grid steps"
+    if cost is None:
+        note = (f"not separable: under {MIN_STEPS} seeded steps with a greedy twin; the step "
+                "time holds their cost")
+        cost = (0.0, 0.0)
+    if any(cost):
+        steps = steps.assign(duration_ms=steps.duration_ms.to_numpy()
+                             - seeded_ms(steps.seeded_seqs, cost))
+    return steps, cost, note
+
+
+def _logprob_term(steps: pd.DataFrame, held: np.ndarray, kind: type, without: tuple) -> tuple:
+    """Returned log-probabilities' own term, fitted and taken out of the steps' durations:
+    (steps, held, cost, note, steps with any, steps left out as dominated by it)."""
+    cost = fit_logprob_cost(steps, lambda rows: kind.fit_steps(rows, without=without),
+                            lambda m, rows: m.predict_steps(rows) * m.residual_sampler()[0])
+    note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
+    if cost is None:
+        note = (f"not separable: under {MIN_PLAIN_STEPS} steps without log-probabilities; the "
+                "step time holds their cost, for traffic like this only")
+        cost = (0.0, 0.0, 0.0)
+    with_lp, dominated = int((steps.logprob_tokens > 0).sum()), 0
+    if any(cost):
+        # A step whose term is over half its time leaves a small difference of two large
+        # numbers as its own time: a relative-error fit would chase it, so it is left out.
+        lp_ms = logprob_ms(steps, cost)
+        keep = lp_ms <= 0.5 * steps.duration_ms.to_numpy()
+        dominated = int((~keep).sum())
+        own_ms = steps.duration_ms.to_numpy() - lp_ms
+        steps, held = steps[keep].assign(duration_ms=own_ms[keep]), held[keep]
+    return steps, held, cost, note, with_lp, dominated
+
+
+def _heldout_errors(kind: type, steps: pd.DataFrame, held: np.ndarray, without: tuple) -> dict:
+    """The error of a fit without the held-out steps on them, whole and by breakdown."""
+    train, test = steps[~held], steps[held]
+    fitted = kind.fit_steps(train, without=without)
+    heldout = fitted.step_errors(test) | {"train_rows": int(len(train))}
+    for name, mask in breakdown(test).items():
+        if mask.any():
+            heldout[name] = fitted.step_errors(test[mask])
+    return heldout
+
+
+def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving",
+              spec_k: int | None = None, seeded_term: bool = True,
+              without: tuple[str, ...] = ()) -> Calibration:
+    """Fit a step-time model (a kind `step_time.fitter` finds: `serving` or `linear`) on the
+    traces' steps; evaluate on held-out cells or runs. `spec_k`: fit the spec-decoding steps of
+    K speculative tokens; `seeded_term=False`: no seeded-sampling term (an ablation,
+    `benchmarks/sampling_terms.py`); `without`: model terms fitted at 0 (an ablation,
+    `fidelity_offline.py`)."""
+    t0 = time.perf_counter()
+    kind = step_time.fitter(model)
+    frames, runs, drafts = _read_steps(trace_dirs, spec_k)
+    limits = _engine_limits(runs)
     steps = attach_seeded(attach_logprobs(pd.concat(frames, ignore_index=True), trace_dirs),
                           [r for _, r in runs] if seeded_term else [],
                           trace_dirs if seeded_term else [])
-    if model == "serving":  # first-of-shape steps are data here, not warm-up to drop
-        steps = engine_features(attach_spans(steps, trace_dirs))
-        steps = steps[steps.duration_ms > 0]
-    elif model == "linear":
-        steps = steps[~steps.is_warmup & (steps.duration_ms > 0)]
-    else:
-        raise ValueError(f"unknown step-time model {model!r}; calibrate fits linear or serving")
+    steps = kind.usable_steps(steps, trace_dirs)
     if steps.empty:
         raise ValueError(f"{', '.join(str(d) for d in trace_dirs)}: every step is a warm-up "
                          "step (or has no duration): nothing to calibrate on")
@@ -242,93 +296,24 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     held = _heldout_mask(steps.cell_id.fillna(steps.run_id), seed)
     if held.all() or not held.any():  # a single cell or run: fall back to a row split
         held = np.random.default_rng(seed).random(len(steps)) < HELDOUT_FRACTION
-    cols = ["prefill_tokens", "decode_seqs", "context_tokens"]
-    if model == "serving":
-        def fit_rows(rows):
-            return fit_serving(rows, without=without)
-
-        def predict_ms(m, rows):
-            return m.predict_ms(rows) * m.residual_sampler()[0]
-
-        def errs(m, rows):
-            return serving_errors(m, rows)
-    else:
-        def fit_rows(rows):
-            return fit(*(rows[c] for c in cols), rows.duration_ms)
-
-        def predict_ms(m, rows):
-            return m.predict_ms(*(rows[c] for c in cols)) * m.residual_sampler()[0]
-
-        def errs(m, rows):
-            return errors(m, *(rows[c] for c in cols), rows.duration_ms)
-    # Seeded sampling and returned log-probabilities carry terms of their own: fitted on every
-    # step (the step-time model on the steps without them), then taken out of their durations,
-    # seeded first (the log-probability steps of a grid sample with seeds too), so the
-    # step-time model sees the step alone.
-    seeded_cost = fit_seeded_cost(steps)
-    seeded_note = "fitted" if (steps.seeded_seqs > 0).any() else "no seeded grid steps"
-    if seeded_cost is None:
-        seeded_note = (f"not separable: under {MIN_STEPS} seeded steps with a greedy twin; "
-                       "the step time holds their cost")
-        seeded_cost = (0.0, 0.0)
-    if any(seeded_cost):
-        steps = steps.assign(duration_ms=steps.duration_ms.to_numpy()
-                             - seeded_ms(steps.seeded_seqs, seeded_cost))
-    lp_cost = fit_logprob_cost(steps, fit_rows, predict_ms)
-    lp_note = "fitted" if (steps.logprob_tokens > 0).any() else "none returned"
-    if lp_cost is None:
-        lp_note = (f"not separable: under {MIN_PLAIN_STEPS} steps without log-probabilities; "
-                   "the step time holds their cost, for traffic like this only")
-        lp_cost = (0.0, 0.0, 0.0)
-    lp_steps, lp_dominated = int((steps.logprob_tokens > 0).sum()), 0
-    if any(lp_cost):
-        # A step whose term is over half its time leaves a small difference of two large
-        # numbers as its own time: a relative-error fit would chase it, so it is left out.
-        lp_ms = logprob_ms(steps, lp_cost)
-        keep = lp_ms <= 0.5 * steps.duration_ms.to_numpy()
-        lp_dominated = int((~keep).sum())
-        own_ms = steps.duration_ms.to_numpy() - lp_ms
-        steps, held = steps[keep].assign(duration_ms=own_ms[keep]), held[keep]
-    train, test = steps[~held], steps[held]
-    fitted = fit_rows(train)
-
-    def err(rows):
-        return errs(fitted, rows)
-    heldout = err(test) | {"train_rows": int(len(train))}
-    for name, mask in breakdown(test).items():
-        if mask.any():
-            heldout[name] = err(test[mask])
+    # Seeded sampling and returned log-probabilities carry terms of their own, taken out of
+    # the durations (seeded first: a grid's log-probability steps sample with seeds too), so
+    # the step-time model sees the step alone.
+    steps, seeded_cost, seeded_note = _seeded_term(steps)
+    steps, held, lp_cost, lp_note, lp_steps, lp_dominated = _logprob_term(steps, held, kind,
+                                                                          without)
+    heldout = _heldout_errors(kind, steps, held, without)
     # The held-out error measures the fit on steps it never saw; the calibration itself is
     # then fitted on every step (with few runs a held-out run may be a whole regime).
-    fitted = fit_rows(steps)
-    run0 = runs[0][1]
-    eng = run0["params"].get("engine", {})
+    fitted = kind.fit_steps(steps, without=without)
+    eng = runs[0][1]["params"].get("engine", {})
     # The in-process replay loop's host time, from the live replays among the traces.
     host = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
-    reference = probe_reference(trace_dirs)
-    provenance = {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
-                  "engine": run0["engine"], "engine_version": run0["engine_version"],
-                  "device": run0["device"], "device_count": run0["device_count"],
-                  "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
-                  "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
-                  "engine_limits": limits[runs[0][0]],
-                  # the sampling settings the source steps ran with, per trace kind: what
-                  # regimes the fit has seen ("unrecorded" for traces older than the field)
-                  "sampling_regimes": sorted({json.dumps({"kind": r["kind"], **r["params"].get(
-                      "sampling", {"sampling": "unrecorded"})}, sort_keys=True)
-                      for _, r in runs}),
-                  "step_time_model": model,
-                  "logprob_steps": lp_steps,
-                  "logprob_cost": lp_note,
-                  "logprob_dominated_steps": lp_dominated,
-                  "seeded_steps": int((steps.seeded_seqs > 0).sum()),
-                  "seeded_cost": seeded_note,
-                  "fitted_on": "every step; heldout_* from a fit without the held-out ones",
-                  # the machine's speed when traced, model-free: live runs' probes against it
-                  **({"speed_probe_ms": reference} if reference else {}),
-                  **({"speculative": {"k": spec_k, "method": "draft_model",
-                                      "draft_model_id": sorted(drafts)}} if spec_k else {}),
-                  "fit_s": round(time.perf_counter() - t0, 3)}
+    terms = {"logprob_steps": lp_steps, "logprob_cost": lp_note,
+             "logprob_dominated_steps": lp_dominated,
+             "seeded_steps": int((steps.seeded_seqs > 0).sum()), "seeded_cost": seeded_note}
+    provenance = _provenance(runs, limits, model, terms, probe_reference(trace_dirs), spec_k,
+                             drafts) | {"fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
                        int(eng.get("max_num_batched_tokens", 2048)),
                        int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
@@ -337,3 +322,25 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        logprob_token_ms=lp_cost[1], logprob_top_k_ms=lp_cost[2],
                        logprob_step_ms=lp_cost[0], seeded_step_ms=seeded_cost[0],
                        seeded_seq_ms=seeded_cost[1], **asdict(host))
+
+
+def _provenance(runs: list, limits: dict, model: str, terms: dict, reference: dict | None,
+                spec_k: int | None, drafts: set) -> dict:
+    """Where a calibration came from: traces, runs, engine, device, model, what it fitted."""
+    run0, eng = runs[0][1], runs[0][1]["params"].get("engine", {})
+    return {"traces": [d for d, _ in runs], "run_ids": [r["run_id"] for _, r in runs],
+            "engine": run0["engine"], "engine_version": run0["engine_version"],
+            "device": run0["device"], "device_count": run0["device_count"],
+            "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
+            "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
+            "engine_limits": limits[runs[0][0]],
+            # the sampling settings the source steps ran with, per trace kind: what regimes
+            # the fit has seen ("unrecorded" for traces older than the field)
+            "sampling_regimes": sorted({json.dumps({"kind": r["kind"], **r["params"].get(
+                "sampling", {"sampling": "unrecorded"})}, sort_keys=True) for _, r in runs}),
+            "step_time_model": model, **terms,
+            "fitted_on": "every step; heldout_* from a fit without the held-out ones",
+            # the machine's speed when traced, model-free: live runs' probes against it
+            **({"speed_probe_ms": reference} if reference else {}),
+            **({"speculative": {"k": spec_k, "method": "draft_model",
+                                "draft_model_id": sorted(drafts)}} if spec_k else {})}

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from scipy.optimize import nnls
 
 from sim.step_time.registry import register
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k")
+STEP_COLUMNS = ("prefill_tokens", "decode_seqs", "context_tokens")
+"""the steps table's columns the linear model reads"""
 
 
 def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
@@ -86,6 +91,26 @@ class LatencyModel:
         """(mean, std) of the multiplicative residual exp(log ratio)."""
         q = np.exp(np.asarray(self.residual_log_quantiles))
         return float(q.mean()), float(q.std())
+
+    @staticmethod
+    def usable_steps(steps, trace_dirs: list) -> pd.DataFrame:
+        """The traced steps this kind fits: warm-up steps dropped (first of their shape)."""
+        return steps[~steps.is_warmup & (steps.duration_ms > 0)]
+
+    @classmethod
+    def fit_steps(cls, steps, without: tuple[str, ...] = ()) -> "LatencyModel":
+        """Fitted on usable steps (`calibrate`); the linear model has no term to leave out."""
+        if without:
+            raise ValueError(f"without: {list(without)}: the linear model has no optional terms")
+        return fit(*(steps[c] for c in STEP_COLUMNS), steps.duration_ms)
+
+    def predict_steps(self, steps) -> np.ndarray:
+        """`predict_ms` over a steps table."""
+        return self.predict_ms(*(steps[c] for c in STEP_COLUMNS))
+
+    def step_errors(self, steps) -> dict:
+        """`errors` over a steps table."""
+        return errors(self, *(steps[c] for c in STEP_COLUMNS), steps.duration_ms)
 
 
 def _is_number(v) -> bool:

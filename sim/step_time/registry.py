@@ -43,12 +43,45 @@ class StepTimeModel(Protocol):
         ...
 
 
+class FittableModel(StepTimeModel, Protocol):
+    """A kind `calibrate` fits from traced steps (found through `fitter`, as `from_json` finds
+    the kind it loads)."""
+
+    @staticmethod
+    def usable_steps(steps, trace_dirs: list):
+        """The traced steps (a steps table) this kind fits, with any columns it derives."""
+        ...
+
+    @classmethod
+    def fit_steps(cls, steps, without: tuple[str, ...] = ()) -> "FittableModel":
+        """The model fitted on usable steps; `without`: terms fitted at 0 (an ablation)."""
+        ...
+
+    def predict_steps(self, steps):
+        """Predicted durations (ms) of usable steps."""
+        ...
+
+    def step_errors(self, steps) -> dict:
+        """Relative errors on usable steps: mape, p50_ape, p90_ape, rows."""
+        ...
+
+
 STEP_TIME_MODELS: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
     """Class decorator: make a step-time model loadable by its `kind`."""
     STEP_TIME_MODELS[cls.kind] = cls
+    return cls
+
+
+def fitter(kind: str) -> type:
+    """The registered class that fits step-time model `kind`; a clear error for a kind that is
+    unknown or fitted elsewhere (the layered model, from a helios: config's exits traces)."""
+    cls = STEP_TIME_MODELS.get(kind)
+    fittable = sorted(k for k, c in STEP_TIME_MODELS.items() if hasattr(c, "fit_steps"))
+    if cls is None or not hasattr(cls, "fit_steps"):
+        raise ValueError(f"step-time model {kind!r}: calibrate fits {fittable}")
     return cls
 
 

@@ -66,7 +66,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from sim.step_time.latency import LatencyModel, _is_number, midpoints, residual_quantiles
-from sim.step_time.spells import SPELL_S
+from sim.step_time.spells import SPELL_S, fit_speed_levels
 from sim.step_time.registry import register
 from traces import read_table
 
@@ -278,6 +278,25 @@ class ServingModel:
         own = np.isin(FEATURES, PREFILL_FEATURES)
         return x[:, ~own] @ c[~own], x[:, own] @ c[own]
 
+    @staticmethod
+    def usable_steps(steps: pd.DataFrame, trace_dirs: list) -> pd.DataFrame:
+        """The traced steps with engine features; first-of-shape steps are data here."""
+        steps = engine_features(attach_spans(steps, trace_dirs))
+        return steps[steps.duration_ms > 0]
+
+    @classmethod
+    def fit_steps(cls, steps: pd.DataFrame, without: tuple[str, ...] = ()) -> "ServingModel":
+        """`fit_serving` on usable steps (`calibrate`)."""
+        return fit_serving(steps, without=without)
+
+    def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
+        """`predict_ms` over usable steps."""
+        return self.predict_ms(steps)
+
+    def step_errors(self, steps: pd.DataFrame) -> dict:
+        """`serving_errors` over usable steps."""
+        return serving_errors(self, steps)
+
     def linear(self) -> LatencyModel:
         """The linear part: what a decode run (same shape, no idle, no echo) costs per step."""
         return LatencyModel(self.coef_ms[:LINEAR], self.residual_log_quantiles)
@@ -364,26 +383,11 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     coef = coef / scale
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
-    runs, spells = speed_levels(steps.run_id.astype(str).to_numpy(), steps.start_s.to_numpy(),
-                                ratio)
+    runs, spells = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
+                                    steps.start_s.to_numpy(), ratio)
     return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), runs,
                         float(min(IDLE_CAP_MS, steps.idle_ms.max())), spells,
                         NEW_SHAPE_TOKENS_CAP, True)
-
-
-def speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
-                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Log quantiles of each SPELL_S window's speed level over the overall one (how far the
-    machine's speed moved: a run's level in sampled latency) and over its own run's (the spells
-    within a run); levels are medians of actual / predicted, robust to the odd stalled step."""
-    df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int), "r": ratio})
-    run_level = df.groupby("run").r.median()
-    window_level = df.groupby(["run", "window"]).r.median()
-    spells = np.log(window_level.to_numpy()
-                    / run_level.loc[window_level.index.get_level_values(0)].to_numpy())
-    runs = np.log(window_level.to_numpy() / np.median(ratio))
-    return tuple(float(v) for v in np.quantile(runs, midpoints(21))), \
-        tuple(float(v) for v in np.quantile(spells, midpoints(21)))
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:

@@ -62,3 +62,22 @@ def speed_levels(model, rng: np.random.Generator | None) -> tuple[float, Spells 
     if rng is None or len(spells) < 2:
         return drift, None
     return drift, Spells(spells, np.random.default_rng(int(rng.integers(2**63))), SPELL_S)
+
+
+def fit_speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
+                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Log quantiles of each SPELL_S window's speed level over the overall one (how far the
+    machine's speed moved: a run's level in sampled latency) and over its own run's (the spells
+    within a run); levels are medians of actual / predicted, robust to the odd stalled step."""
+    import pandas as pd
+
+    from sim.step_time.latency import midpoints
+
+    df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int), "r": ratio})
+    run_level = df.groupby("run").r.median()
+    window_level = df.groupby(["run", "window"]).r.median()
+    spells = np.log(window_level.to_numpy()
+                    / run_level.loc[window_level.index.get_level_values(0)].to_numpy())
+    runs = np.log(window_level.to_numpy() / np.median(ratio))
+    return tuple(float(v) for v in np.quantile(runs, midpoints(21))), \
+        tuple(float(v) for v in np.quantile(spells, midpoints(21)))
