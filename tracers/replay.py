@@ -55,15 +55,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                                if speculative else {}))
     vocab = int(engine.engine.vllm_config.model_config.get_vocab_size())
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
-    if prompt_text == "testbed":
-        prompts = tasks.testbed_prompts(engine.engine.get_tokenizer(), prompt_tokens, seed)
-    if prefix_group is not None:
-        shared = {int(g): rng.integers(FIRST_TOKEN_ID, vocab, size=int(max(
-            np.asarray(prefix_tokens)[np.asarray(prefix_group) == g]))).tolist()
-            for g in np.unique(prefix_group)}
-        prompts = [shared[int(g)][:int(t)] + p[int(t):]
-                   for g, t, p in zip(prefix_group, prefix_tokens, prompts)]
+    prompts = _prompts(engine, rng, vocab, prompt_tokens, prompt_text, seed, prefix_group,
+                       prefix_tokens)
     eng = engine.params()
     if speculative:  # what `calibrate --spec-k` checks
         eng["speculative"] = {"k": int(speculative["k"]), "method": "draft_model",
@@ -72,14 +65,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                                           "sampling": {
         "temperature": 0.0, "logprobs": None, "ignore_eos": True}})
     writer = TraceWriter(out_dir, run)
-    # Warm the engine on the workload's shapes first (not recorded): one-off kernel setup costs
-    # would otherwise land on the first live requests.
-    for i in range(min(warmup_requests, n)):
-        sp = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=False)
-        engine.add(f"warmup-{i}", rng.integers(FIRST_TOKEN_ID, vocab,
-                                                size=len(prompts[i])).tolist(), sp)
-    while engine.has_unfinished():
-        engine.step()
+    _warm_up(engine, rng, vocab, [len(p) for p in prompts[:warmup_requests]])
     if speed_probe:  # the machine's speed level just before the run (`engines.speed_probe`)
         run_speed_probe(engine, writer, "before", max_num_seqs, seed)
     rec = StepRecorder(engine, writer, t0=time.perf_counter())
@@ -114,3 +100,30 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     writer.flush("all")
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
+
+def _prompts(engine, rng, vocab: int, prompt_tokens, prompt_text: str, seed: int,
+             prefix_group, prefix_tokens) -> list[list[int]]:
+    """Each request's prompt ids: seeded random ids (or windows of the testbed's questions),
+    a group's shared prefix first where the workload has prefix groups."""
+    prompts = [rng.integers(FIRST_TOKEN_ID, vocab, size=int(p)).tolist() for p in prompt_tokens]
+    if prompt_text == "testbed":
+        prompts = tasks.testbed_prompts(engine.engine.get_tokenizer(), prompt_tokens, seed)
+    if prefix_group is not None:
+        shared = {int(g): rng.integers(FIRST_TOKEN_ID, vocab, size=int(max(
+            np.asarray(prefix_tokens)[np.asarray(prefix_group) == g]))).tolist()
+            for g in np.unique(prefix_group)}
+        prompts = [shared[int(g)][:int(t)] + p[int(t):]
+                   for g, t, p in zip(prefix_group, prefix_tokens, prompts)]
+    return prompts
+
+
+def _warm_up(engine, rng, vocab: int, prompt_lens: list[int]) -> None:
+    """Warm the engine on the workload's shapes first (not recorded): one-off kernel setup
+    costs would otherwise land on the first live requests."""
+    from vllm import SamplingParams
+
+    for i, length in enumerate(prompt_lens):
+        sp = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=False)
+        engine.add(f"warmup-{i}", rng.integers(FIRST_TOKEN_ID, vocab, size=length).tolist(), sp)
+    while engine.has_unfinished():
+        engine.step()

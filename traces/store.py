@@ -179,6 +179,18 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
     if name not in SCHEMAS:
         return [Violation(p, f"cannot tell which table this is (metadata {META_TABLE.decode()!r} "
                              f"missing and folder {path.parent.name!r} is not a table name)")]
+    out = _schema_violations(p, name, schema)
+    if out:
+        return out
+    data = pf.read()
+    out += _value_violations(p, name, data)
+    if name == "runs" and data.num_rows != 1:
+        out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
+    return out
+
+
+def _schema_violations(p: str, name: str, schema: pa.Schema) -> list[Violation]:
+    """A part's schema version, columns and types against its table's."""
     out: list[Violation] = []
     meta = schema.metadata or {}
     version = meta.get(META_VERSION, b"").decode() or None
@@ -196,10 +208,13 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
         if field.name in schema.names and schema.field(field.name).type != field.type:
             out.append(Violation(p, f"type {schema.field(field.name).type}, expected {field.type}",
                                  column=field.name))
-    if out:
-        return out
-    data = pf.read()
-    for field in expected:
+    return out
+
+
+def _value_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
+    """A part's values: nulls, times finite, non-negative and in order, counts, cached tokens."""
+    out: list[Violation] = []
+    for field in SCHEMAS[name]:
         if not field.nullable and data.column(field.name).null_count:
             row = int(np.flatnonzero(data.column(field.name).is_null().to_numpy(
                 zero_copy_only=False))[0])
@@ -245,8 +260,6 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
             out.append(Violation(p, f"cached_prompt_tokens {cached[bad[0]]:g} > prompt_tokens "
                                     f"{prompt[bad[0]]:g} ({bad.size} rows)",
                                  column="cached_prompt_tokens", row=int(bad[0])))
-    if name == "runs" and data.num_rows != 1:
-        out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
     return out
 
 
