@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from policies.a1 import A1Settings, Conformal, ConformalSet, calibration_sets
+from programs.families import ProgramFamily, register_family
 from traces.store import read_run, read_table
 
 
@@ -88,3 +89,8 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
                           target_tokens=s["target_tokens"], temperature=s["temperature"])
     return A1Bank(tuple(questions), settings, int(wl["samples"]), marginal, by_q, factor,
                   int(wl["seed"]))
+
+
+register_family(ProgramFamily("a1", ("a1",),
+                              lambda wl: load_conformity(wl.trace, wl.policy.samples)))
+

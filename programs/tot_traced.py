@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from policies.seed import ToTSettings
+from programs.families import ProgramFamily, register_family
 from traces.store import read_run, read_table
 
 
@@ -88,3 +89,14 @@ def load_tot(trace_dir: str | Path) -> ToTBank:
     factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
     return ToTBank(tuple(questions), ToTSettings(**wl["settings"]), int(params["probe_tokens"]),
                    factor, int(wl["seed"]), int(params.get("vocab", 0)))
+
+
+def _load_seed(wl) -> ToTBank:
+    bank = load_tot(wl.trace)
+    bank.check(wl.policy)
+    return bank
+
+
+# SEED's programs are ToT trees: its configs name the method `tot`
+register_family(ProgramFamily("seed", ("tot",), _load_seed))
+

@@ -17,7 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from policies.certaindex import Probe
+from policies.allocation import TokenBudget
+from policies.certaindex import Probe, ProbeConsistency
+from policies.search import SEARCH_METHODS, SearchBudget
+from programs.families import ProgramFamily, register_family
 from traces import ids
 from traces.store import read_run, read_table
 
@@ -229,4 +232,40 @@ def checkpoint_groups(q: SearchQuestion, method: str, cap: int,
         groups.setdefault(r.group, []).append(r)
     return [groups[k] for k in sorted(groups)]
 
+
+def check_policy(bank: QuestionBank, method: str, policy) -> None:
+    """Raise if a policy cannot be replayed on this trace (interval, budget, samples)."""
+    s = bank.stride_tokens
+    if isinstance(policy, ProbeConsistency) and policy.every_tokens % s:
+        raise ValueError(f"probe interval {policy.every_tokens} is not a multiple of the traced "
+                         f"stride {s}")
+    if isinstance(policy, TokenBudget) and policy.budget_tokens % s:
+        raise ValueError(f"budget {policy.budget_tokens} is not a multiple of the traced stride "
+                         f"{s}")
+    if method == "sc":
+        have = min(len(q.samples) for q in bank.questions)
+        if policy.samples > have:
+            raise ValueError(f"sc needs {policy.samples} samples per question; the trace has "
+                             f"{have}")
+
+
+def _load_reasoning(wl) -> QuestionBank:
+    bank = load_questions(wl.trace)
+    check_policy(bank, wl.method, wl.policy)
+    return bank
+
+
+def _reasoning_samples(wl, q: Question, drawn: int) -> tuple[int, ...]:
+    # sc launches every traced sample; cot replays the one drawn
+    if wl.method == "sc":
+        return tuple(t.sample_id for t in q.samples)
+    return (q.samples[drawn].sample_id,)
+
+
+register_family(ProgramFamily(
+    "reasoning", ("cot", "sc"), _load_reasoning,
+    accepts=lambda policy: not isinstance(policy, SearchBudget), samples=_reasoning_samples))
+register_family(ProgramFamily(
+    "search", SEARCH_METHODS, lambda wl: load_search(wl.trace, wl.method, wl.policy.cap),
+    accepts=lambda policy: isinstance(policy, SearchBudget)))
 

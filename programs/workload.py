@@ -13,18 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.a1 import A1Policy
-from policies.allocation import TokenBudget
-from policies.certaindex import ProbeConsistency
 from policies.registry import make_policy
-from policies.search import SearchBudget
-from policies.seed import SeedPolicy
-from programs.a1_traced import A1Bank, load_conformity
-from programs.tot_traced import ToTBank, load_tot
-from programs.traced import QuestionBank, SearchBank, load_questions, load_search
+from programs.families import family_of, methods
+from programs.traced import QuestionBank
 from traces import ids
-
-METHODS = ("cot", "sc", "mcts", "rebase", "a1", "tot")
 
 
 @dataclass(frozen=True)
@@ -64,8 +56,8 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
         if key not in d:
             raise ValueError(f"workload.programs: needs {key!r}")
     method = d.get("method", "cot")
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"workload.programs.method: {method!r}; expected one of {METHODS}")
+    if not isinstance(method, str) or method not in methods():
+        raise ValueError(f"workload.programs.method: {method!r}; expected one of {methods()}")
     deadline = d["deadline"]
     if not isinstance(deadline, dict) or "base_s" not in deadline or \
             set(deadline) - {"base_s", "slo_scale"}:
@@ -82,35 +74,9 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
 
 
 def load_bank(wl: ProgramWorkload):
-    """The traced questions a workload draws from (probes or branches trace), policy checked."""
-    if isinstance(wl.policy, SearchBudget):
-        return load_search(wl.trace, wl.method, wl.policy.cap)
-    if isinstance(wl.policy, A1Policy):
-        return load_conformity(wl.trace, wl.policy.samples)
-    if isinstance(wl.policy, SeedPolicy):
-        bank = load_tot(wl.trace)
-        bank.check(wl.policy)
-        return bank
-    bank = load_questions(wl.trace)
-    check_policy(bank, wl.method, wl.policy)
-    return bank
+    """The traced questions a workload draws from (its family's trace), policy checked."""
+    return family_of(wl.method, wl.policy).load_bank(wl)
 
-
-
-def check_policy(bank: QuestionBank, method: str, policy) -> None:
-    """Raise if a policy cannot be replayed on this trace (interval, budget, samples)."""
-    s = bank.stride_tokens
-    if isinstance(policy, ProbeConsistency) and policy.every_tokens % s:
-        raise ValueError(f"probe interval {policy.every_tokens} is not a multiple of the traced "
-                         f"stride {s}")
-    if isinstance(policy, TokenBudget) and policy.budget_tokens % s:
-        raise ValueError(f"budget {policy.budget_tokens} is not a multiple of the traced stride "
-                         f"{s}")
-    if method == "sc":
-        have = min(len(q.samples) for q in bank.questions)
-        if policy.samples > have:
-            raise ValueError(f"sc needs {policy.samples} samples per question; the trace has "
-                             f"{have}")
 
 
 def draw_programs(bank: QuestionBank, count: int, rate_per_s: float,
@@ -150,16 +116,12 @@ def plan_programs(wl: ProgramWorkload, bank, seed) -> list[ProgramPlan]:
     arrival, order, sample = draw_programs(bank, wl.count, wl.rate_per_s,
                                            np.random.default_rng(seed))
     plans = []
+    samples_of = family_of(wl.method, wl.policy).samples
     for i in range(wl.count):
         q = bank.questions[order[i]]
         deadline = wl.slo_scale * bank.difficulty_factor.get(q.difficulty or 0, 1.0) * \
             wl.base_deadline_s
-        if isinstance(bank, (SearchBank, A1Bank, ToTBank)):
-            samples = ()
-        elif wl.method == "sc":
-            samples = tuple(t.sample_id for t in q.samples)
-        else:
-            samples = (q.samples[sample[i]].sample_id,)
+        samples = samples_of(wl, q, int(sample[i])) if samples_of else ()
         plans.append(ProgramPlan(i, q.question_id, q.difficulty, float(arrival[i]), deadline,
                                  samples))
     return plans

@@ -98,7 +98,9 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert (pre.prefill_context_tokens > pre.prefill_tokens).mean() > 0.5
     assert (pre.prefill_pair_tokens >= pre.prefill_tokens).all()
     # The live calibration traffic also gives the replay loop's host time (~0.4 ms each here).
-    assert 0 < cal["host"]["add_request_ms"] < 5 and 0 < cal["host"]["wake_ms"] < 5
+    # Waking costs what a first add does plus a median extra the fit clips at 0: on a busy
+    # machine the extra is lost in the noise, so 0 is a fitted value, not a failure.
+    assert 0 < cal["host"]["add_request_ms"] < 5 and 0 <= cal["host"]["wake_ms"] < 5
     # Noise bands: 7 metrics x 2 live runs per request workload, 2 program latencies x 2.
     assert result["band_coverage"]["of"] == 2 * 7 * 2 + 2 * 2
     band = json.loads((out / "poisson" / "sim" / "bands.json").read_text())["metrics"]

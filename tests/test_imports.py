@@ -47,13 +47,15 @@ SIM_LAYERS = {
 
 
 def _layer_violation(mod: str, imp: str) -> bool:
-    """`mod` reaches above its layer in sim, or into another family than its own."""
+    """`mod` reaches above its layer in sim, or into a family other than its own: the families
+    are found through `sim.families.registry` only."""
     for low, high in SIM_LAYERS.items():
         if _under(mod, low) and any(_under(imp, h) for h in high):
             return True
-    fam, other = mod.split(".")[:3], imp.split(".")[:3]
-    return (_under(mod, "sim.families") and _under(imp, "sim.families") and len(other) == 3
-            and fam != other)
+    if not _under(imp, "sim.families") or _under(imp, "sim.families.registry"):
+        return False
+    family = imp.split(".")[:3]
+    return len(family) == 3 and mod.split(".")[:3] != family
 
 
 def _under(mod: str, prefix: str) -> bool:
@@ -143,6 +145,7 @@ def test_import_rules_catch_planted_violations(tmp_path):
     (tmp_path / "tracers" / "planted.py").write_text("import sim.engine.cluster\n")
     (tmp_path / "sim" / "engine" / "planted.py").write_text("from sim.families.a1 import driver\n")
     (tmp_path / "sim" / "step_time" / "planted.py").write_text("import sim.engine.replica\n")
+    (tmp_path / "sim" / "workloads" / "planted.py").write_text("import sim.families.seed.driver\n")
     (tmp_path / "sim" / "families" / "a1" / "planted.py").write_text(
         "def f():\n    from sim.families.seed.driver import tot_results\n")
     (tmp_path / "traces" / "a.py").write_text("from . import b\n")
@@ -158,3 +161,4 @@ def test_import_rules_catch_planted_violations(tmp_path):
     assert "sim.engine.planted imports sim.families.a1.driver" in found
     assert "sim.step_time.planted imports sim.engine.replica" in found
     assert "sim.families.a1.planted imports sim.families.seed.driver" in found
+    assert "sim.workloads.planted imports sim.families.seed.driver" in found

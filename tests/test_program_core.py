@@ -12,9 +12,15 @@ from live.replay import build_runs as live_runs
 from programs.base import Abort, Outcome, RequestSpec
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.config import parse_config
-from sim.workloads.programs import build_runs as sim_runs
+from programs.families import family_of
+from sim.families.registry import sim_family
 from traces import ids
 from traces.store import read_run
+
+
+def sim_runs(wl, bank, plans):
+    """The simulator's program objects, built by the workload's family."""
+    return sim_family(family_of(wl.method, wl.policy).name).build_runs(wl, bank, plans)
 
 
 @pytest.mark.parametrize("config,method", [

@@ -19,63 +19,18 @@ import pyarrow.compute as pc
 
 from policies.allocation import describe_policy
 from policies.scheduling import make_scheduler
-from programs.reasoning import ReasoningProgram, ReasoningSetup
+from programs.families import family_of
 from programs.records import describe_scheduler, program_row
-from programs.search import SearchProgram, SearchSettings, program_seed
-from programs.a1_traced import A1Bank
-from programs.tot_traced import ToTBank
-from programs.traced import QuestionBank
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
-from sim.families.a1.driver import a1_results, build_a1_runs
-from sim.families.seed.driver import build_tot_runs, tot_results
+from sim.families.registry import sim_family
 from sim.engine.cluster import Cluster, build_replicas
 from sim.kernels.plain import why_not_compiled_programs
 from sim.metrics import summarize
-from sim.workloads.program_driver import ProgramDriver, SimProgram, TracedReasoning, TracedSearch
+from sim.workloads.program_driver import ProgramDriver
 from sim.program_metrics import program_summary
 from sim.engine.request_state import Req, Results
 from sim.engine.tables import SimResult, finish_reasons, kv_usage, steps_table
 from traces import ids
-
-
-def max_requests(q, method: str, policy, stride: int) -> int:
-    """Upper bound on the requests a cot/sc program of this question sends (buffer sizing)."""
-    samples = q.samples if method == "sc" else (max(q.samples, key=lambda t: t.reasoning_tokens),)
-    if method == "sc":
-        samples = samples[:policy.samples]
-    return sum(2 * (-(-t.reasoning_tokens // stride)) + 2 for t in samples)
-
-def reasoning_setup(bank: QuestionBank) -> ReasoningSetup:
-    """The generation settings of a probes trace's paths (what the simulator needs of them)."""
-    return ReasoningSetup(bank.stride_tokens, bank.budget_tokens, bank.suffix_tokens)
-
-
-def build_runs(wl, bank, plans) -> tuple[list[SimProgram], int, object]:
-    """The program objects of planned programs, a bound on their requests, and their oracle."""
-    if isinstance(bank, A1Bank):
-        return build_a1_runs(wl, bank, plans)
-    if isinstance(bank, ToTBank):
-        return build_tot_runs(wl, bank, plans)
-    by_id = {q.question_id: q for q in bank.questions}
-    if not isinstance(bank, QuestionBank):
-        settings = SearchSettings(**bank.settings)
-        runs = [SimProgram(p, SearchProgram(p.program_id, wl.method, wl.policy, None,
-                                            program_seed(bank.seed,
-                                                         ids.question_index(p.question_id),
-                                                         wl.method), settings),
-                           by_id[p.question_id]) for p in plans]
-        return runs, sum(len(r.question.requests) for r in runs), TracedSearch()
-    setup = reasoning_setup(bank)
-    runs = []
-    for p in plans:
-        q = by_id[p.question_id]
-        seed = {t.sample_id: t.request_seed for t in q.samples}
-        runs.append(SimProgram(p, ReasoningProgram(wl.method, wl.policy, setup, q.prompt_tokens,
-                                                   p.sample_ids,
-                                                   tuple(seed[s] for s in p.sample_ids)), q))
-    capacity = sum(max_requests(r.question, wl.method, wl.policy, bank.stride_tokens)
-                   for r in runs)
-    return runs, capacity, TracedReasoning()
 
 
 def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
@@ -83,14 +38,15 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     """Run a program workload (config `workload.programs`) and return a SimResult; its
     replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy)."""
     wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    family = sim_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
     scheduler = make_scheduler(cfg.scheduler)
     plans = plan_programs(wl, bank, draw_seed(cfg.seed, sum(g.count for g in cfg.replicas)))
-    runs, capacity, oracle = build_runs(wl, bank, plans)
+    runs, capacity, oracle = family.build_runs(wl, bank, plans)
 
     specs = build_replicas(cfg)
     on_kernel = fast_forward and lazy and compiled and why_not_compiled_programs(
-        cfg, specs, isinstance(bank, QuestionBank), capacity) is None
+        cfg, specs, family.compiles, capacity) is None
     if on_kernel:
         from sim.kernels.programs import CompiledCluster  # numba: only on this path
 
@@ -130,7 +86,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                            run.question.gold_answer)
 
     rows: dict[int, dict] = {}
-    if isinstance(bank, QuestionBank):  # nothing reads a cot/sc program after its row
+    if family.releases_programs:  # nothing reads such a program after its row
         def closed(run) -> None:
             rows[run.idx] = row(run)
             run.program = run.traced = None  # a million programs' paths need not stay
@@ -151,11 +107,8 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     summary["simulator"] = "compiled" if on_kernel else "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
-    if isinstance(bank, A1Bank):
-        tables, extra = a1_results(runs, driver, cluster, summary["makespan_s"])
-        summary.update(extra)
-    if isinstance(bank, ToTBank):
-        tables, extra = tot_results(runs, driver, cluster, summary["makespan_s"])
+    if family.results is not None:
+        tables, extra = family.results(runs, driver, cluster, summary["makespan_s"])
         summary.update(extra)
     cluster.close()
     return SimResult(requests, steps, summary, progs, tables)

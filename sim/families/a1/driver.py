@@ -11,6 +11,7 @@ from __future__ import annotations
 from programs.a1 import A1Program, a1_program_seed
 from programs.a1_traced import A1Bank
 from programs.base import Outcome, RequestSpec
+from sim.families.registry import SimFamily, register_sim_family
 from sim.workloads.program_driver import SimProgram
 
 
@@ -77,3 +78,6 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
     summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
     keys = dict.fromkeys(k for row in rows for k in row)
     return {"conformity": {k: [row.get(k) for row in rows] for k in keys}}, summary
+
+
+register_sim_family(SimFamily("a1", build_a1_runs, a1_results))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from programs.base import Outcome, RequestSpec
 from programs.tot import ToTProgram, tot_program_seed
 from programs.tot_traced import ToTBank
+from sim.families.registry import SimFamily, register_sim_family
 from sim.workloads.program_driver import SimProgram
 from traces import ids
 
@@ -100,3 +101,6 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
             for pool, members in cluster.pools.items()}
     summary = tot_summary(pd.DataFrame(rows), busy, makespan_s)
     return {"tot_requests": {k: [r[k] for r in rows] for k in rows[0]}}, summary
+
+
+register_sim_family(SimFamily("seed", build_tot_runs, tot_results))

@@ -1,0 +1,67 @@
+"""Program families as plug-ins: one record per family, registered once, found by a workload's
+method and policy wherever a program workload is read (`programs.workload`, the simulator's
+harness, live replay).
+
+A family registers its engine-free parts here (`register_family`): the methods it serves, how its
+traced questions load, which traced samples a program replays. Its policies register in
+`policies.registry`; the simulator's parts (program builder, oracle, extra tables) in
+`sim.families.registry`. The built-in families register from their own modules (`BUILTIN`),
+imported on the first lookup; no parser or harness names a family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+BUILTIN = ("programs.traced", "programs.a1_traced", "programs.tot_traced")
+"""modules whose import registers the built-in families (Dynasor reasoning and search, A1,
+SEED)"""
+
+
+@dataclass(frozen=True)
+class ProgramFamily:
+    """A method family's engine-free parts."""
+
+    name: str
+    """its one name (the simulator's family record has the same)"""
+    methods: tuple[str, ...]
+    """the `workload.programs.method` values it serves"""
+    load_bank: Callable
+    """(ProgramWorkload) -> the traced questions it draws from, its policy checked against them"""
+    accepts: Callable = lambda policy: True
+    """whether a policy of one of its methods is this family's: sc is the reasoning family's on
+    a probes trace and the search family's on a branches trace, told apart by its policy"""
+    samples: Callable | None = None
+    """(ProgramWorkload, question, drawn sample index) -> the traced samples a program's paths
+    replay, in launch order; None: none (the program decides its own requests)"""
+
+
+_FAMILIES: dict[str, ProgramFamily] = {}
+
+
+def register_family(family: ProgramFamily) -> ProgramFamily:
+    """Make a family findable by its methods (a family of the same name is replaced)."""
+    _FAMILIES[family.name] = family
+    return family
+
+
+def _registered() -> dict[str, ProgramFamily]:
+    for module in BUILTIN:
+        importlib.import_module(module)
+    return _FAMILIES
+
+
+def methods() -> tuple[str, ...]:
+    """Every method some registered family serves, in registration order."""
+    return tuple(dict.fromkeys(m for f in _registered().values() for m in f.methods))
+
+
+def family_of(method: str, policy) -> ProgramFamily:
+    """The family serving `method` under `policy`; a clear error where none does."""
+    for family in _registered().values():
+        if method in family.methods and family.accepts(policy):
+            return family
+    raise ValueError(f"workload.programs.method: {method!r} with policy {policy!r} is served by "
+                     f"no registered family; methods: {methods()}")

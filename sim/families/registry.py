@@ -1,0 +1,52 @@
+"""The simulator's side of each program family, found by the family's name
+(`programs.families`): how its programs are built and answered, and what tables it adds.
+
+A family registers a `SimFamily` from its own module (`BUILTIN` lists the built-in ones,
+imported on the first lookup); the harness (`sim.workloads.programs`) asks for it by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+BUILTIN = ("sim.families.dynasor.driver", "sim.families.a1.driver", "sim.families.seed.driver")
+"""modules whose import registers the built-in families' simulator parts"""
+
+
+@dataclass(frozen=True)
+class SimFamily:
+    """A program family's simulator parts."""
+
+    name: str
+    """the family's name in `programs.families`"""
+    build_runs: Callable
+    """(ProgramWorkload, bank, plans) -> (SimPrograms, a bound on their requests, the oracle
+    that answers their requests from the trace: `request` and `outcome`)"""
+    results: Callable | None = None
+    """(runs, driver, cluster, makespan_s) -> (extra tables by name, extra summary); None: none"""
+    releases_programs: bool = False
+    """a program gives its row when it closes and is let go (nothing reads it after: a million
+    programs' paths need not stay)"""
+    compiles: bool = False
+    """the program kernel may run its replicas (`why_not_compiled_programs` decides the rest)"""
+
+
+_FAMILIES: dict[str, SimFamily] = {}
+
+
+def register_sim_family(family: SimFamily) -> SimFamily:
+    """Make a family's simulator parts findable by its name (the same name is replaced)."""
+    _FAMILIES[family.name] = family
+    return family
+
+
+def sim_family(name: str) -> SimFamily:
+    """The simulator parts of family `name`; a clear error where it registered none."""
+    for module in BUILTIN:
+        importlib.import_module(module)
+    if name not in _FAMILIES:
+        raise ValueError(f"program family {name!r} has no simulator parts registered "
+                         f"(sim.families.registry); registered: {sorted(_FAMILIES)}")
+    return _FAMILIES[name]

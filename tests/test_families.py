@@ -1,0 +1,124 @@
+"""A method family is a plug-in: registered from its own module, found through the registries.
+
+The toy family here (a policy, a program, an oracle) is registered from this file alone and runs
+in `simulate` with no shared file naming it; the built-in families are found the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from conftest import REPO
+from conftest import example_config as _config
+from policies import registry as policies
+from programs import families
+from programs.base import Outcome, RequestSpec, Sampling
+from programs.traced import load_questions
+from programs.workload import draw_seed, load_bank, plan_programs, program_workload
+from sim.config import parse_config
+from sim.families import registry as sim_families
+from sim.simulate import simulate
+from sim.workloads.program_driver import SimProgram
+
+
+@dataclass(frozen=True)
+class OneShot:
+    """The toy policy: how many of a question's traced reasoning tokens to ask for."""
+
+    fraction: float = 1.0
+
+
+class OneShotProgram:
+    """The toy program: one request for part of the drawn sample's reasoning, then done."""
+
+    def __init__(self, policy: OneShot, prompt_tokens: int, traced_tokens: int):
+        self.max_tokens = max(1, int(policy.fraction * traced_tokens))
+        self.prompt_tokens = prompt_tokens
+        self.done, self.tokens, self.answer = False, 0, None
+        self.paths_used, self.probe_tokens, self.stop_at = 1, 0, None
+
+    @property
+    def reasoning(self) -> int:
+        return self.tokens
+
+    def start(self) -> list:
+        return [RequestSpec("chunk", 0, self.prompt_tokens, Sampling(self.max_tokens))]
+
+    def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
+        self.tokens, self.answer, self.done = outcome.tokens, outcome.answer, True
+        return []
+
+
+class OneShotOracle:
+    """Answers the toy program's request from the probes trace's drawn sample."""
+
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
+        return spec.prompt_tokens, 0, 0, spec.sampling.max_tokens
+
+    def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
+        return Outcome(tokens, aborted=aborted, ended=True, answer=self._sample(run).final_answer)
+
+    @staticmethod
+    def _sample(run: SimProgram):
+        return next(t for t in run.question.samples if t.sample_id == run.plan.sample_ids[0])
+
+
+def _build_runs(wl, bank, plans):
+    by_id = {q.question_id: q for q in bank.questions}
+    runs = []
+    for p in plans:
+        q = by_id[p.question_id]
+        traced = next(t for t in q.samples if t.sample_id == p.sample_ids[0])
+        runs.append(SimProgram(p, OneShotProgram(wl.policy, q.prompt_tokens,
+                                                 traced.reasoning_tokens), q))
+    return runs, len(runs), OneShotOracle()
+
+
+@pytest.fixture
+def toy_family(monkeypatch):
+    """Register the toy family's policy, engine-free parts and simulator parts (undone after)."""
+    families.methods(), sim_families.sim_family("reasoning")  # built-ins in before the copies
+    monkeypatch.setitem(policies.POLICIES, "oneshot", {})
+    policies.register("oneshot", "oneshot", lambda method, **a: OneShot(**a))
+    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+    monkeypatch.setattr(sim_families, "_FAMILIES", dict(sim_families._FAMILIES))
+    families.register_family(families.ProgramFamily(
+        "oneshot", ("oneshot",), lambda wl: load_questions(wl.trace),
+        samples=lambda wl, q, drawn: (q.samples[drawn].sample_id,)))
+    sim_families.register_sim_family(sim_families.SimFamily("oneshot", _build_runs))
+
+
+def test_a_toy_family_registered_from_its_own_module_runs_in_simulate(toy_family):
+    d = _config("dynasor-cot-certaindex.yaml", count=24)
+    d["workload"]["programs"] |= {"method": "oneshot", "policy": {"type": "oneshot",
+                                                                  "fraction": 0.5}}
+    cfg = parse_config(d, REPO / "examples")
+    result = simulate(cfg)
+    progs = result.programs.to_pandas()
+    assert len(progs) == 24 and (progs.method == "oneshot").all() and (progs.paths == 1).all()
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    bank = load_bank(wl)
+    plans = plan_programs(wl, bank, draw_seed(cfg.seed, 1))
+    by_id = {q.question_id: q for q in bank.questions}
+    # each program asked for half of its drawn sample's reasoning and got it, in one request
+    want = [max(1, int(0.5 * next(t.reasoning_tokens for t in by_id[p.question_id].samples
+                                  if t.sample_id == p.sample_ids[0]))) for p in plans]
+    assert progs.sort_values("program_id").tokens_generated.tolist() == want
+    req = result.requests.to_pandas()
+    assert len(req) == 24 and req.output_tokens.sum() == sum(want)
+    assert result.summary["simulator"] == "simpy"  # the kernel is the reasoning family's
+
+
+def test_methods_and_families_come_from_the_registries(toy_family):
+    assert set(families.methods()) == {"cot", "sc", "mcts", "rebase", "a1", "tot", "oneshot"}
+    assert families.family_of("sc", OneShot()).name == "reasoning"
+    cfg = parse_config(_config("dynasor-sc-branches-certaindex.yaml", count=2), REPO / "examples")
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    assert wl.method == "sc" and families.family_of(wl.method, wl.policy).name == "search"
+    with pytest.raises(ValueError, match="'nonesuch'; expected one of"):
+        program_workload({**cfg.workload["programs"], "method": "nonesuch"}, cfg.base_dir)
+    sim_families._FAMILIES.pop("oneshot")  # the fixture restores the registry
+    with pytest.raises(ValueError, match="program family 'oneshot' has no simulator parts"):
+        sim_families.sim_family("oneshot")
