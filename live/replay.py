@@ -15,18 +15,16 @@ import time
 from pathlib import Path
 
 from engines.live_engine import VllmEngine
-from live.runner import LiveRun, run_programs
-from policies.certaindex import PROBE_SUFFIX, extract_boxed
-from policies.scheduling import make_scheduler
-from programs.reasoning import ReasoningProgram, ReasoningSetup
-from programs.records import program_row
-from programs.search import SearchProgram, SearchSettings, program_seed
-from programs.traced import QuestionBank
-from programs.workload import ProgramWorkload, draw_seed, load_bank, plan_programs
-from engines.vllm_engine import check_model, reasoning_engine
 from engines.speed_probe import run_speed_probe
+from engines.vllm_engine import check_model, reasoning_engine
+from live.families import live_family
+from live.runner import run_programs
+from policies.certaindex import extract_boxed
+from policies.scheduling import make_scheduler
+from programs.families import family_of
+from programs.records import program_row
+from programs.workload import ProgramWorkload, draw_seed, load_bank, plan_programs
 from testbed import tasks
-from traces import ids
 from traces.store import TraceWriter, read_run, read_table
 
 
@@ -35,15 +33,14 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
                     config_json: str = "{}", url: str | None = None) -> list[dict]:
     """Run a program workload live on one vLLM engine (in-process, or the OpenAI-compatible
     server at `url`); write requests/steps/programs; the programs rows."""
+    family = live_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
     plans = plan_programs(wl, bank, draw_seed(seed, 1))  # one replica: the simulator's draw
-    probes = isinstance(bank, QuestionBank)
     trace_run = read_run(wl.trace)
     params = json.loads(trace_run["params_json"])
     twl, teng = params["workload"], params["engine"]
     model_dir = check_model(model or trace_run["model_id"], "auto")
-    config = {"config": json.loads(config_json),
-              ("probes_trace" if probes else "branches_trace"): str(wl.trace)}
+    config = {"config": json.loads(config_json), family.trace_key: str(wl.trace)}
     out_dir = Path(out_dir)
     if url is not None:
         from transformers import AutoTokenizer
@@ -68,7 +65,7 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False)
 
-    runs, gold = build_runs(wl, bank, plans, twl, encode)
+    runs, gold = family.build_runs(wl, bank, plans, twl, encode)
     if engine is None:
         live = HttpEngine(url, served, writer, 0.0)
         live.warm_up(encode(tasks.items(0, 1)[0].prompt))
@@ -98,37 +95,3 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
         writer.add("programs", **row)
     writer.flush("programs")
     return read_table(out_dir, "programs").to_pylist()
-
-
-def build_runs(wl: ProgramWorkload, bank, plans, twl: dict, encode) -> tuple[list, dict]:
-    """The program objects of planned programs, with prompts encoded; and gold answers by id.
-
-    `twl` is the trace's workload parameters (seeds, sampling settings); `encode` maps text to
-    token ids (the engine's tokenizer).
-    """
-    n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
-    items = tasks.items(int(twl["seed"]), int(twl["questions_per_cell"]) * n_cells)
-    probes = isinstance(bank, QuestionBank)
-    if probes:
-        setup = ReasoningSetup(bank.stride_tokens, int(twl["budget_tokens"]), bank.suffix_tokens,
-                               float(twl["temperature"]), int(twl["probe_tokens"]),
-                               float(twl["probe_temperature"]), float(twl["probe_top_p"]),
-                               tuple(encode(PROBE_SUFFIX)))
-        tr = read_table(wl.trace, "trajectories").to_pandas()
-        seeds = dict(zip(zip(tr.question_id, tr.sample_id), tr.request_seed))
-    else:
-        settings = SearchSettings(**twl["settings"])
-    runs, gold = [], {}
-    for plan in plans:
-        qi = ids.question_index(plan.question_id)
-        prompt = encode(items[qi].prompt)
-        gold[plan.program_id] = items[qi].answer
-        if probes:
-            program = ReasoningProgram(
-                wl.method, wl.policy, setup, len(prompt), plan.sample_ids,
-                tuple(int(seeds[(plan.question_id, s)]) for s in plan.sample_ids), prompt)
-        else:
-            program = SearchProgram(plan.program_id, wl.method, wl.policy, prompt,
-                                    program_seed(int(twl["seed"]), qi, wl.method), settings)
-        runs.append(LiveRun(plan, program, plan.program_id))
-    return runs, gold

@@ -1,7 +1,8 @@
 """A method family is a plug-in: registered from its own module, found through the registries.
 
-The toy family here (a policy, a program, an oracle) is registered from this file alone and runs
-in `simulate` with no shared file naming it; the built-in families are found the same way.
+The toy family here (a policy, a program, an oracle, a live builder) is registered from this
+file alone and runs in `simulate` and in live replay on the in-process engine with no shared
+file naming it; the built-in families are found the same way.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class OneShot:
 class OneShotProgram:
     """The toy program: one request for part of the drawn sample's reasoning, then done."""
 
-    def __init__(self, policy: OneShot, prompt_tokens: int, traced_tokens: int):
+    def __init__(self, policy: OneShot, prompt_tokens: int, traced_tokens: int,
+                 prompt_ids: list | None = None):
         self.max_tokens = max(1, int(policy.fraction * traced_tokens))
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens, self.prompt_ids = prompt_tokens, prompt_ids
         self.done, self.tokens, self.answer = False, 0, None
         self.paths_used, self.probe_tokens, self.stop_at = 1, 0, None
 
@@ -44,11 +46,17 @@ class OneShotProgram:
         return self.tokens
 
     def start(self) -> list:
-        return [RequestSpec("chunk", 0, self.prompt_tokens, Sampling(self.max_tokens))]
+        return [RequestSpec("chunk", 0, self.prompt_tokens, Sampling(self.max_tokens),
+                            prompt_ids=self.prompt_ids)]
 
     def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
         self.tokens, self.answer, self.done = outcome.tokens, outcome.answer, True
         return []
+
+    def interpret(self, spec: RequestSpec, raw: Outcome, answer_of) -> Outcome:
+        """A live outcome in the program's terms: the answer read from the text."""
+        return Outcome(raw.tokens, aborted=raw.aborted, ended=True, text=raw.text,
+                       answer=answer_of(raw.text))
 
 
 class OneShotOracle:
@@ -76,6 +84,26 @@ def _build_runs(wl, bank, plans):
     return runs, len(runs), OneShotOracle()
 
 
+def _live_runs(wl, bank, plans, twl, encode):
+    """The toy programs with the testbed questions' prompts (as the probes trace asked them)."""
+    from live.runner import LiveRun
+    from testbed import tasks
+    from traces import ids
+
+    items = tasks.items(int(twl["seed"]), int(twl["questions_per_cell"]) * len(tasks.FAMILIES)
+                        * len(tasks.LEVELS))
+    by_id = {q.question_id: q for q in bank.questions}
+    runs, gold = [], {}
+    for p in plans:
+        item = items[ids.question_index(p.question_id)]
+        traced = next(t for t in by_id[p.question_id].samples if t.sample_id == p.sample_ids[0])
+        prompt = encode(item.prompt)
+        runs.append(LiveRun(p, OneShotProgram(wl.policy, len(prompt), traced.reasoning_tokens,
+                                              prompt), p.program_id))
+        gold[p.program_id] = item.answer
+    return runs, gold
+
+
 @pytest.fixture
 def toy_family(monkeypatch):
     """Register the toy family's policy, engine-free parts and simulator parts (undone after)."""
@@ -88,13 +116,22 @@ def toy_family(monkeypatch):
         "oneshot", ("oneshot",), lambda wl: load_questions(wl.trace),
         samples=lambda wl, q, drawn: (q.samples[drawn].sample_id,)))
     sim_families.register_sim_family(sim_families.SimFamily("oneshot", _build_runs))
+    from live import families as live_families
+
+    live_families.live_family("reasoning")
+    monkeypatch.setattr(live_families, "_FAMILIES", dict(live_families._FAMILIES))
+    live_families.register_live_family(live_families.LiveFamily("oneshot", _live_runs))
+
+
+def _toy_config(count: int) -> dict:
+    d = _config("dynasor-cot-certaindex.yaml", count=count)
+    d["workload"]["programs"] |= {"method": "oneshot", "policy": {"type": "oneshot",
+                                                                  "fraction": 0.5}}
+    return d
 
 
 def test_a_toy_family_registered_from_its_own_module_runs_in_simulate(toy_family):
-    d = _config("dynasor-cot-certaindex.yaml", count=24)
-    d["workload"]["programs"] |= {"method": "oneshot", "policy": {"type": "oneshot",
-                                                                  "fraction": 0.5}}
-    cfg = parse_config(d, REPO / "examples")
+    cfg = parse_config(_toy_config(24), REPO / "examples")
     result = simulate(cfg)
     progs = result.programs.to_pandas()
     assert len(progs) == 24 and (progs.method == "oneshot").all() and (progs.paths == 1).all()
@@ -122,3 +159,26 @@ def test_methods_and_families_come_from_the_registries(toy_family):
     sim_families._FAMILIES.pop("oneshot")  # the fixture restores the registry
     with pytest.raises(ValueError, match="program family 'oneshot' has no simulator parts"):
         sim_families.sim_family("oneshot")
+
+
+@pytest.mark.engine
+def test_the_toy_family_replays_live_on_the_in_process_engine(toy_family, tmp_path):
+    """The same plans live: one request per program, at most what the program asked for."""
+    from live.replay import replay_workload
+    from traces.store import read_run, read_table
+
+    cfg = parse_config(_toy_config(4), REPO / "examples")
+    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    rows = replay_workload(wl, "fcfs", tmp_path / "live", seed=cfg.seed, max_num_seqs=4)
+    sim = simulate(cfg).programs.to_pandas().sort_values("program_id")
+    live = sorted(rows, key=lambda r: r["program_id"])
+    assert [r["program_id"] for r in live] == sim.program_id.tolist()
+    assert [r["question_id"] for r in live] == sim.question_id.tolist()
+    assert all(r["method"] == "oneshot" and r["paths"] == 1 for r in live)
+    req = read_table(tmp_path / "live", "requests").to_pandas().sort_values("program_id")
+    assert req.program_id.tolist() == sim.program_id.tolist()  # one request each
+    asked = sim.tokens_generated.tolist()  # the simulator answers each in full
+    assert all(0 < got <= want for got, want in zip(req.output_tokens, asked))
+    assert [r["tokens_generated"] for r in live] == req.output_tokens.tolist()
+    assert '"probes_trace"' not in read_run(tmp_path / "live")["params_json"]
+

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO
 from conftest import example_config as _config
-from live.replay import build_runs as live_runs
+from live.families import live_family
 from programs.base import Abort, Outcome, RequestSpec
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.config import parse_config
@@ -21,6 +21,12 @@ from traces.store import read_run
 def sim_runs(wl, bank, plans):
     """The simulator's program objects, built by the workload's family."""
     return sim_family(family_of(wl.method, wl.policy).name).build_runs(wl, bank, plans)
+
+
+def live_runs(wl, bank, plans, twl, encode):
+    """The live runner's program objects, built by the workload's family."""
+    return live_family(family_of(wl.method, wl.policy).name).build_runs(wl, bank, plans, twl,
+                                                                        encode)
 
 
 @pytest.mark.parametrize("config,method", [

@@ -1,0 +1,49 @@
+"""The live side of each program family, found by the family's name (`programs.families`): how
+its programs are built from their plans with real prompts, for the one-engine live replay
+(`live.replay.replay_workload`).
+
+A family registers a `LiveFamily` from its own module (`BUILTIN` lists the built-in ones,
+imported on the first lookup); the replay asks for it by name. A1 and SEED run on two engines
+(draft and target) and keep their own replays (`live/a1.py`, `live/tot.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+BUILTIN = ("live.dynasor",)
+"""modules whose import registers the built-in families' live parts"""
+
+
+@dataclass(frozen=True)
+class LiveFamily:
+    """A program family's live parts."""
+
+    name: str
+    """the family's name in `programs.families`"""
+    build_runs: Callable
+    """(ProgramWorkload, bank, plans, the trace's workload parameters, encode: text -> token
+    ids) -> (LiveRuns, gold answer by program id)"""
+    trace_key: str = "trace"
+    """the key naming its trace in a replay's `runs` parameters"""
+
+
+_FAMILIES: dict[str, LiveFamily] = {}
+
+
+def register_live_family(family: LiveFamily) -> LiveFamily:
+    """Make a family's live parts findable by its name (the same name is replaced)."""
+    _FAMILIES[family.name] = family
+    return family
+
+
+def live_family(name: str) -> LiveFamily:
+    """The live parts of family `name`; a clear error where it registered none."""
+    for module in BUILTIN:
+        importlib.import_module(module)
+    if name not in _FAMILIES:
+        raise ValueError(f"program family {name!r} has no live replay registered "
+                         f"(live.families); registered: {sorted(_FAMILIES)}")
+    return _FAMILIES[name]
