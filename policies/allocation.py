@@ -16,13 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from policies.certaindex import Certaindex, ProbeConsistency
-from policies.search import SearchBudget
+from policies.certaindex import Certaindex
 
 
 @dataclass(frozen=True)
 class FullReasoning:
     """Let the chain of thought run to its own end."""
+
+    @property
+    def name(self) -> str:
+        """Label in tables and figures."""
+        return "full"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,11 @@ class TokenBudget:
     def __post_init__(self) -> None:
         if self.budget_tokens < 1:
             raise ValueError(f"TokenBudget needs budget_tokens >= 1, got {self.budget_tokens}")
+
+    @property
+    def name(self) -> str:
+        """Label in tables and figures."""
+        return f"budget({self.budget_tokens})"
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,18 @@ class SelfConsistency:
             raise ValueError("SelfConsistency: choose certaindex or length_tokens, not both")
         if self.detect_round is not None and self.detect_round < 1:
             raise ValueError(f"detect_round must be >= 1, got {self.detect_round}")
+
+    @property
+    def name(self) -> str:
+        """Label in tables and figures: samples, per round, the stopping signal."""
+        extra = ""
+        if self.certaindex is not None:
+            extra = f",H>={self.certaindex.entropy_threshold:g}"
+        elif self.length_tokens is not None:
+            extra = f",len<={self.length_tokens:g}"
+        if self.detect_round is not None:
+            extra += f"@{self.detect_round}"
+        return f"sc(n={self.samples},r={self.per_round}{extra})"
 
     def first_round(self) -> int:
         """Paths to launch when the program starts."""
@@ -83,41 +104,3 @@ class SelfConsistency:
         if self.certaindex is not None:
             return self.certaindex.is_certain(answers)
         return sum(reasoning_tokens) / len(reasoning_tokens) <= self.length_tokens
-
-
-def describe_policy(policy) -> str:
-    """A policy as short text (for tables and plots)."""
-    if hasattr(policy, "step"):  # an A1 policy names itself
-        return policy.name
-    if isinstance(policy, ProbeConsistency):
-        return f"certaindex(w={policy.window},k={policy.every_tokens})"
-    if isinstance(policy, TokenBudget):
-        return f"budget({policy.budget_tokens})"
-    if isinstance(policy, FullReasoning):
-        return "full"
-    if isinstance(policy, SelfConsistency):
-        extra = ""
-        if policy.certaindex is not None:
-            extra = f",H>={policy.certaindex.entropy_threshold:g}"
-        elif policy.length_tokens is not None:
-            extra = f",len<={policy.length_tokens:g}"
-        if policy.detect_round is not None:
-            extra += f"@{policy.detect_round}"
-        return f"sc(n={policy.samples},r={policy.per_round}{extra})"
-    if isinstance(policy, SearchBudget):
-        parts = [f"cap={policy.cap}"]
-        if policy.per_round:
-            parts.append(f"r={policy.per_round}")
-        cx = policy.certaindex
-        if cx is not None:
-            if cx.entropy_threshold is not None:
-                parts.append(f"H>={cx.entropy_threshold:g}")
-            if cx.reward_threshold is not None:
-                parts.append(f"R{cx.reward_aggregate}>={cx.reward_threshold:g}")
-            if policy.detect is not None:
-                parts[-1] += f"@{policy.detect}"
-        if policy.frontier is not None:
-            parts.append(f"frontier({policy.frontier.signal}:" + ";".join(
-                f"{t:g}->{n}" for t, n in policy.frontier.rules) + ")")
-        return "search(" + ",".join(parts) + ")"
-    return repr(policy)

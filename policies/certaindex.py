@@ -88,6 +88,11 @@ class ProbeConsistency:
             raise ValueError(f"ProbeConsistency needs window >= 1 and every_tokens >= 1, got "
                              f"window={self.window}, every_tokens={self.every_tokens}")
 
+    @property
+    def name(self) -> str:
+        """Label in tables and figures."""
+        return f"certaindex(w={self.window},k={self.every_tokens})"
+
     @classmethod
     def preset(cls, effort: str) -> "ProbeConsistency":
         """One of the reference's effort presets: mild, low, mid, high, crazy."""

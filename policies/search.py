@@ -174,6 +174,25 @@ class SearchBudget:
         if self.certaindex is not None and self.frontier is not None:
             raise ValueError("SearchBudget: choose certaindex or frontier, not both")
 
+    @property
+    def name(self) -> str:
+        """Label in tables and figures: cap, rounds, the stopping signal or frontier."""
+        parts = [f"cap={self.cap}"]
+        if self.per_round:
+            parts.append(f"r={self.per_round}")
+        cx = self.certaindex
+        if cx is not None:
+            if cx.entropy_threshold is not None:
+                parts.append(f"H>={cx.entropy_threshold:g}")
+            if cx.reward_threshold is not None:
+                parts.append(f"R{cx.reward_aggregate}>={cx.reward_threshold:g}")
+            if self.detect is not None:
+                parts[-1] += f"@{self.detect}"
+        if self.frontier is not None:
+            parts.append(f"frontier({self.frontier.signal}:" + ";".join(
+                f"{t:g}->{n}" for t, n in self.frontier.rules) + ")")
+        return "search(" + ",".join(parts) + ")"
+
     def should_stop(self, answers: Sequence[str | None], rewards: Sequence[float],
                     previous: int = 0) -> bool:
         """After a checkpoint (`previous` solutions before it): stop the program now?"""

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-from policies.allocation import describe_policy
+
+
+def describe_policy(policy) -> str:
+    """A policy as short text (for tables and plots): its own `name`, else its repr."""
+    return getattr(policy, "name", None) or repr(policy)
 
 
 def describe_scheduler(scheduler) -> str:

@@ -17,10 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from policies.allocation import describe_policy
 from policies.scheduling import make_scheduler
 from programs.families import family_of
-from programs.records import describe_scheduler, program_row
+from programs.records import describe_policy, describe_scheduler, program_row
 from programs.workload import draw_seed, load_bank, plan_programs, program_workload
 from sim.families.registry import sim_family
 from sim.engine.cluster import Cluster, build_replicas
