@@ -245,12 +245,11 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
 
 def cmd_a1_samples(args: argparse.Namespace) -> int:
     """`reasonsim a1 samples`: simulated latency vs samples, async vs sync vs target-only."""
-    import yaml
-
+    from sim.config import read_yaml
     from sim.families.a1.report import latency_vs_samples, plot_latency_vs_samples
 
     path = Path(args.config)
-    d = yaml.safe_load(path.read_text())
+    d = read_yaml(path)
     policy = {k: v for k, v in d["workload"]["programs"]["policy"].items()
               if k not in ("samples", "sync")}
     variants = {"A1 async": policy, "A1 sync": {**policy, "sync": True},

@@ -142,24 +142,24 @@ def cmd_dynasor_online(args: argparse.Namespace) -> int:
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     """`reasonsim dynasor replay`."""
-    import yaml
-
     from live.replay import replay_workload
-    from programs.workload import load_bank, program_workload
-    from sim.config import parse_config
+    from programs.workload import load_bank
+    from sim.config import parse_config, read_yaml
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import read_table
 
     path = Path(args.config)
-    d = yaml.safe_load(path.read_text())
+    d = read_yaml(path)
     if args.count is not None:
         d["workload"]["programs"]["count"] = args.count
     try:
         cfg = parse_config(d, path.parent)
         if len(cfg.replicas) != 1 or cfg.replicas[0].count != 1:
             raise ValueError("live program replay drives one engine: the config needs one replica")
-        wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+        wl = cfg.programs
+        if wl is None:
+            raise ValueError("dynasor replay needs a program workload (workload.programs)")
         load_bank(wl)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None

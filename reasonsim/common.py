@@ -64,12 +64,10 @@ def program_config(path: Path, method: str, count: int | None = None, seed: int 
     """A program-workload config (its count, seed, policy keys and, by pool, replica
     calibrations overridden) and its workload, checked against its trace; ValueError names what
     is wrong."""
-    import yaml
+    from programs.workload import load_bank
+    from sim.config import parse_config, read_yaml
 
-    from programs.workload import load_bank, program_workload
-    from sim.config import parse_config
-
-    d = yaml.safe_load(Path(path).read_text())
+    d = read_yaml(path)
     progs = d["workload"]["programs"]
     if count is not None:
         progs["count"] = count
@@ -81,8 +79,8 @@ def program_config(path: Path, method: str, count: int | None = None, seed: int 
         if isinstance(group, dict) and group.get("pool") in calibrations:
             group["calibration"] = str(calibrations[group["pool"]])
     cfg = parse_config(d, Path(path).parent)
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    if wl.method != method:
+    wl = cfg.programs
+    if wl is None or wl.method != method:
         raise ValueError(f"needs workload.programs.method: {method}")
     load_bank(wl)
     return cfg, wl

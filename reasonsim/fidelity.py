@@ -58,10 +58,12 @@ def fresh_process(fn, *args, **kwargs) -> None:
 
 def load_suite(path: Path) -> dict:
     """The suite file, checked enough to fail before any engine starts."""
+    from sim.config import read_yaml
+
     try:
-        suite = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: not a readable suite ({e})") from None
+        suite = read_yaml(path)
+    except ValueError as e:
+        raise UserError(f"not a readable suite: {e}") from None
     if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
             not suite["workloads"]:
         raise UserError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
@@ -244,12 +246,11 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     """One program workload (an example config with this machine's calibration) set up under
     out/name: its LIVE_RUNS live replays and its judging (decision agreement too)."""
     from live.replay import replay_workload
-    from programs.workload import program_workload as build
-    from sim.config import parse_config
+    from sim.config import parse_config, read_yaml
     from traces.store import read_run
 
     example = REPO / "examples" / spec["program"]
-    d = yaml.safe_load(example.read_text())
+    d = read_yaml(example)
     d["workload"]["programs"]["count"] = spec.get("quick_count" if quick else "count",
                                                   spec.get("count", 16))
     d["cluster"]["replicas"][0]["calibration"] = str(cal)
@@ -262,7 +263,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = parse_config(d, example.parent)
-    wl = build(cfg.workload["programs"], cfg.base_dir)
+    wl = cfg.programs
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     return Planned(lives, lambda live: fresh_process(
         replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,

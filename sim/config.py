@@ -75,11 +75,15 @@ class SimConfig:
     """seed of the sampled latency noise alone (None: from `seed`); the workload stays the
     same across noise seeds, so their spread is the step-time uncertainty band"""
     base_dir: Path = field(default=Path("."))
+    programs: object = None
+    """the program workload (`programs.workload.ProgramWorkload`) parsed once from
+    `workload.programs`; None for a request workload"""
     """directory relative paths are resolved against"""
 
     def to_json(self) -> str:
         """JSON of the config (for the runs table)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "base_dir"}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("base_dir", "programs")}  # the workload mapping holds it
         d["replicas"] = [{k: (str(v) if isinstance(v, Path) else v)
                           for k, v in r.__dict__.items()} for r in self.replicas]
         return json.dumps(d, sort_keys=True, default=str)
@@ -110,13 +114,14 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
     if scheduler != "fcfs" and "programs" not in spec.workload:
         raise ValueError("cluster.scheduler: only program workloads (workload.programs) have "
                          "inter-program schedulers")
+    programs = None
     if "programs" in spec.workload:
         from policies.scheduling import make_scheduler
         from programs.workload import program_workload
 
         if set(spec.workload) != {"programs"}:
             raise ValueError("workload: a program workload has only the 'programs' key")
-        program_workload(spec.workload["programs"], base)
+        programs = program_workload(spec.workload["programs"], base)
         make_scheduler(scheduler)
     slo = spec.slo
     return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,
@@ -124,7 +129,8 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
                      noise_seed=spec.noise_seed,
                      slo_ttft_s=slo.ttft_s if slo else None,
                      slo_tpot_s=slo.tpot_s if slo else None,
-                     write_steps=spec.output.steps if spec.output else True, base_dir=base)
+                     write_steps=spec.output.steps if spec.output else True, base_dir=base,
+                     programs=programs)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

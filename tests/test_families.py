@@ -182,3 +182,22 @@ def test_the_toy_family_replays_live_on_the_in_process_engine(toy_family, tmp_pa
     assert [r["tokens_generated"] for r in live] == req.output_tokens.tolist()
     assert '"probes_trace"' not in read_run(tmp_path / "live")["params_json"]
 
+
+
+def test_a_program_workload_is_parsed_once_and_its_file_read_strictly(tmp_path):
+    """The config holds the parsed program workload; a family's command reads the file with the
+    duplicate-key loader that `simulate` uses."""
+    from reasonsim.common import program_config
+
+    cfg = parse_config(_config("dynasor-cot-certaindex.yaml", count=3), REPO / "examples")
+    assert cfg.programs == program_workload(cfg.workload["programs"], cfg.base_dir)
+    assert cfg.programs.count == 3 and cfg.programs.method == "cot"
+    text = (REPO / "examples" / "dynasor-cot-certaindex.yaml").read_text()
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text.replace("    count: 256\n", "    count: 256\n    count: 8\n")
+                   .replace("../", str(REPO) + "/"))
+    with pytest.raises(ValueError, match="duplicate"):
+        program_config(bad, "cot")
+    good = tmp_path / "good.yaml"
+    good.write_text(text.replace("../", str(REPO) + "/"))
+    assert program_config(good, "cot", count=2)[1].count == 2

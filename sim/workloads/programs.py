@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from policies.scheduling import make_scheduler
 from programs.families import family_of
 from programs.records import describe_policy, describe_scheduler, program_row
-from programs.workload import draw_seed, load_bank, plan_programs, program_workload
+from programs.workload import draw_seed, load_bank, plan_programs
 from sim.families.registry import sim_family
 from sim.engine.cluster import Cluster, build_replicas
 from sim.kernels.plain import why_not_compiled_programs
@@ -36,7 +36,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                       compiled: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult; its
     replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy)."""
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
+    wl = cfg.programs
     family = sim_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
     scheduler = make_scheduler(cfg.scheduler)
