@@ -100,8 +100,7 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
     return out
 
 
-def main() -> None:
-    """Run the benchmark and print a table or one JSON object."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="10k requests only (< 1 minute)")
     ap.add_argument("--json", action="store_true")
@@ -119,7 +118,11 @@ def main() -> None:
                     help="where to measure doubled output lengths (default: the first scale)")
     ap.add_argument("--vidur", action="store_true",
                     help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
-    args = ap.parse_args()
+    return ap
+
+
+def measure_all(args) -> tuple[dict, object, dict]:
+    """Every figure: (the result, the doubling workload, its base measurement)."""
     grid = args.scale or ([(10_000, 4)] if args.quick else [(1_000, 1), (10_000, 10),
                                                              (100_000, 100), (1_000_000, 1_000)])
     # The compiled kernel's first call in a process loads it from numba's cache (compiling it
@@ -164,29 +167,47 @@ def main() -> None:
                                  "lazy_speedup": ref_base["cpu_s"] / simpy_base["cpu_s"],
                                  "double_tokens_cost_ratio": ref_double["cpu_s"]
                                  / ref_base["cpu_s"]}}
+    return out, w, base
+
+
+def add_vidur(out: dict, w, base: dict) -> None:
+    """Vidur on the same arrivals and lengths, and the speedups against it."""
+    csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vidur_runner.py"),
+                           "--trace-csv", str(csv), "--out", str(REPO / ".bench" / "vidur-out"),
+                           "--json"], capture_output=True, text=True)
+    vid = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
+        "error": proc.stderr[-500:]}
+    out["vidur"] = vid
+    if "requests_per_cpu_s" in vid:
+        # Loop to loop is the headline; end to end counts Vidur's start-up and predictor,
+        # which is only comparable once its predictor is cached (a cold one trains ~15 s).
+        out["speedup_vs_vidur_loop"] = (base["requests_per_cpu_s"]
+                                        / vid["requests_per_event_loop_cpu_s"])
+        out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
+                                              / vid["requests_per_cpu_s"])
+        out["simpy_speedup_vs_vidur_loop"] = (out["simpy"]["requests_per_cpu_s"]
+                                              / vid["requests_per_event_loop_cpu_s"])
+        out["vidur_predictor_cached"] = vid.get("predictor_cache") == "hit"
+        # the ratios' own numerator: reasonsim on the very workload Vidur ran
+        out["same_workload_requests_per_cpu_s"] = base["requests_per_cpu_s"]
+
+
+def main() -> None:
+    """Run the benchmark and print a table or one JSON object."""
+    args = _parser().parse_args()
+    out, w, base = measure_all(args)
     if args.vidur:
-        csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
-        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vidur_runner.py"),
-                               "--trace-csv", str(csv), "--out", str(REPO / ".bench" / "vidur-out"),
-                               "--json"], capture_output=True, text=True)
-        vid = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
-            "error": proc.stderr[-500:]}
-        out["vidur"] = vid
-        if "requests_per_cpu_s" in vid:
-            # Loop to loop is the headline; end to end counts Vidur's start-up and predictor,
-            # which is only comparable once its predictor is cached (a cold one trains ~15 s).
-            out["speedup_vs_vidur_loop"] = (base["requests_per_cpu_s"]
-                                            / vid["requests_per_event_loop_cpu_s"])
-            out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
-                                                  / vid["requests_per_cpu_s"])
-            out["simpy_speedup_vs_vidur_loop"] = (simpy_base["requests_per_cpu_s"]
-                                                  / vid["requests_per_event_loop_cpu_s"])
-            out["vidur_predictor_cached"] = vid.get("predictor_cache") == "hit"
-            # the ratios' own numerator: reasonsim on the very workload Vidur ran
-            out["same_workload_requests_per_cpu_s"] = base["requests_per_cpu_s"]
+        add_vidur(out, w, base)
     if args.json:
         print(json.dumps(out))
         return
+    print_table(out, base)
+
+
+def print_table(out: dict, base: dict) -> None:
+    """The result as text."""
+    rows, prog, kernel_load_cpu_s = out["scales"], out["programs"], out["kernel_load_cpu_s"]
     print(f"{'requests':>10} {'replicas':>8} {'cpu_s':>8} {'req/cpu-s':>10} {'events/req':>10} "
           f"{'x real time':>11}")
     for r in rows:

@@ -241,6 +241,54 @@ def check_replay(trace: list[tuple[float, int, int]], output_dir: Path) -> dict:
     return {"ok": ok, "length_mismatches": bad_len, "max_inter_arrival_error_s": worst}
 
 
+def _result(a: argparse.Namespace, trace: list, s: dict, wall: float, cpu: float,
+            max_rss_kb: int, max_tokens: int) -> dict:
+    """The run's figures from the child's stats `s`, its wall and CPU seconds."""
+    n = len(trace)
+    trained = s["train_fits"] > 0
+    loop_events = s["arrival_events"] + s["added_events"]
+    result = {
+        "simulator": "vidur",
+        "vidur_version": s["vidur_version"],
+        "predictor": a.predictor,
+        "predictor_cache": "miss" if trained else "hit",
+        "requests": n,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "requests_per_cpu_s": round(n / cpu, 2),
+        "requests_per_wall_s": round(n / wall, 2),
+        "predictor_train_s": round(s["train_s"], 3) if trained else None,
+        "predictor_train_note": (f"{s['train_fits']} GridSearchCV fits (sum of their wall time)"
+                                 if trained else "predictor loaded from cache: nothing trained "
+                                 "this run (use --retrain to measure training)"),
+        "predictor_init_s": round(s["predictor_init_s"], 3),
+        "event_loop_s": round(s["event_loop_s"], 3),
+        "event_loop_cpu_s": round(s["event_loop_cpu_s"], 3),
+        "requests_per_event_loop_cpu_s": round(n / s["event_loop_cpu_s"], 2),
+        "events": loop_events,
+        "events_note": "counted by the harness (arrivals + events returned by handlers); "
+                       "Vidur does not report it",
+        "events_per_event_loop_cpu_s": round(loop_events / s["event_loop_cpu_s"]),
+        "import_s": round(s["import_s"], 3),
+        "setup_s": round(s["setup_s"], 3),
+        "write_output_s": round(s["write_output_s"], 3),
+        "simulated_s": round(s["simulated_s"], 3),
+        "max_tokens": max_tokens,
+        "max_batch_size": s.get("max_batch_size"),
+        "child_max_rss_mb": round(max_rss_kb / 1024, 1),
+        "replay_check": check_replay(trace, Path(s["output_dir"])),
+        "config": {"model": MODEL, "device": DEVICE, "network_device": NETWORK_DEVICE,
+                   "tensor_parallel": TENSOR_PARALLEL, "scheduler": "sarathi",
+                   "chunk_size": CHUNK_SIZE, "batch_size_cap": BATCH_CAP,
+                   "kv_cache_prediction_granularity": KV_GRANULARITY,
+                   "train_jobs": a.train_jobs, "blas_threads": a.threads},
+        "versions": s["versions"],
+        "trace_csv": str(a.trace_csv),
+        "output_dir": s["output_dir"],
+    }
+    return result
+
+
 def run_vidur(a: argparse.Namespace) -> dict:
     if not venv_python().exists():
         sys.exit(f"vidur_runner: no Vidur venv at {VENV}: run with --setup first")
@@ -280,48 +328,7 @@ def run_vidur(a: argparse.Namespace) -> dict:
                  + "\n".join(tail))
     s = json.loads(stats_file.read_text())
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    n = len(trace)
-    trained = s["train_fits"] > 0
-    loop_events = s["arrival_events"] + s["added_events"]
-    result = {
-        "simulator": "vidur",
-        "vidur_version": s["vidur_version"],
-        "predictor": a.predictor,
-        "predictor_cache": "miss" if trained else "hit",
-        "requests": n,
-        "wall_s": round(wall, 3),
-        "cpu_s": round(cpu, 3),
-        "requests_per_cpu_s": round(n / cpu, 2),
-        "requests_per_wall_s": round(n / wall, 2),
-        "predictor_train_s": round(s["train_s"], 3) if trained else None,
-        "predictor_train_note": (f"{s['train_fits']} GridSearchCV fits (sum of their wall time)"
-                                 if trained else "predictor loaded from cache: nothing trained "
-                                 "this run (use --retrain to measure training)"),
-        "predictor_init_s": round(s["predictor_init_s"], 3),
-        "event_loop_s": round(s["event_loop_s"], 3),
-        "event_loop_cpu_s": round(s["event_loop_cpu_s"], 3),
-        "requests_per_event_loop_cpu_s": round(n / s["event_loop_cpu_s"], 2),
-        "events": loop_events,
-        "events_note": "counted by the harness (arrivals + events returned by handlers); "
-                       "Vidur does not report it",
-        "events_per_event_loop_cpu_s": round(loop_events / s["event_loop_cpu_s"]),
-        "import_s": round(s["import_s"], 3),
-        "setup_s": round(s["setup_s"], 3),
-        "write_output_s": round(s["write_output_s"], 3),
-        "simulated_s": round(s["simulated_s"], 3),
-        "max_tokens": max_tokens,
-        "max_batch_size": s.get("max_batch_size"),
-        "child_max_rss_mb": round(after.ru_maxrss / 1024, 1),
-        "replay_check": check_replay(trace, Path(s["output_dir"])),
-        "config": {"model": MODEL, "device": DEVICE, "network_device": NETWORK_DEVICE,
-                   "tensor_parallel": TENSOR_PARALLEL, "scheduler": "sarathi",
-                   "chunk_size": CHUNK_SIZE, "batch_size_cap": BATCH_CAP,
-                   "kv_cache_prediction_granularity": KV_GRANULARITY,
-                   "train_jobs": a.train_jobs, "blas_threads": a.threads},
-        "versions": s["versions"],
-        "trace_csv": str(a.trace_csv),
-        "output_dir": s["output_dir"],
-    }
+    result = _result(a, trace, s, wall, cpu, after.ru_maxrss, max_tokens)
     (a.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 

@@ -84,6 +84,34 @@ def _extra(rq, rp, j, it):
 
 
 @njit(cache=True)
+def _admit(rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs):
+    """`Replica._admit`: waiting requests join the step in queue order while there is a
+    sequence slot, token budget and KV room; (admitted, context, prefill tokens, prefill
+    sequences) after them."""
+    admitted = 0
+    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
+        r = rp[j, WHEAD]
+        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+        if not alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
+            break
+        pop_waiting(rq, rp, j)
+        append_running(rq, rp, j, r)
+        if rq[r, STARTED] == 0:
+            rq[r, STARTED] = 1
+            rt[r, SCHEDULED_S] = now
+        rq[r, SCHED_N] = n
+        admitted += 1
+        budget -= n
+        if rq[r, COMPUTED] < rq[r, TARGET]:
+            context += rq[r, COMPUTED] + n
+            prefill_tokens += n
+            prefill_seqs += 1
+        else:
+            context += rq[r, COMPUTED] + 1
+    return admitted, context, prefill_tokens, prefill_seqs
+
+
+@njit(cache=True)
 def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     """`Replica._plan` (no device, no prefix cache, FCFS) and `_launch` (linear model, mean)."""
     now = env_now + rf[j, HOST_S]
@@ -124,26 +152,9 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             prefill_tokens += n
             prefill_seqs += 1
         r = nxt
-    # admit waiting requests (`Replica._admit`)
-    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
-        r = rp[j, WHEAD]
-        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        if not alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
-            break
-        pop_waiting(rq, rp, j)
-        append_running(rq, rp, j, r)
-        if rq[r, STARTED] == 0:
-            rq[r, STARTED] = 1
-            rt[r, SCHEDULED_S] = now
-        rq[r, SCHED_N] = n
-        n_sched += 1
-        budget -= n
-        if rq[r, COMPUTED] < rq[r, TARGET]:
-            context += rq[r, COMPUTED] + n
-            prefill_tokens += n
-            prefill_seqs += 1
-        else:
-            context += rq[r, COMPUTED] + 1
+    admitted, context, prefill_tokens, prefill_seqs = _admit(
+        rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs)
+    n_sched += admitted
     if n_sched == 0:
         rp[j, BUSY] = 0
         rp[j, RUN_K] = 0

@@ -34,6 +34,40 @@ from sim.kernels.program_state import (
 
 
 @njit(cache=True)
+def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budget, tot):
+    """`Replica._admit`: waiting requests join the step in queue order (a cached prefix
+    borrowed first) while there is a sequence slot, token budget and KV room."""
+    bs = rp[j, BS]
+    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
+        r = rp[j, WHEAD]
+        if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, COMPUTED] == 0:
+            s = P.hit(tab, pc, lru, j, rq[r, GROUP],
+                      min(rq[r, PREFIX], rq[r, TARGET] - 1) // bs, rq[r, SCORE_FROM], bs,
+                      rp.shape[0])
+            if s:
+                rq[r, SHARED] = s
+                rq[r, COMPUTED] = s * bs
+        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+        if not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
+            if rq[r, SHARED]:  # undo the borrowed prefix: not admitted this time
+                P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
+                rq[r, SHARED] = 0
+                rq[r, COMPUTED] = 0
+            break
+        dequeue(rq, rp, j, r)
+        running[j, rp[j, RCOUNT]] = r
+        rp[j, RCOUNT] += 1
+        if rq[r, STARTED] == 0:
+            rq[r, STARTED] = 1
+            rt[SCHEDULED_S, rq[r, IDX]] = now
+            ri[CACHED, rq[r, IDX]] = rq[r, COMPUTED]
+        entry(rq, rqf, rp, sched, j, r, n, tot)
+        if rp[j, CACHING] and rq[r, GROUP] >= 0:
+            store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n)
+        budget -= n
+
+
+@njit(cache=True)
 def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
          free, j):
     """`Replica._plan` and `_launch` for replica j at the clock's time."""
@@ -79,34 +113,7 @@ def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, 
             store(rq, rp, pc, tab, lru, free, j, r, computed + n)
         budget -= n
         i += 1
-    # admit waiting requests (`Replica._admit`)
-    while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
-        r = rp[j, WHEAD]
-        if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, COMPUTED] == 0:
-            s = P.hit(tab, pc, lru, j, rq[r, GROUP],
-                      min(rq[r, PREFIX], rq[r, TARGET] - 1) // bs, rq[r, SCORE_FROM], bs,
-                      rp.shape[0])
-            if s:
-                rq[r, SHARED] = s
-                rq[r, COMPUTED] = s * bs
-        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        if not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
-            if rq[r, SHARED]:  # undo the borrowed prefix: not admitted this time
-                P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
-                rq[r, SHARED] = 0
-                rq[r, COMPUTED] = 0
-            break
-        dequeue(rq, rp, j, r)
-        running[j, rp[j, RCOUNT]] = r
-        rp[j, RCOUNT] += 1
-        if rq[r, STARTED] == 0:
-            rq[r, STARTED] = 1
-            rt[SCHEDULED_S, rq[r, IDX]] = now
-            ri[CACHED, rq[r, IDX]] = rq[r, COMPUTED]
-        entry(rq, rqf, rp, sched, j, r, n, tot)
-        if rp[j, CACHING] and rq[r, GROUP] >= 0:
-            store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n)
-        budget -= n
+    _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budget, tot)
     if rp[j, NSCHED] == 0:
         rp[j, BUSY] = 0
         rp[j, RUN_K] = 0
