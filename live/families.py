@@ -9,9 +9,10 @@ imported on the first lookup); the replay asks for it by name. A1 and SEED run o
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
+
+from programs.families import Registry
 
 BUILTIN = ("live.dynasor",)
 """modules whose import registers the built-in families' live parts"""
@@ -30,20 +31,14 @@ class LiveFamily:
     """the key naming its trace in a replay's `runs` parameters"""
 
 
-_FAMILIES: dict[str, LiveFamily] = {}
+FAMILIES = Registry("live replay (live.families)", BUILTIN)
 
 
 def register_live_family(family: LiveFamily) -> LiveFamily:
     """Make a family's live parts findable by its name (the same name is replaced)."""
-    _FAMILIES[family.name] = family
-    return family
+    return FAMILIES.register(family)
 
 
 def live_family(name: str) -> LiveFamily:
     """The live parts of family `name`; a clear error where it registered none."""
-    for module in BUILTIN:
-        importlib.import_module(module)
-    if name not in _FAMILIES:
-        raise ValueError(f"program family {name!r} has no live replay registered "
-                         f"(live.families); registered: {sorted(_FAMILIES)}")
-    return _FAMILIES[name]
+    return FAMILIES.get(name)

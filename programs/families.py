@@ -38,19 +38,43 @@ class ProgramFamily:
     replay, in launch order; None: none (the program decides its own requests)"""
 
 
-_FAMILIES: dict[str, ProgramFamily] = {}
+class Registry:
+    """Records of families by name (simulator and live parts use one each); the built-in ones
+    register when their modules are imported, on the first lookup."""
+
+    def __init__(self, where: str, builtin: tuple[str, ...]):
+        self.where, self.builtin = where, builtin
+        self.records: dict[str, object] = {}
+
+    def register(self, record):
+        """Make a record findable by its `name` (a record of the same name is replaced)."""
+        self.records[record.name] = record
+        return record
+
+    def all(self) -> dict[str, object]:
+        """Every record, the built-in ones loaded."""
+        for module in self.builtin:
+            importlib.import_module(module)
+        return self.records
+
+    def get(self, name: str):
+        """The record of family `name`; a clear error where it registered none."""
+        if name not in self.all():
+            raise ValueError(f"program family {name!r} has no {self.where} registered; "
+                             f"registered: {sorted(self.records)}")
+        return self.records[name]
+
+
+FAMILIES = Registry("engine-free parts (programs.families)", BUILTIN)
 
 
 def register_family(family: ProgramFamily) -> ProgramFamily:
     """Make a family findable by its methods (a family of the same name is replaced)."""
-    _FAMILIES[family.name] = family
-    return family
+    return FAMILIES.register(family)
 
 
 def _registered() -> dict[str, ProgramFamily]:
-    for module in BUILTIN:
-        importlib.import_module(module)
-    return _FAMILIES
+    return FAMILIES.all()
 
 
 def methods() -> tuple[str, ...]:

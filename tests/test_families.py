@@ -110,8 +110,8 @@ def toy_family(monkeypatch):
     families.methods(), sim_families.sim_family("reasoning")  # built-ins in before the copies
     monkeypatch.setitem(policies.POLICIES, "oneshot", {})
     policies.register("oneshot", "oneshot", lambda method, **a: OneShot(**a))
-    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
-    monkeypatch.setattr(sim_families, "_FAMILIES", dict(sim_families._FAMILIES))
+    monkeypatch.setattr(families.FAMILIES, "records", dict(families.FAMILIES.records))
+    monkeypatch.setattr(sim_families.FAMILIES, "records", dict(sim_families.FAMILIES.records))
     families.register_family(families.ProgramFamily(
         "oneshot", ("oneshot",), lambda wl: load_questions(wl.trace),
         samples=lambda wl, q, drawn: (q.samples[drawn].sample_id,)))
@@ -119,7 +119,7 @@ def toy_family(monkeypatch):
     from live import families as live_families
 
     live_families.live_family("reasoning")
-    monkeypatch.setattr(live_families, "_FAMILIES", dict(live_families._FAMILIES))
+    monkeypatch.setattr(live_families.FAMILIES, "records", dict(live_families.FAMILIES.records))
     live_families.register_live_family(live_families.LiveFamily("oneshot", _live_runs))
 
 
@@ -156,7 +156,7 @@ def test_methods_and_families_come_from_the_registries(toy_family):
     assert wl.method == "sc" and families.family_of(wl.method, wl.policy).name == "search"
     with pytest.raises(ValueError, match="'nonesuch'; expected one of"):
         program_workload({**cfg.workload["programs"], "method": "nonesuch"}, cfg.base_dir)
-    sim_families._FAMILIES.pop("oneshot")  # the fixture restores the registry
+    sim_families.FAMILIES.records.pop("oneshot")  # the fixture restores the registry
     with pytest.raises(ValueError, match="program family 'oneshot' has no simulator parts"):
         sim_families.sim_family("oneshot")
 

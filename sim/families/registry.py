@@ -7,9 +7,10 @@ imported on the first lookup); the harness (`sim.workloads.programs`) asks for i
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
+
+from programs.families import Registry
 
 BUILTIN = ("sim.families.dynasor.driver", "sim.families.a1.driver", "sim.families.seed.driver")
 """modules whose import registers the built-in families' simulator parts"""
@@ -33,20 +34,14 @@ class SimFamily:
     """the program kernel may run its replicas (`why_not_compiled_programs` decides the rest)"""
 
 
-_FAMILIES: dict[str, SimFamily] = {}
+FAMILIES = Registry("simulator parts (sim.families.registry)", BUILTIN)
 
 
 def register_sim_family(family: SimFamily) -> SimFamily:
     """Make a family's simulator parts findable by its name (the same name is replaced)."""
-    _FAMILIES[family.name] = family
-    return family
+    return FAMILIES.register(family)
 
 
 def sim_family(name: str) -> SimFamily:
     """The simulator parts of family `name`; a clear error where it registered none."""
-    for module in BUILTIN:
-        importlib.import_module(module)
-    if name not in _FAMILIES:
-        raise ValueError(f"program family {name!r} has no simulator parts registered "
-                         f"(sim.families.registry); registered: {sorted(_FAMILIES)}")
-    return _FAMILIES[name]
+    return FAMILIES.get(name)
