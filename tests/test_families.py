@@ -104,23 +104,29 @@ def _live_runs(wl, bank, plans, twl, encode):
     return runs, gold
 
 
-@pytest.fixture
-def toy_family(monkeypatch):
-    """Register the toy family's policy, engine-free parts and simulator parts (undone after)."""
-    families.methods(), sim_families.sim_family("reasoning")  # built-ins in before the copies
-    monkeypatch.setitem(policies.POLICIES, "oneshot", {})
+def register_toy_family() -> None:
+    """Register the toy family's policy and its three halves, from this module alone."""
+    from live import families as live_families
+
     policies.register("oneshot", "oneshot", lambda method, **a: OneShot(**a))
-    monkeypatch.setattr(families.FAMILIES, "records", dict(families.FAMILIES.records))
-    monkeypatch.setattr(sim_families.FAMILIES, "records", dict(sim_families.FAMILIES.records))
     families.register_family(families.ProgramFamily(
         "oneshot", ("oneshot",), lambda wl: load_questions(wl.trace),
         samples=lambda wl, q, drawn: (q.samples[drawn].sample_id,)))
     sim_families.register_sim_family(sim_families.SimFamily("oneshot", _build_runs))
+    live_families.register_live_family(live_families.LiveFamily("oneshot", _live_runs))
+
+
+@pytest.fixture
+def toy_family(monkeypatch):
+    """The toy family registered for one test (every registry restored after)."""
     from live import families as live_families
 
-    live_families.live_family("reasoning")
-    monkeypatch.setattr(live_families.FAMILIES, "records", dict(live_families.FAMILIES.records))
-    live_families.register_live_family(live_families.LiveFamily("oneshot", _live_runs))
+    # the built-ins in before the copies (registries load them on the first lookup)
+    families.methods(), sim_families.sim_family("reasoning"), live_families.live_family("reasoning")
+    monkeypatch.setitem(policies.POLICIES, "oneshot", {})
+    for registry in (families.FAMILIES, sim_families.FAMILIES, live_families.FAMILIES):
+        monkeypatch.setattr(registry, "records", dict(registry.records))
+    register_toy_family()
 
 
 def _toy_config(count: int) -> dict:
@@ -161,15 +167,36 @@ def test_methods_and_families_come_from_the_registries(toy_family):
         sim_families.sim_family("oneshot")
 
 
+# The live replay in its own process, as every engine test here runs (the toy family registered
+# there from this module, as a family's own module would register it).
+_LIVE = """
+import json, sys
+sys.path.insert(0, "tests")
+from test_families import REPO, _toy_config, register_toy_family
+from live.replay import replay_workload
+from sim.config import parse_config
+
+register_toy_family()
+cfg = parse_config(_toy_config(4), REPO / "examples")
+rows = replay_workload(cfg.programs, "fcfs", sys.argv[1], seed=cfg.seed, max_num_seqs=4)
+print(json.dumps(rows))
+"""
+
+
 @pytest.mark.engine
 def test_the_toy_family_replays_live_on_the_in_process_engine(toy_family, tmp_path):
     """The same plans live: one request per program, at most what the program asked for."""
-    from live.replay import replay_workload
+    import json
+    import subprocess
+    import sys
+
     from traces.store import read_run, read_table
 
+    proc = subprocess.run([sys.executable, "-c", _LIVE, str(tmp_path / "live")], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
     cfg = parse_config(_toy_config(4), REPO / "examples")
-    wl = program_workload(cfg.workload["programs"], cfg.base_dir)
-    rows = replay_workload(wl, "fcfs", tmp_path / "live", seed=cfg.seed, max_num_seqs=4)
     sim = simulate(cfg).programs.to_pandas().sort_values("program_id")
     live = sorted(rows, key=lambda r: r["program_id"])
     assert [r["program_id"] for r in live] == sim.program_id.tolist()

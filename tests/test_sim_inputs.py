@@ -1,0 +1,151 @@
+"""`simulate`'s inputs: every bad config value is a one-line error naming the file and the key;
+its output directory is complete or absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, run_cli
+from sim.config import load_config, parse_config
+from sim.simulate import simulate
+
+CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+_GROUP_OK = "{calibration: %s}" % CAL
+
+
+@pytest.mark.parametrize("snippet,message", [
+    ("cluster: {replicas: [{calibration: C, count: '2'}]}",
+     "cluster.replicas[0].count: Input should be a valid integer (got '2')"),
+    ("cluster: {replicas: [{calibration: C, count: true}]}",
+     "cluster.replicas[0].count: Input should be a valid integer (got True)"),
+    ("cluster: {replicas: [{calibration: C, count: 1.5}]}",
+     "cluster.replicas[0].count: Input should be a valid integer"),
+    ("cluster: {replicas: [{calibration: C, kv_blocks: 3000000000}]}",
+     "cluster.replicas[0].kv_blocks: Input should be less than or equal to 2147483647"),
+    ("cluster: {replicas: [{calibration: C, kv_blocks: .nan}]}",
+     "cluster.replicas[0].kv_blocks: Input should be a valid integer"),
+    ("cluster: {replicas: [{calibration: C, max_num_seqs: 0}]}",
+     "cluster.replicas[0].max_num_seqs: Input should be greater than or equal to 1"),
+    ("cluster: {replicas: [{calibration: C, max_num_batched_tokens: 1.5}]}",
+     "cluster.replicas[0].max_num_batched_tokens: Input should be a valid integer"),
+    ("cluster: {replicas: [{calibration: C, enable_prefix_caching: 'no'}]}",
+     "cluster.replicas[0].enable_prefix_caching: Input should be a valid boolean"),
+    ("cluster: {replicas: [{calibration: C, gpu_memory_utilization: 7}]}",
+     "cluster.replicas[0].gpu_memory_utilization: Input should be less than or equal to 1"),
+    ("cluster: {replicas: [{calibration: C}]}\nseed: 1.7", "seed: Input should be a valid integer"),
+    ("cluster: {replicas: [{calibration: C}]}\nseed: abc", "seed: Input should be a valid integer"),
+    ("cluster: {replicas: [{calibration: C}]}\nslo: {ttft_s: -1}",
+     "slo.ttft_s: Input should be greater than 0"),
+    ("cluster: {replicas: [{calibration: C}]}\nslo: {ttft_s: fast}",
+     "slo.ttft_s: Input should be a valid number"),
+    ("cluster: {replicas: [{calibration: C}]}\nseed: 1\nseed: 2", "duplicate key 'seed'"),
+    ("cluster: {replicas: [{calibration: C}], router: 'os:getcwd'}",
+     "cluster.router 'os:getcwd': not a class with route(request, cluster)"),
+])
+def test_bad_config_values_are_one_line_errors_naming_file_and_key(tmp_path, snippet, message):
+    path = tmp_path / "bad.yaml"
+    workload = "workload: {arrival: {kind: poisson, rate_per_s: 1}, num_requests: 3, " \
+               "prompt_tokens: 8, output_tokens: 8}\n"
+    path.write_text(workload + snippet.replace("C", str(CAL)) + "\n")
+    with pytest.raises(ValueError) as e:
+        simulate(load_config(path))
+    text = str(e.value)
+    assert text.startswith(str(path)) and message in text and "\n" not in text, text
+
+
+def test_workload_must_be_a_mapping_and_the_cli_says_so_in_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"workload: 7\ncluster: {{replicas: [{_GROUP_OK}]}}\n")
+    proc = run_cli("simulate", str(path), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
+        f"reasonsim: error: {path}: workload: Input should be a valid dictionary (got 7)"
+
+
+def test_simulate_output_is_complete_or_absent_and_a_used_directory_is_refused_first(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from traces import check_trace
+
+    cfg = REPO / "examples" / "demo.yaml"
+    outcomes = set()
+    for delay in (0.5, 1.5, 3.0, 4.5):
+        out = tmp_path / f"o{delay}"
+        proc = subprocess.Popen([sys.executable, "-m", "reasonsim.cli", "simulate", str(cfg),
+                                 "-o", str(out), "--json"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if out.exists():  # renamed into place: complete
+            assert check_trace(out) == [] and (out / "summary.json").is_file()
+            outcomes.add("complete")
+        else:
+            outcomes.add("absent")
+    # A kill mid-write leaves at most a hidden `.NAME.partial-PID` sibling, never DIR itself.
+    assert "absent" in outcomes
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "x").write_text("")
+    t0 = time.perf_counter()
+    proc = run_cli("simulate", str(cfg), "-o", str(used), check=False)
+    assert proc.returncode == 2 and "not empty; choose a new directory" in proc.stderr
+    assert time.perf_counter() - t0 < 15  # refused before the 20,000-request simulation
+
+
+def test_help_config_lists_every_key_from_the_validating_schema():
+    from sim.config_schema import GroupSpec
+
+    text = run_cli("simulate", "--help-config").stdout
+    for name, field in GroupSpec.model_fields.items():
+        assert f"cluster.replicas[].{field.alias or name}: " in text
+    assert "cluster.replicas[].kv_blocks: integer or null; default None; >= 1, <= 2147483647" \
+        in text
+    assert "latency: 'mean' | 'sampled'; default 'mean'" in text
+    proc = run_cli("simulate", check=False)
+    assert proc.returncode == 2 and "simulate needs CONFIG.yaml" in proc.stderr
+
+
+def test_requests_longer_than_max_model_len_are_refused():
+    d = {"workload": {"arrival": {"kind": "poisson", "rate_per_s": 1}, "num_requests": 5,
+                      "prompt_tokens": 100000, "output_tokens": 8},
+         "cluster": {"replicas": [{"calibration": str(CAL)}]}}
+    with pytest.raises(ValueError, match=r"request 0 \(prompt 100000 \+ output 8 tokens\) "
+                                         r"exceeds the model's max_model_len 1280"):
+        simulate(parse_config(d))
+
+
+@pytest.mark.parametrize("workload,message", [
+    ("{arrival: {kind: poisson, rate_per_s: 1}, num_requests: 5, prompt_tokens: 100000, "
+     "output_tokens: 8}", "workload: request 0 (prompt 100000 + output 8 tokens) exceeds the "
+     "model's max_model_len 1280"),
+    ("{arrival: {kind: gamma, rate_per_s: 5, cv: 100000}, duration_s: 5, prompt_tokens: 8, "
+     "output_tokens: 8}", "generates more than 10,000,000 requests"),
+])
+def test_workload_errors_found_while_simulating_name_the_config(tmp_path, workload, message):
+    path = tmp_path / "w.yaml"
+    path.write_text(f"workload: {workload}\ncluster: {{replicas: [{_GROUP_OK}]}}\n")
+    proc = run_cli("simulate", str(path), check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(f"reasonsim: error: {path}: ") \
+        and message in last, last
+
+
+def test_certaindex_thresholds_outside_their_range_are_refused(tmp_path):
+    src = (REPO / "examples" / "dynasor-certaindex.yaml").read_text()
+    path = REPO / "examples" / f"_test_{tmp_path.name}.yaml"  # relative paths as the example's
+    try:
+        for value, message in (("7", "entropy_threshold: 7 is outside [0, 1]"),
+                               (".nan", "entropy_threshold: expected a finite number")):
+            path.write_text(src.replace("entropy_threshold: 0.5", f"entropy_threshold: {value}"))
+            proc = run_cli("simulate", str(path), check=False)
+            assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_a_missing_trace_directory_is_named():
+    proc = run_cli("dynasor", "offline", "/nonexistent/trace", check=False)
+    assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr
