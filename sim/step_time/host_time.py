@@ -1,25 +1,16 @@
 """Host time of an in-process engine loop: what passes between a request's arrival and the step
 that first schedules it, outside every step's own duration.
 
-Measured on live replays of this VM's vLLM CPU engine (`reasonsim fidelity --quick`, 2026-11-25;
-`python benchmarks/host_time.py` reprints it from any replays):
-- each request added between two steps delays the next step: the gap between two steps is
-  0.02 ms with nothing added and 0.32-0.53 ms (median 0.40) with one request added (input
-  processing), so ~0.37 ms per request;
-- a request arriving at an idle engine waits 0.69-0.89 ms (median 0.78) for its step to start:
-  the add above plus the loop waking from its sleep (~0.4 ms on this VM).
-On a 12 ms TTFT those are 3-7%. Both are fitted from the live runs a calibration is given
-(`fit_host_ms`) and charged by the replica at the next step it plans (`sim.engine.replica`).
-
-Two refinements (live replays of `reasonsim fidelity`, 2026-11-27, three full runs, 189,000
-gaps: `python benchmarks/host_time.py RUN/*/live1`):
-- the gap with nothing added (median 0.025 ms, 1.2% of a 2 ms decode step) passes between
-  every two steps; it is charged with each step (`step_gap_ms`, folded into the step-time
-  model's constant by `with_step_gap`), else every simulated TPOT comes out ~1% short;
-- further requests added in the same gap cost less than the first: medians 0.39 / 0.60 / 0.66
-  ms for 1 / 2 / 3 added (0.37 / 0.47-0.49 / 0.55 in the bursty workload), so the first is
-  charged `add_request_ms` and each further one `add_next_ms`; charging every one the first's
-  made a burst's TTFT some 5% long.
+What it charges (measured: docs/measurements/host_time.md; `python benchmarks/host_time.py`
+reprints it from any replays):
+- each request added between two steps delays the next step (input processing): the first
+  added in a gap `add_request_ms`, each further one in the same gap the smaller `add_next_ms`;
+- a request arriving at an idle engine also waits for the loop to wake from its sleep
+  (`wake_ms`);
+- the gap with nothing added passes between every two steps (`step_gap_ms`), charged with each
+  step (folded into the step-time model's constant by `with_step_gap`).
+All are fitted from the live runs a calibration is given (`fit_host_ms`) and charged by the
+replica at the next step it plans (`sim.engine.replica`).
 """
 
 from __future__ import annotations

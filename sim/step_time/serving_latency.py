@@ -14,43 +14,19 @@ x the tokens each attends to (`step_prefill.prefill_pair_tokens`; a calibration 
 that column was used counts prefill tokens squared over prefill sequences, which it equals for
 fresh prompts of one length).
 
-Measured on vLLM's CPU build (`python benchmarks/step_shapes.py`):
-- the first step that schedules a given number of tokens costs more (+34% median on one-prompt
-  prefills of 101-395 tokens): kernels are built and cached per shape. Live traffic with varied
-  prompt lengths keeps meeting new shapes; a grid repeats its few shapes, and the linear model's
-  calibration drops those first steps as warm-up, so it predicted live prefill steps at half
-  their time. `tokens` = prefill tokens + decode sequences of the step.
-- a step after the engine sat idle is slower (+0.6-2.4 ms after 10-20 ms, +0.7-5.8 ms after
-  50-100 ms, on 5.6-14.9 ms prefills; noisy): caches and idle cores go cold. Capped at
-  IDLE_CAP_MS. Most of it comes within milliseconds, and two engines taking turns on one CPU
-  idle each other that long at every turn: a one-prompt verification step of ToT traffic took
-  2.5 ms after < 0.5 ms idle, 3.0-3.4 ms after 2-8 ms and 5.0 ms after 8-16 ms (median; the
-  draft's decode steps 1.5 ms after none, 2.2-2.9 ms after 4-16 ms). The second, saturating
-  idle term (full after IDLE_SHORT_MS) carries that; calibrations fitted before it have its
-  coefficient 0.
-- the first decode steps after a prefill step are slower still: on a full fidelity run
-  (`reasonsim fidelity`, Intel VM, 2026-11-27 00:36 UTC; `benchmarks/decode_after_prefill.py`)
-  decode steps ran 0.25-1.2 ms beyond the model on the first step after a prefill, 0.1-0.8 ms
-  on the second, 0.05-0.4 ms on the third, ~0 from the fifth (a decode step takes ~2.2 ms),
-  more after a longer idle before the prefill (live: 0.1-0.3 ms after < 5 ms idle, 0.6-0.8 ms
-  after > 30 ms) and after larger prefills (live: 0.25-0.3 ms after <= 256 tokens, 0.7-1.0 ms
-  after more). The cold state the idle term charges the
-  prefill for lasts a few steps, as does the cache the prefill's activations filled. The echo
-  weighs the k-th decode step after a prefill by ECHO_WEIGHTS[k-1] (the measured decay).
-- a prefill whose chunk attends to context computed before it (a prefix-cache hit, an
-  earlier chunk of its prompt) costs more per token than a fresh one: shared-prefix live runs'
-  prefills with a cached 256-token prefix ran at 1.13x of the model without the term (three
-  full runs, 00:36-01:28 UTC), fresh prefills of the same runs at 1.0-1.05x. One term per
-  prefill token of such a step (any spanning chunk: what `step_prefill` records per step).
-- and it costs more the more earlier context its chunks attend to, well beyond their attention
-  pairs: on the 01:40 UTC full run (2026-11-27; `benchmarks/prefill_kinds.py RUN`, the live
-  runs held out of the fit), warm prefill steps (<= 1 ms idle, not a new shape) of <= 32
-  tokens took 0.51 ms beyond the model's other terms fresh, 0.57 / 0.89 / 1.06 ms over <= 128 /
-  128-256 / 256-512 earlier tokens (32-128 tokens: 0.64 fresh, 1.16-1.41 over earlier
-  context), the grid's last chunks over 512-2048 earlier tokens ~3 ms; a constant alone
-  charged 1.38 ms for all and priced the probes of CoT replays (~25 tokens over a short cached
-  reasoning) at 1.25x of what they took. One term per 1000 earlier tokens, summed over the
-  step's chunks.
+Why each term (what it measured and where: docs/measurements/serving_model_terms.md):
+- new shape: the first step that schedules a given number of tokens builds and caches kernels
+  for it; a grid repeats its few shapes, live traffic keeps meeting new ones. `tokens` =
+  prefill tokens + decode sequences of the step.
+- idle: a step after the engine sat idle finds caches and cores cold; capped at IDLE_CAP_MS.
+  The saturating short-idle term (full after IDLE_SHORT_MS) carries the cost of two engines
+  taking turns on one CPU; calibrations fitted before it have its coefficient 0.
+- echo: the first decode steps after a prefill step are slower still, more after a longer idle
+  before the prefill and after larger prefills; the k-th is weighed by ECHO_WEIGHTS[k-1].
+- span: a prefill whose chunk attends to context computed before it (a prefix-cache hit, an
+  earlier chunk of its prompt) costs more per token than a fresh one, and more the more earlier
+  context its chunks attend to, beyond their attention pairs: one term per prefill token of
+  such a step, one per 1000 earlier tokens summed over its chunks.
 The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
 so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """

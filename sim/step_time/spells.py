@@ -8,10 +8,7 @@ Drawing a spell level per replica and window puts the spells inside a run, where
 per-request TPOT tail; a run of decode iterations ends at a window's edge so that no run spans
 two levels.
 
-Measured offline on two full fidelity suites' live runs (2026-11-25; 106 live values each, bands
-of 20 draws): a level per run alone (2-s windows, as before) covered 75 and 38; levels per run
-from each traced run's median plus spells, 70 and 24 (the traced runs, minutes apart, moved less
-than the machine did before the live runs); window levels per run plus spells, 76 and 47.
+Why levels per window rather than per run: docs/measurements/spells.md.
 """
 
 from __future__ import annotations
