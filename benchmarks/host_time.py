@@ -1,5 +1,5 @@
-"""The engine loop's host time in live replays: per run, what `sim.step_time.host_time.fit_host_ms`
-fits.
+"""The engine loop's host time in live replays: per run, what
+`sim.step_time.host_time.fit_host_ms` fits.
 
     python benchmarks/host_time.py RUN_DIR...      # e.g. a `reasonsim fidelity -o DIR` run's
                                                    # DIR/*/live* and DIR/calibration_traffic_*

@@ -44,9 +44,8 @@ class RequestSpec:
     """leading prompt tokens shared with the path's earlier requests (prefix caching)"""
     prefix_chain: tuple = ()
     """the prompt's content as nested prefixes, ((content key, end tokens), ...) with ascending
-    ends (`sim.engine.prefix_cache`): branches that wrote the same text share cached blocks; empty:
-    one
-    prefix of `prefix_tokens` per path"""
+    ends (`sim.engine.prefix_cache`): branches that wrote the same text share cached blocks;
+    empty: one prefix of `prefix_tokens` per path"""
     prompt_ids: list | None = None
     """prompt token ids (live); None when the driver needs only lengths (simulator)"""
     role: str = "target"

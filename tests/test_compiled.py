@@ -1,5 +1,5 @@
-"""The compiled kernel (`sim.kernels.plain_kernel`) equals the SimPy run bit for bit where it
-applies.
+"""The compiled kernel (`sim.kernels.plain_kernel`) equals the SimPy run bit for bit where
+it applies.
 
 Same requests table, same steps table, same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference

@@ -1,6 +1,5 @@
-"""The program kernel (`sim.kernels.program_kernel`) under the Python driver equals the SimPy run of
-a
-program workload table for table.
+"""The program kernel (`sim.kernels.program_kernel`) under the Python driver equals the SimPy run
+of a program workload table for table.
 
 Same requests, programs and steps tables and the same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference

@@ -1,7 +1,6 @@
 """Seeded sampling's step time: fitted from a grid's greedy twins (`sim.step_time.sampling_cost`),
-charged
-by the simulator once a step with seeded sequences and per one, on the lazy replica as on the
-reference."""
+charged by the simulator once a step with seeded sequences and per one, on the lazy replica as on
+the reference."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The prefix cache compiled (numba): `sim.engine.prefix_cache.PrefixCache` on arrays, for the
-program
-kernel (`sim.kernels.program_kernel`).
+program kernel (`sim.kernels.program_kernel`).
 
 The reference keeps each replica's cached blocks in a dict (block identity -> references) whose
 order is the eviction order (a freed block re-enters at the end). Here a block is a node of a

@@ -169,8 +169,7 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
            free, j, r, idx, prompt, output, priority, group, prefix, score_from, seeded,
            lp_prompt_ms, lp_sample_ms):
     """`Replica.submit` to replica j of request `idx` (`sim.engine.request_state.Req`'s fields),
-    kept
-    in slot r while in flight."""
+    kept in slot r while in flight."""
     rq[r, :] = 0
     rq[r, PROMPT], rq[r, OUTPUT], rq[r, TARGET], rq[r, PRIORITY] = prompt, output, prompt, \
         priority

@@ -40,8 +40,8 @@ def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
 class LatencyModel:
     """Fitted coefficients (milliseconds per unit of each feature) and residual quantiles.
 
-    The `linear` step-time model (`sim.step_time.registry.StepTimeModel`), with a closed-form decode
-    run.
+    The `linear` step-time model (`sim.step_time.registry.StepTimeModel`), with a closed-form
+    decode run.
     """
 
     kind: ClassVar[str] = "linear"
