@@ -73,18 +73,14 @@ def register_family(family: ProgramFamily) -> ProgramFamily:
     return FAMILIES.register(family)
 
 
-def _registered() -> dict[str, ProgramFamily]:
-    return FAMILIES.all()
-
-
 def methods() -> tuple[str, ...]:
     """Every method some registered family serves, in registration order."""
-    return tuple(dict.fromkeys(m for f in _registered().values() for m in f.methods))
+    return tuple(dict.fromkeys(m for f in FAMILIES.all().values() for m in f.methods))
 
 
 def family_of(method: str, policy) -> ProgramFamily:
     """The family serving `method` under `policy`; a clear error where none does."""
-    for family in _registered().values():
+    for family in FAMILIES.all().values():
         if method in family.methods and family.accepts(policy):
             return family
     raise ValueError(f"workload.programs.method: {method!r} with policy {policy!r} is served by "
