@@ -10,7 +10,7 @@ live engine fed the same tokens make the same decisions at the same prompt index
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from policies.helios import Serve
 
@@ -36,12 +36,16 @@ class Round:
 
 
 class HeliosProgram:
-    """Plans rounds from a policy and feeds the policy each finished round's tokens."""
+    """Plans rounds from a policy and feeds the policy each finished round's tokens.
 
-    def __init__(self, policy: StreamPolicy, num_prompts: int,
+    `prompts` is the stream's length (the program serves it all) or the stream indices it serves,
+    in order (a replica's share of the stream); rounds name stream indices either way."""
+
+    def __init__(self, policy: StreamPolicy, prompts: int | Sequence[int],
                  max_batch: Callable[[Serve], int]):
         self.policy = policy
-        self.num_prompts = num_prompts
+        self.stream = list(range(prompts)) if isinstance(prompts, int) else list(prompts)
+        self.num_prompts = len(self.stream)
         self.max_batch = max_batch
         self._next = 0
         self.rounds: list[Round] = []
@@ -58,10 +62,14 @@ class HeliosProgram:
             if (s.model, s.depth, s.exit_threshold, s.evaluating) != \
                     (first.model, first.depth, first.exit_threshold, first.evaluating):
                 raise RuntimeError(f"policy changed its decision within same_after(): {s}")
-        r = Round(first, tuple(range(self._next, self._next + n)))
+        r = Round(first, tuple(self.stream[self._next:self._next + n]))
         self._next += n
         self.rounds.append(r)
         return r
+
+    def stream_events(self) -> list[tuple[int, Serve]]:
+        """The policy's events, each at the stream index of the prompt it applies to."""
+        return [(self.stream[i], s) for i, s in self.policy.events]
 
     def finish_round(self, tokens: list[list[list[float]]]) -> None:
         """Per prompt of the last round, per token, the max probability at each loaded exit."""

@@ -72,7 +72,7 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
     import copy
     from dataclasses import replace
 
-    from sim.families.helios.serving import load_profile
+    from sim.families.helios.profile import load_profile
     from testbed.streams import ExitsWorkload
     from tracers.exits import trace_exits
     from traces.store import read_run
@@ -122,7 +122,7 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
         check_out_dir(out, resume=False, can_resume=False)
     results = exp.simulate()
     summary = {name: r.summary() for name, r in results.items()}
-    devices = sorted({p.device for p in exp.profiles.values()})
+    devices = exp.devices()
     if out:
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,9 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"devices": devices, "policies": summary}))
         return 0
-    t = Table(title=f"{config}: {exp.num_prompts} prompts; profiles traced on "
+    h = exp.spec.helios
+    where = f" on {h.replicas} replicas ({h.router})" if h.replicas > 1 else ""
+    t = Table(title=f"{config}: {exp.num_prompts} prompts{where}; profiles traced on "
               f"{', '.join(devices)}")
     for col in ("policy", "candidates", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "mean batch",
                 "perplexity", "layer-tokens*", "LD/SW at prompt"):
@@ -162,6 +164,9 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     if args.prompts_per_phase is not None and (not args.retrace or args.prompts_per_phase < 1):
         raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
     exp = _experiment(args.config, args.retrace, args.prompts_per_phase)
+    if exp.spec.helios.replicas > 1:
+        raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
+                        "replay serves the stream on one device (set replicas: 1)")
     specs = exp.spec.helios.policies
     if args.policies:
         known = {exp.policy_name(p): p for p in specs}
@@ -178,7 +183,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     max_tokens = int(first.workload.get("max_tokens", 96))
     report = {}
     for p in specs:
-        sim = simulate_stream(exp.program(p), exp.profiles, exp.memory)
+        sim = simulate_stream(exp.program(p), exp.profiles)
         lives = []
         for _ in range(args.repeats):
             program = exp.program(p)

@@ -119,9 +119,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.config is None:
         raise UserError("simulate needs CONFIG.yaml (or --help-config)")
     from sim.config import read_yaml
-    from sim.families.helios.config import is_helios_config
+    from sim.families.registry import section_of
 
-    if is_helios_config(read_yaml(args.config)):
+    if section_of(read_yaml(args.config)) is not None:
         from reasonsim.cmd_helios import run_helios_simulate
 
         return run_helios_simulate(args.config, args.out, args.json)

@@ -39,7 +39,9 @@ reasoning chunk's output began joining the prefix cache as the request finishes 
 every full block a request computed; the path's next chunk and its probes send those tokens
 back): on the live CoT runs of a full fidelity run, 25,920 prompt tokens hit the cache against
 20,128 simulated before and 23,840 after; accuracy unchanged, program latencies shorter (most
-under saturation: baseline-even's P50 4.18 -> 2.53 s).
+under saturation: baseline-even's P50 4.18 -> 2.53 s). `helios-cluster` (two HELIOS replicas
+behind a router) was added with its first output when HELIOS became a replica kind of the
+cluster model.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import pytest
 
 from conftest import REPO
 from sim.config import load_config, read_yaml
-from sim.families.helios.config import Experiment, is_helios_config
+from sim.families.registry import section_of
 from sim.simulate import simulate
 
 WALL_CLOCK = {"wall_s", "event_loop_s"}
@@ -76,9 +78,9 @@ def test_every_example_has_a_golden_summary():
 def test_example_matches_its_golden_summary(name):
     want = _flat(json.loads((REPO / "tests" / "golden" / f"{name}.json").read_text()))
     path = REPO / "examples" / f"{name}.yaml"
-    if is_helios_config(read_yaml(path)):
-        exp = Experiment(read_yaml(path), path.parent)
-        summary = {"devices": sorted({p.device for p in exp.profiles.values()}),
+    if (section := section_of(read_yaml(path))) is not None:
+        exp = section.load(read_yaml(path), path.parent)
+        summary = {"devices": exp.devices(),
                    "policies": {k: r.summary() for k, r in exp.simulate().items()}}
     else:
         summary = simulate(load_config(path)).summary

@@ -20,7 +20,7 @@ per-layer KV cache in fixed slots (one per running sequence), on CPU or CUDA.
   last loaded layer (the pending ones) with the new one, through every layer it runs, so every
   layer it runs ends with the KV of every token (exact: a layer's KV at a position depends only
   on earlier layers at that and earlier positions). The prefill runs every layer. The simulator
-  uses the same rule (`sim/families/helios/serving.py`).
+  uses the same rule (`sim/families/helios/replica.py`).
 
 Each `step()` admits waiting requests (up to `max_num_seqs` running and `max_num_batched_tokens`
 prompt tokens), prefills each admitted prompt, then decodes every running sequence in one

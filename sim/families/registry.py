@@ -3,6 +3,10 @@
 
 A family registers a `SimFamily` from its own module (`BUILTIN` lists the built-in ones,
 imported on the first lookup); the harness (`sim.workloads.programs`) asks for it by name.
+
+A family whose experiments are a config section of their own (HELIOS: `helios:`, a prompt stream
+served by every policy in turn) registers a `ConfigSection`; `reasonsim simulate` and `sweep`
+find it by the section's key (`section_of`).
 """
 
 from __future__ import annotations
@@ -45,3 +49,30 @@ def register_sim_family(family: SimFamily) -> SimFamily:
 def sim_family(name: str) -> SimFamily:
     """The simulator parts of family `name`; a clear error where it registered none."""
     return FAMILIES.get(name)
+
+
+@dataclass(frozen=True)
+class ConfigSection:
+    """A family simulated from a top-level config section of its own."""
+
+    name: str
+    """the section's key in a config"""
+    load: Callable
+    """(config mapping, base directory) -> the experiment, validated and its inputs loaded
+    (ValueError naming the key otherwise); its `simulate()` gives {policy name: result with
+    `summary()`}, and `devices()` the devices its inputs were measured on"""
+
+
+SECTIONS = Registry("config section (sim.families.registry)", ("sim.families.helios.config",))
+
+
+def register_section(section: ConfigSection) -> ConfigSection:
+    """Make a config section findable by its key."""
+    return SECTIONS.register(section)
+
+
+def section_of(config) -> ConfigSection | None:
+    """The family section a config mapping has (None: a plain simulate config)."""
+    if not isinstance(config, dict):
+        return None
+    return next((s for key, s in SECTIONS.all().items() if key in config), None)

@@ -25,7 +25,28 @@ POOL_RESTARTS = 3  # a worker killed this many times over means something kills 
 
 
 def compute_point(point_id: str, seed: int, config: dict, base_dir: str, out_dir: str) -> str:
-    """Simulate one point and write its row; returns the point's file name."""
+    """Simulate one point and write its rows (one; a family section's: one per policy); returns
+    the point's file name."""
+    from sim.families.registry import section_of
+
+    section = section_of(config)
+    rows = _simulate_point(point_id, config, base_dir) if section is None else \
+        _section_rows(section, point_id, config, base_dir)
+    path = store.point_path(Path(out_dir), point_id, seed)
+    store.write_point(path, rows)
+    return path.name
+
+
+def _section_rows(section, point_id: str, config: dict, base_dir: str) -> list[dict]:
+    """A family section's point: a row per policy, every policy over the same stream."""
+    exp = section.load(config, Path(base_dir))
+    inputs = json.dumps({"devices": exp.devices()}, sort_keys=True)
+    return [{"point_id": point_id, "calibration": inputs, "policy": name,
+             **store.flatten(result.summary())} for name, result in exp.simulate().items()]
+
+
+def _simulate_point(point_id: str, config: dict, base_dir: str) -> list[dict]:
+    """A simulate config's point: its one row."""
     from sim.step_time.calibration import fingerprint, load_calibration
     from sim.config import parse_config
     from sim.simulate import simulate
@@ -43,9 +64,7 @@ def compute_point(point_id: str, seed: int, config: dict, base_dir: str, out_dir
            **store.flatten(result.summary)}
     if result.programs is not None and len(result.programs):
         row["policy"] = result.programs["policy"][0].as_py()  # the programs' stop policy
-    path = store.point_path(Path(out_dir), point_id, seed)
-    store.write_point(path, row)
-    return path.name
+    return [row]
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, backend: "Backend | None" = None,

@@ -32,7 +32,8 @@ from typing import Any
 from sim.config import parse_config, read_yaml
 
 SWEEP_KEYS = {"base", "seeds", "noise_seeds", "grid", "cases"}
-FILE_KEYS = ("calibration", "trace", "path", "model_config")  # config keys that name inputs
+FILE_KEYS = ("calibration", "trace", "path", "model_config", "exits", "config")
+"""config keys that name inputs (`exits`, `config`: a HELIOS model's trace or config.json)"""
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,15 @@ class Sweep:
 
     def validate(self) -> None:
         """Parse every point's config (strict), so a bad override fails before any runs."""
+        from sim.families.registry import section_of
+
         for point, d in self.points():
+            section = section_of(d)
             try:
-                parse_config(d, self.base_dir)
+                if section is None:
+                    parse_config(d, self.base_dir)
+                else:
+                    section.load(d, self.base_dir)
             except ValueError as e:
                 raise ValueError(f"sweep point {point.label()}: {e}") from None
             if self.seed_key == "noise_seed" and d.get("latency") != "sampled":

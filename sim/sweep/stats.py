@@ -27,10 +27,14 @@ def by_point(df: pd.DataFrame, metrics: list[str], level: float = LEVEL) -> pd.D
     if missing:
         raise ValueError(f"no such metric in the results: {missing} "
                          f"(have: {sorted(c for c in df.columns if c not in _KEYS)[:12]} ...)")
-    keys = override_columns(df)
+    # a family section's point (HELIOS) has a row per policy and seed: each policy its own row
+    per_policy = "policy" in df.columns and df.groupby("point_id").policy.nunique().max() > 1
+    series = ["policy"] if per_policy else []
+    keys = override_columns(df) + series
     rows = []
-    for point_id, g in df.groupby("point_id", sort=False):
-        row = {k: g[k].iloc[0] for k in keys} | {"point_id": point_id, "seeds": len(g)}
+    for _, g in df.groupby(["point_id"] + series, sort=False, dropna=False):
+        row = {k: g[k].iloc[0] for k in keys} | {"point_id": g.point_id.iloc[0],
+                                                 "seeds": len(g)}
         for m in metrics:
             row[m], row[f"{m}.lo"], row[f"{m}.hi"] = mean_ci(g[m], level)
         rows.append(row)

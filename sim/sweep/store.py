@@ -46,11 +46,11 @@ def flatten(summary: dict, prefix: str = "") -> dict:
     return out
 
 
-def write_point(path: Path, row: dict) -> None:
-    """Write one row atomically (temporary name, then rename)."""
+def write_point(path: Path, rows: list[dict]) -> None:
+    """Write a point's rows atomically (temporary name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    pq.write_table(pa.Table.from_pylist([row]), tmp)
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
     os.replace(tmp, path)
 
 
@@ -60,14 +60,15 @@ def missing(out_dir: Path, points: list[Point]) -> list[Point]:
 
 
 def collect(out_dir: Path, sweep: Sweep, points: list[Point]) -> pd.DataFrame:
-    """The sweep's rows in sweep order: position, overrides, seed, then the point's row."""
+    """The sweep's rows in sweep order: position, overrides, seed, then the point's rows (one;
+    a family section's: one per policy)."""
     rows = []
     for p in points:
-        row = pq.read_table(point_path(out_dir, p.point_id, p.seed)).to_pylist()[0]
         ov = {("case" if k == "name" else k): (json.dumps(v, sort_keys=True)
                                                 if isinstance(v, (dict, list)) else v)
               for k, v in p.overrides}
-        rows.append({"index": p.index, **ov, "seed": p.seed, **row})
+        for row in pq.read_table(point_path(out_dir, p.point_id, p.seed)).to_pylist():
+            rows.append({"index": p.index, **ov, "seed": p.seed, **row})
     df = pd.DataFrame(rows)
     for col in df.columns:  # a column mixing text and numbers is stored as text
         kinds = {type(v) for v in df[col] if v is not None and v == v}

@@ -5,6 +5,8 @@
       models: [{exits: TRACE_DIR}, ...]     # candidate models, each from its exits trace
       memory_mb: 8                          # device memory for weights + KV
       max_num_seqs: 32                      # engine slots cap
+      replicas: 2                           # optional: devices, each serving a routed share
+      router: round_robin                   # optional: how prompts are routed (least_outstanding)
       repository:                           # optional Model Repository (benchmark telemetry)
         - {model: target-large, memory_mb: 3.4, accuracy: 0.84, throughput_tok_s: 5300}
       policies:                             # each served over the same prompt stream
@@ -28,8 +30,9 @@ from policies.helios import (STRATEGIES, EarlyExitFull, Helios, RepositoryEntry,
                              shortlist)
 from programs.helios import HeliosProgram
 from sim.config_schema import one_line
-from sim.families.helios.serving import (HeliosResult, Memory, ModelProfile, candidate,
-                                         load_profile, simulate_stream)
+from sim.families.helios.profile import Memory, ModelProfile, candidate, load_profile
+from sim.families.helios.serving import HeliosResult, simulate_cluster
+from sim.families.registry import ConfigSection, register_section
 from sim.families.helios.whatif import Device, Phase, what_if_profile
 
 Share = Annotated[float, Field(gt=0, le=1)]
@@ -132,6 +135,10 @@ class HeliosSection(_Strict):
     what_if: WhatIfSpec | None = None
     memory_mb: Annotated[float, Field(gt=0)]
     max_num_seqs: Count = 256
+    replicas: Count = 1
+    """devices, each with memory_mb, its own loaded model and its own policy"""
+    router: Annotated[str, Field(min_length=1)] = "least_outstanding"
+    """how the stream's prompts are assigned to replicas (`policies.routing`)"""
     repository: list[RepositorySpec] | None = None
     policies: Annotated[list[Annotated[Union[StaticSpec, EarlyExitSpec, HeliosSpec],
                                        Field(discriminator="type")]], Field(min_length=1)]
@@ -154,6 +161,12 @@ class Experiment:
             raise ValueError(one_line(e)) from None
         h = self.spec.helios
         base = Path(base_dir)
+        from policies.routing import make_router
+
+        try:
+            make_router(h.router)
+        except ValueError as e:
+            raise ValueError(f"helios.router: {e}") from None
         self.profiles: dict[str, ModelProfile] = {}
         for k, m in enumerate(h.models):
             try:
@@ -170,8 +183,10 @@ class Experiment:
                              "(trace them with the same workload)")
         self.num_prompts = len(next(iter(self.profiles.values())).prompt_tokens)
         longest = max(max(p.prompt_tokens) for p in self.profiles.values())
-        max_tokens = max(int(p.workload.get("max_tokens", 0)) for p in self.profiles.values())
-        self.memory = Memory(h.memory_mb, longest + max_tokens, h.max_num_seqs)
+        self.max_tokens = max(int(p.workload.get("max_tokens", 0))
+                              for p in self.profiles.values())
+        """a prompt's output budget (what a router knows of its length)"""
+        self.memory = Memory(h.memory_mb, longest + self.max_tokens, h.max_num_seqs)
         for name, p in self.profiles.items():
             if self.memory.batch(p, 1) < 1:
                 raise ValueError(f"helios.memory_mb: {h.memory_mb} MB cannot hold one layer of "
@@ -243,8 +258,10 @@ class Experiment:
             return f"helios:{p.strategy}"
         return f"{p.type}:{p.model}"
 
-    def program(self, p: StaticSpec | EarlyExitSpec | HeliosSpec) -> HeliosProgram:
-        """A fresh program (and policy) for one policy spec."""
+    def program(self, p: StaticSpec | EarlyExitSpec | HeliosSpec,
+                prompts: list[int] | None = None) -> HeliosProgram:
+        """A fresh program (and policy) for one policy spec, over the stream indices `prompts`
+        (None: the whole stream)."""
         if isinstance(p, StaticSpec):
             policy = Static(self.candidates[p.model])
         elif isinstance(p, EarlyExitSpec):
@@ -253,7 +270,8 @@ class Experiment:
             args = p.model_dump(exclude={"type", "label", "shortlist", "min_accuracy"})
             names = self.shortlists.get(self.policy_name(p), list(self.candidates))
             policy = Helios([self.candidates[n] for n in names], **args)
-        return HeliosProgram(policy, self.num_prompts, self.max_batch)
+        return HeliosProgram(policy, self.num_prompts if prompts is None else prompts,
+                             self.max_batch)
 
     def max_batch(self, s: Serve) -> int:
         """Sequences a decision serves at once: what memory allows; one with layer skipping."""
@@ -261,16 +279,21 @@ class Experiment:
             return 1
         return self.memory.batch(self.profiles[s.model], s.depth)
 
+    def devices(self) -> list[str]:
+        """The devices the models' profiles were measured on (what-if: stated)."""
+        return sorted({p.device for p in self.profiles.values()})
+
     def simulate(self) -> dict[str, HeliosResult]:
-        """Every policy simulated over the stream."""
-        return {self.policy_name(p): simulate_stream(self.program(p), self.profiles, self.memory)
-                for p in self.spec.helios.policies}
+        """Every policy simulated over the stream, on the configured replicas."""
+        h = self.spec.helios
+        return {self.policy_name(p): simulate_cluster(
+                    lambda prompts, p=p: self.program(p, prompts), self.profiles,
+                    self.num_prompts, h.replicas, h.router, self.max_tokens)
+                for p in h.policies}
 
 
 def _resolve(path: str, base: Path) -> Path:
     return Path(path) if Path(path).is_absolute() else base / path
 
 
-def is_helios_config(d: Any) -> bool:
-    """True for a config with a `helios:` section (routed here by `reasonsim simulate`)."""
-    return isinstance(d, dict) and "helios" in d
+register_section(ConfigSection("helios", Experiment))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.families.helios.serving import ModelProfile
+from sim.families.helios.profile import ModelProfile
 from sim.step_time.layered import LayeredModel
 
 CONFIDENT, UNSURE = 0.95, 0.3

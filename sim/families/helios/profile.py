@@ -1,0 +1,132 @@
+"""An early-exit model as the HELIOS simulator knows it, all from its exits trace.
+
+A model's profile comes from its exits trace (`reasonsim trace exits`): the token stream the
+engine generated at every loaded depth (each token's max probability at every loaded exit), the
+per-layer step-time model fitted on the same run's steps, and the measured weight, KV and load
+figures per layer. Memory sets the batch a depth allows: the weights of the loaded layers plus,
+per sequence, the KV of the loaded layers for its longest length.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from policies.helios import Candidate
+from sim.families.helios.exits import load_exits
+from sim.step_time.layered import LayeredModel, fit_layered
+from traces.store import read_run, read_table
+
+
+@dataclass
+class ModelProfile:
+    """One candidate model as the simulator knows it, all from its exits trace."""
+
+    name: str
+    model_dir: str
+    layers: int
+    prompt_tokens: list[int]
+    """per stream prompt"""
+    streams: dict[int, list[list[list[float]]]]
+    """loaded depth -> per prompt -> per token -> max probability at exits 1..depth"""
+    step: LayeredModel
+    weight_bytes: int
+    """per layer"""
+    kv_bytes_per_token: int
+    """per layer"""
+    load_ms_per_layer: float
+    device: str
+    workload: dict = field(default_factory=dict)
+    """the trace's prompt-stream parameters (live replay regenerates the prompts from them)"""
+    resident_bytes: int = 0
+    """weights outside the decoder layers (embedding, head): always in memory"""
+    ee_step: LayeredModel | None = None
+    """step time with layer skipping (EE-full), from the trace's `ee<t>` steps; None: untraced"""
+
+
+def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile:
+    """A model profile from an exits trace; errors name the directory."""
+    run = read_run(trace_dir)
+    if run["kind"] != "exits":
+        raise ValueError(f"{trace_dir}: a {run['kind']!r} trace; expected an exits trace")
+    params = json.loads(run["params_json"])
+    layers_df = read_table(trace_dir, "layers").to_pandas().sort_values("layer")
+    layers = int(layers_df.layer.max())
+    streams, prompt_tokens = {}, None
+    reqs = read_table(trace_dir, "requests").to_pandas()
+    for depth in range(1, layers + 1):
+        m = load_exits(trace_dir, depth)
+        order = list(dict.fromkeys(m.request_ids))  # stream order
+        per_req: dict[str, list] = {r: [] for r in order}
+        for rid, probs in zip(m.request_ids, m.max_prob):
+            per_req[rid].append(probs.tolist())
+        streams[depth] = [per_req[r] for r in order]
+        lengths = reqs.set_index("request_id").loc[order, "prompt_tokens"].astype(int).tolist()
+        if prompt_tokens is None:
+            prompt_tokens = lengths
+        elif lengths != prompt_tokens:
+            raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
+    step = fit_steps(trace_dir, layers)
+    ee_step = fit_steps(trace_dir, layers, cells="ee") if params.get("ee_thresholds") else None
+    return ModelProfile(name=name or Path(str(run["model_id"])).name,
+                        model_dir=_model_dir(str(run["model_id"]), trace_dir), layers=layers,
+                        prompt_tokens=prompt_tokens, streams=streams, step=step,
+                        weight_bytes=int(layers_df.weight_bytes.iloc[0]),
+                        kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
+                        load_ms_per_layer=float(layers_df.load_ms.median()),
+                        device=str(run["device"]), workload=params.get("workload", {}),
+                        ee_step=ee_step)
+
+
+
+def _model_dir(model_id: str, trace_dir: str | Path) -> str:
+    """The traced model's directory: as recorded, or (a relative path recorded from a checkout's
+    root) found from the trace directory upwards, so live replay works from any directory."""
+    p = Path(model_id)
+    if p.is_absolute() or p.exists():
+        return str(p)
+    for parent in Path(trace_dir).resolve().parents:
+        if (parent / p).is_dir():
+            return str(parent / p)
+    return str(p)
+
+
+def fit_steps(trace_dir: str | Path, layers: int, cells: str = "depth") -> LayeredModel:
+    """The per-layer step-time model from a trace's steps of the cells named `cells<...>`
+    (`depth`: at a loaded depth; `ee`: layer skipping), a step's depth = its layer_times rows."""
+    steps = read_table(trace_dir, "steps").to_pandas()
+    depth = read_table(trace_dir, "layer_times").to_pandas().groupby("step_id").layer.count()
+    steps["depth"] = steps.step_id.map(depth)
+    steps = steps[~steps.is_warmup & steps.depth.notna() & steps.cell_id.str.startswith(cells)]
+    return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
+                       steps.depth, steps.duration_ms, layers, prefill_seqs=steps.prefill_seqs)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Device memory for one model's weights and KV, and the sequence length reserved."""
+
+    memory_mb: float
+    seq_tokens: int
+    """KV reserved per sequence (longest prompt + max output)"""
+    max_num_seqs: int = 256
+
+    def batch(self, p: ModelProfile, depth: int) -> int:
+        """Largest batch that fits with `depth` layers of `p` loaded (0: the weights do not)."""
+        free = self.memory_mb * 2**20 - p.resident_bytes - depth * p.weight_bytes
+        per_seq = depth * p.kv_bytes_per_token * self.seq_tokens
+        return max(0, min(self.max_num_seqs, int(free // per_seq)))
+
+
+def candidate(p: ModelProfile, mem: Memory) -> Candidate:
+    """The policy's view of a profile: per-layer and fixed step cost at the full-depth batch."""
+    b = max(1, mem.batch(p, p.layers))
+    context = b * (int(np.mean(p.prompt_tokens)) + 32)
+    one, two = (p.step.at_depth(d).step_ms(0, b, context) for d in (1, min(2, p.layers)))
+    layer_ms = two - one if p.layers > 1 else p.step.at_depth(1).step_ms(0, b, context)
+    return Candidate(name=p.name, layers=p.layers, layer_ms=layer_ms,
+                     fixed_ms=max(one - layer_ms, 0.0), load_ms_per_layer=p.load_ms_per_layer,
+                     batch_at_depth=tuple(mem.batch(p, d) for d in range(1, p.layers + 1)))

@@ -1,0 +1,164 @@
+"""The HELIOS replica: one device serving its share of a prompt stream in rounds.
+
+A replica kind of the cluster model: its state is the loaded (model, depth); its work, the rounds
+its own program (`programs.helios.HeliosProgram`, with its own policy) plans over the prompts
+routed to it. A layer load or model switch is a timed event (layers x measured load time), then
+the round's prefill step and its decode steps, fast-forwarded between sequence finishes with the
+step-time model's closed form (events grow with rounds and finishes, not tokens).
+
+The EE-full baseline (whole model loaded, one sequence, per-token exits at a threshold, EE-LLM's
+layer skipping with KV recomputation as `engines/pytorch/engine.py` runs it) serves each prompt
+alone: the tokens are the full-depth stream's, each exits at the first layer whose max
+probability reaches the threshold, and each decode step runs layers 1..its exit over the new
+token plus the pending ones (those fed since the last step that ran every layer). Its step time
+is a second layered model fitted on the trace's layer-skipping steps (`ee<t>` cells).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from programs.helios import HeliosProgram, Round
+from sim.families.helios.profile import ModelProfile
+from sim.step_time.latency import feature_matrix, run_ms
+from sim.step_time.layered import LayeredModel
+
+
+class HeliosReplica:
+    """One device: serves its program's rounds in SimPy time and appends their rows."""
+
+    def __init__(self, env: simpy.Environment, replica_id: int, program: HeliosProgram,
+                 profiles: dict[str, ModelProfile]):
+        self.env, self.replica_id, self.program, self.profiles = env, replica_id, program, profiles
+        self.loaded: tuple[str, int] | None = None
+        self.request_rows: list[dict] = []
+        self.round_rows: list[dict] = []
+
+    def run(self):
+        """The SimPy process: every round of the program, in turn."""
+        while (rnd := self.program.next_round()) is not None:
+            s = rnd.serve
+            load_ms = reload_ms(self.loaded, (s.model, s.depth), self.profiles)
+            if load_ms:
+                yield self.env.timeout(load_ms / 1e3)
+            self.loaded = (s.model, s.depth)
+            start = self.env.now
+            toks, exits, times, layer_tokens = self._timing(rnd)
+            yield self.env.timeout(times["end_s"])
+            self._record(rnd, start, toks, exits, times, load_ms, layer_tokens)
+            self.program.finish_round(toks)
+
+    def _timing(self, rnd: Round) -> tuple[list, list, dict, int]:
+        """The round's tokens, exits, timing and layer-token executions."""
+        s = rnd.serve
+        p = self.profiles[s.model]
+        toks = [p.streams[s.depth][i] for i in rnd.prompts]
+        prompts = [p.prompt_tokens[i] for i in rnd.prompts]
+        if s.exit_threshold is None:
+            exits = [[s.depth] * len(t) for t in toks]
+            times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
+                                scale=p.step.residual_sampler()[0],
+                                per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1))
+            # tokens each layer processed: the prompts, and every output but the last
+            return toks, exits, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
+        if len(rnd.prompts) != 1:
+            raise ValueError("layer skipping (an exit threshold) serves one sequence at "
+                             f"a time; the program planned {len(rnd.prompts)}")
+        exits = [[exit_layer(x, s.exit_threshold) for x in t] for t in toks]
+        times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth)
+        return toks, exits, times, times["layer_tokens"]
+
+    def _record(self, rnd: Round, start: float, toks: list, exits: list, times: dict,
+                load_ms: float, layer_tokens: int) -> None:
+        s = rnd.serve
+        p = self.profiles[s.model]
+        for k, i in enumerate(rnd.prompts):
+            self.request_rows.append({
+                "prompt": i, "model": s.model, "depth": s.depth, "arrival_s": start,
+                "first_token_s": start + times["first_s"],
+                "finish_s": start + times["finish_s"][k],
+                "prompt_tokens": p.prompt_tokens[i], "output_tokens": len(toks[k]),
+                "exit_layers": exits[k],
+                "nll_sum": float(-sum(math.log(max(t[e - 1], 1e-12))
+                                      for t, e in zip(toks[k], exits[k]))),
+                "replica_id": self.replica_id})
+        self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
+                                "batch": len(rnd.prompts), "steps": times["steps"],
+                                "busy_ms": times["end_s"] * 1e3, "load_ms": load_ms,
+                                "event": s.event or "", "layer_tokens": layer_tokens,
+                                "replica_id": self.replica_id})
+
+
+def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],
+              profiles: dict[str, ModelProfile]) -> float:
+    """Time to go from the loaded (model, depth) to the wanted one: deeper layers of the same
+    model, or the whole wanted depth of another (dropping layers is free; a switched-out model
+    keeps only its embedding and head)."""
+    if loaded == want:
+        return 0.0
+    model, depth = want
+    have = loaded[1] if loaded is not None and loaded[0] == model else 0
+    return max(depth - have, 0) * profiles[model].load_ms_per_layer
+
+
+def exit_layer(max_probs: list[float], threshold: float) -> int:
+    """1-based exit of a token: the first exit whose max probability reaches the threshold."""
+    return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
+
+
+def _ee_step(p: ModelProfile) -> LayeredModel:
+    if p.ee_step is None:
+        raise ValueError(f"{p.name}: the EE-full baseline needs an exits trace with layer-skipping "
+                         "steps (reasonsim trace exits --ee-thresholds 0.9)")
+    return p.ee_step
+
+
+def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: int) -> dict:
+    """One sequence with layer skipping: the prefill runs every layer; the decode step giving
+    token j runs layers 1..exits[j] over the new token and the pending ones (fed since the last
+    step that ran all `layers`), and leaves them pending unless it ran every layer."""
+    n = len(exits)
+    pending = np.zeros(n, dtype=float)  # pending tokens each decode step recomputes
+    for j in range(2, n):
+        pending[j] = 0 if exits[j - 1] == layers else pending[j - 1] + 1
+    depth = np.asarray(exits, dtype=float)
+    context = prompt_tokens + np.arange(n, dtype=float)  # computed tokens after step j
+    x = feature_matrix(pending[1:], np.ones(n - 1), context[1:])
+    decode_ms = x @ np.asarray(model.fixed_ms) + depth[1:] * (x @ np.asarray(model.layer_ms))
+    first_ms = model.at_depth(layers).step_ms(prompt_tokens, 0, prompt_tokens) \
+        + model.prefill_seqs_ms(layers, 1)
+    scale = model.residual_sampler()[0]
+    end_s = (first_ms + float(decode_ms.sum())) * scale / 1e3
+    return {"first_s": first_ms * scale / 1e3, "finish_s": [end_s], "end_s": end_s, "steps": n,
+            "layer_tokens": int(layers * prompt_tokens + (depth[1:] * (pending[1:] + 1)).sum())}
+
+
+def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
+                scale: float = 1.0, per_seq_ms: float = 0.0) -> dict:
+    """A round's timing: one prefill step for all prompts, then decode steps until each sequence
+    has its tokens (batch shrinking as they finish); closed form between finishes. `scale` is
+    the mean multiplicative residual (the relative-error fit predicts below the mean)."""
+    first_s = (model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens))
+               + per_seq_ms * len(prompt_tokens)) / 1e3
+    finish = np.zeros(len(output_tokens))
+    order = np.argsort(output_tokens, kind="stable")
+    t_ms, done_steps, steps = first_s * 1e3, 1, 1
+    running = list(order)
+    lengths = np.asarray(prompt_tokens, dtype=float)
+    for idx in order:
+        target = output_tokens[idx]
+        k = target - done_steps  # decode steps until this sequence has its tokens
+        if k > 0:
+            n = len(running)
+            context0 = int(sum(lengths[j] for j in running)) + n * (done_steps - 1)
+            a, b = model.decode_run(n, context0)
+            t_ms += run_ms(a, b, k)
+            done_steps += k
+            steps += k
+        finish[idx] = t_ms / 1e3
+        running.remove(idx)
+    return {"first_s": first_s * scale, "finish_s": (finish * scale).tolist(),
+            "end_s": t_ms * scale / 1e3, "steps": steps}
