@@ -18,12 +18,14 @@ Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Positive = Annotated[float, Field(gt=0)]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """The base of every config section's model: strict types, unknown keys refused, frozen."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
                               protected_namespaces=())
 
 
-class SpeculativeSpec(_Strict):
+class SpeculativeSpec(Strict):
     """A replica group's `speculative:` (see `sim.engine.spec_decode`)."""
 
     acceptance_rates: Annotated[list[Annotated[float, Field(ge=0, le=1)]],
@@ -32,7 +34,7 @@ class SpeculativeSpec(_Strict):
     temperature: Annotated[float, Field(ge=0)] = 0.0
 
 
-class GroupSpec(_Strict):
+class GroupSpec(Strict):
     """One replica group (see `sim.config.ReplicaGroup` for each field's meaning)."""
 
     calibration: str
@@ -55,7 +57,7 @@ class GroupSpec(_Strict):
         return str(v) if isinstance(v, Path) else v
 
 
-class ClusterSpec(_Strict):
+class ClusterSpec(Strict):
     """The `cluster:` section."""
 
     replicas: Annotated[list[GroupSpec], Field(min_length=1)]
@@ -63,20 +65,20 @@ class ClusterSpec(_Strict):
     scheduler: str | dict = "fcfs"
 
 
-class SloSpec(_Strict):
+class SloSpec(Strict):
     """The `slo:` section."""
 
     ttft_s: Positive | None = None
     tpot_s: Positive | None = None
 
 
-class OutputSpec(_Strict):
+class OutputSpec(Strict):
     """The `output:` section."""
 
     steps: bool = True
 
 
-class ConfigSpec(_Strict):
+class ConfigSpec(Strict):
     """A whole simulate config; `workload` is checked by its own layer."""
 
     workload: dict
@@ -88,7 +90,7 @@ class ConfigSpec(_Strict):
     output: OutputSpec | None = None
 
 
-class EngineLimitsSpec(_Strict):
+class EngineLimitsSpec(Strict):
     """A calibration's `engine_limits`: the traced engine's."""
 
     max_num_seqs: Count
@@ -98,7 +100,7 @@ class EngineLimitsSpec(_Strict):
     max_model_len: Count | None = None
 
 
-class HostSpec(_Strict):
+class HostSpec(Strict):
     """A calibration's `host`: what the engine's loop spends outside its steps."""
 
     add_request_ms: Annotated[float, Field(ge=0)] = 0.0
@@ -112,7 +114,7 @@ class HostSpec(_Strict):
     step_gap_ms: Annotated[float, Field(ge=0)] = 0.0
 
 
-class CalibrationSpec(_Strict):
+class CalibrationSpec(Strict):
     """A calibration artifact's envelope (its step-time model is checked by its own kind)."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, frozen=True,

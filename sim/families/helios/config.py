@@ -24,26 +24,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from policies.helios import (STRATEGIES, EarlyExitFull, Helios, RepositoryEntry, Serve, Static,
                              shortlist)
 from programs.helios import HeliosProgram
-from sim.config_schema import one_line
+from sim.config_schema import Count, Strict, one_line
 from sim.families.helios.profile import Memory, ModelProfile, candidate, load_profile
 from sim.families.helios.serving import HeliosResult, simulate_cluster
 from sim.families.registry import ConfigSection, register_section
 from sim.families.helios.whatif import Device, Phase, what_if_profile
 
 Share = Annotated[float, Field(gt=0, le=1)]
-Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """One candidate model: from its exits trace, or a what-if from its config.json."""
 
     exits: str | None = None
@@ -56,7 +51,7 @@ class ModelSpec(_Strict):
     """what-if: per stream phase, the share of tokens whose first confident exit is each exit"""
 
 
-class DeviceSpec(_Strict):
+class DeviceSpec(Strict):
     """What-if accelerator figures (datasheet, not measured)."""
 
     memory_bw_gb_s: Annotated[float, Field(gt=0)]
@@ -65,7 +60,7 @@ class DeviceSpec(_Strict):
     step_overhead_ms: Annotated[float, Field(ge=0)] = 0.0
 
 
-class PhaseSpec(_Strict):
+class PhaseSpec(Strict):
     """A stretch of the what-if prompt stream."""
 
     prompts: Count
@@ -73,14 +68,14 @@ class PhaseSpec(_Strict):
     output_tokens: Count
 
 
-class WhatIfSpec(_Strict):
+class WhatIfSpec(Strict):
     """Inputs of what-if models: the device and the prompt stream."""
 
     device: DeviceSpec
     phases: Annotated[list[PhaseSpec], Field(min_length=1)]
 
 
-class StaticSpec(_Strict):
+class StaticSpec(Strict):
     """Baseline: one model at full depth."""
 
     type: Literal["static"]
@@ -88,7 +83,7 @@ class StaticSpec(_Strict):
     label: str | None = None
 
 
-class EarlyExitSpec(_Strict):
+class EarlyExitSpec(Strict):
     """Baseline: one early-exit model, every layer loaded, one sequence at a time, each token
     leaving at the first exit that reaches the threshold (EE-LLM style layer skipping)."""
 
@@ -98,7 +93,7 @@ class EarlyExitSpec(_Strict):
     label: str | None = None
 
 
-class RepositorySpec(_Strict):
+class RepositorySpec(Strict):
     """A Model Repository row: a model's benchmark telemetry, as given."""
 
     model: str
@@ -109,7 +104,7 @@ class RepositorySpec(_Strict):
     energy_per_token: Annotated[float, Field(gt=0)] | None = None
 
 
-class HeliosSpec(_Strict):
+class HeliosSpec(Strict):
     """HELIOS over every candidate model, or over a shortlist of the repository."""
 
     type: Literal["helios"]
@@ -128,7 +123,7 @@ class HeliosSpec(_Strict):
     horizon_tokens: Count = 1000
 
 
-class HeliosSection(_Strict):
+class HeliosSection(Strict):
     """The `helios:` section."""
 
     models: Annotated[list[ModelSpec], Field(min_length=1)]
@@ -144,7 +139,7 @@ class HeliosSection(_Strict):
                                        Field(discriminator="type")]], Field(min_length=1)]
 
 
-class HeliosConfig(_Strict):
+class HeliosConfig(Strict):
     """A whole HELIOS experiment config."""
 
     seed: Annotated[int, Field(ge=0)] = 0
