@@ -25,8 +25,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from reasonsim.fidelity import BAND_SEEDS, judge_programs, judge_requests  # noqa: E402
-from reasonsim.fidelity_report import report  # noqa: E402
+from validation.fidelity import BAND_SEEDS, judge_programs, judge_requests  # noqa: E402
+from validation.fidelity_report import report  # noqa: E402
 
 
 def rejudge(run: Path, out: Path, calibration: Path) -> dict:

@@ -182,9 +182,9 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from reasonsim.cmd_sim import write_sim
-    from reasonsim.fidelity import fresh_process
-    from sim.families.a1.metrics import compare_a1, decision_strings
+    from sim.output import write_sim
+    from validation.a1 import compare_a1, decision_strings
+    from validation.replay import fresh_process
     from sim.simulate import simulate
     from traces.store import read_table
 

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from reasonsim.cmd_sim import write_sim
+from sim.output import write_sim
 from reasonsim.common import UserError, print_summary
 
 

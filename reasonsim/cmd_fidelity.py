@@ -1,4 +1,4 @@
-"""`reasonsim fidelity`: the table of the whole sim-vs-live loop (see reasonsim/fidelity.py)."""
+"""`reasonsim fidelity`: the table of the whole sim-vs-live loop (the loop: `validation.fidelity`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
-    from reasonsim.fidelity import SUITE, run_fidelity
-    from reasonsim.fidelity_report import probe_text, speed_text
+    from validation.fidelity import SUITE, run_fidelity
+    from validation.fidelity_report import probe_text, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json)

@@ -157,7 +157,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
 
     from live.helios import run_live, stream_prompts
     from sim.families.helios.serving import HeliosResult, candidates_of, simulate_stream
-    from sim.families.helios.report import METRICS, compare
+    from validation.helios import METRICS, compare
 
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")

@@ -43,67 +43,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def sim_run_row(cfg, result) -> dict:
-    """The `runs` row of a simulation (the calibration's device, simulated)."""
-    from importlib import metadata
-
-    from sim.step_time.calibration import load_calibration
-    from traces.provenance import run_row
-
-    cal = load_calibration(cfg.replicas[0].calibration)
-    p = cal.provenance
-    return run_row("sim", "reasonsim-sim", metadata.version("reasonsim"),
-                   f"simulated {p['device']}", sum(g.count for g in cfg.replicas),
-                   p["model_id"], p["model_config_hash"], p["dtype"], "calibrated", cfg.seed,
-                   {"config": json.loads(cfg.to_json()), "summary": result.summary,
-                    "calibrations": calibration_fingerprints(cfg)})
-
-
-def calibration_fingerprints(cfg) -> list[dict]:
-    """Per replica group: its pool, calibration file, the device its timings came from and its
-    step-time model (so `validate` can check the live run's step speed against it)."""
-    from sim.step_time import registry as step_time
-    from sim.step_time.calibration import fingerprint, load_calibration
-
-    out = []
-    for g in cfg.replicas:
-        cal = load_calibration(g.calibration)
-        out.append({"pool": g.pool, "calibration": str(g.calibration),
-                    **fingerprint(cal.provenance),
-                    "step_time_model": step_time.to_json(cal.latency),
-                    "speed_probe_ms": cal.provenance.get("speed_probe_ms"),
-                    "speculative": g.speculative})
-    return out
-
-
-def write_sim(cfg, result, out_dir: Path) -> None:
-    """A simulation's tables and summary under `out_dir`, complete or absent: written into a
-    hidden sibling and renamed into place at the end."""
-    import os
-    import shutil
-
-    from traces.store import check_out_dir, write_tables
-
-    check_out_dir(out_dir, resume=False, can_resume=False)
-    tables = {"requests": result.requests}
-    if result.programs is not None:
-        tables["programs"] = result.programs
-    if result.steps is not None:
-        tables["steps"] = result.steps
-    tables.update(result.tables)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write_tables(tmp, sim_run_row(cfg, result), tables)
-        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above): rename replaces nothing else
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     """`reasonsim simulate`."""
     from sim.config import load_config
@@ -125,6 +64,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from reasonsim.cmd_helios import run_helios_simulate
 
         return run_helios_simulate(args.config, args.out, args.json)
+    from sim.output import calibration_fingerprints, write_sim
+
     cfg = load_config(args.config)
     if args.out:  # refuse a used output directory before simulating, not after
         from traces.store import check_out_dir
@@ -172,19 +113,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve_model(model_id: str) -> str:
-    """A calibration's model path, found again in this checkout if it was traced in another."""
-    if Path(model_id).is_dir():
-        return model_id
-    cut = model_id.find("models/")
-    if cut >= 0 and (REPO / model_id[cut:]).is_dir():
-        return str(REPO / model_id[cut:])
-    raise UserError(f"model {model_id} of the calibration is not here; pass --model DIR")
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     """`reasonsim replay`."""
     from sim.config import load_config
+    from validation.replay import replay_config
 
     cfg = load_config(args.config)
     if sum(g.count for g in cfg.replicas) != 1:
@@ -195,46 +127,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False) -> dict:
-    """Serve a one-replica config's workload live on vLLM, with the engine limits and KV space
-    its calibration was traced with; the replay's summary."""
-    from sim.step_time.calibration import load_calibration
-    from sim.workloads.requests import workload_from_config
-    from tracers.replay import replay_live
-
-    group = cfg.replicas[0]
-    cal = load_calibration(group.calibration)
-    w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
-    model = model or resolve_model(cal.provenance["model_id"])
-    kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
-    return replay_live(model, out_dir, w.arrival_s, w.prompt_tokens, w.output_tokens,
-                       seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
-                       max_num_batched_tokens=group.max_num_batched_tokens
-                       or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
-                       params={"config": json.loads(cfg.to_json())}, progress=progress,
-                       prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
-                       enable_prefix_caching=group.enable_prefix_caching,
-                       speculative=live_speculative(group, cal, cfg.base_dir),
-                       prompt_text=cfg.workload.get("prompt_text", "random"))
-
-
-def live_speculative(group, cal, base_dir: Path) -> dict | None:
-    """The speculative decoding a replay's engine runs: the K and draft its calibration was
-    fitted on (the group must ask for speculation, as the simulator checks)."""
-    from sim.engine.cluster import speculative
-
-    spec = speculative(group, cal, base_dir)
-    if spec is None:
-        return None
-    drafts = cal.provenance["speculative"]["draft_model_id"]
-    if len(drafts) != 1:
-        raise UserError(f"{group.calibration}: fitted on several draft models {drafts}")
-    return {"k": spec.k, "draft": resolve_model(drafts[0])}
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """`reasonsim validate`."""
-    from sim.validate import compare, device_check, plot_cdfs, speed_check, verdict
+    from validation.judge import compare, device_check, plot_cdfs, speed_check, verdict
 
     rows = compare(args.sim_dir, args.live_dir)
     bands_path = Path(args.sim_dir) / "bands.json"

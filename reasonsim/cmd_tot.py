@@ -51,10 +51,10 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     """`reasonsim seed replay`: each mode live (repeated: the noise floor) and simulated."""
     import shutil
 
-    from reasonsim.cmd_sim import write_sim
-    from reasonsim.fidelity import fresh_process
+    from sim.output import write_sim
     from sim.simulate import simulate
-    from sim.families.seed.metrics import add_at_live_speed, compare_modes
+    from validation.replay import fresh_process
+    from validation.seed import add_at_live_speed, compare_modes
     from traces.store import read_table
 
     path, out = Path(args.config), Path(args.out)

@@ -23,7 +23,7 @@ BAND = (0.05, 0.95)
 
 def metrics_of(result) -> dict[str, float]:
     """Flat metrics of one simulation: request latency percentiles, throughput, and program
-    latency percentiles for program workloads (names as `sim.validate.compare` uses)."""
+    latency percentiles for program workloads (names as `validation.judge.compare` uses)."""
     s = summarize(result.requests.to_pandas())
     out = {f"{m}.{q}": float(s[m][q]) for m in ("ttft_s", "tpot_s", "e2e_s")
            for q in ("mean", "p50", "p90", "p99")}

@@ -21,24 +21,27 @@ def test_cli_help_loads_no_engine():
 
 # ------------------------------------------------------------------ import rules, parsed
 OURS = ("policies", "programs", "traces", "sim", "engines", "testbed", "live", "tracers",
-        "reasonsim")
+        "validation", "reasonsim")
 ENGINES = ("torch", "vllm", "transformers", "safetensors")
 # package -> packages (ours or third-party) it must never import, at top level or in a function
 FORBIDDEN = {
     "policies": set(OURS) | set(ENGINES) | {"simpy", "time"},
     "programs": set(OURS) - {"policies", "traces", "programs"} | set(ENGINES) | {"simpy"},
     "traces": set(OURS) - {"traces"} | set(ENGINES),
-    "sim": {"engines", "testbed", "live", "tracers", "reasonsim"} | set(ENGINES),
+    "sim": {"engines", "testbed", "live", "tracers", "validation", "reasonsim"} | set(ENGINES),
     # engines lie beneath both the tracers and the live runner, which never import each other
-    "engines": {"sim", "testbed", "live", "tracers", "reasonsim"},
-    "testbed": {"sim", "engines", "live", "tracers", "reasonsim"},
-    "live": {"sim", "tracers", "reasonsim"},
-    "tracers": {"sim", "live", "reasonsim"},
+    "engines": {"sim", "testbed", "live", "tracers", "validation", "reasonsim"},
+    "testbed": {"sim", "engines", "live", "tracers", "validation", "reasonsim"},
+    "live": {"sim", "tracers", "validation", "reasonsim"},
+    "tracers": {"sim", "live", "validation", "reasonsim"},
+    # validation (sim against live) lies above the simulator, the tracers and the live runner,
+    # beneath the command line
+    "validation": {"reasonsim"},
 }
 # Layers inside sim: a module under a prefix never imports the modules under the listed ones.
 # Step time is priced beneath the engine, the engine beneath its compiled mirrors, the core
 # beneath the method families and the entry points (simulate, validate, sweeps, reports).
-_ENTRY = ("sim.simulate", "sim.validate", "sim.demo", "sim.bands", "sim.sweep", "sim.report")
+_ENTRY = ("sim.simulate", "sim.output", "sim.demo", "sim.bands", "sim.sweep", "sim.report")
 SIM_LAYERS = {
     "sim.step_time": ("sim.engine", "sim.kernels", "sim.workloads", "sim.families") + _ENTRY,
     "sim.engine": ("sim.kernels", "sim.workloads", "sim.families") + _ENTRY,
@@ -148,6 +151,9 @@ def test_import_rules_catch_planted_violations(tmp_path):
     (tmp_path / "sim" / "workloads" / "planted.py").write_text("import sim.families.seed.driver\n")
     (tmp_path / "sim" / "families" / "a1" / "planted.py").write_text(
         "def f():\n    from sim.families.seed.driver import tot_results\n")
+    (tmp_path / "sim" / "families" / "seed" / "planted.py").write_text(
+        "from validation.judge import judge\n")
+    (tmp_path / "validation" / "planted.py").write_text("from reasonsim.common import REPO\n")
     (tmp_path / "traces" / "a.py").write_text("from . import b\n")
     (tmp_path / "traces" / "b.py").write_text("def f():\n    from traces import a\n")
     found = import_violations(tmp_path)
@@ -162,3 +168,5 @@ def test_import_rules_catch_planted_violations(tmp_path):
     assert "sim.step_time.planted imports sim.engine.replica" in found
     assert "sim.families.a1.planted imports sim.families.seed.driver" in found
     assert "sim.workloads.planted imports sim.families.seed.driver" in found
+    assert "sim.families.seed.planted imports validation.judge" in found
+    assert "validation.planted imports reasonsim.common" in found

@@ -370,7 +370,7 @@ def test_speedups_are_judged_against_each_repeats_own_ratio():
     own speedups (each repeat's modes ran minutes apart on a drifting machine); else it fails."""
     import pandas as pd
 
-    from sim.families.seed.metrics import compare_modes
+    from validation.seed import compare_modes
 
     tot = pd.DataFrame({"program_id": ["p"], "node": [0], "kind": ["eval"], "round": [0],
                         "accepted_tokens": [None]})

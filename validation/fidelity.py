@@ -1,4 +1,5 @@
-"""`reasonsim fidelity`: trace this machine, calibrate, then simulate and replay a suite live.
+"""The fidelity suite (`reasonsim fidelity`): trace this machine, calibrate, then simulate and
+replay a suite live.
 
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
 as live traffic has them) and live replays of calibration traffic (varied lengths in waves: the
@@ -20,7 +21,7 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from reasonsim.common import REPO, UserError
+from validation.replay import REPO, fresh_process
 
 SUITE = REPO / "examples" / "fidelity" / "suite.yaml"
 LIVE_RUNS = 2
@@ -42,20 +43,6 @@ class Planned:
     judge: Callable[[], dict]
 
 
-def fresh_process(fn, *args, **kwargs) -> None:
-    """Run one engine job in a new Python process. CPU kernels are built per shape and cached
-    for the life of a process, whatever engine asks: a replay after others in the same process
-    would meet fewer never-run shapes than a fresh server, which is what the simulator models."""
-    import multiprocessing
-
-    proc = multiprocessing.get_context("spawn").Process(target=fn, args=args, kwargs=kwargs)
-    proc.start()
-    proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"{fn.__name__} failed in its own process (exit {proc.exitcode}); "
-                           "its error is printed above")
-
-
 def load_suite(path: Path) -> dict:
     """The suite file, checked enough to fail before any engine starts."""
     from sim.config import read_yaml
@@ -63,21 +50,21 @@ def load_suite(path: Path) -> dict:
     try:
         suite = read_yaml(path)
     except ValueError as e:
-        raise UserError(f"not a readable suite: {e}") from None
+        raise ValueError(f"not a readable suite: {e}") from None
     if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
             not suite["workloads"]:
-        raise UserError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
+        raise ValueError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
     for key in ("grid", "quick_grid", "sampling_grid"):
         if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
-            raise UserError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
+            raise ValueError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
     traffic = suite.get("calibration_traffic") or {}
     if not isinstance(traffic, dict) or not all(
             isinstance(t, dict) and isinstance(t.get("workload"), dict) for t in traffic.values()):
-        raise UserError(f"{path}: calibration_traffic: expected a mapping of name -> "
+        raise ValueError(f"{path}: calibration_traffic: expected a mapping of name -> "
                         "{workload: ...}")
     for name, spec in suite["workloads"].items():
         if not isinstance(spec, dict) or ("workload" in spec) == ("program" in spec):
-            raise UserError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
+            raise ValueError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
                             "(requests) or `program:` (an example program config)")
     return suite
 
@@ -107,7 +94,7 @@ def simulate_with_band(cfg, out_dir: Path):
     from sim.bands import bands
     from sim.simulate import simulate
 
-    from reasonsim.cmd_sim import write_sim
+    from sim.output import write_sim
 
     result = simulate(cfg)
     write_sim(cfg, result, out_dir)
@@ -123,8 +110,8 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
     from sim.config import parse_config
     from tracers.step_profile import StepGrid, profile_steps
 
-    from reasonsim.cmd_sim import replay_config
-    from reasonsim.common import DEFAULT_MODEL
+    from validation.replay import replay_config
+    from validation.replay import DEFAULT_MODEL
 
     grid = suite["quick_grid" if quick else "grid"]
     limits = {"max_model_len": int(suite.get("max_model_len", 2048)),
@@ -163,7 +150,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     """One request workload set up under out/name: its LIVE_RUNS live replays and its judging."""
     from sim.config import parse_config
 
-    from reasonsim.cmd_sim import replay_config
+    from validation.replay import replay_config
 
     workload = dict(spec["workload"])
     if quick and "quick_requests" in spec:
@@ -185,9 +172,9 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     from sim.config import parse_config
     from sim.step_time.live_speed import probes_level
     from sim.simulate import simulate
-    from sim.validate import TOLERANCE, compare, judge, judge_at_probe, plot_cdfs, speed_check
+    from validation.judge import TOLERANCE, compare, judge, judge_at_probe, plot_cdfs, speed_check
 
-    from reasonsim.cmd_sim import write_sim
+    from sim.output import write_sim
 
     _, band = simulate_with_band(parse_config(d, out_dir), out_dir / "sim")
     rows = [compare(out_dir / "sim", live) for live in lives]
@@ -223,9 +210,9 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
     the moment taken out (reported beside the raw error, never instead of it); (mean-latency
     error, sampled draws' median error) per metric."""
     from sim.simulate import simulate
-    from sim.validate import compare
+    from validation.judge import compare
 
-    from reasonsim.cmd_sim import write_sim
+    from sim.output import write_sim
 
     if factor is None:
         return None
@@ -278,7 +265,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     from sim.step_time.live_speed import probes_level, step_speed_ratio
     from sim.program_metrics import compare
     from sim.simulate import simulate
-    from sim.validate import judge, judge_at_probe
+    from validation.judge import judge, judge_at_probe
     from traces.store import read_table
 
     base_dir = REPO / "examples"
@@ -355,7 +342,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     suite = load_suite(suite_path)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise UserError(f"{out}: not empty; choose a new directory")
+        raise ValueError(f"{out}: not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cal = trace_and_calibrate(out, suite, quick, progress)
@@ -388,7 +375,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
         r.get("agreement_ok", True) for r in rows)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
-    from reasonsim.fidelity_report import report
+    from validation.fidelity_report import report
 
     (out / "report.md").write_text(report(result))
     return result

@@ -1,4 +1,4 @@
-"""The `reasonsim fidelity` report: the result as a Markdown table (see reasonsim/fidelity.py)."""
+"""The `reasonsim fidelity` report: the result as a Markdown table (see `validation.fidelity`)."""
 
 from __future__ import annotations
 

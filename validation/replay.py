@@ -1,0 +1,72 @@
+"""Live replay of a simulate config on vLLM, and engine jobs each in a process of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+"""the checkout: `models/` and `examples/` under it"""
+DEFAULT_MODEL = REPO / "models" / "testbed" / "target-large"
+"""the trained testbed target: real latency and behaviour"""
+
+
+def fresh_process(fn, *args, **kwargs) -> None:
+    """Run one engine job in a new Python process. CPU kernels are built per shape and cached
+    for the life of a process, whatever engine asks: a replay after others in the same process
+    would meet fewer never-run shapes than a fresh server, which is what the simulator models."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=fn, args=args, kwargs=kwargs)
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"{fn.__name__} failed in its own process (exit {proc.exitcode}); "
+                           "its error is printed above")
+
+
+def resolve_model(model_id: str) -> str:
+    """A calibration's model path, found again in this checkout if it was traced in another."""
+    if Path(model_id).is_dir():
+        return model_id
+    cut = model_id.find("models/")
+    if cut >= 0 and (REPO / model_id[cut:]).is_dir():
+        return str(REPO / model_id[cut:])
+    raise ValueError(f"model {model_id} of the calibration is not here; pass --model DIR")
+
+
+def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False) -> dict:
+    """Serve a one-replica config's workload live on vLLM, with the engine limits and KV space
+    its calibration was traced with; the replay's summary."""
+    from sim.step_time.calibration import load_calibration
+    from sim.workloads.requests import workload_from_config
+    from tracers.replay import replay_live
+
+    group = cfg.replicas[0]
+    cal = load_calibration(group.calibration)
+    w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
+    model = model or resolve_model(cal.provenance["model_id"])
+    kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
+    return replay_live(model, out_dir, w.arrival_s, w.prompt_tokens, w.output_tokens,
+                       seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
+                       max_num_batched_tokens=group.max_num_batched_tokens
+                       or cal.max_num_batched_tokens, kv_cache_gb=kv_gb,
+                       params={"config": json.loads(cfg.to_json())}, progress=progress,
+                       prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
+                       enable_prefix_caching=group.enable_prefix_caching,
+                       speculative=live_speculative(group, cal, cfg.base_dir),
+                       prompt_text=cfg.workload.get("prompt_text", "random"))
+
+
+def live_speculative(group, cal, base_dir: Path) -> dict | None:
+    """The speculative decoding a replay's engine runs: the K and draft its calibration was
+    fitted on (the group must ask for speculation, as the simulator checks)."""
+    from sim.engine.cluster import speculative
+
+    spec = speculative(group, cal, base_dir)
+    if spec is None:
+        return None
+    drafts = cal.provenance["speculative"]["draft_model_id"]
+    if len(drafts) != 1:
+        raise ValueError(f"{group.calibration}: fitted on several draft models {drafts}")
+    return {"k": spec.k, "draft": resolve_model(drafts[0])}
