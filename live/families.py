@@ -4,7 +4,7 @@ its programs are built from their plans with real prompts, for the one-engine li
 
 A family registers a `LiveFamily` from its own module (`BUILTIN` lists the built-in ones,
 imported on the first lookup); the replay asks for it by name. A1 and SEED run on two engines
-(draft and target) and keep their own replays (`live/a1.py`, `live/tot.py`).
+(draft and target) and keep their own replays (`live/a1.py`, `live/seed.py`).
 """
 
 from __future__ import annotations

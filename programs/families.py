@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-BUILTIN = ("programs.traced", "programs.a1_traced", "programs.tot_traced")
+BUILTIN = ("programs.traced", "programs.a1_traced", "programs.seed_traced")
 """modules whose import registers the built-in families (Dynasor reasoning and search, A1,
 SEED)"""
 

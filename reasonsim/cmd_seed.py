@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from reasonsim.cmd_tot import add_replay_parser, add_tot_trace_parser
+from reasonsim.cmd_seed_tree import add_replay_parser, add_tot_trace_parser
 from reasonsim.common import TESTBED, UserError, counts, ints, print_summary
 
 

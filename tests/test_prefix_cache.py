@@ -7,7 +7,7 @@ from conftest import REPO
 
 from policies.seed import SeedPolicy, ToTSettings
 from programs.base import Outcome
-from programs.tot import ToTProgram
+from programs.seed import ToTProgram
 from sim.step_time.calibration import load_calibration
 from sim.engine.cluster import Device
 from sim.engine.prefix_cache import PrefixCache

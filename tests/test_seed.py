@@ -105,7 +105,7 @@ def test_a_multi_candidate_round_keeps_the_second_candidate_the_target_writes():
     """The program's side of MCSD (engine-free): the draft's top two first tokens are drafted
     further, both paths are verified at once, and the path the target agrees with is kept."""
     from programs.base import Outcome
-    from programs.tot import ToTProgram
+    from programs.seed import ToTProgram
 
     policy = SeedPolicy("sd", ToTSettings(breadth=1, thoughts=1, depth=1, k_config=(2,),
                                           temperature=0.0))
@@ -289,11 +289,11 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     (speed,) = result["at_live_speed"]["step_speed"]
     assert set(speed) == {"draft", "target"} and all(0.2 < f < 5 for f in speed.values())
     assert abs(result["at_live_speed"]["error"]) < 1.0
-    # benchmarks/tot_step_speed.py: the same steps against the same calibrations, by shape
+    # benchmarks/seed_step_speed.py: the same steps against the same calibrations, by shape
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from tot_step_speed import table
+    from seed_step_speed import table
 
     rows = {(r["pool"], r["runs"]): r for r in table(tmp_path / "rep",
                                                      tmp_path / "rep" / "calibration")}

@@ -1,6 +1,6 @@
 """ToT programs in the simulator: their requests answered from a tot trace, by identity.
 
-The program (`programs.tot.ToTProgram`) decides (what goes when, acceptance's consequences, the
+The program (`programs.seed.ToTProgram`) decides (what goes when, acceptance's consequences, the
 tree); this oracle tells the driver how long each request is and what it returned, from the
 traced request of the same (thought, kind, round) in the tree of the program's mode. Drafts go
 to the `draft` pool; verifications (a prefill of the drafted tokens over the cached context, one
@@ -15,8 +15,8 @@ the trace holds the request that did it.
 from __future__ import annotations
 
 from programs.base import Outcome, RequestSpec
-from programs.tot import ToTProgram, tot_program_seed
-from programs.tot_traced import ToTBank
+from programs.seed import ToTProgram, tot_program_seed
+from programs.seed_traced import ToTBank
 from sim.families.registry import SimFamily, register_sim_family
 from sim.workloads.program_driver import SimProgram
 from traces import ids

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from policies.certaindex import extract_boxed
 from policies.seed import SeedPolicy, VerifyQueue, select, verify
 from programs.base import Outcome, RequestSpec, Sampling
-from programs.tot_branch import BranchRound, DraftPath, MultiCandidateRounds, content_link, \
+from programs.seed_branch import BranchRound, DraftPath, MultiCandidateRounds, content_link, \
     tot_seed
 from traces import ids
 

@@ -14,7 +14,7 @@ MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 def cmd_trace_tot(args: argparse.Namespace) -> int:
     """`reasonsim trace tot`."""
     from policies.seed import ToTSettings
-    from live.tot_trace import TotWorkload, trace_tot
+    from live.seed_trace import TotWorkload, trace_tot
 
     try:
         settings = ToTSettings(
@@ -41,7 +41,7 @@ def _config(path: Path, mode: str | None = None, count: int | None = None, depth
 
 def live_job(config: str, mode: str, count: int | None, seed: int | None, out_dir: str) -> None:
     """One live replay of a config under a mode (run in its own process)."""
-    from live.tot import replay_tot
+    from live.seed import replay_tot
 
     cfg, wl = _config(Path(config), mode, count, seed=seed)
     replay_tot(wl, cfg, out_dir)

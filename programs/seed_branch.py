@@ -111,7 +111,7 @@ class BranchRound:
 
 class MultiCandidateRounds:
     """`ToTProgram`'s multi-candidate rounds (its settings, seed, queue and request helpers);
-    `t` is always the round's `programs.tot.Thought`."""
+    `t` is always the round's `programs.seed.Thought`."""
 
     def _path_draft(self, t, choice: tuple) -> RequestSpec:
         b, s = t.branch, self.settings

@@ -1,6 +1,6 @@
 """Where a `seed replay`'s live steps leave their calibration: live / predicted by mode and shape.
 
-    python benchmarks/tot_step_speed.py REPLAY_DIR [--calibrations CAL_DIR] [--json]
+    python benchmarks/seed_step_speed.py REPLAY_DIR [--calibrations CAL_DIR] [--json]
 
 REPLAY_DIR is a `reasonsim seed replay -o` directory (`<mode>/live<i>/<pool>` and, with
 `--calibrate-here`, `calibration/<mode>/live<i>/<pool>`); CAL_DIR holds `draft.calib.json` and

@@ -1,6 +1,6 @@
 """`trace tot`: Tree-of-Thoughts BFS on two vLLM engines (draft, target), every request recorded.
 
-Each held-out testbed question's tree is grown twice through the live runner (`live.tot`): by
+Each held-out testbed question's tree is grown twice through the live runner (`live.seed`): by
 the target alone (`ar`, the tree its own sampling builds) and in speculative rounds (`sd`:
 draft, then the target verifies; every speculative mode, SEED's included, builds this same tree,
 whatever the schedule), and once more per `k_config` in multi-candidate rounds (tree `sd-k2`
@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from live.runner import LiveRun
-from live.tot import open_session, run_tot
+from live.seed import open_session, run_tot
 from policies.seed import SeedPolicy, ToTSettings
-from programs.tot import tot_program_seed
+from programs.seed import tot_program_seed
 from testbed import tasks
 from traces import ids
 from traces.store import check_out_dir

@@ -1,6 +1,6 @@
 """ToT programs live on two in-process vLLM engines (draft, target): `trace tot` and `seed replay`.
 
-Each program is the `programs.tot.ToTProgram` the simulator drives; the engines answer, and the
+Each program is the `programs.seed.ToTProgram` the simulator drives; the engines answer, and the
 program decides acceptance from their log-probabilities (whole distributions: the engines'
 top-k covers the vocabulary). A directory holds the `tot_requests` and `programs` tables, and
 each engine's `steps`/`requests` under DIR/draft and DIR/target.
@@ -19,7 +19,7 @@ from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.certaindex import PROBE_SUFFIX
 from programs.records import program_row
-from programs.tot import ToTProgram
+from programs.seed import ToTProgram
 from engines.vllm_engine import check_model, reasoning_engine
 from traces import ids
 from traces.store import TraceWriter
@@ -137,7 +137,7 @@ def _request_times(out_dir: Path, unit: str) -> dict:
 def replay_tot(wl, cfg, out_dir: str | Path) -> dict:
     """Run a ToT program workload live (the config's draw, the trace's models and seeds) and
     write its tables; the runs and their tot_requests rows."""
-    from programs.tot import tot_program_seed
+    from programs.seed import tot_program_seed
     from programs.workload import draw_seed, load_bank, plan_programs
     from testbed import tasks
     from traces.store import read_run
