@@ -7,17 +7,42 @@ traced questions load, which traced samples a program replays. Its policies regi
 `policies.registry`; the simulator's parts (program builder, oracle, extra tables) in
 `sim.families.registry`. The built-in families register from their own modules (`BUILTIN`),
 imported on the first lookup; no parser or harness names a family.
+
+A family out of this tree is an installed package naming its registering module under the entry
+point group `reasonsim.families` (in its pyproject.toml: `[project.entry-points."reasonsim.families"]
+myfamily = "mypackage.family"`); every registry imports those modules after the built-in ones.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Callable
 
 BUILTIN = ("programs.traced", "programs.a1_traced", "programs.seed_traced")
 """modules whose import registers the built-in families (Dynasor reasoning and search, A1,
 SEED)"""
+PLUGINS = "reasonsim.families"
+"""the entry-point group whose modules register families installed out of this tree"""
+
+
+@functools.lru_cache(maxsize=1)
+def plugin_modules() -> tuple[str, ...]:
+    """The modules installed packages name under `PLUGINS`, by entry-point name."""
+    return tuple(ep.value for ep in sorted(entry_points(group=PLUGINS), key=lambda e: e.name))
+
+
+def import_plugins() -> None:
+    """Import every installed family module (each registers its parts); a clear error naming
+    one that fails."""
+    for module in plugin_modules():
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # a broken plug-in names itself, whatever it raised
+            raise ValueError(f"family plug-in {module!r} (entry point group {PLUGINS}) failed "
+                             f"to import: {type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -55,6 +80,7 @@ class Registry:
         """Every record, the built-in ones loaded."""
         for module in self.builtin:
             importlib.import_module(module)
+        import_plugins()
         return self.records
 
     def get(self, name: str):

@@ -7,6 +7,7 @@ file naming it; the built-in families are found the same way.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -186,7 +187,6 @@ print(json.dumps(rows))
 @pytest.mark.engine
 def test_the_toy_family_replays_live_on_the_in_process_engine(toy_family, tmp_path):
     """The same plans live: one request per program, at most what the program asked for."""
-    import json
     import subprocess
     import sys
 
@@ -228,3 +228,55 @@ def test_a_program_workload_is_parsed_once_and_its_file_read_strictly(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(text.replace("../", str(REPO) + "/"))
     assert program_config(good, "cot", count=2)[1].count == 2
+
+
+# An installed package naming its family module under the `reasonsim.families` entry-point
+# group: found by every registry with nothing registering it by hand (a fresh process, with the
+# package's dist-info on its path as pip would leave it).
+_PLUGGED = """
+import json, sys
+from sim.config import parse_config
+from sim.simulate import simulate
+from programs.families import methods
+sys.path.insert(0, "tests")
+from test_families import REPO, _toy_config
+
+progs = simulate(parse_config(_toy_config(6), REPO / "examples")).programs.to_pandas()
+print(json.dumps({"methods": list(methods()), "programs": len(progs),
+                  "method": sorted(set(progs.method))}))
+"""
+
+
+def _install_plugin(site, module: str, body: str) -> None:
+    (site / f"{module}.py").write_text(body)
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[reasonsim.families]\noneshot = {module}\n")
+
+
+def _run_with(site, code: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+def test_an_installed_family_is_found_through_its_entry_point(tmp_path):
+    _install_plugin(tmp_path, "oneshot_family", "import sys\nsys.path.insert(0, 'tests')\n"
+                    "from test_families import register_toy_family\nregister_toy_family()\n")
+    proc = _run_with(tmp_path, _PLUGGED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "oneshot" in out["methods"] and out["programs"] == 6 and out["method"] == ["oneshot"]
+
+
+def test_a_broken_plugin_names_itself(tmp_path):
+    _install_plugin(tmp_path, "broken_family", "raise ImportError('no such dependency')\n")
+    proc = _run_with(tmp_path, _PLUGGED)
+    assert proc.returncode != 0
+    assert "family plug-in 'broken_family' (entry point group reasonsim.families) failed to " \
+           "import: ImportError: no such dependency" in proc.stderr
