@@ -80,6 +80,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result = simulate(cfg)
     except ValueError as e:  # workload generation and limits: name the config they came from
         raise UserError(f"{args.config}: {e}") from None
+    if not args.json and result.why_simpy:  # the slower path, and what put it there
+        print(f"simulator: simpy ({result.why_simpy})")
     summary = dict(result.summary)
     band = None
     if args.seeds:

@@ -49,8 +49,8 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     n = len(workload)
     specs = build_replicas(cfg)
     _check_fits(workload, specs)
-    on_kernel = fast_forward and lazy and compiled and \
-        why_not_compiled(cfg, specs, workload) is None
+    why = why_not_compiled(cfg, specs, workload) if fast_forward and lazy and compiled else None
+    on_kernel = fast_forward and lazy and compiled and why is None
     if on_kernel:
         res, busy_s, loop_s = simulate_compiled(cfg, specs, workload)
     else:
@@ -67,7 +67,7 @@ def _simulate(cfg: SimConfig, workload: Workload | None, fast_forward: bool,
     summary.update({"events_per_request": events / n if n else 0.0,
                     "kv_usage_mean": kv_usage(res),
                     "simulator": "compiled" if on_kernel else "simpy"})
-    return SimResult(requests, steps, summary)
+    return SimResult(requests, steps, summary, why_simpy=why)
 
 
 def _check_fits(workload: Workload, specs: list) -> None:

@@ -178,3 +178,28 @@ def test_calibrate_fits_through_the_registry_that_loads(tmp_path):
             calibrate([trace], model=kind)
     with pytest.raises(ValueError, match="the linear model has no optional terms"):
         calibrate([trace], model="linear", without=("prefill_step",))
+
+
+def test_a_step_plan_is_priced_whole():
+    """The plan's price: the model's mean step, then the log-probability and seeded terms."""
+    from dataclasses import replace
+
+    from sim.step_time.calibration import load_calibration
+    from sim.step_time.plan import StepPlan, StepPricer, prefill_spans
+
+    cal = replace(load_calibration(REPO / "sim" / "data" / "testbed-large-cpu.calib.json"),
+                  logprob_step_ms=0.5, seeded_step_ms=0.2, seeded_seq_ms=0.01)
+    pricer = StepPricer(cal)
+    plain = StepPlan([], 0, 0, 8, 800)
+    mean_ms, is_plain = pricer.mean_ms(plain)
+    assert is_plain and mean_ms == cal.stepping.step_ms(0, 8, 800)
+    assert pricer.extra_ms(plain) == 0.0
+    # returned log-probabilities: once a step plus the requests' own; seeded: once plus each
+    both = StepPlan([], 0, 0, 8, 800, logprob_ms=1.5, seeded_seqs=4)
+    assert pricer.extra_ms(both) == pytest.approx(1.5 + 0.5 + 0.2 + 4 * 0.01)
+
+    class Chunk:  # a prefill chunk of 64 tokens after 32 computed (cached or earlier chunks)
+        computed, target = 32, 200
+
+    assert prefill_spans([(Chunk(), 64)]) == {"span_context_tokens": 32,
+                                             "prefill_pair_tokens": 64 * 96}

@@ -19,6 +19,7 @@ from operator import attrgetter
 from sim.engine.decode_cohort import DecodeCohort
 from sim.engine.replica import Replica
 from sim.engine.request_state import Req
+from sim.step_time.plan import StepPlan
 
 _POS = attrgetter("pos")
 
@@ -140,8 +141,8 @@ class LazyReplica(Replica):
             self.busy, self.run, self._lazy_step = False, None, False
             return True
         self._lazy_step = True
-        self._launch(now, sched, (prefill_tokens + p, first + n_new, co.n,
-                                  context + c + co.context(), 0.0, seeded), 0)
+        self._launch(now, StepPlan(sched, prefill_tokens + p, first + n_new, co.n,
+                                   context + c + co.context(), 0.0, seeded))
         return True
 
     def _stable_run_length(self) -> int:

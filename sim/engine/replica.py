@@ -25,9 +25,10 @@ import numpy as np
 
 from sim.step_time.calibration import Calibration
 from sim.step_time.latency import iterations_within, run_ms
+from sim.step_time.plan import StepPlan, StepPricer
 from sim.engine.prefix_cache import PrefixCache
 from sim.engine.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
-                                      prefill_spans, step_totals)
+                                      step_totals)
 from sim.engine.engine_state import EngineState
 from sim.step_time.spells import speed_levels
 from sim.engine.replica_config import ReplicaConfig
@@ -43,7 +44,8 @@ class Replica:
                  fast_forward: bool = True, device=None,
                  spec_rng: np.random.Generator | None = None):
         self.env, self.id = env, replica_id
-        self.lat = cal.stepping  # the loop's gap between two steps included
+        self.pricer = StepPricer(cal)  # a step plan priced whole
+        self.lat = self.pricer.model  # the loop's gap between two steps included
         self.cfg = cfg
         self.res = results
         self.rng = rng  # None = deterministic (mean latency)
@@ -62,8 +64,6 @@ class Replica:
         # a shared device, the device's), the first most; an idle loop wakes first (`submit`).
         self.add_s, self.add_more_s = cal.add_request_ms / 1e3, cal.add_more_ms / 1e3
         self.wake_s, self._host_s = cal.wake_ms / 1e3, 0.0
-        self.lp_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
-        self.seeded_ms = (cal.seeded_step_ms, cal.seeded_seq_ms)  # a step with any; per one
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._positions = itertools.count()  # admissions: the running list's order
@@ -217,8 +217,8 @@ class Replica:
             return
         if preempted:
             prefill_tokens, prefill_seqs, context, lp_ms, seeded = step_totals(sched, w)
-        self._launch(now, sched, (prefill_tokens, prefill_seqs, len(sched) - prefill_seqs, context,
-                                  lp_ms, seeded), preempted)
+        self._launch(now, StepPlan(sched, prefill_tokens, prefill_seqs, len(sched) - prefill_seqs,
+                                   context, lp_ms, seeded, preempted))
 
     def _admit(self, now: float, budget: int, sched: list, lp_ms: float, seeded: int,
                ) -> tuple[int, float, int, int, int, int]:
@@ -254,28 +254,18 @@ class Replica:
                 prefill_seqs + (p > 0)
         return budget, lp_ms, seeded, context, prefill_tokens, prefill_seqs
 
-    def _launch(self, now: float, sched: list, totals: tuple[int, int, int, int, float, int],
-                preempted: int) -> None:
+    def _launch(self, now: float, plan: StepPlan) -> None:
         """Price the composed step (a run of decode iterations where it may fast-forward),
-        record it and schedule its end; `totals`: prefill tokens and sequences, decode
-        sequences, context, log-probability ms, seeded sequences."""
-        prefill_tokens, prefill_seqs, decode_seqs, context, lp_ms, seeded = totals
-        plain = True  # no first-of-shape, after-idle or echo cost: a decode run may fast-forward
-        if self.engine is None:
-            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context)
-        else:
-            new_shape, idle_ms, echo = self.engine.before_step(now, prefill_tokens, decode_seqs)
-            plain = not new_shape and idle_ms == 0.0 and not echo[0]
-            step_ms = self.lat.step_ms(prefill_tokens, decode_seqs, context, new_shape=new_shape,
-                                       idle_ms=idle_ms, prefill_seqs=prefill_seqs, echo=echo,
-                                       **(prefill_spans(sched) if prefill_tokens else {}))
+        record it and schedule its end."""
+        step_ms, plain = self.pricer.mean_ms(plan, self.engine, now)
+        decode_seqs, context = plan.decode_seqs, plan.context_tokens
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
         closed = None
-        if self.fast_forward and plain and prefill_tokens == 0 and preempted == 0 \
+        if self.fast_forward and plain and plan.prefill_tokens == 0 and plan.preempted == 0 \
                 and decode_seqs == len(self.running):
             # None: the step-time model has no closed form; step one event per iteration.
             closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
@@ -291,16 +281,15 @@ class Replica:
                 factor = self._noise(k)
         # The log-probability and seeded-sampling terms were fitted beyond the mean step
         # (`step_time.logprob_cost`, `step_time.sampling_cost`): they take no residual factor.
-        a_ms += ((lp_ms + self.lp_step_ms if lp_ms > 0.0 else 0.0) + (
-            self.seeded_ms[0] + self.seeded_ms[1] * seeded if seeded else 0.0)) / factor
+        a_ms += self.pricer.extra_ms(plan) / factor
         self.busy, self._seg_start = True, now
         self._seg_index = self.res.add_segment((
-            self.id, now, k, a_ms, b_ms, factor, prefill_tokens, prefill_seqs, decode_seqs,
-            context, len(self.running), len(self.waiting), self.cfg.kv_blocks - self.free_blocks,
-            self.cfg.kv_blocks, preempted))
+            self.id, now, k, a_ms, b_ms, factor, plan.prefill_tokens, plan.prefill_seqs,
+            decode_seqs, context, len(self.running), len(self.waiting),
+            self.cfg.kv_blocks - self.free_blocks, self.cfg.kv_blocks, plan.preempted))
         # Only multi-iteration runs can be truncated; a single iteration always completes.
         self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
-        self._sched = sched
+        self._sched = plan.scheduled
         self.gen += 1
         t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
         if self.device is not None:

@@ -106,16 +106,6 @@ def entry_totals(r: Req, n: int, width: int, lp_ms: float, seeded: int
     return r.computed + width, 0, lp_ms + r.lp_sample_ms, seeded + r.seeded
 
 
-def prefill_spans(sched: list) -> dict[str, int]:
-    """The step's prefill chunks' `span_context_tokens` (the context computed before them,
-    prefix-cache hits and earlier chunks, that they attend to; the serving model prices such
-    prefills higher) and `prefill_pair_tokens` (new tokens x the tokens each attends to, its
-    attention work), summed: `ServingModel.step_ms`'s keyword arguments."""
-    chunks = [(r.computed, n) for r, n in sched if r.computed < r.target]
-    return {"span_context_tokens": sum(c for c, _ in chunks),
-            "prefill_pair_tokens": sum(n * (c + n) for c, n in chunks)}
-
-
 def step_totals(sched: list, width: int) -> tuple[int, int, int, float, int]:
     """(prefill tokens, prefill sequences, context, log-probability ms, seeded sequences) of a
     step's entries."""

@@ -24,6 +24,9 @@ class SimResult:
     """programs table of a program workload"""
     tables: dict = field(default_factory=dict)
     """further tables of a method family (A1: conformity), by name"""
+    why_simpy: str | None = None
+    """what kept the run off the compiled path (None: it ran there, or the caller asked for
+    the SimPy replicas)"""
 
 
 def finish_reasons(aborted: np.ndarray) -> pa.Array:

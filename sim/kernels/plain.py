@@ -68,7 +68,8 @@ def _replicas_why_not(cfg: SimConfig, specs: list) -> str | None:
         return "a shared device"
     for cal, rc in specs:
         if type(cal.latency) is not LatencyModel:
-            return f"step-time model {cal.latency.kind!r}"
+            why = getattr(cal.latency, "not_compiled", "") or "not a closed form the kernels price"
+            return f"step-time model {cal.latency.kind!r}: {why}"
         if rc.spec is not None:
             return "speculative decoding"
     try:

@@ -30,6 +30,8 @@ class LayeredModel:
 
     kind: ClassVar[str] = "layered"
     version: ClassVar[int] = 1
+    not_compiled: ClassVar[str] = ("a step's cost depends on its loaded depth, which only the "
+                                   "HELIOS replica (`sim.families.helios.replica`) carries")
     fixed_ms: tuple[float, ...]
     layer_ms: tuple[float, ...]
     layers: int

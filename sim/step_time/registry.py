@@ -19,6 +19,9 @@ class StepTimeModel(Protocol):
     version: ClassVar[int]
     residual_log_quantiles: tuple[float, ...]
     """quantiles of log(actual / predicted) (multiplicative noise; (0.0,) for none)"""
+    not_compiled: ClassVar[str]
+    """optional (default ""): why the compiled kernels cannot price this model in closed form
+    (the terms it charges that they do not carry); "": they price it as written"""
     engine_state: ClassVar[bool]
     """optional (default False): step_ms also takes new_shape (the engine's first step with this
     many scheduled tokens), idle_ms (since its last step ended), which the replica tracks, and

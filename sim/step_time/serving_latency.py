@@ -185,6 +185,10 @@ class ServingModel:
     version: ClassVar[int] = 1
     engine_state: ClassVar[bool] = True
     """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
+    not_compiled: ClassVar[str] = (
+        "its first-of-shape, after-idle and chunk-echo terms depend on engine state (the step "
+        "shapes seen, the time since the last step, a chunk's echo) that the compiled kernels "
+        "do not carry; it runs on the SimPy replica, which does")
     coef_ms: tuple[float, ...]
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
@@ -214,7 +218,7 @@ class ServingModel:
                 prefill_pair_tokens: int = 0) -> float:
         """Predicted duration of one iteration (`echo`: `EngineState.before_step`'s;
         `span_context_tokens`: the earlier context the step's prefill chunks attend to,
-        `prefill_pair_tokens` their attention pairs, `sim.engine.request_state.prefill_spans`)."""
+        `prefill_pair_tokens` their attention pairs, `sim.step_time.plan.prefill_spans`)."""
         c = self.coef_ms
         ms = c[0] + c[1] * prefill_tokens + c[2] * decode_seqs + c[3] * context_tokens \
             + c[4] * prefill_tokens * context_tokens / 1e3

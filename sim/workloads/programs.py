@@ -44,8 +44,9 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     runs, capacity, oracle = family.build_runs(wl, bank, plans)
 
     specs = build_replicas(cfg)
-    on_kernel = fast_forward and lazy and compiled and why_not_compiled_programs(
-        cfg, specs, family.compiles, capacity) is None
+    why = why_not_compiled_programs(cfg, specs, family.compiles, capacity) \
+        if fast_forward and lazy and compiled else None
+    on_kernel = fast_forward and lazy and compiled and why is None
     if on_kernel:
         from sim.kernels.programs import CompiledCluster  # numba: only on this path
 
@@ -110,7 +111,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
         tables, extra = family.results(runs, driver, cluster, summary["makespan_s"])
         summary.update(extra)
     cluster.close()
-    return SimResult(requests, steps, summary, progs, tables)
+    return SimResult(requests, steps, summary, progs, tables, why_simpy=why)
 
 
 _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
