@@ -18,7 +18,7 @@ from operator import attrgetter
 
 from sim.engine.decode_cohort import DecodeCohort
 from sim.engine.replica import Replica
-from sim.engine.request_state import Req
+from sim.engine.request_state import FINISHED, Req
 from sim.step_time.plan import StepPlan
 
 _POS = attrgetter("pos")
@@ -48,9 +48,9 @@ class LazyReplica(Replica):
     def abort(self, r: Req) -> None:
         """Stop a request at the next iteration boundary (vLLM aborts between steps)."""
         co = self.cohort
-        if co is None or r.done or r.aborted or r.clock0 < 0:
+        if co is None or r.status is FINISHED or r.aborted or r.clock0 < 0:
             super().abort(r)
-            if r.done and r in self.prefilling:
+            if r.status is FINISHED and r in self.prefilling:
                 self.prefilling.remove(r)
             return
         if self._lazy_step and self.busy and not self._ending:  # its iteration is in flight

@@ -27,8 +27,8 @@ from sim.step_time.calibration import Calibration
 from sim.step_time.latency import iterations_within, run_ms
 from sim.step_time.plan import StepPlan, StepPricer
 from sim.engine.prefix_cache import PrefixCache
-from sim.engine.request_state import (PriorityWaiting, Req, Results, entry_totals, priority_key,
-                                      step_totals)
+from sim.engine.request_state import (FINISHED, PREEMPTED, RUNNING, WAITING, PriorityWaiting,
+                                      Req, Results, entry_totals, priority_key, step_totals)
 from sim.engine.engine_state import EngineState
 from sim.step_time.spells import speed_levels
 from sim.engine.replica_config import ReplicaConfig
@@ -127,7 +127,7 @@ class Replica:
 
     def abort(self, r: Req) -> None:
         """Stop a request at the next iteration boundary (vLLM aborts between steps)."""
-        if r.done or r.aborted:
+        if r.status is FINISHED or r.aborted:
             return
         r.aborted = True
         self.res.aborted[r.idx] = True
@@ -145,7 +145,7 @@ class Replica:
         # _on_end finishes it once the iteration in flight completes
 
     def _finish(self, r: Req) -> None:
-        r.done = True
+        r.status = FINISHED
         if r.prefix_tokens > r.prompt and self._caching and r.group >= 0:  # output continues
             self.prefix_cache.store(r, r.computed)  # it: the engine cached its full blocks
         self._release(r)
@@ -160,6 +160,7 @@ class Replica:
         self._release(victim)
         victim.computed = 0
         victim.target = victim.prompt + victim.generated
+        victim.status = PREEMPTED
         self.res.preemptions[victim.idx] += 1
         self.waiting.appendleft(victim)  # priority mode: re-sorted by (priority, arrival)
 
@@ -239,12 +240,12 @@ class Replica:
             self.waiting.popleft()
             r.pos = next(self._positions)  # running order, kept as an attribute
             self.running.append(r)
-            if not r.started:
-                r.started = True
+            if r.status is WAITING:  # first scheduled
                 self.res.scheduled_s[r.idx] = now
                 # As vLLM reports it: the prompt tokens found cached when the request is first
                 # scheduled; re-prefills after a preemption do not add to it.
                 self.res.cached_tokens[r.idx] = r.computed
+            r.status = RUNNING
             sched.append((r, n))
             if self._caching and r.group >= 0:
                 self.prefix_cache.store(r, r.computed + n)
@@ -376,7 +377,7 @@ class Replica:
 
     def _retire(self, done: list[Req]) -> None:
         for r in done:
-            r.done = True
+            r.status = FINISHED
             self.running.remove(r)
         for r in done:  # callbacks may submit or abort requests: state is consistent here
             self._finish(r)

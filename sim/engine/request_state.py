@@ -4,6 +4,7 @@ buffers, and vLLM's priority waiting queue."""
 from __future__ import annotations
 
 import heapq
+from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
@@ -32,12 +33,30 @@ class Sent(NamedTuple):
                    seeded=self.seeded)
 
 
+class Status(IntEnum):
+    """A request's status at its replica, ordered as vLLM's `RequestStatus` (the finished status
+    last: `status >= FINISHED` is vLLM's `is_finished`). An abort asked while the request's step
+    is in flight is `Req.aborted`, set at once; the request finishes at the step's end."""
+
+    WAITING = 0
+    """queued, never scheduled"""
+    RUNNING = 1
+    PREEMPTED = 2
+    """back in the queue (its KV freed, or a scoring request re-run uncached), scheduled before"""
+    FINISHED = 3
+    """its tokens generated or aborted; its KV released"""
+
+
+WAITING, RUNNING, PREEMPTED, FINISHED = Status.WAITING, Status.RUNNING, Status.PREEMPTED, \
+    Status.FINISHED
+
+
 class Req:
     """Mutable per-request scheduling state (results live in the cluster's column buffers)."""
 
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
-                 "started", "seq", "done", "aborted", "lp_prompt_ms", "lp_sample_ms",
+                 "status", "seq", "aborted", "lp_prompt_ms", "lp_sample_ms",
                  "seeded", "spec_cum", "spec_it", "pos", "clock0", "rescore")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
@@ -58,10 +77,9 @@ class Req:
         self.score_from = score_from  # first prompt position it needs log-probabilities of (0: none)
         self.held = None           # identities of the cached blocks it holds
         self.shared = 0            # KV blocks borrowed from the prefix cache
-        self.started = False
+        self.status = Status.WAITING
         self.seq = 0               # arrival order at the replica (priority tie-break)
-        self.done = False
-        self.aborted = False
+        self.aborted = False       # an abort was asked (it finishes at its step's end)
         # step time of the log-probabilities it returns (`sim.step_time.logprob_cost`): per prompt
         # position computed, per token sampled
         self.lp_prompt_ms = lp_prompt_ms
@@ -81,7 +99,8 @@ class Req:
         engine's re-run of a scoring request whose tail the cache covered."""
         self.computed = self.generated = 0
         self.target = self.prompt
-        self.group, self.rescore, self.done, self.spec_cum = -1, False, False, None
+        self.group, self.rescore, self.spec_cum = -1, False, None
+        self.status = Status.PREEMPTED  # scheduled before: its first schedule time stands
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
