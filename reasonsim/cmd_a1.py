@@ -182,11 +182,9 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sim.output import write_sim
-    from validation.a1 import compare_a1, decision_strings
-    from validation.replay import fresh_process
-    from sim.simulate import simulate
     from traces.store import read_table
+    from validation.a1 import replay_result
+    from validation.replay import fresh_process
 
     path = Path(args.config)
     try:
@@ -201,24 +199,8 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
         lives.append((read_table(d, "programs").to_pandas(),
                       read_table(d, "conformity").to_pandas(),
                       json.loads((d / "a1.json").read_text())))
-    sim = simulate(cfg)
-    write_sim(cfg, sim, out / "sim")
-    s_progs = sim.programs.to_pandas()
-    s_dec = decision_strings(read_table(out / "sim", "conformity").to_pandas())
-    result = {"sim": {k: v for k, v in sim.summary.items() if not isinstance(v, dict)},
-              "live": [lv[2] for lv in lives], "compare": []}
-    for progs, conf, _ in lives:
-        result["compare"].append(compare_a1(s_dec, decision_strings(conf), s_progs, progs))
-    if len(lives) > 1:
-        result["live_vs_live"] = compare_a1(decision_strings(lives[0][1]),
-                                            decision_strings(lives[1][1]), lives[0][0],
-                                            lives[1][0])
-    keys = ("program_latency_p50", "program_latency_p90", "throughput_programs_per_s")
-    result["error_vs_live_mean"] = {}
-    for key in keys:
-        mean = sum(c[key]["live"] for c in result["compare"]) / len(lives)
-        result["error_vs_live_mean"][key] = result["compare"][0][key]["sim"] / mean - 1
-    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    result, s_progs = replay_result(cfg, out, lives)
+    keys = tuple(result["error_vs_live_mean"])
     if args.json:
         print(json.dumps(result))
         return 0

@@ -131,22 +131,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`reasonsim validate`."""
-    from validation.judge import compare, device_check, plot_cdfs, speed_check, verdict
+    from validation.judge import plot_cdfs, validate_dirs
 
-    rows = compare(args.sim_dir, args.live_dir)
-    bands_path = Path(args.sim_dir) / "bands.json"
-    if bands_path.exists():  # `simulate --seeds N`: is each live value inside its band?
-        from sim.bands import in_band
-
-        band = json.loads(bands_path.read_text())
-        for k, v in rows.items():
-            if k in band["metrics"]:
-                v["band"] = [band["metrics"][k]["lo"], band["metrics"][k]["hi"]]
-                v["in_band"] = in_band(band, k, v["live"])
-    device = device_check(args.sim_dir, args.live_dir)
-    speed = speed_check(args.sim_dir, args.live_dir)
-    result = {"metrics": rows, "device": device, "speed": speed,
-              "verdict": verdict(rows, device, args.allow_device_mismatch, speed)}
+    result = validate_dirs(args.sim_dir, args.live_dir, args.allow_device_mismatch)
+    rows, device, speed = result["metrics"], result["device"], result["speed"]
     png = plot_cdfs(args.sim_dir, args.live_dir, args.out)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -143,6 +143,27 @@ def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,
     return {"status": "pass", "reason": "every metric within tolerance"}
 
 
+def validate_dirs(sim_dir: str | Path, live_dir: str | Path,
+                  allow_device_mismatch: bool = False) -> dict:
+    """A simulation's output directory against a live run's: the metrics (each live value
+    against the simulation's noise band where `simulate --seeds` wrote one), the device and
+    step-speed checks, and the verdict."""
+    rows = compare(sim_dir, live_dir)
+    bands_path = Path(sim_dir) / "bands.json"
+    if bands_path.exists():
+        from sim.bands import in_band
+
+        band = json.loads(bands_path.read_text())
+        for k, v in rows.items():
+            if k in band["metrics"]:
+                v["band"] = [band["metrics"][k]["lo"], band["metrics"][k]["hi"]]
+                v["in_band"] = in_band(band, k, v["live"])
+    device = device_check(sim_dir, live_dir)
+    speed = speed_check(sim_dir, live_dir)
+    return {"metrics": rows, "device": device, "speed": speed,
+            "verdict": verdict(rows, device, allow_device_mismatch, speed)}
+
+
 def plot_cdfs(sim_dir: str | Path, live_dir: str | Path, out_dir: str | Path) -> Path:
     """Overlaid CDFs of TTFT, TPOT and end-to-end latency; returns the PNG path."""
     import matplotlib
