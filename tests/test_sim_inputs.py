@@ -149,3 +149,22 @@ def test_certaindex_thresholds_outside_their_range_are_refused(tmp_path):
 def test_a_missing_trace_directory_is_named():
     proc = run_cli("dynasor", "offline", "/nonexistent/trace", check=False)
     assert proc.returncode == 2 and "/nonexistent/trace: no such trace directory" in proc.stderr
+
+
+def test_validate_refuses_two_runs_of_different_workloads(tmp_path):
+    """Same request ids, another seed (other arrivals and lengths): no verdict, one line naming
+    a request that differs; a directory with no requests table is named as such."""
+    text = (REPO / "examples" / "replay-small.yaml").read_text().replace(
+        "../sim/data/testbed-large-cpu.calib.json", str(CAL))
+    for seed in (1, 2):
+        cfg = tmp_path / f"seed{seed}.yaml"
+        cfg.write_text(text.replace("seed: 1", f"seed: {seed}"))
+        run_cli("simulate", str(cfg), "-o", str(tmp_path / f"s{seed}"), "--json")
+    proc = run_cli("validate", str(tmp_path / "s1"), str(tmp_path / "s2"), "-o",
+                   str(tmp_path / "v"), check=False)
+    assert proc.returncode == 2 and "not the same workload" in proc.stderr
+    assert "request req-" in proc.stderr and "prompt tokens" in proc.stderr, proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run_cli("validate", str(tmp_path / "s1"), str(tmp_path / "empty"), "-o",
+                   str(tmp_path / "v"), check=False)
+    assert proc.returncode == 2 and "empty: no requests table" in proc.stderr, proc.stderr

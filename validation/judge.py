@@ -53,12 +53,9 @@ def judge_at_probe(metric: dict, sim: float) -> None:
 
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     """{metric: {sim, live, rel_err}} for TTFT/TPOT/e2e mean,P50,P90,P99 and throughput."""
-    sim = read_table(sim_dir, "requests").to_pandas()
-    live = read_table(live_dir, "requests").to_pandas()
-    missing = set(live.request_id) ^ set(sim.request_id)
-    if missing:
-        raise ValueError(f"{sim_dir} and {live_dir} hold different requests (e.g. "
-                         f"{sorted(missing)[0]}): not the same workload")
+    sim = _requests(sim_dir)
+    live = _requests(live_dir)
+    same_workload(sim, live, sim_dir, live_dir)
     s, l_ = summarize(sim), summarize(live)
     rows = {}
     for metric in ("ttft_s", "tpot_s", "e2e_s"):
@@ -67,6 +64,35 @@ def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     rows["throughput_tok_s"] = (s["throughput_tok_s"], l_["throughput_tok_s"])
     return {k: {"sim": float(a), "live": float(b),
                 "rel_err": float((a - b) / b) if b else float("nan")} for k, (a, b) in rows.items()}
+
+
+def _requests(run_dir: str | Path) -> pd.DataFrame:
+    """A run's requests table; a clear error where the directory holds none."""
+    if not (Path(run_dir) / "requests").is_dir():
+        raise ValueError(f"{run_dir}: no requests table (not a simulate -o or replay output "
+                         "directory)")
+    requests = read_table(run_dir, "requests").to_pandas()
+    if not len(requests):
+        raise ValueError(f"{run_dir}: its requests table is empty")
+    return requests
+
+
+def same_workload(sim: pd.DataFrame, live: pd.DataFrame, sim_dir, live_dir) -> None:
+    """Refuse two runs of different workloads: the same request ids, each with the same prompt
+    length and arrival time (1 us) on both sides."""
+    missing = set(live.request_id) ^ set(sim.request_id)
+    if missing:
+        raise ValueError(f"{sim_dir} and {live_dir} hold different requests (e.g. "
+                         f"{sorted(missing)[0]}): not the same workload")
+    m = sim.merge(live, on="request_id", suffixes=("_sim", "_live"))
+    differ = m[(m.prompt_tokens_sim != m.prompt_tokens_live)
+               | ((m.arrival_s_sim - m.arrival_s_live).abs() > 1e-6)]
+    if len(differ):
+        r = differ.iloc[0]
+        raise ValueError(f"{sim_dir} and {live_dir}: request {r.request_id} arrives at "
+                         f"{r.arrival_s_sim:.6f} s with {r.prompt_tokens_sim} prompt tokens in "
+                         f"one and at {r.arrival_s_live:.6f} s with {r.prompt_tokens_live} in the "
+                         f"other ({len(differ)} such): not the same workload")
 
 
 def device_check(sim_dir: str | Path, live_dir: str | Path) -> dict:
