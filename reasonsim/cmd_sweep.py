@@ -30,6 +30,33 @@ def _values(text: str) -> list:
     return [_value(v) for v in text.split(",")]
 
 
+def _grid(pairs: list[tuple[str, str]], sets: list[tuple[str, str]]) -> dict[str, list]:
+    """--grid KEY=V1,V2 flags as a grid; a key given twice, a repeated value, or a key that a
+    --set also fixes is an error (one would silently win)."""
+    grid: dict[str, list] = {}
+    for key, text in pairs:
+        if key in grid:
+            raise UserError(f"--grid {key} given twice (list every value in one: "
+                            f"--grid {key}=A,B,C)")
+        values = _values(text)
+        if len({repr(v) for v in values}) < len(values):
+            raise UserError(f"--grid {key}={text}: a value repeats")
+        grid[key] = values
+    both = sorted(set(grid) & {k for k, _ in sets})
+    if both:
+        raise UserError(f"--grid {both[0]} and --set {both[0]}: the grid would replace the "
+                        "--set value at every point")
+    return grid
+
+
+def _check_seeds(n: int, flag: str) -> None:
+    """A seed count within 1..MAX_SEEDS (0: the flag was not given)."""
+    from sim.sweep.file import MAX_SEEDS
+
+    if n < 0 or n > MAX_SEEDS:
+        raise UserError(f"{flag} {n}: between 1 and {MAX_SEEDS}")
+
+
 def _backend(args):
     from sim.sweep import Backend
 
@@ -51,11 +78,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.sweep import load_sweep, run_sweep
     from sim.sweep.stats import by_point
 
-    grid = {k: _values(v) for k, v in args.grid}
     try:
+        grid = _grid(args.grid, args.set)
         if args.seeds and args.noise_seeds:
             raise UserError("--seeds or --noise-seeds, not both")
         n = args.seeds or args.noise_seeds
+        _check_seeds(n, "--seeds" if args.seeds else "--noise-seeds")
         sweep = _apply_sets(load_sweep(args.spec, grid, list(range(n)) if n else None,
                                        noise=bool(args.noise_seeds)), args.set)
         with _backend(args) as backend:
@@ -98,6 +126,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     bad = [k for k, _ in args.slo if k not in SLO_KEYS]
     if bad:
         raise UserError(f"--slo {bad[0]}: not an SLO key (have: {', '.join(SLO_KEYS)})")
+    _check_seeds(args.seeds, "--seeds")
     try:
         q = Question(args.over, args.target, args.metric, tuple(range(args.seeds)),
                      rel_tol=args.tolerance, max_replicas=args.max_replicas)

@@ -183,8 +183,9 @@ def validate_config(d: Any) -> ConfigSpec:
         raise ValueError(one_line(e)) from None
 
 
-def one_line(e: ValidationError) -> str:
-    """The first problem of a validation error as `path.to.key: problem`."""
+def one_line(e: ValidationError, root: str = "config") -> str:
+    """The first problem of a validation error as `path.to.key: problem` (`root`: what a
+    top-level problem names)."""
     errors = e.errors()
     # An unknown key is usually the typo behind a "required" one: name it first.
     err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
@@ -193,7 +194,7 @@ def one_line(e: ValidationError) -> str:
     for p in loc[:-1] if err["type"] == "extra_forbidden" else loc:
         path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))
     if err["type"] == "extra_forbidden":
-        return f"{path or 'config'}: unknown key {loc[-1]!r}"
+        return f"{path or root}: unknown key {loc[-1]!r}"
     if err["type"] == "missing":
         return f"{path}: required"
-    return f"{path or 'config'}: {err['msg']} (got {err.get('input')!r})"
+    return f"{path or root}: {err['msg']} (got {err.get('input')!r})"

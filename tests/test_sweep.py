@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from sim.config import read_yaml
 from sim.sweep import Backend, load_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,3 +160,46 @@ def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
     readme = (REPO / "README.md").read_text()
     assert "certaindex **3 replicas [3, 4]** and budget **2 [1, 2]**" in readme
     assert (tmp_path / "capacity.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seeds: 2.5", "seeds: Value error, a count from 1 to 10000 or a list of distinct seeds"),
+    ("seeds: 0", "seeds: Value error, a count from 1 to 10000"),
+    ("noise_seeds: [true]", "noise_seeds: Value error, a count from 1 to 10000"),
+    ("seeds: [1, 1]", "seeds repeat"),
+    ("grid: [1, 2]", "grid: Input should be a valid dictionary"),
+    ("grid: {seed: [1, 1]}", "grid.seed: a value repeats"),
+    ("grid: {seed: []}", "grid.seed: List should have at least 1 item"),
+    ("seeds: 2\nnoise_seeds: 2", "give seeds or noise_seeds, not both"),
+    ("rounds: 3", "sweep file: unknown key 'rounds'"),
+])
+def test_a_bad_sweep_file_is_one_line_naming_the_key(tmp_path, text, message):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\n{text}\n")
+    with pytest.raises(ValueError) as e:
+        load_sweep(path).points()
+    assert message in str(e.value) and str(path) in str(e.value), str(e.value)
+    bad_base = tmp_path / "base.yaml"
+    bad_base.write_text("base: 5\n")
+    with pytest.raises(ValueError, match="base: Input should be a valid string"):
+        load_sweep(bad_base)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grid", "seed=1,2", "--grid", "seed=3"], "--grid seed given twice"),
+    (["--grid", "seed=1,1"], "--grid seed=1,1: a value repeats"),
+    (["--grid", "seed=1,2", "--set", "seed=4"], "--grid seed and --set seed"),
+    (["--seeds", "99999999999999999999"], "--seeds 99999999999999999999: between 1 and 10000"),
+])
+def test_sweep_flags_that_would_drop_or_repeat_points_are_refused(tmp_path, flags, message):
+    r = subprocess.run(CLI + ["sweep", str(REPO / "examples" / "demo.yaml"), "-o",
+                              str(tmp_path / "o"), *flags], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_without_seeds_runs_the_configs_own_seed(tmp_path):
+    d = read_yaml(REPO / "examples" / "replay-small.yaml")
+    assert d["seed"] == 1
+    assert [p.seed for p, _ in load_sweep(REPO / "examples" / "replay-small.yaml").points()] == [1]

@@ -3,7 +3,7 @@
 A sweep file (YAML) names a base simulation config and the overrides to apply to it:
 
     base: ../examples/dynasor-cot-certaindex.yaml   # relative to the sweep file
-    seeds: 3                                        # or a list: [0, 1, 2]
+    seeds: 3                                        # or a list: [0, 1, 2]; none: the config's
     # noise_seeds: 20   instead of seeds: the workload stays (the config's seed) and only the
     #                   step-time noise is drawn anew (latency: sampled): the calibration band
     grid:                                           # every combination
@@ -31,7 +31,6 @@ from typing import Any
 
 from sim.config import parse_config, read_yaml
 
-SWEEP_KEYS = {"base", "seeds", "noise_seeds", "grid", "cases"}
 FILE_KEYS = ("calibration", "trace", "path", "model_config", "exits", "config")
 """config keys that name inputs (`exits`, `config`: a HELIOS model's trace or config.json)"""
 
@@ -196,34 +195,30 @@ def file_digest(path: Path) -> str:
 def load_sweep(path: str | Path, grid: dict | None = None, seeds: list[int] | None = None,
                noise: bool = False) -> Sweep:
     """A sweep file, or a plain config swept by `grid`/`seeds` given here (the CLI's flags;
-    `noise`: the seeds are noise seeds)."""
+    `noise`: the seeds are noise seeds). Without seeds anywhere, the config's own seed."""
+    from sim.sweep.file import SweepFile, parse_sweep_file
+
     path = Path(path)
     d = read_yaml(path)
     if not isinstance(d, dict):
         raise ValueError(f"{path}: not a mapping")
     if "base" in d:
-        unknown = set(d) - SWEEP_KEYS
-        if unknown:
-            raise ValueError(f"{path}: unknown sweep keys {sorted(unknown)} "
-                             f"(allowed: {sorted(SWEEP_KEYS)})")
-        base_path = path.parent / d["base"]
+        spec = parse_sweep_file(d, path)
+        base_path = path.parent / spec.base
         base = read_yaml(base_path)
-        if "seeds" in d and "noise_seeds" in d:
-            raise ValueError(f"{path}: give seeds or noise_seeds, not both")
-        spec_grid, spec_cases = d.get("grid") or {}, d.get("cases") or []
-        seed_key = "noise_seed" if "noise_seeds" in d else "seed"
-        spec_seeds = d.get("noise_seeds", d.get("seeds", 1))
     else:  # a plain simulation config: the flags are the whole sweep
-        base_path, base, spec_grid, spec_cases, spec_seeds = path, d, {}, [], 1
-        seed_key = "seed"
-    if noise:  # the command line's seeds replace the file's, as noise seeds
-        seed_key = "noise_seed"
-    if isinstance(spec_seeds, int):
-        spec_seeds = list(range(spec_seeds))
+        base_path, base, spec = path, d, SweepFile(base=path.name)
     if not isinstance(base, dict):
         raise ValueError(f"{base_path}: not a mapping")
+    seed_key = "noise_seed" if noise or spec.noise_seeds is not None else "seed"
+    spec_seeds = spec.seed_list()
+    if spec_seeds is None:  # none given: the config's own (parse_config checks it)
+        spec_seeds = [base.get("seed", 0)]
+    overlap = sorted(set(spec.grid) & set(grid or {}))
+    if overlap:
+        raise ValueError(f"{path}: --grid {overlap[0]} and the sweep file's grid both set it")
     try:
-        return Sweep(base, base_path.parent, {**spec_grid, **(grid or {})}, list(spec_cases),
+        return Sweep(base, base_path.parent, {**spec.grid, **(grid or {})}, list(spec.cases),
                      list(seeds if seeds is not None else spec_seeds), seed_key)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
