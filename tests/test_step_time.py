@@ -106,16 +106,30 @@ def _broken(tmp_path, edit) -> str:
     (lambda d: d["engine_limits"].update(block_size=0), "engine_limits.block_size: Input should"),
     (lambda d: d.pop("provenance"), "provenance: required"),
     (lambda d: d.pop("heldout"), "heldout: required"),
-    (lambda d: d["step_time_model"].update(coef_ms=None), "coef_ms: expected 5 finite"),
+    (lambda d: d["step_time_model"].update(coef_ms=None), "coef_ms: expected 5 numbers from 0 to 1e+06"),
     (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, "fast"), "coef_ms: expected 5"),
     (lambda d: d["step_time_model"]["coef_ms"].__setitem__(1, float("nan")), "coef_ms: expected"),
     (lambda d: d["step_time_model"]["coef_ms"].__setitem__(2, -0.1), "coef_ms: expected 5"),
     (lambda d: d["step_time_model"].update(coef_ms=[1.0, 2.0, 3.0, 4.0]), "coef_ms: expected 5"),
     (lambda d: d["step_time_model"].update(coef_ms=[0.0] * 5), "makes iterations free"),
     (lambda d: d["step_time_model"].pop("residual_log_quantiles"), "residual_log_quantiles"),
+    (lambda d: d["step_time_model"].update(coef_ms=[1e15, 0.1, 0.1, 0.0, 0.0]),
+     "coef_ms: expected 5 numbers from 0 to 1e+06"),
+    (lambda d: d["step_time_model"].update(residual_log_quantiles=[0.0, 50.0]),
+     "residual_log_quantiles: expected numbers within +-10"),
+    (lambda d: d["step_time_model"].update(residual_log_quantile=[0.0]),
+     "step_time_model: unknown key 'residual_log_quantile' for a linear model"),
 ])
 def test_broken_calibrations_are_one_line_errors_naming_the_key(tmp_path, edit, message):
     assert message in _broken(tmp_path, edit)
+
+
+def test_a_calibration_with_a_key_twice_is_refused(tmp_path):
+    """json keeps the last of two equal keys: a hand-edited calibration would silently change."""
+    text = CAL.read_text().replace('"engine_limits": {', '"engine_limits": {"max_num_seqs": 4, ', 1)
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(ValueError, match="c.json: duplicate key 'max_num_seqs'"):
+        load_calibration(tmp_path / "c.json")
 
 
 def test_a_calibration_that_is_a_list_is_refused(tmp_path):

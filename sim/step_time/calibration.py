@@ -112,9 +112,11 @@ def load_calibration(path: str | Path) -> Calibration:
     """Read and check a calibration artifact."""
     path = Path(path)
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_text(), object_pairs_hook=unique_keys)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable calibration file ({e})") from None
+    except ValueError as e:  # a duplicate key: the last would silently win
+        raise ValueError(f"{path}: {e}") from None
     from sim.config_schema import HostSpec, validate_calibration
 
     if not isinstance(d, dict) or d.get("kind") != "reasonsim.calibration" or \
@@ -140,6 +142,16 @@ def load_calibration(path: str | Path) -> Calibration:
                        host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
                        host.wake_ms, host.logprob_step_ms, host.seeded_step_ms,
                        host.seeded_seq_ms, host.add_next_ms, host.step_gap_ms)
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's mapping; a key given twice is an error (json keeps the last)."""
+    d: dict = {}
+    for key, value in pairs:
+        if key in d:
+            raise ValueError(f"duplicate key {key!r}")
+        d[key] = value
+    return d
 
 
 def fingerprint(provenance: dict) -> dict:

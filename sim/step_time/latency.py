@@ -117,20 +117,30 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+MAX_COEF_MS = 1e6
+"""a step-time coefficient beyond this (ms per token, sequence or step) is no measurement"""
+MAX_LOG_RESIDUAL = 10.0
+"""log residuals beyond this are no residual of a fitted step time"""
+
+
 def coefficients(d: dict, key: str) -> tuple[float, ...]:
     """`d[key]` as one finite non-negative coefficient per feature; a one-line error if not."""
     v = d.get(key)
     if not isinstance(v, list) or len(v) != len(FEATURES) or \
-            not all(_is_number(c) and c >= 0 for c in v):
-        raise ValueError(f"{key}: expected {len(FEATURES)} finite non-negative numbers, got {v!r}")
+            not all(_is_number(c) and 0 <= c <= MAX_COEF_MS for c in v):
+        raise ValueError(f"{key}: expected {len(FEATURES)} numbers from 0 to {MAX_COEF_MS:g} "
+                         f"(ms per unit), got {v!r}")
     return tuple(float(c) for c in v)
 
 
 def residual_quantiles(d: dict) -> tuple[float, ...]:
     """`d["residual_log_quantiles"]` as finite numbers; a one-line error if not."""
     q = d.get("residual_log_quantiles")
-    if not isinstance(q, list) or not q or not all(_is_number(v) for v in q):
-        raise ValueError(f"residual_log_quantiles: expected finite numbers, got {q!r}")
+    if not isinstance(q, list) or not q or \
+            not all(_is_number(v) and abs(v) <= MAX_LOG_RESIDUAL for v in q):
+        raise ValueError(f"residual_log_quantiles: expected numbers within +-{MAX_LOG_RESIDUAL} "
+                         f"(a step e^{MAX_LOG_RESIDUAL:g} times its prediction is no residual), "
+                         f"got {q!r}")
     return tuple(float(v) for v in q)
 
 

@@ -105,6 +105,12 @@ def from_json(d: dict, where: str = "step_time_model") -> StepTimeModel:
                          f"{cls.version}; re-run reasonsim calibrate")
     params = {k: v for k, v in d.items() if k not in ("kind", "version")}
     try:
-        return cls.from_json(params)
+        model = cls.from_json(params)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+    # what the model writes, and the optional keys it reads where they are set
+    unknown = sorted(set(params) - set(model.to_json()) - set(getattr(cls, "optional_keys", ())))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} for a {kind} model (a typo "
+                         "would silently leave its default)")
+    return model

@@ -185,6 +185,10 @@ class ServingModel:
     version: ClassVar[int] = 1
     engine_state: ClassVar[bool] = True
     """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
+    optional_keys: ClassVar[tuple[str, ...]] = ("new_shape_cap_tokens", "prefill_pairs",
+                                                "run_log_quantiles", "spell_log_quantiles",
+                                                "idle_seen_ms")
+    """keys `to_json` writes only where set, or that older calibrations lack"""
     not_compiled: ClassVar[str] = (
         "its first-of-shape, after-idle and chunk-echo terms depend on engine state (the step "
         "shapes seen, the time since the last step, a chunk's echo) that the compiled kernels "
