@@ -97,9 +97,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         if k.endswith((".p50", ".p90")) or k.startswith(("throughput",
                                                                          "program_latency_p"))})
     if args.out:
-        write_sim(cfg, result, Path(args.out))
-        if band is not None:
-            (Path(args.out) / "bands.json").write_text(json.dumps(band, indent=1) + "\n")
+        write_sim(cfg, result, Path(args.out), None if band is None else
+                  {"bands.json": json.dumps(band, indent=1) + "\n"})
     print_summary(summary, args.json)
     return 0
 

@@ -39,9 +39,9 @@ def calibration_fingerprints(cfg) -> list[dict]:
     return out
 
 
-def write_sim(cfg, result, out_dir: Path) -> None:
-    """A simulation's tables and summary under `out_dir`, complete or absent: written into a
-    hidden sibling and renamed into place at the end."""
+def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -> None:
+    """A simulation's tables and summary (and `extra` files: name -> text) under `out_dir`,
+    complete or absent: written into a hidden sibling and renamed into place at the end."""
     import os
     import shutil
 
@@ -60,6 +60,8 @@ def write_sim(cfg, result, out_dir: Path) -> None:
     try:
         write_tables(tmp, sim_run_row(cfg, result), tables)
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above): rename replaces nothing else
         os.replace(tmp, out_dir)

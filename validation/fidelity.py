@@ -92,14 +92,12 @@ def sampled_medians(cfg) -> dict:
 def simulate_with_band(cfg, out_dir: Path):
     """Simulate (mean latency) into out_dir and write the noise band beside it."""
     from sim.bands import bands
+    from sim.output import write_sim
     from sim.simulate import simulate
 
-    from sim.output import write_sim
-
     result = simulate(cfg)
-    write_sim(cfg, result, out_dir)
     band = bands(cfg, BAND_SEEDS)
-    (out_dir / "bands.json").write_text(json.dumps(band, indent=1) + "\n")
+    write_sim(cfg, result, out_dir, {"bands.json": json.dumps(band, indent=1) + "\n"})
     return result, band["metrics"]
 
 
