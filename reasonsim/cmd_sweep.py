@@ -160,8 +160,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for a in answers:
         lo, hi = a.interval
         summary[f"{a.label}: {what}"] = (
-            "not met at any probe" if a.answer is None else
-            f"{a.answer:.4g}  [{_fmt(lo)}, {_fmt(hi)}]  ({len(a.probes)} probes)")
+            "not bracketed" if a.answer is None else
+            f"{a.answer:.4g}  [{_fmt(lo)}, {_fmt(hi)}]  ({len(a.probes)} probes)") + (
+            f"; {a.note}" if a.note else "")
     print(f"{q.metric} >= {q.target} (mean over {len(q.seeds)} seeds; "
           f"interval: where the {q.level:.0%} CI is wholly / partly above the target)")
     print_summary(summary, False)

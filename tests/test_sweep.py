@@ -203,3 +203,26 @@ def test_a_sweep_without_seeds_runs_the_configs_own_seed(tmp_path):
     d = read_yaml(REPO / "examples" / "replay-small.yaml")
     assert d["seed"] == 1
     assert [p.seed for p, _ in load_sweep(REPO / "examples" / "replay-small.yaml").points()] == [1]
+
+
+def test_capacity_says_when_it_did_not_bracket_the_target(tmp_path):
+    """A target the config meets at every rate the search may probe: no number, but where the
+    search stopped; a target no replica count up to the cap meets: the same; zero replicas as a
+    cap is refused."""
+    base = ["examples/demo.yaml", "-o", str(tmp_path), "--json", "--seeds", "2", "--set",
+            "workload.num_requests=40"]
+    r = subprocess.run(CLI + ["capacity", *base, "--over", "rate", "--set", "slo.ttft_s=1000",
+                              "--set", "slo.tpot_s=1000", "--target", "0.5"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    (a,) = json.loads(r.stdout)["answers"]
+    assert a["answer"] is None and "met at every rate probed, up to" in a["note"], a["note"]
+    r = subprocess.run(CLI + ["capacity", *base, "--over", "replicas", "--max-replicas", "2",
+                              "--set", "slo.ttft_s=0.000001", "--target", "0.99"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    (a,) = json.loads(r.stdout)["answers"]
+    assert a["answer"] is None and "missed at 2 replicas (--max-replicas)" in a["note"]
+    r = subprocess.run(CLI + ["capacity", *base, "--over", "replicas", "--max-replicas", "0"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 2 and "--max-replicas 0: at least 1" in r.stderr

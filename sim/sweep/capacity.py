@@ -6,7 +6,9 @@ answer, where the mean meets the target; the confident bound, where the whole in
 optimistic bound, where any of it does. The answer is reported with [optimistic, confident] (rate:
 [confident, optimistic]), so the interval says how far seed-to-seed variation moves it. The
 search assumes the metric worsens with rate and improves with replicas; a probe that breaks this
-shows in the probes table.
+shows in the probes table, and the interval is widened to hold the answer (`note` says so). A
+search that never brackets the target (met at every rate up to its ceiling, missed at every one
+down to its floor, or at `max_replicas`) reports no number but what it reached (`note`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class Question:
             raise ValueError(f"capacity: target {self.target} must be in (0, 1]")
         if len(self.seeds) < 2:
             raise ValueError("capacity: an interval needs at least 2 seeds")
+        if self.max_replicas < 1:
+            raise ValueError(f"capacity: --max-replicas {self.max_replicas}: at least 1")
+        if not 0 < self.rel_tol < 1:
+            raise ValueError(f"capacity: --tolerance {self.rel_tol}: between 0 and 1")
 
 
 @dataclass
@@ -56,13 +62,17 @@ class Answer:
     answer: float | None
     interval: tuple[float | None, float | None]
     probes: pd.DataFrame = field(repr=False)
+    note: str | None = None
+    """what the search could not settle: no bracket (and where it stopped), or probes that do
+    not fall monotonically (the interval widened to hold the answer)"""
 
     def to_json(self) -> dict:
         """For --json and capacity.json."""
         q = self.question
         return {"policy": self.label, "over": q.over, "metric": q.metric, "target": q.target,
                 "answer": self.answer, "interval": list(self.interval), "level": q.level,
-                "seeds": len(q.seeds), "probes": self.probes.to_dict("records")}
+                "seeds": len(q.seeds), "note": self.note,
+                "probes": self.probes.to_dict("records")}
 
 
 def axis_keys(base: dict, over: str) -> list[str]:
@@ -90,6 +100,8 @@ class Search:
         self.out_dir, self.backend, self.on_probe = out_dir, backend, on_probe
         self.keys = axis_keys(base, question.over)
         self.probes: dict[float, tuple[float, float, float]] = {}
+        self.limits: dict[str, str] = {}
+        """criterion -> where its search stopped without bracketing the target"""
 
     def probe(self, x: float) -> tuple[float, float, float]:
         """(mean, lo, hi) of the metric over seeds at rate or replica count x."""
@@ -122,9 +134,19 @@ class Search:
                            else self._min_replicas(int(start), crit))
         rows = [{"value": x, "mean": m, "lo": lo, "hi": hi, "meets": m >= self.q.target}
                 for x, (m, lo, hi) in sorted(self.probes.items())]
-        interval = ((found["confident"], found["optimistic"]) if self.q.over == "rate"
-                    else (found["optimistic"], found["confident"]))
-        return Answer(self.label, self.q, found["mean"], interval, pd.DataFrame(rows))
+        lo, hi = ((found["confident"], found["optimistic"]) if self.q.over == "rate"
+                  else (found["optimistic"], found["confident"]))
+        notes = [f"{'answer' if c == 'mean' else c + ' bound'}: {m}"
+                 for c, m in self.limits.items()]
+        answer = found["mean"]
+        if answer is not None and (lo is not None and lo > answer or
+                                   hi is not None and hi < answer):
+            lo = None if lo is None else min(lo, answer)
+            hi = None if hi is None else max(hi, answer)
+            notes.append("the probes do not fall monotonically: the interval is widened to "
+                         "hold the answer (see the probes)")
+        return Answer(self.label, self.q, answer, (lo, hi), pd.DataFrame(rows),
+                      "; ".join(notes) or None)
 
     def base_value(self) -> float:
         """The config's own rate or replica count (where the search starts)."""
@@ -144,8 +166,10 @@ class Search:
                     hi = x
                     break
                 lo = x
-            if hi is None:
-                return lo  # met even at the largest rate probed
+            if hi is None:  # met even at the largest rate probed: no bracket
+                self.limits[crit] = f"met at every rate probed, up to {lo:.4g} (the search's " \
+                    "ceiling: start from a higher rate)"
+                return None
         else:
             lo, hi = None, x
             for _ in range(MAX_STEPS):
@@ -155,6 +179,7 @@ class Search:
                     break
                 hi = x
             if lo is None:
+                self.limits[crit] = f"missed at every rate probed, down to {hi:.4g}"
                 return None
         while (hi - lo) > self.q.rel_tol * lo:
             mid = _round((lo + hi) / 2)
@@ -174,6 +199,7 @@ class Search:
             if self.ok(n, crit):
                 hi = n
             elif n >= self.q.max_replicas:
+                self.limits[crit] = f"missed at {self.q.max_replicas} replicas (--max-replicas)"
                 return None
             else:
                 lo, n = n, min(2 * n, self.q.max_replicas)
