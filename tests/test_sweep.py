@@ -226,3 +226,17 @@ def test_capacity_says_when_it_did_not_bracket_the_target(tmp_path):
     r = subprocess.run(CLI + ["capacity", *base, "--over", "replicas", "--max-replicas", "0"],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and "--max-replicas 0: at least 1" in r.stderr
+
+
+def test_a_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text((REPO / "examples" / "replay-small.yaml").read_text().replace(
+        "../sim/data/", str(REPO / "sim" / "data") + "/"))
+    out = tmp_path / "out"
+    first = run_sweep(load_sweep(config, grid={"seed": [1, 2]}), out)
+    assert len(first) == 2
+    again = run_sweep(load_sweep(config, grid={"seed": [1, 2]}), out)  # the same: resumed
+    assert again.equals(first)
+    with pytest.raises(ValueError, match="holds the results of another sweep"):
+        run_sweep(load_sweep(config, grid={"seed": [1, 3]}), out)
+    assert pq.read_table(out / "results.parquet").num_rows == 2  # left as it was

@@ -71,6 +71,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, backend: "Backend | None" = Non
               progress: bool = False) -> pd.DataFrame:
     """Compute the sweep's missing points, then write and return its results table."""
     out_dir = Path(out_dir)
+    store.check_same_sweep(out_dir, sweep)
     out_dir.mkdir(parents=True, exist_ok=True)
     points = run_points(sweep, out_dir, backend or Backend(), progress)
     df = store.collect(out_dir, sweep, points)

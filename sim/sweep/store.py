@@ -77,6 +77,22 @@ def collect(out_dir: Path, sweep: Sweep, points: list[Point]) -> pd.DataFrame:
     return df
 
 
+def sweep_json(sweep: Sweep) -> str:
+    """The sweep as `sweep.json` holds it."""
+    spec = {"base": sweep.base, "base_dir": str(sweep.base_dir), "grid": sweep.grid,
+            "cases": sweep.cases, "seeds": sweep.seeds, "seed_key": sweep.seed_key}
+    return json.dumps(spec, indent=1, default=str) + "\n"
+
+
+def check_same_sweep(out_dir: Path, sweep: Sweep) -> None:
+    """Refuse a directory whose results belong to another sweep (they would be replaced); the
+    same sweep again resumes it."""
+    held = Path(out_dir) / "sweep.json"
+    if held.exists() and held.read_text() != sweep_json(sweep):
+        raise ValueError(f"{out_dir}: holds the results of another sweep (its sweep.json "
+                         "differs); choose another output directory")
+
+
 def write_results(out_dir: Path, sweep: Sweep, df: pd.DataFrame) -> Path:
     """results.parquet and sweep.json, each replaced whole."""
     out_dir = Path(out_dir)
@@ -84,9 +100,7 @@ def write_results(out_dir: Path, sweep: Sweep, df: pd.DataFrame) -> Path:
     tmp = out_dir / f".results.parquet.{os.getpid()}.tmp"
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
     os.replace(tmp, path)
-    spec = {"base": sweep.base, "base_dir": str(sweep.base_dir), "grid": sweep.grid,
-            "cases": sweep.cases, "seeds": sweep.seeds, "seed_key": sweep.seed_key}
-    (out_dir / "sweep.json").write_text(json.dumps(spec, indent=1, default=str) + "\n")
+    (out_dir / "sweep.json").write_text(sweep_json(sweep))
     return path
 
 
