@@ -55,6 +55,9 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
         tables["steps"] = result.steps
     tables.update(result.tables)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):  # left by a killed writer
+        if not _alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -67,3 +70,18 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: str) -> bool:
+    """Whether the process that named a partial output is still running (it may be writing)."""
+    import os
+
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

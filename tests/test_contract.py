@@ -162,6 +162,11 @@ CASES = {
     "wrong version": ("requests", lambda t: t,
                       {META_VERSION: b"0", b"reasonsim.table": b"requests"},
                       r"schema version '0', expected 1"),
+    "unknown finish reason": ("requests", lambda t: _set(t, "finish_reason", 1, "bogus"), None,
+                              r"column 'finish_reason' row 1: 'bogus' is not one of length, "
+                              r"stop, abort"),
+    "negative replica": ("requests", lambda t: _set(t, "replica_id", 2, -7), None,
+                         r"column 'replica_id' row 2: negative count -7"),
     "wrong type": ("steps", lambda t: t.set_column(
         t.schema.get_field_index("prefill_tokens"), "prefill_tokens",
         t.column("prefill_tokens").cast(pa.float64())), None,
@@ -199,3 +204,14 @@ def test_garbage_file_is_rejected(tmp_path):
     part = sorted((tmp_path / "t" / "steps").glob("part-*.parquet"))[0]
     part.write_bytes(b"not parquet at all")
     assert "not a readable Parquet file" in str(check_trace(tmp_path / "t")[0])
+
+
+def test_an_empty_requests_table_and_a_partial_output_are_rejected(tmp_path):
+    _write_sample(tmp_path / "t")
+    for part in sorted((tmp_path / "t" / "requests").glob("part-*.parquet")):
+        pq.write_table(pq.read_table(part).slice(0, 0), part)
+    assert "the requests table is empty" in "\n".join(map(str, check_trace(tmp_path / "t")))
+    partial = tmp_path / ".sim.partial-99999999"
+    _write_sample(partial)
+    (v,) = check_trace(partial)
+    assert "a partial output its writer left when it was killed" in str(v)

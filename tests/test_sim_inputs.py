@@ -168,3 +168,14 @@ def test_validate_refuses_two_runs_of_different_workloads(tmp_path):
     proc = run_cli("validate", str(tmp_path / "s1"), str(tmp_path / "empty"), "-o",
                    str(tmp_path / "v"), check=False)
     assert proc.returncode == 2 and "empty: no requests table" in proc.stderr, proc.stderr
+
+
+def test_a_killed_writers_partial_output_is_removed_by_the_next_write(tmp_path):
+    stale = tmp_path / ".out.partial-99999999"  # no such process
+    (stale / "requests").mkdir(parents=True)
+    text = (REPO / "examples" / "replay-small.yaml").read_text().replace(
+        "../sim/data/testbed-large-cpu.calib.json", str(CAL))
+    (tmp_path / "c.yaml").write_text(text)
+    run_cli("simulate", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "out"), "--json")
+    assert not stale.exists() and (tmp_path / "out" / "requests").is_dir()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

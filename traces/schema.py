@@ -276,12 +276,18 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     for name, schema in SCHEMAS.items()
 }
 
-# Counts: must be >= 0 when present.
+# Counts and replica ids: must be >= 0 when present.
 COUNT_COLUMNS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in schema if pa.types.is_integer(f.type) and f.name.endswith(
         ("_tokens", "_seqs", "blocks_used", "blocks_total", "preemptions", "num_running",
-         "num_waiting", "paths")))
+         "num_waiting", "paths", "replica_id")))
     for name, schema in SCHEMAS.items()
+}
+
+# Enumerated text columns: the values each may hold (nulls aside).
+ENUM_COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
+    "requests": {"finish_reason": ("length", "stop", "abort", "error")},
+    "trajectories": {"finish_reason": ("stop", "length")},
 }
 
 # Columns that identify a row: unique within a trace directory (across its parts).

@@ -23,10 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.schema import (COUNT_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES, SCHEMAS,
-                           TIME_COLUMNS, UNIQUE_KEYS, schema_of, table_version)
+from traces.schema import (COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES,
+                           SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of, table_version)
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
+PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
+"""a hidden sibling an output directory is written into before its rename"""
 MAX_REPORTED = 20
 
 
@@ -252,6 +254,12 @@ def _value_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
         if bad.size:
             out.append(Violation(p, f"negative count {v[bad[0]]:g} ({bad.size} rows)",
                                  column=col, row=int(bad[0])))
+    for col, allowed in ENUM_COLUMNS.get(name, {}).items():
+        values = data.column(col).to_pylist()
+        bad = [i for i, v in enumerate(values) if v is not None and v not in allowed]
+        if bad:
+            out.append(Violation(p, f"{values[bad[0]]!r} is not one of {', '.join(allowed)} "
+                                    f"({len(bad)} rows)", column=col, row=bad[0]))
     if name == "requests":
         cached = data.column("cached_prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
         prompt = data.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
@@ -277,6 +285,9 @@ def check_trace(path: str | Path) -> list[Violation]:
     if path.is_file():
         return check_file(path)
     out: list[Violation] = []
+    if PARTIAL_RE.match(path.name):
+        return [Violation(str(path), "a partial output its writer left when it was killed (the "
+                                     "next write of the same output removes it)")]
     if not parts(path, "runs"):
         out.append(Violation(str(path), "no runs table: not a trace directory"))
     for sub in sorted(path.iterdir()):
@@ -290,6 +301,9 @@ def check_trace(path: str | Path) -> list[Violation]:
             continue
         for part in parts(path, sub.name):
             out.extend(check_file(part, sub.name))
+    requests = parts(path, "requests")
+    if requests and not any(pq.ParquetFile(f).metadata.num_rows for f in requests):
+        out.append(Violation(str(path / "requests"), "the requests table is empty"))
     if not out:
         out.extend(_check_joins(path))
         out.extend(_check_unique(path))
