@@ -174,6 +174,21 @@ def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
         calibrate([warm], model="linear")
     # The serving model keeps first-of-shape steps (they are its data); only run start-up goes.
     assert calibrate([warm]).heldout["train_rows"] + calibrate([warm]).heldout["rows"] == 37
+    # the same run twice would count its steps twice
+    with pytest.raises(ValueError, match="the same run as"):
+        calibrate([a, a])
+
+
+def test_calibrate_refuses_a_simulations_output(tmp_path):
+    from conftest import run_cli
+    from sim.step_time.calibration import calibrate
+
+    text = (REPO / "examples" / "replay-small.yaml").read_text().replace(
+        "../sim/data/testbed-large-cpu.calib.json", str(CAL))
+    (tmp_path / "c.yaml").write_text(text)
+    run_cli("simulate", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "sim"), "--json")
+    with pytest.raises(ValueError, match="a simulation's output"):
+        calibrate([tmp_path / "sim"])
 
 
 def test_calibrate_fits_through_the_registry_that_loads(tmp_path):

@@ -206,8 +206,16 @@ def speculative_steps(d, run: dict, steps: pd.DataFrame, spec_k: int | None
 def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
     """Each trace's steps (spec steps at K where asked), its (dir, run) and the drafts seen."""
     frames, runs, drafts = [], [], set()
+    seen: dict[str, str] = {}
     for d in trace_dirs:
         run = read_run(d)
+        if run["kind"] == "sim":  # a simulation's steps are its calibration's, not a device's
+            raise ValueError(f"{d}: a simulation's output (runs kind 'sim'); calibrate on "
+                             "traces of a real engine")
+        if run["run_id"] in seen:  # its steps would count twice
+            raise ValueError(f"{d}: the same run as {seen[run['run_id']]} (run "
+                             f"{run['run_id']}); give each trace once")
+        seen[run["run_id"]] = str(d)
         if run["kind"] == "exits":  # steps at several loaded depths: one linear fit is wrong
             raise ValueError(f"{d}: an exits trace (steps at several loaded depths); a helios: "
                              "config fits its per-layer step time (sim/step_time/layered.py)")
