@@ -91,10 +91,14 @@ class SimConfig:
 
 def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
     """Validate a config mapping (strict: `sim.config_schema`) and resolve its paths."""
-    from sim.config_schema import validate_config
+    from sim.config_schema import MAX_REPLICAS, validate_config
 
     base = Path(base_dir)
     spec = validate_config(d)
+    total = sum(g.count for g in spec.cluster.replicas)
+    if total > MAX_REPLICAS:
+        raise ValueError(f"cluster.replicas: {total} replicas in all, over the cap of "
+                         f"{MAX_REPLICAS:,}")
     groups = []
     for g in spec.cluster.replicas:
         grp = g.model_dump(by_alias=True)

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 INT32_MAX = 2**31 - 1
 Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Positive = Annotated[float, Field(gt=0)]
+SEED_MAX = 2**63 - 1
+"""the largest seed numpy's generators take whole"""
+MAX_REPLICAS = 100_000
+"""replicas in one simulation (a group's count; the sum is checked against it too)"""
 
 
 class Strict(BaseModel):
@@ -38,7 +42,7 @@ class GroupSpec(Strict):
     """One replica group (see `sim.config.ReplicaGroup` for each field's meaning)."""
 
     calibration: str
-    count: Count = 1
+    count: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
     max_num_seqs: Count | None = None
     max_num_batched_tokens: Count | None = None
     kv_blocks: Count | None = None
@@ -83,9 +87,9 @@ class ConfigSpec(Strict):
 
     workload: dict
     cluster: ClusterSpec
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] = 0
     latency: Literal["mean", "sampled"] = "mean"
-    noise_seed: Annotated[int, Field(ge=0)] | None = None
+    noise_seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     slo: SloSpec | None = None
     output: OutputSpec | None = None
 

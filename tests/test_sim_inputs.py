@@ -39,6 +39,10 @@ _GROUP_OK = "{calibration: %s}" % CAL
     ("cluster: {replicas: [{calibration: C}]}\nslo: {ttft_s: fast}",
      "slo.ttft_s: Input should be a valid number"),
     ("cluster: {replicas: [{calibration: C}]}\nseed: 1\nseed: 2", "duplicate key 'seed'"),
+    ("cluster: {replicas: [{calibration: C}]}\nseed: 99999999999999999999",
+     "seed: Input should be less than or equal to 9223372036854775807"),
+    ("cluster: {replicas: [{calibration: C, count: 2147483647}]}",
+     "cluster.replicas[0].count: Input should be less than or equal to 100000"),
     ("cluster: {replicas: [{calibration: C}], router: 'os:getcwd'}",
      "cluster.router 'os:getcwd': not a class with route(request, cluster)"),
 ])
@@ -122,7 +126,9 @@ def test_requests_longer_than_max_model_len_are_refused():
      "output_tokens: 8}", "workload: request 0 (prompt 100000 + output 8 tokens) exceeds the "
      "model's max_model_len 1280"),
     ("{arrival: {kind: gamma, rate_per_s: 5, cv: 100000}, duration_s: 5, prompt_tokens: 8, "
-     "output_tokens: 8}", "generates more than 10,000,000 requests"),
+     "output_tokens: 8}", "workload.arrival.cv must be <= 100"),
+    ("{arrival: {kind: constant, rate_per_s: 5}, duration_s: 1.0e+12, prompt_tokens: 8, "
+     "output_tokens: 8}", "expects 5e+12 requests, over the cap of 10,000,000"),
 ])
 def test_workload_errors_found_while_simulating_name_the_config(tmp_path, workload, message):
     path = tmp_path / "w.yaml"

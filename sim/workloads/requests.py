@@ -41,6 +41,10 @@ _LENGTH_KEYS = {"uniform": ("kind", "low", "high"), "lognormal": ("kind", "mean"
 _PREFIX_KEYS = ("groups", "tokens")
 
 MAX_REQUESTS = 10_000_000
+MAX_SIGMA = 4.0
+"""a lognormal length's sigma beyond this is no length distribution (its mass sits at 1 token)"""
+MAX_CV = 100.0
+"""a gamma arrival's coefficient of variation beyond this has a shape that underflows"""
 """a workload may not generate more requests than this (memory stays bounded)"""
 
 # One independent child stream per quantity: changing, say, the arrival kind or the request count
@@ -73,8 +77,8 @@ def _length_sampler(spec: Any, where: str) -> Sampler:
     if kind == "lognormal":
         mean = positive(require(spec, "mean", where), f"{where}.mean")
         sigma = number(require(spec, "sigma", where), f"{where}.sigma")
-        if sigma < 0:
-            raise ValueError(f"{where}.sigma must be >= 0, got {sigma}")
+        if not 0 <= sigma <= MAX_SIGMA:
+            raise ValueError(f"{where}.sigma must be within 0..{MAX_SIGMA}, got {sigma}")
         cap = integer(spec["max"], f"{where}.max", minimum=1) if "max" in spec else None
         if cap is not None and mean > cap:
             raise ValueError(f"{where}.mean ({mean}) must be <= {where}.max ({cap})")
@@ -87,6 +91,11 @@ def _length_sampler(spec: Any, where: str) -> Sampler:
             tokens = np.maximum(1, np.rint(rng.lognormal(mu, sigma, size=n)))
             if cap is not None:
                 tokens = np.minimum(tokens, cap)
+            floor = float(np.mean(tokens == 1)) if n else 0.0
+            if n >= 20 and mean >= 4 and floor > 0.5:  # the clip, not the distribution
+                raise ValueError(f"{where}: sigma {sigma} with mean {mean} puts {floor:.0%} of "
+                                 "lengths at the 1-token floor; the workload would not have the "
+                                 "mean asked for (lower sigma)")
             return tokens.astype(np.int64)
 
         return lognormal
@@ -123,6 +132,8 @@ def _gap_sampler(spec: Any) -> tuple[str, float, Callable[[np.random.Generator, 
         return kind, rate, lambda rng, n: rng.exponential(1.0 / rate, size=n)
     if kind == "gamma":
         cv = positive(require(spec, "cv", where), f"{where}.cv")
+        if cv > MAX_CV:
+            raise ValueError(f"{where}.cv must be <= {MAX_CV}, got {cv}")
         # Gamma(shape k, scale t) has mean k*t and cv 1/sqrt(k): k = 1/cv^2, t = 1/(rate*k).
         shape = 1.0 / cv ** 2
         scale = 1.0 / (rate * shape)
@@ -144,6 +155,10 @@ def _synthetic_arrivals(cfg: dict, rng: np.random.Generator) -> np.ndarray:
             return np.arange(n) / rate
         return np.cumsum(gaps(rng, n))
     duration = positive(cfg["duration_s"], "workload.duration_s")
+    if duration * rate > MAX_REQUESTS:  # checked before anything is drawn or allocated
+        raise ValueError(f"workload.duration_s={duration} at rate_per_s={rate} expects "
+                         f"{duration * rate:.3g} requests, over the cap of {MAX_REQUESTS:,}; "
+                         "shorten the duration or lower the rate")
     if kind == "constant":
         arrivals = np.arange(math.ceil(duration * rate) + 1) / rate
     else:
