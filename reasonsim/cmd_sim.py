@@ -64,8 +64,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from reasonsim.cmd_helios import run_helios_simulate
 
         return run_helios_simulate(args.config, args.out, args.json)
+    from sim.bands import MAX_DRAWS
     from sim.output import calibration_fingerprints, write_sim
 
+    if args.seeds and not 2 <= args.seeds <= MAX_DRAWS:  # before the simulation, not after it
+        raise UserError(f"--seeds {args.seeds}: a band needs 2 to {MAX_DRAWS} noise draws")
     cfg = load_config(args.config)
     if args.out:  # refuse a used output directory before simulating, not after
         from traces.store import check_out_dir

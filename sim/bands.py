@@ -35,12 +35,16 @@ def metrics_of(result) -> dict[str, float]:
     return out
 
 
+MAX_DRAWS = 10_000
+"""noise draws a band may take (each one a whole simulation)"""
+
+
 def bands(cfg: SimConfig, seeds: int, band: tuple[float, float] = BAND) -> dict:
     """{metric: {lo, hi, median}} over `seeds` noise draws of the config (sampled latency)."""
     from sim.simulate import simulate
 
-    if seeds < 2:
-        raise ValueError(f"--seeds {seeds}: a band needs at least 2 noise draws")
+    if not 2 <= seeds <= MAX_DRAWS:
+        raise ValueError(f"--seeds {seeds}: a band needs 2 to {MAX_DRAWS} noise draws")
     draws = [metrics_of(simulate(replace(cfg, latency="sampled", noise_seed=k, write_steps=False)))
              for k in range(seeds)]
     out = {}

@@ -60,3 +60,13 @@ def test_simulate_seeds_writes_bands_and_validate_reports_live_inside_or_not(tmp
     assert all("in_band" in m[k] for k in ("e2e_s.p50", "tpot_s.p50", "throughput_tok_s"))
     assert sum(m[k]["in_band"] for k in ("e2e_s.mean", "tpot_s.mean", "tpot_s.p50")) >= 2
     assert run_cli("simulate", str(cfg_path), "--seeds", "1", check=False).returncode == 2
+
+
+def test_a_band_needs_two_to_ten_thousand_draws_and_says_so_before_simulating():
+    from conftest import REPO, run_cli
+
+    for n in ("1", "99999999999999999999"):
+        proc = run_cli("simulate", str(REPO / "examples" / "replay-small.yaml"), "--seeds", n,
+                       check=False, timeout=60)
+        assert proc.returncode == 2 and f"--seeds {n}: a band needs 2 to 10000" in proc.stderr
+        assert "pool target" not in proc.stdout  # refused before the simulation started
