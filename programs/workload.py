@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from policies.registry import make_policy
 from programs.families import family_of, methods
@@ -41,36 +43,58 @@ class ProgramWorkload:
     slo_scale: float = 1.0
 
 
-_WORKLOAD_KEYS = {"trace", "method", "policy", "count", "rate_per_s", "deadline"}
+MAX_PROGRAMS = 10_000_000
+"""programs one workload may hold (checked before any is planned)"""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class DeadlineSpec(_Strict):
+    """`deadline:` a program's deadline at average difficulty, and the SLO scale on it."""
+
+    base_s: Annotated[float, Field(gt=0)]
+    slo_scale: Annotated[float, Field(gt=0)] = 1.0
+
+
+class ProgramsSpec(_Strict):
+    """`workload.programs`: its keys typed and bounded (the policy is its family's to check)."""
+
+    trace: Annotated[str, Field(min_length=1)]
+    method: str = "cot"
+    policy: Any
+    count: Annotated[int, Field(ge=1, le=MAX_PROGRAMS)] = 64
+    rate_per_s: Annotated[float, Field(gt=0)]
+    deadline: DeadlineSpec
 
 
 def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
-    """Validate a `workload.programs` mapping."""
-    if not isinstance(d, dict):
-        raise ValueError(f"workload.programs: expected a mapping, got {d!r}")
-    unknown = sorted(set(d) - _WORKLOAD_KEYS)
-    if unknown:
-        raise ValueError(f"workload.programs: unknown key {unknown[0]!r}; allowed: "
-                         f"{sorted(_WORKLOAD_KEYS)}")
-    for key in ("trace", "policy", "rate_per_s", "deadline"):
-        if key not in d:
-            raise ValueError(f"workload.programs: needs {key!r}")
-    method = d.get("method", "cot")
-    if not isinstance(method, str) or method not in methods():
-        raise ValueError(f"workload.programs.method: {method!r}; expected one of {methods()}")
-    deadline = d["deadline"]
-    if not isinstance(deadline, dict) or "base_s" not in deadline or \
-            set(deadline) - {"base_s", "slo_scale"}:
-        raise ValueError("workload.programs.deadline: expected {base_s: .., slo_scale: ..}")
-    wl = ProgramWorkload(trace=(Path(base_dir) / d["trace"]).resolve(), method=method,
-                         policy=make_policy(method, d["policy"]),
-                         count=int(d.get("count", 64)), rate_per_s=float(d["rate_per_s"]),
-                         base_deadline_s=float(deadline["base_s"]),
-                         slo_scale=float(deadline.get("slo_scale", 1.0)))
-    if wl.count < 1 or wl.rate_per_s <= 0 or wl.base_deadline_s <= 0 or wl.slo_scale <= 0:
-        raise ValueError("workload.programs: count, rate_per_s, deadline.base_s and slo_scale "
-                         "must be positive")
-    return wl
+    """Validate a `workload.programs` mapping: one-line errors naming the key."""
+    try:
+        spec = ProgramsSpec.model_validate(d)
+    except ValidationError as e:
+        raise ValueError(_one_line(e)) from None
+    if spec.method not in methods():
+        raise ValueError(f"workload.programs.method: {spec.method!r}; expected one of "
+                         f"{methods()}")
+    return ProgramWorkload(trace=(Path(base_dir) / spec.trace).resolve(), method=spec.method,
+                           policy=make_policy(spec.method, spec.policy), count=spec.count,
+                           rate_per_s=spec.rate_per_s, base_deadline_s=spec.deadline.base_s,
+                           slo_scale=spec.deadline.slo_scale)
+
+
+def _one_line(e: ValidationError) -> str:
+    """The first problem as `workload.programs.key: problem` (an unknown key first)."""
+    errors = e.errors()
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    path = ".".join(["workload.programs", *(str(p) for p in err["loc"])])
+    if err["type"] == "extra_forbidden":
+        where, _, key = path.rpartition(".")
+        return f"{where}: unknown key {key!r}"
+    if err["type"] == "missing":
+        return f"{path}: required"
+    return f"{path}: {err['msg']} (got {err.get('input')!r})"
 
 
 def load_bank(wl: ProgramWorkload):

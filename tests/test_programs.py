@@ -229,3 +229,28 @@ def test_finished_lengths_median_equals_the_sorted_definition():
             assert fin.median_remaining(done) == (longer[len(longer) // 2] if longer else None)
     with pytest.raises(ValueError):
         fin.add(-1)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p.update(count=True), "workload.programs.count: Input should be a valid integer"),
+    (lambda p: p.update(count=2.5), "workload.programs.count: Input should be a valid integer"),
+    (lambda p: p.update(count=10**11), "workload.programs.count: Input should be less than or "
+                                        "equal to 10000000"),
+    (lambda p: p.update(rate_per_s=float("nan")), "workload.programs.rate_per_s: Input should be "
+                                                  "a finite number"),
+    (lambda p: p.update(rate_per_s="4"), "workload.programs.rate_per_s: Input should be a valid "
+                                         "number"),
+    (lambda p: p["deadline"].update(base_s=float("nan")),
+     "workload.programs.deadline.base_s: Input should be a finite number"),
+    (lambda p: p["deadline"].update(slo=2), "workload.programs.deadline: unknown key 'slo'"),
+    (lambda p: p.update(rates=4), "workload.programs: unknown key 'rates'"),
+    (lambda p: p.pop("deadline"), "workload.programs.deadline: required"),
+])
+def test_a_program_workloads_keys_are_strict(edit, message):
+    from programs.workload import program_workload
+
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")["workload"]["programs"]
+    edit(d)
+    with pytest.raises(ValueError) as e:
+        program_workload(d, REPO / "examples")
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
