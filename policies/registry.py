@@ -2,11 +2,14 @@
 
 A program workload names its allocation policy as `{type: NAME, ...parameters}`; the method
 (cot, sc, mcts, rebase, ...) picks the table the name is looked up in. A new family registers
-its names here (`register`); nothing else parses policy specs.
+its names here (`register`), with the types of its parameters; nothing else parses policy specs,
+and no parameter is converted on the way: `sync: "no"`, `cap: 16.9` and `depth: "4"` are errors
+naming the key, not a True, a 16 and a 4.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from policies.a1 import make_a1_policy
@@ -80,9 +83,66 @@ for _method in ("sc", "mcts", "rebase"):
         POLICIES[_method][_kind] = _search(_kind)
 
 
-def register(method: str, name: str, factory: Callable) -> None:
-    """Make `{type: name}` a policy of `method` (factory(method, **parameters) -> policy)."""
+# parameter -> its type: int, float, bool, str, "ints" (a list of whole numbers) or "any";
+# a parameter whose default is None also takes None (`null` in YAML)
+_SCALE = {"entropy_threshold": float, "reward_threshold": float}
+PARAMS: dict[str, dict[str, dict[str, object]]] = {
+    "cot": {"certaindex": {"window": int, "interval_tokens": int, "effort": str},
+            "budget": {"budget_tokens": int}, "full": {}},
+    "sc": {"sc": {"samples": int, "per_round": int, "entropy_threshold": float,
+                  "detect_round": int, "length_tokens": float}},
+    "a1": {k: {"samples": int, "sync": bool, "alpha": float, "coverage": str}
+           for k in ("conformal", "draft_only", "target_only")},
+    "tot": {k: {"breadth": int, "thoughts": int, "depth": int, "thought_tokens": int,
+                "temperature": float, "draft_tokens": int, "k_config": "ints"} for k in TOT_MODES},
+}
+for _method in ("sc", "mcts", "rebase"):
+    for _kind in ("even", "certaindex", "frontier"):
+        PARAMS.setdefault(_method, {})[_kind] = {"cap": int, "per_round": int, "detect": int,
+                                                 "signal": str, "rules": "any", **_SCALE}
+
+
+def register(method: str, name: str, factory: Callable,
+             params: dict[str, object] | None = None) -> None:
+    """Make `{type: name}` a policy of `method` (factory(method, **parameters) -> policy);
+    `params`: each parameter's type (int, float, bool, str, "ints", "any"), checked before the
+    factory sees them (None: the factory checks its own)."""
     POLICIES.setdefault(method, {})[name] = factory
+    if params is not None:
+        PARAMS.setdefault(method, {})[name] = params
+
+
+def check_params(method: str, kind: str, args: dict) -> None:
+    """Each given parameter of the declared type, unconverted; a one-line error naming it."""
+    types = PARAMS.get(method, {}).get(kind)
+    if types is None:
+        return
+    for key, value in args.items():
+        want = types.get(key)
+        if want is None or want == "any" or value is None:
+            continue  # unknown keys are the factory's to name; None means its default
+        if not _is(value, want):
+            name = want if isinstance(want, str) else want.__name__
+            raise ValueError(f"programs.policy.{key}: expected {_WORDS.get(name, name)}, got "
+                             f"{value!r}")
+
+
+_WORDS = {"int": "a whole number", "float": "a finite number", "bool": "true or false",
+          "str": "text", "ints": "a list of whole numbers"}
+
+
+def _is(value, want) -> bool:
+    if want is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False  # `cap: true` is a typo, not 1
+    if want is int:
+        return isinstance(value, int)
+    if want is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if want is str:
+        return isinstance(value, str)
+    return isinstance(value, (list, tuple)) and all(_is(v, int) for v in value)
 
 
 def make_policy(method: str, spec: dict | str):
@@ -99,6 +159,7 @@ def make_policy(method: str, spec: dict | str):
     if kind not in makers:
         raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: "
                          f"{', '.join(sorted(makers))}")
+    check_params(method, kind, args)
     try:
         return makers[kind](method, **args)
     except TypeError as e:

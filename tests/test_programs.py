@@ -254,3 +254,21 @@ def test_a_program_workloads_keys_are_strict(edit, message):
     with pytest.raises(ValueError) as e:
         program_workload(d, REPO / "examples")
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("method, spec, message", [
+    ("a1", {"type": "conformal", "sync": "no"}, "programs.policy.sync: expected true or false"),
+    ("a1", {"type": "conformal", "alpha": "0.4"}, "programs.policy.alpha: expected a finite"),
+    ("sc", {"type": "even", "cap": 16.9}, "programs.policy.cap: expected a whole number"),
+    ("mcts", {"type": "even", "cap": True}, "programs.policy.cap: expected a whole number"),
+    ("cot", {"type": "certaindex", "window": 2.7}, "programs.policy.window: expected a whole"),
+    ("tot", {"type": "seed", "depth": "4"}, "programs.policy.depth: expected a whole number"),
+    ("tot", {"type": "seed", "k_config": [2, 1.5]}, "programs.policy.k_config: expected a list"),
+])
+def test_policy_parameters_are_never_converted(method, spec, message):
+    """A parameter of the wrong type is an error naming it, not a silent True, 16 or 4."""
+    from policies.registry import make_policy
+
+    with pytest.raises(ValueError, match=message):
+        make_policy(method, spec)
+    assert make_policy("tot", {"type": "seed", "depth": 4, "k_config": [2, 1]}) is not None
