@@ -27,7 +27,7 @@ TESTBED = REPO / "models" / "testbed"
 TARGET_MODEL = TESTBED / "target-large"
 
 
-def run_cli(*args: str, timeout: float = 600, check: bool = True,
+def run_cli(*args: str, timeout: float = 1200, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real `reasonsim` console entry point in a subprocess."""
     proc = subprocess.run([sys.executable, "-m", "reasonsim.cli", *args], cwd=REPO,
