@@ -90,7 +90,7 @@ def test_live_runner_drives_one_program_on_two_engines(tmp_path):
     from traces import check_trace, read_table
 
     proc = subprocess.run([sys.executable, "-c", _TWO_ROLE_PROGRAM, str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["done"] == [True] * 4 and out["tokens"] == [3 * (4 + 1)] * 4
@@ -113,7 +113,7 @@ def _kv_bytes_per_block(model: str, block_size: int) -> int:
 @pytest.mark.engine
 def test_draft_and_target_engines_run_side_by_side_with_their_own_kv_size():
     proc = subprocess.run([sys.executable, "-c", _TWO_ENGINES], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["tokens"] == {"draft": 16, "target": 16}

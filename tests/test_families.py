@@ -193,7 +193,7 @@ def test_the_toy_family_replays_live_on_the_in_process_engine(toy_family, tmp_pa
     from traces.store import read_run, read_table
 
     proc = subprocess.run([sys.executable, "-c", _LIVE, str(tmp_path / "live")], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     cfg = parse_config(_toy_config(4), REPO / "examples")
@@ -262,7 +262,7 @@ def _run_with(site, code: str):
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env=env)
+                          text=True, timeout=1200, env=env)
 
 
 def test_an_installed_family_is_found_through_its_entry_point(tmp_path):

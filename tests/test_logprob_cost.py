@@ -50,7 +50,7 @@ def test_the_recorder_counts_the_log_probability_rows_vllm_returns(tmp_path):
     from traces import check_trace, read_table
 
     proc = subprocess.run([sys.executable, "-c", _RECORD, str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_trace(tmp_path) == []
     steps = read_table(tmp_path, "steps").to_pandas()

@@ -23,7 +23,7 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     monkeypatch.setenv("REASONSIM_REPO", str(REPO))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = jupytext.read(path)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
+    NotebookClient(nb, timeout=1200, kernel_name="python3",
                    resources={"metadata": {"path": str(REPO)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]

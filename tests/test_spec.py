@@ -71,7 +71,7 @@ same = sum(a == b for a, b in zip(got, want))
 print("SAME", same, len(want), sum(map(len, want)))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, env=os.environ)
+                          timeout=1200, env=os.environ)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("SAME")), None)
     assert line is not None, proc.stderr[-3000:]
     same, n, tokens = map(int, line.split()[1:])

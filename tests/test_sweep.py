@@ -146,7 +146,7 @@ def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
                               "examples/dynasor-cot-budget.yaml", "--over", "replicas",
                               "--target", "0.9", "--set", "workload.programs.rate_per_s=8",
                               "-o", str(tmp_path), "--json"],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stderr
     answers = json.loads(r.stdout)["answers"]
     got = {a["policy"]: (a["answer"], a["interval"]) for a in answers}

@@ -162,7 +162,7 @@ def test_vllm_serves_the_model_and_agrees_with_transformers(name):
     # prepare_env runs the engine core in-process: a `python -c` script cannot be re-imported by
     # a spawned process.
     proc = subprocess.run([sys.executable, "-c", _VLLM_GREEDY, str(TESTBED / name)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     vllm_out = json.loads(proc.stdout.strip().splitlines()[-1])
     held = tasks.items(21, 16)
