@@ -68,10 +68,13 @@ def _simulate_point(point_id: str, config: dict, base_dir: str) -> list[dict]:
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, backend: "Backend | None" = None,
-              progress: bool = False) -> pd.DataFrame:
-    """Compute the sweep's missing points, then write and return its results table."""
+              progress: bool = False, shared: bool = False) -> pd.DataFrame:
+    """Compute the sweep's missing points, then write and return its results table. A
+    directory holding another sweep's results is refused unless `shared` (a caller that runs
+    several sweeps over one points directory and reads the tables they return)."""
     out_dir = Path(out_dir)
-    store.check_same_sweep(out_dir, sweep)
+    if not shared:
+        store.check_same_sweep(out_dir, sweep)
     out_dir.mkdir(parents=True, exist_ok=True)
     points = run_points(sweep, out_dir, backend or Backend(), progress)
     df = store.collect(out_dir, sweep, points)

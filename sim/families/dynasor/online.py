@@ -38,7 +38,7 @@ def sweep(configs: list[str | Path], schedulers: list[str], rates: list[float],
                      ("slo_scale", "workload.programs.deadline.slo_scale", slo_scales))
                  for v in values]
         df = run_sweep(Sweep(d, base, {}, cases, [d.get("seed", 0)]), out_dir, backend,
-                       progress)
+                       progress, shared=True)
         for case, s in zip(cases, df.to_dict("records")):
             rate = case.get("workload.programs.rate_per_s", progs["rate_per_s"])
             scale = case.get("workload.programs.deadline.slo_scale",
