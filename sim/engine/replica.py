@@ -46,6 +46,7 @@ class Replica:
         self.env, self.id = env, replica_id
         self.pricer = StepPricer(cal)  # a step plan priced whole
         self.lat = self.pricer.model  # the loop's gap between two steps included
+        self._mean_ms = self.pricer.mean_ms  # bound once: called every step
         self.cfg = cfg
         self.res = results
         self.rng = rng  # None = deterministic (mean latency)
@@ -258,15 +259,16 @@ class Replica:
     def _launch(self, now: float, plan: StepPlan) -> None:
         """Price the composed step (a run of decode iterations where it may fast-forward),
         record it and schedule its end."""
-        step_ms, plain = self.pricer.mean_ms(plan, self.engine, now)
-        decode_seqs, context = plan.decode_seqs, plan.context_tokens
+        step_ms, plain = self._mean_ms(plan, self.engine, now)
+        prefill_tokens, decode_seqs, context, preempted = \
+            plan.prefill_tokens, plan.decode_seqs, plan.context_tokens, plan.preempted
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1)
         k = 1
         a_ms, b_ms = step_ms, 0.0
         closed = None
-        if self.fast_forward and plain and plan.prefill_tokens == 0 and plan.preempted == 0 \
+        if self.fast_forward and plain and prefill_tokens == 0 and preempted == 0 \
                 and decode_seqs == len(self.running):
             # None: the step-time model has no closed form; step one event per iteration.
             closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
@@ -282,12 +284,13 @@ class Replica:
                 factor = self._noise(k)
         # The log-probability and seeded-sampling terms were fitted beyond the mean step
         # (`step_time.logprob_cost`, `step_time.sampling_cost`): they take no residual factor.
-        a_ms += self.pricer.extra_ms(plan) / factor
+        if plan.logprob_ms > 0.0 or plan.seeded_seqs:
+            a_ms += self.pricer.extra_ms(plan) / factor
         self.busy, self._seg_start = True, now
         self._seg_index = self.res.add_segment((
-            self.id, now, k, a_ms, b_ms, factor, plan.prefill_tokens, plan.prefill_seqs,
+            self.id, now, k, a_ms, b_ms, factor, prefill_tokens, plan.prefill_seqs,
             decode_seqs, context, len(self.running), len(self.waiting),
-            self.cfg.kv_blocks - self.free_blocks, self.cfg.kv_blocks, plan.preempted))
+            self.cfg.kv_blocks - self.free_blocks, self.cfg.kv_blocks, preempted))
         # Only multi-iteration runs can be truncated; a single iteration always completes.
         self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
         self._sched = plan.scheduled

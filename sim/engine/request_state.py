@@ -73,11 +73,11 @@ class Req:
         self.group = group         # shared-prefix group (-1: none)
         self.prefix_tokens = prefix_tokens
         # the prompt's content as nested prefixes (`sim.engine.prefix_cache`)
-        self.chain = chain       
+        self.chain = chain
         self.score_from = score_from  # first prompt position it needs log-probabilities of (0: none)
         self.held = None           # identities of the cached blocks it holds
         self.shared = 0            # KV blocks borrowed from the prefix cache
-        self.status = Status.WAITING
+        self.status = WAITING
         self.seq = 0               # arrival order at the replica (priority tie-break)
         self.aborted = False       # an abort was asked (it finishes at its step's end)
         # step time of the log-probabilities it returns (`sim.step_time.logprob_cost`): per prompt
@@ -91,7 +91,7 @@ class Req:
         self.spec_it = 0
         self.pos = 0               # admission order at the replica (its place in `running`)
         # lazy decode (`sim.engine.decode_cohort`): clock at its last sync
-        self.clock0 = -1         
+        self.clock0 = -1
         self.rescore = False       # a scoring request that read cached scored positions
 
     def rerun_uncached(self) -> None:
@@ -100,7 +100,7 @@ class Req:
         self.computed = self.generated = 0
         self.target = self.prompt
         self.group, self.rescore, self.spec_cum = -1, False, None
-        self.status = Status.PREEMPTED  # scheduled before: its first schedule time stands
+        self.status = PREEMPTED  # scheduled before: its first schedule time stands
 
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",

@@ -83,7 +83,7 @@ def _extra(rq, rp, j, it):
     return need
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _admit(rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs):
     """`Replica._admit`: waiting requests join the step in queue order while there is a
     sequence slot, token budget and KV room; (admitted, context, prefill tokens, prefill
