@@ -79,4 +79,6 @@ def replay_a1(wl, cfg, out_dir: str | Path) -> dict:
                                        difficulty=r.plan.difficulty):
             writers["target"].add("conformity", **row)
     writers["target"].flush("programs")
+    for w in writers.values():
+        w.seal()
     return {"runs": runs, "rescored": sum(e.rescored for e in live.values())}

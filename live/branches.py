@@ -96,6 +96,7 @@ def trace_branches(model: str, out_dir: str | Path, workload: BranchWorkload,
             stats["programs"] += len(programs)
             writer.flush(unit)
             bar.advance(task, len(batch))
+    writer.seal()
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
 

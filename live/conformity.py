@@ -141,6 +141,8 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
         row["p_value_conditional"] = cal.p_value(row["score"]) if "score" in row and cal else None
         writer.add("conformity", **row)
     writer.flush("conformity")
+    for w in (*writers.values(), writer):
+        w.seal()
     stats.update(rows=len(calib_rows) + len(eval_rows), calibration_scores=len(marginal.scores),
                  rescored=sum(e.rescored for e in engines.values()),
                  wall_s=round(time.perf_counter() - t0, 2))

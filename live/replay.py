@@ -94,4 +94,5 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
         row["reasoning_tokens"] = row["tokens_generated"] - row["probe_tokens"]
         writer.add("programs", **row)
     writer.flush("programs")
+    writer.seal()
     return read_table(out_dir, "programs").to_pylist()

@@ -56,6 +56,11 @@ class TotSession:
         for w in (self.writer, *self.writers.values()):
             w.flush(unit)
 
+    def seal(self) -> None:
+        """Seal every engine's directory and the session's (its writers' last act)."""
+        for w in (*self.writers.values(), self.writer):
+            w.seal()
+
 
 def open_session(draft_model: str, target_model: str, out_dir: str | Path, kind: str,
                  seed: int, kv_cache_gb: float, params: dict,
@@ -164,4 +169,5 @@ def replay_tot(wl, cfg, out_dir: str | Path) -> dict:
         runs.append(LiveRun(plan, prog, plan.program_id))
         meta[plan.program_id] = (plan.question_id, plan.difficulty, item.answer, wl.policy)
     rows = run_tot(session, runs, "replay", meta)
+    session.seal()
     return {"runs": runs, "rows": rows}

@@ -91,5 +91,6 @@ def trace_tot(draft_model: str, target_model: str, out_dir: str | Path, workload
         stats[tree] = {"requests": len(rows), "accuracy": round(right / len(runs), 3)}
         if progress:
             print(f"tree {tree}: {len(rows)} requests, accuracy {right}/{len(runs)}", flush=True)
+    session.seal()
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from reasonsim.common import UserError, print_summary
 
@@ -129,6 +130,25 @@ def cmd_traces_check(args: argparse.Namespace) -> int:
             print(f"ok   {path}")
     if bad:
         raise UserError(f"{bad} of {len(args.paths)} trace paths violate the contract")
+    return 0
+
+
+def cmd_traces_seal(args: argparse.Namespace) -> int:
+    """`reasonsim traces seal`: manifests for whole directories written before manifests."""
+    from traces.manifest import MANIFEST, seal
+    from traces.store import check_trace, read_run
+
+    for path in args.paths:
+        for d in sorted({p.parent.parent for p in Path(path).rglob("runs/part-*.parquet")},
+                        key=lambda d: -len(d.parts)):  # nested runs before the one holding them
+            if (d / MANIFEST).exists():
+                print(f"ok   {d} (already sealed)")
+                continue
+            bad = [v for v in check_trace(d) if not v.path.endswith(MANIFEST)]
+            if bad:
+                raise UserError(f"{bad[0]} (not sealed: only a whole, valid directory is)")
+            seal(d, read_run(d)["run_id"])
+            print(f"seal {d}")
     return 0
 
 
@@ -294,3 +314,11 @@ def add_traces_parser(sub) -> None:
     c.add_argument("paths", nargs="+", metavar="PATH")
     c.add_argument("--max-errors", type=int, default=20)
     c.set_defaults(func=cmd_traces_check)
+    s = trsub.add_parser("seal", help="write the manifest of whole trace directories written "
+                         "before manifests",
+                         description="Check each directory (and the runs nested in it) and, "
+                         "where it is whole and valid, write its manifest (`_manifest.json`: "
+                         "every part's rows and sha256), which `traces check` verifies. Writers "
+                         "seal their own output; this is for directories from before that.")
+    s.add_argument("paths", nargs="+", metavar="DIR")
+    s.set_defaults(func=cmd_traces_seal)

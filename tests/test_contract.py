@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO
 from traces import SCHEMAS, TraceError, TraceWriter, check_trace, read_table, write_tables
+from traces.manifest import MANIFEST
 from traces.schema import META_VERSION, SCHEMA_VERSION, table_version
 
 RUN = {"kind": "steps", "engine": "test", "engine_version": "0", "device": "cpu",
@@ -40,6 +41,7 @@ def _write_sample(path):
                   context_tokens=10, kv_blocks_used=1, kv_blocks_total=10, preemptions=0,
                   is_warmup=False)
         w.flush(f"u{unit}")
+    w.seal()
     return w
 
 
@@ -113,7 +115,8 @@ def test_sigkilled_writer_leaves_readable_rows(tmp_path):
         flushed = int(proc.stdout.readline())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert check_trace(tmp_path / "t") == []
+    # Every flushed row reads back, but the directory never passes a check: it was not sealed.
+    assert [v.path for v in check_trace(tmp_path / "t")] == [str(tmp_path / "t" / MANIFEST)]
     n = read_table(tmp_path / "t", "requests").num_rows
     assert n >= flushed and n % 50 == 0
     leftovers = [p for p in (tmp_path / "t" / "requests").iterdir() if p.name.startswith(".")]

@@ -79,6 +79,7 @@ runs = [LiveRun(Plan(i), DraftThenTarget([5 + i, 6, 7, 8], 3), f"prog-{i:05d}") 
 run_programs(engines, runs)
 for role, e in engines.items():
     e.rec.writer.flush("all")
+    e.rec.writer.seal()
 print(json.dumps({"done": [r.program.done for r in runs],
                   "tokens": [r.program.tokens for r in runs],
                   "finish": [r.finish_s for r in runs]}))

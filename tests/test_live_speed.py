@@ -50,6 +50,7 @@ def _write_probe(path, phases: dict[str, pd.DataFrame]) -> None:
                   prefill_tokens=int(r.prefill_tokens), prefill_seqs=int(r.prefill_seqs),
                   decode_seqs=int(r.decode_seqs), context_tokens=int(r.context_tokens))
     w.flush("all")
+    w.seal()
 
 
 def _timed(model, steps: pd.DataFrame, decode: float, prefill: float) -> pd.DataFrame:

@@ -42,6 +42,7 @@ rec.add("seeded", list(range(5, 15)), SamplingParams(max_tokens=2, temperature=0
 while e.engine.has_unfinished_requests():
     rec.step()
 rec.writer.flush("all")
+rec.writer.seal()
 """
 
 
@@ -235,6 +236,7 @@ def _scoring_trace(path: Path, scored: bool, seed: int) -> Path:
             w.add("step_logprobs", replica_id=0, step_id=i, logprob_tokens=lp_tokens,
                   logprob_top_k=128 * lp_tokens)
     w.flush("all")
+    w.seal()
     return path
 
 

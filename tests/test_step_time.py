@@ -158,6 +158,7 @@ def _steps_trace(path, max_num_seqs: int, warmup: bool = False):
               context_tokens=100 + 10 * i, kv_blocks_used=1, kv_blocks_total=100,
               preemptions=0, is_warmup=warmup)
     w.flush("all")
+    w.seal()
     return path
 
 

@@ -101,6 +101,7 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
             writer.flush(f"phase{k}-{label}")
         if progress:
             print(f"exits: phase {k + 1}/{len(workload.phases)}: {tokens} tokens", flush=True)
+    writer.seal()
     return {"out": str(out_dir), "model": model, "requests": first * len(engines),
             "tokens": tokens, "steps": step_id, "layers": layers, "device": device,
             "load_ms": [round(x, 3) for x in load_ms]}

@@ -126,6 +126,7 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
             stats["trajectories"] += len(trajs)
             writer.flush(qid)
             bar.advance(task)
+    writer.seal()
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
 

@@ -98,6 +98,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     if speed_probe:
         run_speed_probe(engine, writer, "after", max_num_seqs, seed)
     writer.flush("all")
+    writer.seal()
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
 

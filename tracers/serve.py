@@ -179,6 +179,7 @@ def trace_serve(url: str, out_dir: str | Path, workload: ServeWorkload, model: s
     asyncio.run(_run(url, model, todo, writer, workload.concurrency, progress,
                      workload.warmup_requests))
     wall_s = time.perf_counter() - t_wall
+    writer.seal()
     return summarize_serve(out_dir) | {"sent": len(todo), "wall_s": round(wall_s, 2)}
 
 

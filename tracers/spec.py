@@ -143,6 +143,8 @@ def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkl
                     writer.flush(unit)
         step_base = rec.step_id
         del rec, rows, engine
+    if writer is not None:
+        writer.seal()
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     return stats
 

@@ -192,6 +192,7 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     if REFERENCE_UNIT not in done:  # the machine's speed now, for live runs' probes to meet
         run_speed_probe(engine, writer, "reference", engine.max_num_seqs, seed)
         writer.flush(REFERENCE_UNIT)
+    writer.seal()
     wall_s = time.perf_counter() - wall0
     return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
         c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}

@@ -172,6 +172,7 @@ def trace_torch_spec(target: str, draft: str, out_dir: str | Path, workload: Spe
                 writer.flush(unit)
         if progress:
             print(f"spec (torch): K = {k}: {rec.stats['rounds']} rounds", flush=True)
+    writer.seal()
     return {**rec.stats, "device": device,
             "wall_s": round(time.perf_counter() - rec.t0, 2)}
 

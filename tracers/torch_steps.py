@@ -75,5 +75,6 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
         if progress:
             print(f"torch steps: cell {cell_index + 1}/{len(cells)} {cell_id}: "
                   f"{rows.step_id} steps", flush=True)
+    writer.seal()
     return summarize_steps(out_dir) | {"cells_run": len(cells), "device": device,
                                        "wall_s": round(time.perf_counter() - wall0, 2)}

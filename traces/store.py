@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from traces.manifest import parts, seal as seal_dir, unseal, verify
 from traces.schema import (COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES,
                            SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of, table_version)
 
@@ -112,6 +113,7 @@ class TraceWriter:
             _atomic_write(to_table("runs", {k: [v] for k, v in {**run, "run_id": self.run_id}
                                             .items()}), runs_part)
         (self.dir / "_units").mkdir(exist_ok=True)
+        unseal(self.dir)  # written again: sealed anew at its end
         self._buf: dict[str, dict[str, list]] = {}
 
     def done_units(self) -> set[str]:
@@ -142,6 +144,13 @@ class TraceWriter:
         self._buf = {}
         (self.dir / "_units" / f"{unit}.done").write_text("")
 
+    def seal(self) -> None:
+        """Write the directory's manifest (`traces.manifest`): its writer's last act, once every
+        unit is flushed; a directory without one never passes `traces check`."""
+        if self._buf:
+            raise RuntimeError(f"{self.dir}: rows buffered but not flushed; flush before sealing")
+        seal_dir(self.dir, self.run_id)
+
 
 def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, pa.Table | dict],
                  ) -> str:
@@ -155,6 +164,7 @@ def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, p
         (writer.dir / name).mkdir(exist_ok=True)
         _atomic_write(table, writer.dir / name / "part-all.parquet")
     (writer.dir / "_units" / "all.done").write_text("")
+    writer.seal()
     return writer.run_id
 
 
@@ -184,7 +194,10 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
     out = _schema_violations(p, name, schema)
     if out:
         return out
-    data = pf.read()
+    try:
+        data = pf.read()
+    except Exception as e:  # a footer that parses over pages that do not
+        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")]
     out += _value_violations(p, name, data)
     if name == "runs" and data.num_rows != 1:
         out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
@@ -271,12 +284,6 @@ def _value_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
     return out
 
 
-def parts(trace_dir: str | Path, table: str) -> list[Path]:
-    """Part files of one table in a trace directory, in name order."""
-    d = Path(trace_dir) / table
-    return sorted(d.glob("part-*.parquet")) if d.is_dir() else []
-
-
 def check_trace(path: str | Path) -> list[Violation]:
     """Validate a trace directory (every table, nested runs too) or a single part file."""
     path = Path(path)
@@ -302,11 +309,13 @@ def check_trace(path: str | Path) -> list[Violation]:
         for part in parts(path, sub.name):
             out.extend(check_file(part, sub.name))
     requests = parts(path, "requests")
-    if requests and not any(pq.ParquetFile(f).metadata.num_rows for f in requests):
+    if requests and not out and not any(pq.ParquetFile(f).metadata.num_rows for f in requests):
         out.append(Violation(str(path / "requests"), "the requests table is empty"))
     if not out:
         out.extend(_check_joins(path))
         out.extend(_check_unique(path))
+    if parts(path, "runs"):  # after the contents: their violations say more than a hash does
+        out.extend(Violation(f, message) for f, message in verify(path))
     return out
 
 

@@ -1,0 +1,157 @@
+"""Manifests: a directory proves it is whole (every part's sha256, written last by its writer).
+
+A changed byte that still decodes, an added or a removed part, a missing done marker or nested
+run, an unsealed (killed) writer's output: each fails `traces check` naming the file. Shipped
+traces carry manifests (`reasonsim traces seal`), and a simulation's output is sealed by its
+writer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import REPO, run_cli
+from test_contract import RUN, _request, _write_sample
+from traces import TraceWriter, check_trace
+from traces.manifest import MANIFEST, read, workload_fingerprint
+
+SHIPPED = sorted(p for p in (REPO / "traces" / "data").iterdir() if (p / "runs").is_dir())
+
+
+def _messages(path) -> list[str]:
+    return [str(v) for v in check_trace(path)]
+
+
+def test_a_sealed_directory_lists_every_part_with_rows_and_hash(tmp_path):
+    _write_sample(tmp_path / "t")
+    m = read(tmp_path / "t")
+    assert set(m["tables"]) == {"runs", "requests", "steps"}
+    assert sorted(m["tables"]["requests"]) == ["part-u0.parquet", "part-u1.parquet",
+                                               "part-u2.parquet"]
+    assert all(e["rows"] == 4 and len(e["sha256"]) == 64
+               for e in m["tables"]["requests"].values())
+    assert m["units"] == ["u0", "u1", "u2"] and m["workload_fingerprint"]
+    assert check_trace(tmp_path / "t") == []
+
+
+def test_a_changed_value_that_still_decodes_is_caught(tmp_path):
+    _write_sample(tmp_path / "t")
+    part = tmp_path / "t" / "requests" / "part-u1.parquet"
+    t = pq.read_table(part)
+    t = t.set_column(t.schema.get_field_index("prompt_tokens"), t.schema.field("prompt_tokens"),
+                     pc.add(t.column("prompt_tokens"), pa.scalar(1, t.column("prompt_tokens").type)))
+    pq.write_table(t, part)  # a valid Parquet part of the right schema, one value changed
+    assert _messages(tmp_path / "t") == [
+        f"{part}: its bytes changed since the directory was sealed (sha256 differs from the "
+        "manifest's)"]
+
+
+@pytest.mark.parametrize("fault", ["extra part", "missing part", "missing marker",
+                                   "missing table", "bad manifest"])
+def test_parts_markers_and_manifest_faults_name_the_file(tmp_path, fault):
+    d = tmp_path / "t"
+    _write_sample(d)
+    part = d / "requests" / "part-u1.parquet"
+    if fault == "extra part":
+        shutil.copy(d / "steps" / "part-u1.parquet", d / "steps" / "part-u9.parquet")
+        want = (d / "steps" / "part-u9.parquet", "not in the manifest")
+    elif fault == "missing part":
+        part.unlink()
+        want = (part, "listed in the manifest but missing")
+    elif fault == "missing marker":
+        (d / "_units" / "u2.done").unlink()
+        want = (d / "_units" / "u2.done", "done marker the manifest lists is missing")
+    elif fault == "missing table":
+        shutil.rmtree(d / "steps")
+        want = (d / "steps" / "part-u0.parquet", "listed in the manifest but missing")
+    else:
+        (d / MANIFEST).write_text(json.dumps({"version": 1, "tables": {}}))
+        want = (d / MANIFEST, "not a version-1 manifest")
+    got = check_trace(d)
+    assert any(v.path == str(want[0]) and want[1] in v.message for v in got), got
+
+
+def test_a_resumed_directory_is_unsealed_until_its_writer_ends(tmp_path):
+    _write_sample(tmp_path / "t")
+    w = TraceWriter(tmp_path / "t", RUN, resume=True)
+    assert not (tmp_path / "t" / MANIFEST).exists()
+    w.add("requests", **_request(99))
+    w.flush("u3")
+    assert "missing" in _messages(tmp_path / "t")[-1]
+    w.seal()
+    assert check_trace(tmp_path / "t") == []
+    with pytest.raises(RuntimeError, match="flush before sealing"):
+        w.add("requests", **_request(100))
+        w.seal()
+
+
+def _config(path, replicas: int, seed: int):
+    cal = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+    path.write_text(json.dumps({
+        "seed": seed, "workload": {"arrival": {"kind": "poisson", "rate_per_s": 20},
+                                   "num_requests": 200, "prompt_tokens": 100,
+                                   "output_tokens": 50},
+        "cluster": {"replicas": [{"calibration": str(cal), "count": replicas}]}}))
+    return str(path)
+
+
+def test_simulate_output_is_sealed_with_its_workload_fingerprint(tmp_path):
+    run_cli("simulate", _config(tmp_path / "a.yaml", 1, 0), "-o", str(tmp_path / "a"))
+    run_cli("simulate", _config(tmp_path / "b.yaml", 2, 0), "-o", str(tmp_path / "b"))
+    run_cli("simulate", _config(tmp_path / "c.yaml", 1, 5), "-o", str(tmp_path / "c"))
+    a, b, c = (read(tmp_path / n) for n in "abc")
+    assert check_trace(tmp_path / "a") == [] and a["run_id"]
+    # the same workload served two ways shares one fingerprint; another seed's does not
+    assert a["workload_fingerprint"] == b["workload_fingerprint"] == \
+        workload_fingerprint(tmp_path / "a") != c["workload_fingerprint"]
+
+
+def test_every_shipped_trace_is_sealed_and_whole():
+    for d in SHIPPED:
+        assert (d / MANIFEST).exists(), d
+        assert check_trace(d) == [], d
+
+
+def test_traces_seal_writes_a_manifest_only_for_a_whole_valid_directory(tmp_path):
+    d = tmp_path / "old"
+    shutil.copytree(REPO / "traces" / "data" / "testbed-tot-small-cpu", d)
+    for m in d.rglob(MANIFEST):
+        m.unlink()  # as written before manifests
+    assert "missing" in _messages(d)[-1]
+    out = run_cli("traces", "seal", str(d)).stdout
+    assert out.count("seal ") == 3  # the two nested engines' runs and the one holding them
+    assert check_trace(d) == [] and check_trace(d / "draft") == []
+    bad = tmp_path / "bad"
+    shutil.copytree(d, bad)
+    for m in bad.rglob(MANIFEST):
+        m.unlink()
+    (bad / "programs" / "part-sd-tot.parquet").write_bytes(b"garbage")
+    proc = run_cli("traces", "seal", str(bad), check=False)
+    assert proc.returncode == 2 and "not sealed" in proc.stderr
+    assert not (bad / MANIFEST).exists()
+
+
+def test_every_single_bit_flip_in_a_part_is_caught_naming_the_file(tmp_path):
+    import numpy as np
+
+    d = tmp_path / "t"
+    _write_sample(d)
+    files = sorted(d.glob("*/part-*.parquet"))
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        f = files[int(rng.integers(len(files)))]
+        original = f.read_bytes()
+        data = bytearray(original)
+        data[int(rng.integers(len(data)))] ^= 1 << int(rng.integers(8))
+        f.write_bytes(bytes(data))
+        got = check_trace(d)
+        assert got and all(v.path == str(f) for v in got), got  # only that file is named
+        assert any("sha256" in v.message for v in got)
+        f.write_bytes(original)
+    assert check_trace(d) == []
