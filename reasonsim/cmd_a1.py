@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from reasonsim.common import TESTBED, UserError, print_summary, program_config
@@ -184,6 +185,7 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
 
     from traces.store import read_table
     from validation.a1 import replay_result
+    from validation.judge import machine_speed
     from validation.replay import fresh_process
 
     path = Path(args.config)
@@ -200,6 +202,11 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
                       read_table(d, "conformity").to_pandas(),
                       json.loads((d / "a1.json").read_text())))
     result, s_progs = replay_result(cfg, out, lives)
+    result["machine_speed"] = speed = machine_speed(out / "sim", [out / f"live{i}" for i in
+                                                                  range(args.repeats)])
+    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    if speed["warning"]:
+        print(speed["warning"], file=sys.stderr)
     keys = tuple(result["error_vs_live_mean"])
     if args.json:
         print(json.dumps(result))

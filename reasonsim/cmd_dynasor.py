@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -148,6 +149,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import read_table
+    from validation.judge import machine_speed
 
     path = Path(args.config)
     d = read_yaml(path)
@@ -174,7 +176,10 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     write_sim(cfg, sim, out / "sim")
     result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
     result["live_wall_s"] = round(live_wall_s, 2)
+    result["machine_speed"] = machine_speed(out / "sim", [out / "live"])
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    if result["machine_speed"]["warning"]:
+        print(result["machine_speed"]["warning"], file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from reasonsim.common import UserError
@@ -191,6 +192,8 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
                                                 max_tokens, seed=exp.spec.seed),
                                       candidates_of(program.policy)))
         report[exp.policy_name(p)] = compare(sim, lives)
+        if report[exp.policy_name(p)]["speed_warning"]:
+            print(report[exp.policy_name(p)]["speed_warning"], file=sys.stderr)
     if args.json:
         print(json.dumps(report))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from reasonsim.common import TESTBED, UserError, print_summary, program_config
@@ -54,6 +55,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from sim.output import write_sim
     from sim.simulate import simulate
     from validation.replay import fresh_process
+    from validation.judge import machine_speed
     from validation.seed import add_at_live_speed, compare_modes
     from traces.store import read_table
 
@@ -99,7 +101,12 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
                                for mode in modes})
     if calibrations:
         result["calibrations"] = calibrations
+    result["machine_speed"] = {mode: machine_speed(out / mode / "sim", [
+        out / mode / f"live{i}" for i in range(args.repeats)]) for mode in modes}
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    for speed in result["machine_speed"].values():
+        if speed["warning"]:
+            print(speed["warning"], file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -152,6 +152,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         console.print(f"[bold red]SPEED MISMATCH[/]: the live run's decode steps took "
                       f"{speed['decode_step_ratio']:.2f}x what the calibration predicts "
                       f"(median of {speed['steps']}); its timings are not this device's")
+    if speed is not None and speed.get("probe_match") is False:
+        console.print(f"[bold red]PROBE MISMATCH[/]: the calibration's own speed probe ran at "
+                      f"{speed['probe']['level']:.2f}x its reference here: another machine's "
+                      "speed, or this one far from it")
     if speed is not None:
         pf = speed["prefill_step_ratio"]
         console.print(f"live steps / the calibration's prediction (median): decode "

@@ -286,3 +286,9 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
             assert c[key]["error"] == pytest.approx(c[key]["sim"] / c[key]["live"] - 1)
     live = result["live"][0]
     assert live["draft_tokens"] > 0 and 0.2 < live["rejection_rate"] < 0.6
+    # each engine's decode steps against its pool's calibration: the machine's speed, measured
+    # (a warning, not a failure, where it is far from the calibration's)
+    speed = result["machine_speed"]
+    assert set(speed["runs"][0]) == {"draft", "target"} and set(speed) == {"runs", "warning"}
+    assert all(0.05 < r < 20 for r in speed["runs"][0].values())
+    assert speed["warning"] is None or speed["warning"] in proc.stderr

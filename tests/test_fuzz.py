@@ -1,9 +1,11 @@
-"""Fuzzing configs and calibrations: a one-line ValueError naming the problem, or a valid run.
+"""Fuzzing configs, calibrations, sweep files and trace parts: a one-line ValueError naming the
+problem, or a valid run.
 
 Random configs mix valid and invalid values (wrong types, NaN, zero, negative, huge, strings,
 booleans) in every cluster, SLO and workload key; random calibrations break one field of the
-shipped artifact. Nothing may raise anything but ValueError, and a run's tables must pass
-`traces check`.
+shipped artifact; random sweep files put such values in seeds, grids and cases; trace parts are
+cut short (bit flips: `test_manifest`). Nothing may raise anything but ValueError, a run's
+tables must pass `traces check`, and a damaged part is a violation naming its file.
 """
 
 from __future__ import annotations
@@ -193,3 +195,66 @@ def test_random_mooncake_files_fail_in_one_line_or_give_a_valid_workload(tmp_pat
         assert "\n" not in str(e) and "m.jsonl" in str(e), str(e)
         return
     assert np.all(np.diff(wl.arrival_s) >= 0) and np.all(wl.prompt_tokens >= 1)
+
+
+SWEEP_KEYS = ("seed", "workload.num_requests", "workload.arrival.rate_per_s",
+              "cluster.replicas.0.count", "cluster.router", "bogus.key", "")
+SWEEP_VALUE = st.one_of(ODD, st.integers(1, 20), st.lists(ODD, max_size=3),
+                        st.lists(st.integers(1, 20), min_size=1, max_size=3))
+
+
+@given(st.fixed_dictionaries(
+    {"base": st.sampled_from(["base.yaml"] * 6 + ["missing.yaml", "", 5])},
+    optional={"seeds": SWEEP_VALUE, "noise_seeds": SWEEP_VALUE,
+              "grid": st.one_of(ODD, st.dictionaries(st.sampled_from(SWEEP_KEYS), SWEEP_VALUE,
+                                                     max_size=2)),
+              "cases": st.one_of(ODD, st.lists(st.one_of(ODD, st.dictionaries(
+                  st.sampled_from(SWEEP_KEYS), ODD, max_size=2)), max_size=2))}))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+def test_random_sweep_files_fail_in_one_line_naming_the_file_or_expand_validly(tmp_path, d):
+    import yaml
+
+    from sim.sweep.spec import load_sweep
+
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({
+        "seed": 0, "workload": {"arrival": {"kind": "poisson", "rate_per_s": 5},
+                                "num_requests": 5, "prompt_tokens": 16, "output_tokens": 8},
+        "cluster": {"replicas": [{"calibration": str(CAL)}]}}))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(d))
+    try:
+        sweep = load_sweep(path)
+        sweep.validate()
+    except ValueError as e:
+        text = str(e)
+        assert text and "\n" not in text, text
+        assert "sweep" in text or "base.yaml" in text or "missing.yaml" in text, text
+        event("refused")
+        return
+    event("expanded")
+    points = sweep.points()
+    assert points and len({(p.point_id, p.seed) for p, _ in points}) == len(points)
+    assert all(isinstance(p.seed, int) and not isinstance(p.seed, bool) for p, _ in points)
+
+
+@given(st.integers(0, 10_000), st.integers(1, 400))
+@settings(max_examples=60, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture])
+def test_truncated_trace_parts_fail_naming_the_file(tmp_path, seed, cut):
+    """A part cut short anywhere (a copy interrupted): a violation naming that file, never a
+    traceback."""
+    d = tmp_path / f"t{seed}"
+    if not d.exists():
+        from test_contract import _write_sample
+
+        _write_sample(d)
+    files = sorted(d.glob("*/part-*.parquet"))
+    f = files[seed % len(files)]
+    original = f.read_bytes()
+    f.write_bytes(original[:max(0, len(original) - cut)])
+    try:
+        got = check_trace(d)
+        assert got and all(v.path == str(f) for v in got), got
+    finally:
+        f.write_bytes(original)

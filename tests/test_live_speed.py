@@ -116,3 +116,17 @@ def test_the_probe_is_leveled_against_the_calibrations_own_probe(tmp_path):
     # the prefill terms move further than 1.5x: the rest of a prefill's time moved 1.2x only
     assert level["prefill"]["factor"] > 1.5
     assert probe_reference([tmp_path / "no-probe"]) is None
+
+
+def test_a_probe_beyond_the_tolerance_and_its_own_noise_is_another_machine():
+    from validation.judge import SPEED_TOLERANCE, probe_match, speed_warning
+
+    assert probe_match(None) is None
+    assert probe_match({"before": 1.1, "after": 1.2, "level": 1.15})
+    assert not probe_match({"before": 2.0, "after": 2.1, "level": 2.05})
+    assert not probe_match({"before": 0.4, "after": 0.42, "level": 0.41})
+    # phases far apart (the machine moved during the run): the tolerance widens with them
+    assert probe_match({"before": 1.2, "after": 2.2, "level": 1.7})
+    assert speed_warning({"draft": 1.0, "target": 1.3}) is None
+    warning = speed_warning({"draft": 1.0, "target": 2.0 * SPEED_TOLERANCE})
+    assert warning.startswith("warning:") and "(target)" in warning and "draft" not in warning

@@ -19,6 +19,8 @@ def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
                    "--json", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "live") == [] and check_trace(out / "sim") == []
+    assert list(result["machine_speed"]["runs"][0]) == ["target"]
+    assert 0.05 < result["machine_speed"]["runs"][0]["target"] < 20
     live = read_table(out / "live", "programs").to_pandas()
     req = read_table(out / "live", "requests").to_pandas()
     assert len(live) == 6 and live.finish_s.notna().all()

@@ -48,7 +48,8 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert 0.05 < result["speed"]["decode_step_ratio"] < 20
     assert 0.05 < result["speed"]["prefill_step_ratio"] < 20
     # a verdict where the step speed matches; refused (and said why) where it does not
-    want = ("pass", "fail") if result["speed"]["match"] else ("refused",)
+    same = result["speed"]["match"] and result["speed"]["probe_match"] is not False
+    want = ("pass", "fail") if same else ("refused",)
     assert result["verdict"]["status"] in want, result["verdict"]
     # The speed probe ran on the warmed engine just before and after the run: its fixed decode
     # batches, priced by the same calibration, give the machine's speed level of the moment.
@@ -111,6 +112,23 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert unref["probe"]["level"] == pytest.approx(probe_level(model, live)["level"] / 3,
                                                     rel=0.05)
     assert slowed["verdict"]["status"] == "refused" and "SPEED MISMATCH" in run_cli(*args).stdout
+
+    # The same step-time model with a reference probe four times faster (a calibration from a
+    # faster machine): the probe, model-free, refuses a verdict whatever the model predicts.
+    fast = json.loads(local_calibration.read_text())
+    fast["provenance"]["speed_probe_ms"] = {k: v / 4 for k, v in
+                                            fast["provenance"]["speed_probe_ms"].items()}
+    (tmp_path / "fast.calib.json").write_text(json.dumps(fast))
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "slow.calib.json"),
+                                           str(tmp_path / "fast.calib.json")))
+    run_cli("simulate", str(cfg), "-o", str(tmp_path / "sim-fast"), "--json")
+    args = ("validate", str(tmp_path / "sim-fast"), str(live), "-o", str(tmp_path / "v5"))
+    probed = json.loads(run_cli(*args, "--json").stdout)
+    assert probed["device"]["match"] and probed["speed"]["probe_match"] is False
+    assert probed["speed"]["probe"]["level"] == pytest.approx(4 * level["level"])
+    assert probed["verdict"]["status"] == "refused" and "speed probe" in \
+        probed["verdict"]["reason"]
+    assert "PROBE MISMATCH" in run_cli(*args).stdout
 
 
 def test_replay_refuses_multi_replica_config(tmp_path):

@@ -266,6 +266,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert read_table(cal_target, "step_logprobs").num_rows > 0
     assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
+    assert set(report["machine_speed"]["seed"]["runs"][0]) == {"draft", "target"}
     # a verification whose drafted tail the prefix cache covered runs twice live (cached, then
     # uncached: vLLM returns no log-probabilities for cached positions), and so in the simulator
     key = ["program_id", "node", "kind", "round"]

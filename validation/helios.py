@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from sim.families.helios.serving import HeliosResult
+from validation.judge import speed_warning
 
 METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "mean_batch", "perplexity")
 """the figures a replay compares"""
@@ -25,7 +26,8 @@ def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
     speed = [float(lv.rounds.busy_ms.sum()) / sim_busy_ms if sim_busy_ms else math.nan
              for lv in lives]
     level = float(np.median(speed))
-    out: dict = {"decisions": agreement(sim, lives[0]), "step_speed": speed, "metrics": {}}
+    out: dict = {"decisions": agreement(sim, lives[0]), "step_speed": speed, "metrics": {},
+                 "speed_warning": speed_warning({"exits calibration": level})}
     for m in METRICS:
         vals = [lv.summary()[m] for lv in lives]
         live = float(np.median(vals))

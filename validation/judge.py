@@ -141,12 +141,72 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
         return None
     prefill = (steps.prefill_tokens > 0).to_numpy()
     r = float(np.median(ratio[decode]))
-    return {"decode_step_ratio": r, "steps": int(decode.sum()),
-            "probe": probe_level(model, live_dir, reference),
+    probe = probe_level(model, live_dir, reference)
+    return {"decode_step_ratio": r, "steps": int(decode.sum()), "probe": probe,
             "probe_against": "the calibration's own probe" if reference else "prediction",
+            "probe_match": probe_match(probe) if reference else None,
             "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
             "prefill_steps": int(prefill.sum()),
             "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}
+
+
+def probe_match(probe: dict | None) -> bool | None:
+    """Whether a live run's speed probe, against the calibration's own (`probe_level` with a
+    reference), says the same machine: its level within `SPEED_TOLERANCE`, widened by the
+    probe's own noise (how far its phases before and after the run lie apart). None without a
+    probe. Model-free: a calibration from a machine of another speed shows here whatever its
+    step-time model gets right or wrong."""
+    if not probe:
+        return None
+    level = probe["level"]
+    phases = [v for k, v in probe.items() if k not in ("level", "prefill")]
+    noise = (max(phases) - min(phases)) / level if level > 0 else 0.0
+    tolerance = SPEED_TOLERANCE * (1.0 + noise)
+    return bool(1 / tolerance <= level <= tolerance)
+
+
+def pool_step_speeds(sim_dir: str | Path, live_dir: str | Path) -> dict[str, float]:
+    """Per pool of a simulation, the median over the live run's decode-only steps on that
+    pool's engine (`live_dir/POOL` where the run has an engine per pool, else `live_dir`) of
+    live step time over the pool's calibration's prediction: the machine's speed against each
+    calibration, for any family's replay."""
+    from sim.step_time import registry as step_time
+    from sim.step_time.live_speed import live_over_predicted
+    from sim.step_time.serving_latency import attach_spans
+
+    out = {}
+    for c in read_run(sim_dir)["params"].get("calibrations") or []:
+        own = Path(live_dir) / str(c["pool"])
+        d = own if (own / "steps").is_dir() else Path(live_dir)
+        if "step_time_model" not in c or not (d / "steps").is_dir():
+            continue
+        steps = attach_spans(read_table(d, "steps").to_pandas(), [d])
+        ratio, steps = live_over_predicted(step_time.from_json(c["step_time_model"]), steps)
+        decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
+        if decode.any():
+            out[str(c["pool"])] = float(np.median(ratio[decode]))
+    return out
+
+
+def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
+    """A replay's `runs` (each live run's `pool_step_speeds` against the simulation) and its
+    `warning` (`speed_warning` of their median per pool; None where every pool is within)."""
+    runs = [pool_step_speeds(sim_dir, d) for d in live_dirs]
+    pools = sorted({p for r in runs for p in r})
+    median = {p: float(np.median([r[p] for r in runs if p in r])) for p in pools}
+    return {"runs": runs, "warning": speed_warning(median)}
+
+
+def speed_warning(speeds: dict[str, float]) -> str | None:
+    """One line where a pool's live steps ran beyond `SPEED_TOLERANCE` of its calibration
+    (`pool_step_speeds`): its errors then measure the machine, not the model."""
+    off = {p: r for p, r in speeds.items() if not 1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE}
+    if not off:
+        return None
+    return ("warning: live decode steps ran at " + ", ".join(
+        f"{r:.2f}x ({p})" for p, r in sorted(off.items())) + " of the calibration's prediction: "
+        "it describes another machine's speed (or this one far from it); calibrate on this "
+        "machine before reading the latency errors")
 
 
 def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,
@@ -156,6 +216,11 @@ def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,
     if not device["match"] and not allow_device_mismatch:
         return {"status": "refused", "reason": "the calibration was traced on another device; "
                 "re-trace and calibrate here, or pass --allow-device-mismatch"}
+    if speed is not None and speed.get("probe_match") is False and not allow_device_mismatch:
+        return {"status": "refused", "reason": f"the calibration's own speed probe ran at "
+                f"{speed['probe']['level']:.2f}x its reference here: the calibration describes "
+                "another machine's speed; re-trace and calibrate here, or pass "
+                "--allow-device-mismatch"}
     if speed is not None and not speed["match"] and not allow_device_mismatch:
         return {"status": "refused", "reason": f"live decode steps ran at "
                 f"{speed['decode_step_ratio']:.2f}x the calibration's prediction: it does not "
