@@ -82,9 +82,10 @@ def _check_fits(workload: Workload, specs: list) -> None:
                              f"model's max_model_len {cal.max_model_len} (replica {i}'s "
                              f"calibration); the engine would reject it")
         longest = int(workload.prompt_tokens.max() + workload.output_tokens.max()) if n else 0
-        if -(-longest // rc.block_size) > rc.kv_blocks:
+        if -(-longest // rc.block_size) > rc.usable_blocks:
             raise ValueError(f"replica {i}: a {longest}-token request needs more than its "
-                             f"{rc.kv_blocks} KV blocks; it could never run")
+                             f"{rc.usable_blocks} usable KV blocks (of {rc.kv_blocks}, one "
+                             "the pool's null block); it could never run")
 
 
 def _simulate_simpy(cfg: SimConfig, specs: list, workload: Workload, fast_forward: bool,

@@ -41,7 +41,10 @@ back): on the live CoT runs of a full fidelity run, 25,920 prompt tokens hit the
 20,128 simulated before and 23,840 after; accuracy unchanged, program latencies shorter (most
 under saturation: baseline-even's P50 4.18 -> 2.53 s). `helios-cluster` (two HELIOS replicas
 behind a router) was added with its first output when HELIOS became a replica kind of the
-cluster model.
+cluster model. Every non-HELIOS golden's `kv_usage_mean` rose (+0.1% to +55%, nothing else moved)
+when the replica began keeping vLLM's null block out of the pool (`ReplicaConfig.usable_blocks`,
+counted as used as the engine reports it), found by the conformance harness
+(`validation.conformance`) with vLLM's own scheduler.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import numpy as np
 from sim.step_time.calibration import Calibration
 from sim.step_time.latency import iterations_within, run_ms
 from sim.step_time.plan import StepPlan, StepPricer
+from sim.engine.kv_pool import KvPool
 from sim.engine.prefix_cache import PrefixCache
 from sim.engine.request_state import (FINISHED, PREEMPTED, RUNNING, WAITING, PriorityWaiting,
                                       Req, Results, entry_totals, priority_key, step_totals)
@@ -36,7 +37,7 @@ from sim.engine.run_length import decode_run_length
 from sim.engine.spec_decode import spec_tokens
 
 
-class Replica:
+class Replica(KvPool):
     """A replica driven by SimPy timeouts: one event per run of iterations."""
 
     def __init__(self, env, replica_id: int, cal: Calibration, cfg: ReplicaConfig,
@@ -70,7 +71,7 @@ class Replica:
         self._positions = itertools.count()  # admissions: the running list's order
         self._ending = False  # inside _on_end: no iteration is in flight
         self.running: list[Req] = []
-        self.free_blocks = cfg.kv_blocks
+        self.free_blocks = cfg.usable_blocks
         self.prefix_cache = PrefixCache(cfg.block_size)
         # prefix caching applies to requests of a prefix group (>= 0) when enabled
         self._caching = cfg.enable_prefix_caching
@@ -105,27 +106,6 @@ class Replica:
         elif self.run is not None and len(self.running) < self.cfg.max_num_seqs:
             self._truncate()
 
-    # ------------------------------------------------------------------ KV
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.cfg.block_size)
-
-    def _alloc(self, r: Req, tokens_after: int) -> bool:
-        need = self._blocks_for(tokens_after) - r.shared - r.blocks
-        if need <= 0:
-            return True
-        if need > self.free_blocks:
-            self.free_blocks += self.prefix_cache.evict(need - self.free_blocks)
-            if need > self.free_blocks:
-                return False
-        self.free_blocks -= need
-        r.blocks += need
-        return True
-
-    def _release(self, r: Req) -> None:
-        self.free_blocks, r.blocks = self.free_blocks + r.blocks, 0
-        if r.shared:
-            self.prefix_cache.unref(r)
-
     def abort(self, r: Req) -> None:
         """Stop a request at the next iteration boundary (vLLM aborts between steps)."""
         if r.status is FINISHED or r.aborted:
@@ -155,15 +135,6 @@ class Replica:
         self.outstanding_tokens -= r.prompt + r.output
         if self.on_finish is not None:
             self.on_finish(r)
-
-    def _preempt(self, victim: Req) -> None:
-        self.running.remove(victim)
-        self._release(victim)
-        victim.computed = 0
-        victim.target = victim.prompt + victim.generated
-        victim.status = PREEMPTED
-        self.res.preemptions[victim.idx] += 1
-        self.waiting.appendleft(victim)  # priority mode: re-sorted by (priority, arrival)
 
     # ------------------------------------------------------------------ scheduling
     def _plan(self) -> None:
@@ -196,6 +167,9 @@ class Replica:
             while not self._alloc(r, r.computed + (n if prefill else w) + la):
                 victim = self.running[-1] if not cfg.priority_scheduling else \
                     max(self.running, key=priority_key)
+                if self.running.index(victim) < i:  # scheduled already (priority mode only)
+                    i -= 1
+                    budget += self._unschedule(sched, victim)
                 self._preempt(victim)
                 preempted += 1
                 if victim is r:
@@ -210,9 +184,13 @@ class Replica:
                 context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
                     prefill_seqs + (p > 0)
                 continue
-            # r itself was preempted; the element at i is now the next request
-        budget, lp_ms, seeded, c, p, n = self._admit(now, budget, sched, lp_ms, seeded)
-        context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, prefill_seqs + n
+            break  # r itself was preempted: as vLLM's, the step schedules no later request
+        if not preempted:  # as vLLM's: a step that preempted admits no waiting request
+            budget, lp_ms, seeded, c, p, n = self._admit(now, budget, sched, lp_ms, seeded)
+            context, prefill_tokens, prefill_seqs = context + c, prefill_tokens + p, \
+                prefill_seqs + n
+        if not sched and preempted:  # its one candidate preempted itself (priority mode):
+            return self._plan()        # compose anew at once, as vLLM's next step does
         if not sched:
             self.busy, self.run = False, None
             self._release_device()
@@ -233,7 +211,9 @@ class Replica:
             if self._caching and r.group >= 0 and not r.computed:
                 self.prefix_cache.hit(r)
             n = min(r.target - r.computed, budget)
-            if not self._alloc(r, r.computed + n + la):
+            # vLLM admits a request only where its whole prompt fits (`scheduler_reserve_full_isl`)
+            # though it allocates the first chunk alone
+            if not self._fits_whole(r) or not self._alloc(r, r.computed + n + la):
                 if r.shared:  # undo the borrowed prefix: not admitted this time
                     self.prefix_cache.unref(r)
                     r.computed = 0
@@ -306,10 +286,11 @@ class Replica:
             self.running, self.free_blocks, self.cfg.block_size, self.spec is not None)
 
     def _head_admissible(self) -> bool:
-        """Whether the head of the queue could be admitted next iteration."""
+        """Whether the head of the queue could be admitted next iteration (its whole prompt
+        fits: `_fits_whole`, before any prefix-cache hit)."""
         if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
             return False
-        need = self._blocks_for(min(self.waiting[0].target, self.cfg.max_num_batched_tokens))
+        need = self._blocks_for(self.waiting[0].target)
         return need <= self.free_blocks + self.prefix_cache.evictable
 
     def _noise(self, k: int) -> float:

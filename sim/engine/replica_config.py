@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from sim.engine.spec_decode import SpecDecoding
 
 
+NULL_BLOCKS = 1
+"""blocks of the pool no request holds: vLLM's block pool keeps one as its null block (the
+engine reports it among its `num_gpu_blocks`, and as used)"""
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     """Engine limits of one replica (defaults come from the calibration's traced engine)."""
@@ -18,7 +23,8 @@ class ReplicaConfig:
     block_size: int
     """KV block size in tokens"""
     kv_blocks: int
-    """KV blocks available"""
+    """KV blocks of the pool, as the engine reports them (`num_gpu_blocks`: its null block
+    included; `usable_blocks` are what requests hold)"""
     enable_prefix_caching: bool = False
     """reuse KV blocks of a shared prompt prefix (request prefix_group / prefix_tokens)"""
     priority_scheduling: bool = False
@@ -28,5 +34,11 @@ class ReplicaConfig:
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"replica {name} must be >= 1, got {getattr(self, name)}")
+            least = 1 + NULL_BLOCKS if name == "kv_blocks" else 1
+            if getattr(self, name) < least:
+                raise ValueError(f"replica {name} must be >= {least}, got {getattr(self, name)}")
+
+    @property
+    def usable_blocks(self) -> int:
+        """KV blocks requests can hold: the pool less its null block."""
+        return self.kv_blocks - NULL_BLOCKS

@@ -97,7 +97,7 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
     for j, (cal, rc) in enumerate(specs):
         rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
-            rc.kv_blocks)
+            rc.usable_blocks)
         rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
         rf[j, S.NOISE], rf[j, S.NOISE_STD] = cal.latency.residual_sampler()
         rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (

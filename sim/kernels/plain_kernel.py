@@ -92,7 +92,9 @@ def _admit(rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs):
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
         n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        if not alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
+        # `Replica._fits_whole`: the whole prompt's blocks free, though the chunk alone is taken
+        if cdiv(rq[r, TARGET], rp[j, BS]) - rq[r, BLOCKS] > rp[j, FREE] or \
+                not alloc(rq, rp, j, r, rq[r, COMPUTED] + n):
             break
         pop_waiting(rq, rp, j)
         append_running(rq, rp, j, r)
@@ -152,9 +154,10 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             prefill_tokens += n
             prefill_seqs += 1
         r = nxt
-    admitted, context, prefill_tokens, prefill_seqs = _admit(
-        rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs)
-    n_sched += admitted
+    if preempted == 0:  # a step that preempted admits no waiting request
+        admitted, context, prefill_tokens, prefill_seqs = _admit(
+            rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs)
+        n_sched += admitted
     if n_sched == 0:
         rp[j, BUSY] = 0
         rp[j, RUN_K] = 0
@@ -167,7 +170,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
     if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
         head = rp[j, WHEAD]
         admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
-            cdiv(min(rq[head, TARGET], rp[j, BUDGET]), bs) <= rp[j, FREE]
+            cdiv(rq[head, TARGET], bs) <= rp[j, FREE]
         if not admissible:
             k = _run_length(rq, rp, j)
         if k > 1:

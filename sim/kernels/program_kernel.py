@@ -25,7 +25,7 @@ from sim.kernels.state import cdiv, pop_event, push_event, record_run, truncate_
 from sim.kernels.program_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
-    BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
+    FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
     CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
     SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
     ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
@@ -48,7 +48,9 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
                 rq[r, SHARED] = s
                 rq[r, COMPUTED] = s * bs
         n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        if not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
+        whole = cdiv(rq[r, TARGET], bs) - rq[r, SHARED] - rq[r, BLOCKS]  # `_fits_whole`
+        if whole > rp[j, FREE] + lru[j, 2] or \
+                not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
             if rq[r, SHARED]:  # undo the borrowed prefix: not admitted this time
                 P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
                 rq[r, SHARED] = 0
@@ -68,15 +70,24 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
 
 
 @njit(cache=True)
-def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
-         free, j):
-    """`Replica._plan` and `_launch` for replica j at the clock's time."""
-    env_now = clock[0]
-    now = env_now + rf[j, HOST_S]
-    rf[j, HOST_S] = 0.0
+def _unschedule(rq, rp, sched, j, v):
+    """`Replica._unschedule`: v out of the step's entries; the tokens it was charged."""
+    m = 0
+    while sched[j, m, 0] != v:
+        m += 1
+    n = sched[j, m, 1]
+    for q in range(m, rp[j, NSCHED] - 1):
+        sched[j, q, 0], sched[j, q, 1] = sched[j, q + 1, 0], sched[j, q + 1, 1]
+    rp[j, NSCHED] -= 1
+    return 1 if rq[v, COMPUTED] >= rq[v, TARGET] else n
+
+
+@njit(cache=True)
+def _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, tot):
+    """`Replica._plan`'s composition: the running requests in order (preempting for KV room),
+    then waiting ones unless a request was preempted; the preemptions."""
     bs, budget = rp[j, BS], rp[j, BUDGET]
     rp[j, NSCHED] = 0
-    tot = np.zeros(5)  # context, prefill tokens, prefill sequences, lp ms, seeded
     preempted = 0
     i = 0
     while i < rp[j, RCOUNT] and budget > 0:
@@ -98,22 +109,44 @@ def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, 
         while not alloc(rq, rp, pc, tab, lru, free, j, r, computed + n):
             v = running[j, rp[j, RCOUNT] - 1]
             if rp[j, PRIO]:
+                at = rp[j, RCOUNT] - 1
                 for q in range(rp[j, RCOUNT]):
                     if before(rq, v, running[j, q]):
-                        v = running[j, q]
+                        v, at = running[j, q], q
+                if at < i:  # scheduled already: `Replica._unschedule`
+                    i -= 1
+                    budget += _unschedule(rq, rp, sched, j, v)
             preempt(rq, rp, ri, running, pc, tab, lru, j, v)
             preempted += 1
             if v == r:
                 scheduled = False
                 break
         if not scheduled:
-            continue  # r itself was preempted; the element at i is now the next request
+            break  # r itself was preempted: the step schedules no later request (vLLM's)
         entry(rq, rqf, rp, sched, j, r, n, tot)
         if rp[j, CACHING] and rq[r, GROUP] >= 0 and prefill:
             store(rq, rp, pc, tab, lru, free, j, r, computed + n)
         budget -= n
         i += 1
-    _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budget, tot)
+    if preempted == 0:  # a step that preempted admits no waiting request
+        _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budget, tot)
+    return preempted
+
+
+@njit(cache=True)
+def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+         free, j):
+    """`Replica._plan` and `_launch` for replica j at the clock's time."""
+    env_now = clock[0]
+    now = env_now + rf[j, HOST_S]
+    rf[j, HOST_S] = 0.0
+    while True:
+        tot = np.zeros(5)  # context, prefill tokens, prefill sequences, lp ms, seeded
+        preempted = _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now,
+                             tot)
+        if rp[j, NSCHED] > 0 or preempted == 0:
+            break
+        now = env_now  # its one candidate preempted itself: composed anew, as the reference
     if rp[j, NSCHED] == 0:
         rp[j, BUSY] = 0
         rp[j, RUN_K] = 0

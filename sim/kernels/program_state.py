@@ -222,7 +222,7 @@ def head_admissible(rq, rp, lru, j):
     """`Replica._head_admissible`: whether the queue's head could be admitted next step."""
     if rp[j, WCOUNT] == 0 or rp[j, RCOUNT] >= rp[j, MAX_SEQS]:
         return False
-    need = cdiv(min(rq[rp[j, WHEAD], TARGET], rp[j, BUDGET]), rp[j, BS])
+    need = cdiv(rq[rp[j, WHEAD], TARGET], rp[j, BS])
     return need <= rp[j, FREE] + lru[j, 2]
 
 

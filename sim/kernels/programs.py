@@ -279,7 +279,7 @@ def _state(specs: list, capacity: int, fold: bool) -> S.State:
     for j, (cal, rc) in enumerate(specs):
         st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
-            rc.kv_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
+            rc.usable_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
         st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
         st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
         st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
