@@ -39,3 +39,13 @@ def test_traces_check_rejects_a_non_trace(tmp_path):
 def test_testbed_eval_without_models_is_a_one_line_error(tmp_path):
     proc = run_cli("testbed", "eval", "--models", str(tmp_path), check=False)
     assert proc.returncode == 2 and "missing testbed model" in proc.stderr
+
+
+def test_the_command_reference_page_is_the_parsers_help():
+    from reasonsim.cli_docs import render
+
+    page = (REPO / "docs" / "cli.md").read_text()
+    assert page == render(), "docs/cli.md is stale: python -m reasonsim.cli_docs > docs/cli.md"
+    for command in ("simulate", "sweep", "capacity", "validate", "fidelity", "traces seal",
+                    "a1 replay", "seed replay", "helios replay", "dynasor replay"):
+        assert f"## `reasonsim {command}`" in page, command
