@@ -45,7 +45,8 @@ class GroupSpec(Strict):
     count: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
     max_num_seqs: Count | None = None
     max_num_batched_tokens: Count | None = None
-    kv_blocks: Count | None = None
+    kv_blocks: Annotated[int, Field(ge=2, le=INT32_MAX)] | None = None
+    """the engine's `num_gpu_blocks`: one of them is vLLM's null block"""
     block_size: Count | None = None
     memory_gb: Positive | None = None
     model_config_path: str | None = Field(None, alias="model_config")

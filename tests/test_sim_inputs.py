@@ -105,7 +105,7 @@ def test_help_config_lists_every_key_from_the_validating_schema():
     text = run_cli("simulate", "--help-config").stdout
     for name, field in GroupSpec.model_fields.items():
         assert f"cluster.replicas[].{field.alias or name}: " in text
-    assert "cluster.replicas[].kv_blocks: integer or null; default None; >= 1, <= 2147483647" \
+    assert "cluster.replicas[].kv_blocks: integer or null; default None; >= 2, <= 2147483647" \
         in text
     assert "latency: 'mean' | 'sampled'; default 'mean'" in text
     proc = run_cli("simulate", check=False)
