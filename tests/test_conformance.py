@@ -60,3 +60,15 @@ def test_the_rules_found_by_conformance_each_hold():
     c = _compare({"max_num_seqs": 4, "max_num_batched_tokens": 512, "block_size": 16,
                   "kv_blocks": 64, "enable_prefix_caching": True}, same)
     assert c["first_difference"] is None and c["cached_differ"] == 0
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 5))
+def test_decode_runs_compose_the_steps_one_event_per_iteration_does(seed):
+    # Simulations fast-forward a decode batch that cannot change as one run of iterations: the
+    # run, expanded, is the same steps the replica composes iteration by iteration.
+    limits, reqs = random_workload(seed)
+    cfg = ReplicaConfig(**limits)
+    each, _ = replica_steps(cfg, CAL, reqs)
+    runs, _ = replica_steps(cfg, CAL, reqs, fast_forward=True)
+    assert [s.tokens for s in runs] == [s.tokens for s in each]
+    assert [s.finished for s in runs] == [s.finished for s in each]

@@ -37,45 +37,62 @@ class SimRequest:
         return f"r{self.idx}"
 
 
-def replica_steps(cfg, cal, requests: list[SimRequest]) -> tuple[list[PlannedStep], list[int]]:
-    """The reference replica's steps (one per iteration) and, per request, the step index before
-    which it arrived."""
+def replica_steps(cfg, cal, requests: list[SimRequest], fast_forward: bool = False,
+                  ) -> tuple[list[PlannedStep], list[int]]:
+    """The reference replica's steps, one per iteration, and per request the step index before
+    which it arrived. `fast_forward`: the replica runs decode iterations as runs (one event
+    each, as simulations do), expanded here into their iterations; a request arriving during a
+    run that could not take it counts as arriving at the run's end."""
     import simpy
 
     from sim.engine.replica import Replica
     from sim.engine.request_state import Req, Results
 
-    steps: list[PlannedStep] = []
-    arrived = [0] * len(requests)
+    runs: list[list] = []  # [step, iterations]
+    submitted = [0] * len(requests)  # runs launched when each request arrived
+    seen: set[str] = set()
 
     class Recording(Replica):
         def _launch(self, now, plan):
-            steps.append(PlannedStep({f"r{r.idx}": n for r, n in plan.scheduled},
-                                     ["?"] * plan.preempted))
+            step = PlannedStep({f"r{r.idx}": n for r, n in plan.scheduled},
+                               ["?"] * plan.preempted)
             for r, _ in plan.scheduled:
                 if f"r{r.idx}" not in seen:
                     seen.add(f"r{r.idx}")
-                    steps[-1].cached[f"r{r.idx}"] = int(self.res.cached_tokens[r.idx])
+                    step.cached[f"r{r.idx}"] = int(self.res.cached_tokens[r.idx])
             super()._launch(now, plan)
+            runs.append([step, self.run[4] if self.run is not None else 1])
+
+        def _truncate_to(self, k_new):
+            runs[-1][1] = k_new
+            super()._truncate_to(k_new)
 
         def _retire(self, done):
-            steps[-1].finished.extend(f"r{r.idx}" for r in done)
+            runs[-1][0].finished.extend(f"r{r.idx}" for r in done)
             super()._retire(done)
 
-    seen: set[str] = set()
     env = simpy.Environment()
-    rep = Recording(env, 0, cal, cfg, Results(len(requests)), rng=None, fast_forward=False)
+    rep = Recording(env, 0, cal, cfg, Results(len(requests)), rng=None,
+                    fast_forward=fast_forward)
 
     def arrive(r: SimRequest):
         yield env.timeout(r.arrival_s)
-        arrived[r.idx] = len(steps)
+        submitted[r.idx] = len(runs)
         rep.submit(Req(r.idx, r.prompt_tokens, r.output_tokens, priority=r.priority,
                        group=r.group, prefix_tokens=r.prefix_tokens))
 
     for r in requests:
         env.process(arrive(r))
     env.run()
-    return steps, arrived
+    steps, first_step = [], []
+    for step, k in runs:
+        first_step.append(len(steps))
+        # a run of decode iterations (none prefills or preempts): the same requests, one token
+        # each, every iteration; what finished, at its last
+        steps += [PlannedStep(dict(step.tokens)) for _ in range(k - 1)] + [step]
+    first_step.append(len(steps))
+    # a request arriving during a run joins after that run's (truncated) iterations
+    return steps, [first_step[m] for m in submitted]
 
 
 def vllm_steps(cfg, model_dir: str | Path, requests: list[SimRequest], arrived: list[int],
