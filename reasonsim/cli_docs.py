@@ -1,9 +1,11 @@
-"""`docs/cli.md`: every command's help, generated from the argument parsers.
+"""Reference pages generated from the code: `docs/cli.md` and `docs/config.md`.
 
-    python -m reasonsim.cli_docs > docs/cli.md
+    python -m reasonsim.cli_docs cli > docs/cli.md
+    python -m reasonsim.cli_docs config > docs/config.md
 
-The page is the parsers' own `--help` text, command by command, so it cannot drift from the
-code: `tests/test_readme.py` regenerates it and fails when the committed page differs.
+`cli.md` is the parsers' own `--help` text, command by command; `config.md` is every key of
+the strict schemas inputs are checked by (type, default, bounds). Neither can drift from the
+code: `tests/test_readme.py` regenerates both and fails when a committed page differs.
 """
 
 from __future__ import annotations
@@ -16,8 +18,16 @@ WIDTH = 100
 
 HEADER = """# Command reference
 
-Generated from the argument parsers by `python -m reasonsim.cli_docs > docs/cli.md` (a test
+Generated from the argument parsers by `python -m reasonsim.cli_docs cli > docs/cli.md` (a test
 fails when this page is stale). Each section is the command's `--help`.
+"""
+
+CONFIG_HEADER = """# Configuration reference
+
+Generated from the strict schemas every input is checked by, with
+`python -m reasonsim.cli_docs config > docs/config.md` (a test fails when this page is stale).
+One line per key: its type, its default (or `required`) and its bounds. A key not listed is
+refused, as is a value of another type or out of bounds, with one line naming the file and key.
 """
 
 
@@ -48,5 +58,33 @@ def render() -> str:
             os.environ["COLUMNS"] = old
 
 
+def render_config() -> str:
+    """The configuration page: each input's keys from its schema."""
+    from programs.workload import ProgramsSpec
+    from sim.config_schema import CalibrationSpec, ConfigSpec, describe
+    from sim.families.helios.config import HeliosConfig
+    from sim.sweep.file import SweepFile
+
+    sections = [
+        ("simulate, sweep and capacity configs (`CONFIG.yaml`)", ConfigSpec,
+         "`workload` is a synthetic workload (arrival, num_requests or duration_s, "
+         "prompt_tokens, output_tokens, prefix), a trace (`format`, `path`) or `programs`, "
+         "below; `reasonsim simulate --help-config` prints the same lines."),
+        ("program workloads (`workload.programs`)", ProgramsSpec,
+         "The policy's own parameters are typed by its registration "
+         "(`policies.registry.PARAMS`)."),
+        ("sweep files (`base:` and its axes)", SweepFile, ""),
+        ("HELIOS configs (a `helios:` section)", HeliosConfig, ""),
+        ("calibrations (`calibrate -o CAL.json`)", CalibrationSpec, ""),
+    ]
+    out = [CONFIG_HEADER]
+    for title, model, note in sections:
+        out += [f"\n## {title}\n", *([note, ""] if note else []), "```text",
+                *describe(model), "```"]
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    print(render_config() if sys.argv[1:] == ["config"] else render(), end="")

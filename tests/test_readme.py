@@ -41,11 +41,15 @@ def test_testbed_eval_without_models_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2 and "missing testbed model" in proc.stderr
 
 
-def test_the_command_reference_page_is_the_parsers_help():
-    from reasonsim.cli_docs import render
+def test_the_reference_pages_are_generated_from_the_code():
+    from reasonsim.cli_docs import render, render_config
 
     page = (REPO / "docs" / "cli.md").read_text()
-    assert page == render(), "docs/cli.md is stale: python -m reasonsim.cli_docs > docs/cli.md"
+    assert page == render(), "docs/cli.md is stale: python -m reasonsim.cli_docs cli > docs/cli.md"
+    config = (REPO / "docs" / "config.md").read_text()
+    assert config == render_config(), \
+        "docs/config.md is stale: python -m reasonsim.cli_docs config > docs/config.md"
+    assert "cluster.replicas[].kv_blocks: integer or null" in config and "deadline.base_s" in config
     for command in ("simulate", "sweep", "capacity", "validate", "fidelity", "traces seal",
                     "a1 replay", "seed replay", "helios replay", "dynasor replay"):
         assert f"## `reasonsim {command}`" in page, command
