@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import TESTBED, UserError, print_summary, program_config
+from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
+                              print_summary, program_config)
 
 
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
@@ -136,6 +137,10 @@ def add_a1_parser(sub) -> None:
     r.add_argument("--count", type=int, default=None, help="override the number of programs")
     r.add_argument("--repeats", type=int, default=2, help="live runs (>= 2 gives the spread)")
     r.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    r.add_argument("--calibrate-here", action="store_true",
+                   help="first serve other programs of the config (seed "
+                   f"+ {CALIBRATION_SEED_OFFSET}) live, and simulate with draft and target "
+                   "calibrations fitted on that run's steps (this machine, now)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_a1_replay)
     sa = asub.add_parser("samples", help="simulated latency vs samples: async, sync, target-only",
@@ -149,9 +154,11 @@ def add_a1_parser(sub) -> None:
     sa.set_defaults(func=cmd_a1_samples)
 
 
-def _config(path: Path, count: int | None, seed: int | None = None):
-    """The config and its A1 program workload (count and seed overridden)."""
-    return program_config(path, "a1", count, seed)
+def _config(path: Path, count: int | None, seed: int | None = None,
+            calibrations: dict[str, str] | None = None):
+    """The config and its A1 program workload (count, seed and, by pool, calibrations
+    overridden)."""
+    return program_config(path, "a1", count, seed, calibrations=calibrations)
 
 
 def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> None:
@@ -194,6 +201,13 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     out = Path(args.out)
+    if args.calibrate_here:  # other programs first, live here: each pool calibrated on them
+        cal = out / "calibration"
+        fresh_process(live_job, str(path), args.count, cfg.seed + CALIBRATION_SEED_OFFSET,
+                      str(cal / "live0"))
+        calibrations = calibrate_pools({"target": [cal / "live0"],
+                                        "draft": [cal / "live0" / "draft"]}, [cal / "live0"], cal)
+        cfg, _ = _config(path, args.count, args.seed, calibrations)
     lives = []
     for i in range(args.repeats):
         d = out / f"live{i}"
@@ -204,6 +218,8 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     result, s_progs = replay_result(cfg, out, lives)
     result["machine_speed"] = speed = machine_speed(out / "sim", [out / f"live{i}" for i in
                                                                   range(args.repeats)])
+    if args.calibrate_here:
+        result["calibrations"] = calibrations
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if speed["warning"]:
         print(speed["warning"], file=sys.stderr)

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import TESTBED, UserError, print_summary, program_config
+from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
+                              print_summary, program_config)
 
 MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 
@@ -83,7 +84,8 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
             lives[mode].append((read_table(d, "programs").to_pandas(),
                                 read_table(d, "tot_requests").to_pandas()))
     try:
-        calibrations = calibrate_pools(cfg, out / "calibration") if args.calibrate_here else None
+        calibrations = seed_calibrations(cfg, out / "calibration") if args.calibrate_here \
+            else None
     except ValueError as e:
         raise UserError(f"--calibrate-here: {e}") from None
     results = {}
@@ -142,36 +144,12 @@ def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[
     return runs
 
 
-CALIBRATION_SEED_OFFSET = 1000
-"""--calibrate-here serves the config under seed + this: other programs than those validated"""
-
-
-def calibrate_pools(cfg, cal_dir: Path) -> dict[str, str]:
-    """One calibration per pool from the live steps of the calibration runs under `cal_dir`
-    (`<mode>/live<i>/<pool>`), with the loop's host time per added request
-    and after idle (`sim.step_time.host_time.fit_host_ms`), written beside them; pool -> calibration
-    path."""
-    from dataclasses import asdict, replace
-
-    from sim.step_time.calibration import calibrate
-    from sim.step_time.host_time import fit_host_ms
-    from traces.store import read_table
-
-    # the loop's host time per added request, from every calibration run (all engines at once)
-    host = asdict(fit_host_ms(sorted(cal_dir.glob("*/live*"))))
-    out = {}
-    for pool in dict.fromkeys(g.pool for g in cfg.replicas):
-        # a mode that never uses a pool (ar: the draft) leaves its engine's steps empty
-        dirs = [d for d in sorted(cal_dir.glob(f"*/live*/{pool}"))
-                if read_table(d, "steps").num_rows]
-        if not dirs:
-            raise UserError(f"--calibrate-here: no calibration traffic reached pool {pool!r} "
-                            "(add a mode that uses it)")
-        path = cal_dir / f"{pool}.calib.json"
-        cal = replace(calibrate(dirs), **host)
-        path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
-        out[pool] = str(path.resolve())
-    return out
+def seed_calibrations(cfg, cal_dir: Path) -> dict[str, str]:
+    """`--calibrate-here`: one calibration per pool from the calibration runs under `cal_dir`
+    (`<mode>/live<i>/<pool>`), the loop's host time from every run; pool -> path."""
+    pools = dict.fromkeys(g.pool for g in cfg.replicas)
+    return calibrate_pools({p: sorted(cal_dir.glob(f"*/live*/{p}")) for p in pools},
+                           sorted(cal_dir.glob("*/live*")), cal_dir)
 
 
 def cmd_seed_modes(args: argparse.Namespace) -> int:

@@ -11,8 +11,39 @@ TESTBED = REPO / "models" / "testbed"
 DEFAULT_MODEL = TESTBED / "target-large"  # the trained testbed target: real latency and behaviour
 
 
+CALIBRATION_SEED_OFFSET = 1000
+"""a replay's --calibrate-here serves the config under seed + this: other programs than those
+validated"""
+
+
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+def calibrate_pools(engine_dirs: dict[str, list], host_runs: list, cal_dir: Path,
+                    ) -> dict[str, str]:
+    """`--calibrate-here`: one calibration per pool, fitted on its engines' live steps
+    (`engine_dirs`: pool -> engine trace directories; those without steps left out), with the
+    loop's host times from `host_runs` (`sim.step_time.host_time.fit_host_ms`), written to
+    `cal_dir/<pool>.calib.json`; pool -> path."""
+    from dataclasses import asdict, replace
+
+    from sim.step_time.calibration import calibrate
+    from sim.step_time.host_time import fit_host_ms
+    from traces.store import read_table
+
+    host = asdict(fit_host_ms(host_runs))
+    out = {}
+    for pool, dirs in engine_dirs.items():
+        # a mode that never uses a pool (ar: the draft) leaves its engine's steps empty
+        dirs = [d for d in dirs if read_table(d, "steps").num_rows]
+        if not dirs:
+            raise UserError(f"--calibrate-here: no calibration traffic reached pool {pool!r}")
+        path = cal_dir / f"{pool}.calib.json"
+        cal = replace(calibrate(dirs), **host)
+        path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+        out[pool] = str(path.resolve())
+    return out
 
 
 def _positive_list(text: str, cast, kind: str, zero_ok: bool = False) -> list:

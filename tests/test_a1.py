@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from policies.a1 import (A1Settings, Conformal, ConformalSet, DraftOnly, TargetO
                          rejection_rate)
 from programs.a1 import A1Program
 from programs.base import Outcome
+from traces import read_run
 
 SHIPPED = REPO / "traces" / "data" / "testbed-conformity-cpu"
 
@@ -263,19 +265,23 @@ def test_a1_samples_sweeps_variants_over_sample_counts(tmp_path):
 
 @pytest.mark.engine
 def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
-    """Calibrate on this machine from other live A1 traffic, then replay and compare."""
-    # calibration traffic: another policy, seed and workload than the replay below
-    traffic = tmp_path / "out-traffic"
-    run_cli("a1", "replay", _a1_config(tmp_path, "a1-conditional.yaml"), "--count", "8",
-            "--seed", "1", "--repeats", "1", "-o", str(traffic), "--json")
-    cals = {"draft": tmp_path / "draft.calib.json", "target": tmp_path / "target.calib.json"}
-    run_cli("calibrate", str(traffic / "live0" / "draft"), "-o", str(cals["draft"]))
-    run_cli("calibrate", str(traffic / "live0"), "-o", str(cals["target"]))
-    config = _a1_config(tmp_path, "a1-async.yaml", cals["draft"], cals["target"])
+    """Calibrate on this machine from other live A1 traffic (--calibrate-here: the config's
+    programs of another seed), then replay and compare."""
+    config = _a1_config(tmp_path, "a1-async.yaml")
     proc = run_cli("a1", "replay", config, "--count", "8", "--repeats", "1", "-o",
-                   str(tmp_path / "rep"), "--json")
+                   str(tmp_path / "rep"), "--calibrate-here", "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    run_cli("traces", "check", str(tmp_path / "rep" / "live0"))
+    run_cli("traces", "check", str(tmp_path / "rep" / "live0"),
+            str(tmp_path / "rep" / "calibration" / "live0"))
+    assert set(result["calibrations"]) == {"draft", "target"}
+    for pool, path in result["calibrations"].items():
+        cal = json.loads(Path(path).read_text())
+        # fitted on that pool's engine of the calibration run, with the two-engine loop's host
+        # time per added request
+        assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5, pool
+    sim_cals = {c["pool"]: c["calibration"] for c in
+                read_run(tmp_path / "rep" / "sim")["params"]["calibrations"]}
+    assert sim_cals == result["calibrations"]
     for c in result["compare"]:
         # The decisions hold on any machine; the latency errors move with what else it runs
         # (and with the machine: -51% on a VM the calibrations were not traced on, issue 54),

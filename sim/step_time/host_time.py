@@ -31,8 +31,10 @@ WAKE_MIN_IDLE_MS = 1.0
 
 
 def _engines(run: Path) -> list[Path]:
-    return [run] if (run / "steps").is_dir() else \
-        [d for d in sorted(run.iterdir()) if (d / "steps").is_dir()]
+    """The run's engine traces: itself where it has steps, and those nested in it (an A1 run's
+    draft beside its target at the root; a ToT run's draft and target)."""
+    nested = [d for d in sorted(run.iterdir()) if d.is_dir() and (d / "steps").is_dir()]
+    return ([run] if (run / "steps").is_dir() else []) + nested
 
 
 def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
