@@ -112,7 +112,7 @@ def test_prefix_caching_saves_prefill():
 
 def test_requests_too_long_for_kv_is_an_error():
     with pytest.raises(ValueError, match="could never run"):
-        simulate(_cfg(kv_blocks=1, replicas=1))
+        simulate(_cfg(kv_blocks=2, replicas=1))  # one usable block (one: null)
 
 
 def test_heterogeneous_cluster_and_routers():
