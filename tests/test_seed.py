@@ -267,7 +267,9 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert read_table(cal_target, "step_logprobs").num_rows > 0
     assert (tmp_path / "rep" / "calibration" / "seed" / "live0" / "target").is_dir()
     assert result["decision_agreement"] >= 0.95
-    assert set(report["machine_speed"]["seed"]["runs"][0]) == {"draft", "target"}
+    # each pool whose engine ran decode-only steps (SEED's target may only verify)
+    assert set(report["machine_speed"]["seed"]["runs"][0]) <= {"draft", "target"}
+    assert "draft" in report["machine_speed"]["seed"]["runs"][0]
     # a verification whose drafted tail the prefix cache covered runs twice live (cached, then
     # uncached: vLLM returns no log-probabilities for cached positions), and so in the simulator
     key = ["program_id", "node", "kind", "round"]

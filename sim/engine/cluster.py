@@ -29,7 +29,7 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
     """(calibration, replica config) for every replica, in replica-id order (groups in order)."""
     out = []
     cache: dict[Path, Calibration] = {}
-    for g in cfg.replicas:
+    for gi, g in enumerate(cfg.replicas):
         cal = cache.get(g.calibration) or load_calibration(g.calibration)
         cache[g.calibration] = cal
         block = g.block_size or cal.block_size
@@ -37,13 +37,17 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
         if g.memory_gb is not None:
             kv = kv_blocks_from_memory(g.model_config, g.memory_gb, block,
                                        g.gpu_memory_utilization)
-        rc = ReplicaConfig(max_num_seqs=g.max_num_seqs or cal.max_num_seqs,
-                           spec=speculative(g, cal, cfg.base_dir),
-                           max_num_batched_tokens=g.max_num_batched_tokens
-                           or cal.max_num_batched_tokens,
-                           block_size=block, kv_blocks=kv,
-                           enable_prefix_caching=g.enable_prefix_caching,
-                           priority_scheduling=cfg.scheduler != "fcfs")
+        try:  # limits derived from the calibration (KV blocks at another block size) too
+            rc = ReplicaConfig(max_num_seqs=g.max_num_seqs or cal.max_num_seqs,
+                               spec=speculative(g, cal, cfg.base_dir),
+                               max_num_batched_tokens=g.max_num_batched_tokens
+                               or cal.max_num_batched_tokens,
+                               block_size=block, kv_blocks=kv,
+                               enable_prefix_caching=g.enable_prefix_caching,
+                               priority_scheduling=cfg.scheduler != "fcfs")
+        except ValueError as e:
+            raise ValueError(f"cluster.replicas[{gi}] (block_size {block}, kv_blocks {kv}): "
+                             f"{e}") from None
         out.extend([(cal, rc)] * g.count)
     return out
 
