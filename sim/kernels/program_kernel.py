@@ -30,7 +30,7 @@ from sim.kernels.program_state import (
     SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
     ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
     FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue,
-    remove_running, entry, preempt, store, head_admissible, run_length)
+    remove_running, entry, preempt, store, head_admissible, run_length, unschedule)
 
 
 @njit(cache=True)
@@ -70,19 +70,6 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
 
 
 @njit(cache=True)
-def _unschedule(rq, rp, sched, j, v):
-    """`Replica._unschedule`: v out of the step's entries; the tokens it was charged."""
-    m = 0
-    while sched[j, m, 0] != v:
-        m += 1
-    n = sched[j, m, 1]
-    for q in range(m, rp[j, NSCHED] - 1):
-        sched[j, q, 0], sched[j, q, 1] = sched[j, q + 1, 0], sched[j, q + 1, 1]
-    rp[j, NSCHED] -= 1
-    return 1 if rq[v, COMPUTED] >= rq[v, TARGET] else n
-
-
-@njit(cache=True)
 def _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, tot):
     """`Replica._plan`'s composition: the running requests in order (preempting for KV room),
     then waiting ones unless a request was preempted; the preemptions."""
@@ -115,7 +102,7 @@ def _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, to
                         v, at = running[j, q], q
                 if at < i:  # scheduled already: `Replica._unschedule`
                     i -= 1
-                    budget += _unschedule(rq, rp, sched, j, v)
+                    budget += unschedule(rq, rp, sched, j, v)
             preempt(rq, rp, ri, running, pc, tab, lru, j, v)
             preempted += 1
             if v == r:

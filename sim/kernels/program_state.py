@@ -208,6 +208,19 @@ def preempt(rq, rp, ri, running, pc, tab, lru, j, v):
 
 
 @njit(cache=True)
+def unschedule(rq, rp, sched, j, v):
+    """`Replica._unschedule`: v out of the step's entries; the tokens it was charged."""
+    m = 0
+    while sched[j, m, 0] != v:
+        m += 1
+    n = sched[j, m, 1]
+    for q in range(m, rp[j, NSCHED] - 1):
+        sched[j, q, 0], sched[j, q, 1] = sched[j, q + 1, 0], sched[j, q + 1, 1]
+    rp[j, NSCHED] -= 1
+    return 1 if rq[v, COMPUTED] >= rq[v, TARGET] else n
+
+
+@njit(cache=True)
 def store(rq, rp, pc, tab, lru, free, j, r, computed_tokens):
     """`PrefixCache.store` of the request's newly full prompt blocks."""
     full = min(rq[r, PREFIX], computed_tokens) // rp[j, BS]
