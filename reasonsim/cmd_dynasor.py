@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from sim.output import write_sim
-from reasonsim.common import UserError, print_summary
+from reasonsim.common import CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, print_summary
 
 
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
@@ -166,6 +166,10 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     out = Path(args.out)
+    calibration = None
+    if args.calibrate_here:
+        cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
+        wl = cfg.programs
     t0 = time.perf_counter()
     # The live runner draws the same programs from the same workload and seed as the simulator.
     replay_workload(wl, cfg.scheduler, out / "live", seed=cfg.seed,
@@ -176,6 +180,8 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     write_sim(cfg, sim, out / "sim")
     result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
     result["live_wall_s"] = round(live_wall_s, 2)
+    if calibration is not None:
+        result["calibration"] = calibration
     result["machine_speed"] = machine_speed(out / "sim", [out / "live"])
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if result["machine_speed"]["warning"]:
@@ -188,6 +194,25 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     print_summary(result["error"], False)
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
+    """`--calibrate-here`: the config's programs of another seed served live first, the replica
+    calibrated on that run's steps (with the loop's host time); the config with it, and its
+    path."""
+    from live.replay import replay_workload
+    from sim.config import parse_config
+
+    if args.url:
+        raise UserError("--calibrate-here needs the in-process engine (its steps), not --url")
+    replay_workload(cfg.programs, cfg.scheduler, cal_dir / "live",
+                    seed=cfg.seed + CALIBRATION_SEED_OFFSET,
+                    max_num_seqs=cfg.replicas[0].max_num_seqs, model=args.model,
+                    config_json=cfg.to_json())
+    pool = cfg.replicas[0].pool
+    path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]
+    d["cluster"]["replicas"][0]["calibration"] = path_cal
+    return parse_config(d, path.parent), path_cal
 
 
 def add_dynasor_parser(sub) -> None:
@@ -282,5 +307,9 @@ def _add_replay_parser(dysub) -> None:
                     help="run on this OpenAI-compatible server instead of an in-process engine "
                     "(start it with the trace's block size and, for non-fcfs schedulers, "
                     "--scheduling-policy priority)")
+    rp.add_argument("--calibrate-here", action="store_true",
+                    help="first serve the config's programs of another seed (+ "
+                    f"{CALIBRATION_SEED_OFFSET}) live, and simulate with a calibration fitted "
+                    "on that run's steps (this machine, now)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_dynasor_replay)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,26 @@ def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
     assert abs(result["error"]["tokens_per_program"]) < 0.1
     if (live.stop_position_tokens.notna() | (live.paths < 8)).any():
         assert (req.finish_reason == "abort").any() or config == "dynasor-certaindex.yaml"
+
+
+def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
+    # --calibrate-here: other programs (seed + 1000) live first, the replica calibrated on them
+    out = tmp_path / "rp"
+    proc = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--count", "4",
+                   "-o", str(out), "--calibrate-here", "--json",
+                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert check_trace(out / "calibration" / "live") == []
+    cal = json.loads(Path(result["calibration"]).read_text())
+    assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5
+    (recorded,) = read_run(out / "sim")["params"]["calibrations"]
+    assert recorded["calibration"] == result["calibration"]
+    assert read_table(out / "calibration" / "live", "programs").num_rows == 4
+    assert read_run(out / "calibration" / "live")["seed"] == read_run(out / "live")["seed"] + 1000
+    assert result["decision_agreement"] >= 3 / 4
+    bad = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--url",
+                  "http://127.0.0.1:9", "--calibrate-here", "-o", str(tmp_path / "x"), check=False)
+    assert bad.returncode == 2 and "--calibrate-here needs the in-process engine" in bad.stderr
 
 
 def test_online_sweep_writes_rates_and_plots(tmp_path):
