@@ -33,9 +33,6 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     "testbed": prompts are windows of the testbed's questions instead of random token ids.
     `speed_probe`: the fixed decode probe runs just before and after the run (`speed_probe`
     table; not with speculation, whose steps a probe without it would not price)."""
-    from rich.progress import Progress
-    from vllm import SamplingParams
-
     from engines.recorder import StepRecorder
     from engines.speed_probe import run_speed_probe
 
@@ -75,6 +72,20 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
 
         spec = SpecRows(engine, writer, int(speculative["k"]), str(speculative["draft"]),
                         str(model), 0.0)
+    _serve(engine, rec, spec, prompts, arrival_s, output_tokens, progress)
+    if speed_probe:
+        run_speed_probe(engine, writer, "after", max_num_seqs, seed)
+    writer.flush("all")
+    writer.seal()
+    return {"requests": n, "wall_s": round(rec.now_s(), 2)}
+
+
+def _serve(engine, rec, spec, prompts: list, arrival_s, output_tokens, progress: bool) -> None:
+    """Add each request at its arrival time and step the engine until every one is done."""
+    from rich.progress import Progress
+    from vllm import SamplingParams
+
+    n = len(arrival_s)
     i = 0
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("live replay", total=n)
@@ -95,11 +106,6 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
                 bar.advance(task, len(rec.finished) - before)
             elif i < n:
                 time.sleep(max(0.0, arrival_s[i] - rec.now_s()))
-    if speed_probe:
-        run_speed_probe(engine, writer, "after", max_num_seqs, seed)
-    writer.flush("all")
-    writer.seal()
-    return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
 
 def _prompts(engine, rng, vocab: int, prompt_tokens, prompt_text: str, seed: int,
