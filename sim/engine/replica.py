@@ -28,7 +28,7 @@ from sim.step_time.latency import iterations_within, run_ms
 from sim.step_time.plan import StepPlan, StepPricer
 from sim.engine.kv_pool import KvPool
 from sim.engine.prefix_cache import PrefixCache
-from sim.engine.request_state import (FINISHED, PREEMPTED, RUNNING, WAITING, PriorityWaiting,
+from sim.engine.request_state import (FINISHED, RUNNING, WAITING, PriorityWaiting,
                                       Req, Results, entry_totals, priority_key, step_totals)
 from sim.engine.engine_state import EngineState
 from sim.step_time.spells import speed_levels
