@@ -12,6 +12,7 @@ scheduler decided it: tokens per request, preemptions, prompt tokens found cache
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,28 @@ class PlannedStep:
     """requests the step finished, in the scheduler's order"""
 
 
+def content_ids(idx: int, tokens: int, chain: tuple = ()) -> list[int]:
+    """Deterministic token ids of a simulated request's content (prompt, then output): position p
+    under the first link `(key, end)` of `chain` with end > p holds the key's token p, the same in
+    every request naming the key; positions past the chain hold ids of request `idx` alone. So
+    two requests share a KV block's content exactly where the simulator's prefix cache gives them
+    the same block (`sim.engine.prefix_cache`)."""
+    out: list[int] = []
+    for key, end in chain:
+        end = min(end, tokens)
+        if end > len(out):
+            seed = zlib.crc32(repr(key).encode())
+            out += np.random.default_rng([1, seed]).integers(10, _VOCAB, end)[len(out):].tolist()
+    own = np.random.default_rng([2, idx]).integers(10, _VOCAB, tokens)
+    return out + own[len(out):].tolist()
+
+
 def prompt_ids(idx: int, prompt_tokens: int, group: int = -1, prefix_tokens: int = 0
                ) -> list[int]:
     """Deterministic token ids of a simulated request's prompt: its group's shared prefix (the
     same ids for every member), then ids of its own."""
-    head = []
-    if group >= 0 and prefix_tokens:
-        head = np.random.default_rng([1, group]).integers(10, _VOCAB, prefix_tokens).tolist()
-    own = np.random.default_rng([2, idx]).integers(10, _VOCAB, prompt_tokens - len(head))
-    return head + own.tolist()
+    chain = ((group, prefix_tokens),) if group >= 0 and prefix_tokens else ()
+    return content_ids(idx, prompt_tokens, chain)
 
 
 class VllmPlanner:
@@ -82,16 +96,23 @@ class VllmPlanner:
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(cfg.block_size, sha256)
         self._arrived = 0
+        self._outputs: dict[str, list[int]] = {}  # request id -> its output's ids
 
-    def add(self, request_id: str, prompt: list[int], output_tokens: int,
-            priority: int = 0) -> None:
-        """Queue a request (ignoring EOS, it generates exactly `output_tokens`)."""
+    def add(self, request_id: str, prompt: list[int], output_tokens: int, priority: int = 0,
+            output_ids: list[int] | None = None, read_cache: bool = True) -> None:
+        """Queue a request that generates exactly `output_tokens` (ignoring EOS): the ids of
+        `output_ids` where given (`content_ids` past the prompt: a later prompt continuing this
+        output then finds its blocks cached), else `SAMPLED_TOKEN` each. `read_cache` False:
+        it reads no cached block (vLLM's `skip_reading_prefix_cache`)."""
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
         params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0,
-                                detokenize=False)
+                                detokenize=False,
+                                skip_reading_prefix_cache=None if read_cache else True)
         self._arrived += 1
+        if output_ids is not None:
+            self._outputs[request_id] = output_ids
         self.scheduler.add_request(Request(request_id, prompt, params, None,
                                            arrival_time=float(self._arrived),
                                            priority=priority, block_hasher=self._hasher))
@@ -101,25 +122,50 @@ class VllmPlanner:
         from vllm.v1.request import RequestStatus
 
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for r in request_ids:
+            self._outputs.pop(r, None)
 
     def has_requests(self) -> bool:
         """Whether any request is waiting or running."""
         return self.scheduler.get_num_unfinished_requests() > 0
 
-    def step(self) -> PlannedStep:
-        """Schedule one step, then feed it back as run: the composition and what finished."""
+    def free_blocks(self) -> int:
+        """KV blocks the pool counts free (cached blocks no request holds among them)."""
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def schedule(self):
+        """vLLM's next step: its `SchedulerOutput`."""
+        return self.scheduler.schedule()
+
+    def complete(self, out) -> list[str]:
+        """Feed a scheduled step back as run: every request whose computed tokens reach its
+        known tokens samples its next token. The requests it finished, in order."""
         from vllm.v1.outputs import ModelRunnerOutput
 
-        out = self.scheduler.schedule()
         ids = list(out.num_scheduled_tokens)
-        requests = self.scheduler.requests
-        sampled = [[SAMPLED_TOKEN] if requests[r].num_computed_tokens >= requests[r].num_tokens
-                   else [] for r in ids]
+        requests, outputs = self.scheduler.requests, self._outputs
+        sampled = []
+        for r in ids:
+            req = requests[r]
+            if req.num_computed_tokens < req.num_tokens:
+                sampled.append([])
+            elif r in outputs:
+                sampled.append([outputs[r][req.num_output_tokens]])
+            else:
+                sampled.append([SAMPLED_TOKEN])
         engine_out = self.scheduler.update_from_output(out, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled))
         finished = [o.request_id for outs in engine_out.values() for o in outs.outputs
                     if o.finish_reason is not None]
+        for r in finished:
+            outputs.pop(r, None)
+        return finished
+
+    def step(self) -> PlannedStep:
+        """Schedule one step, then feed it back as run: the composition and what finished."""
+        out = self.schedule()
+        finished = self.complete(out)
         return PlannedStep(dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids or ()),
                            {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs},
                            finished)

@@ -46,6 +46,10 @@ class ReplicaGroup:
     """in-engine speculative decoding (`sim.engine.spec_decode`): acceptance_rates (per position) or
     acceptance_trace (+ temperature); the calibration must be fitted on spec-decoding steps
     (`calibrate --spec-k K`)"""
+    scheduler: str = "reasonsim"
+    """whose code composes each step: `reasonsim` (the simulator's replica, fast-forwarded and
+    compiled where it can be) or `vllm` (the installed vLLM's own `Scheduler`, run step by step:
+    exact, slower; `sim.engine.replica_kinds`)"""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ class GroupSpec(Strict):
     pool: Annotated[str, Field(min_length=1)] = "target"
     device: Annotated[str, Field(min_length=1)] | None = None
     speculative: SpeculativeSpec | None = None
+    scheduler: Literal["reasonsim", "vllm"] = "reasonsim"
+    """whose code composes each step: the simulator's own, or the installed vLLM's `Scheduler`"""
 
     @field_validator("calibration", "model_config_path", mode="before")
     @classmethod

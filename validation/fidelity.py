@@ -150,12 +150,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
 
     from validation.replay import replay_config
 
-    workload = dict(spec["workload"])
-    if quick and "quick_requests" in spec:
-        workload["num_requests"] = spec["quick_requests"]
-    d = {"seed": spec.get("seed", 0), "workload": workload,
-         "cluster": {"replicas": [{"calibration": str(cal), "count": 1,
-                                   **spec.get("replica", {})}]}}
+    d = request_config(spec, cal, quick)
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
@@ -227,11 +222,20 @@ def step_speed(speed: dict | None) -> dict:
     return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio")}
 
 
-def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> Planned:
-    """One program workload (an example config with this machine's calibration) set up under
-    out/name: its LIVE_RUNS live replays and its judging (decision agreement too)."""
-    from live.replay import replay_workload
-    from sim.config import parse_config, read_yaml
+def request_config(spec: dict, cal: Path, quick: bool) -> dict:
+    """The simulation config of a suite's request workload on calibration `cal`."""
+    workload = dict(spec["workload"])
+    if quick and "quick_requests" in spec:
+        workload["num_requests"] = spec["quick_requests"]
+    return {"seed": spec.get("seed", 0), "workload": workload,
+            "cluster": {"replicas": [{"calibration": str(cal), "count": 1,
+                                      **spec.get("replica", {})}]}}
+
+
+def program_config(spec: dict, cal: Path, quick: bool) -> dict:
+    """The simulation config of a suite's program workload (an example config, its paths
+    relative to `examples/`) on calibration `cal`."""
+    from sim.config import read_yaml
     from traces.store import read_run
 
     example = REPO / "examples" / spec["program"]
@@ -245,6 +249,17 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     d["cluster"]["replicas"][0]["block_size"] = int(
         read_run(trace)["params"]["engine"].get("block_size", 32))
     d["output"] = {"steps": True}
+    return d
+
+
+def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> Planned:
+    """One program workload (an example config with this machine's calibration) set up under
+    out/name: its LIVE_RUNS live replays and its judging (decision agreement too)."""
+    from live.replay import replay_workload
+    from sim.config import parse_config
+
+    example = REPO / "examples" / spec["program"]
+    d = program_config(spec, cal, quick)
     (out / name).mkdir(parents=True)
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     cfg = parse_config(d, example.parent)

@@ -22,6 +22,7 @@ from sim.step_time.calibration import Calibration, load_calibration
 from sim.config import SimConfig, kv_blocks_from_memory
 from sim.engine.lazy_replica import LazyReplica
 from sim.engine.replica import Replica, ReplicaConfig
+from sim.engine.replica_kinds import OWN, replica_factory
 from sim.engine.request_state import Req, Results, Sent
 
 
@@ -44,10 +45,14 @@ def build_replicas(cfg: SimConfig) -> list[tuple[Calibration, ReplicaConfig]]:
                                or cal.max_num_batched_tokens,
                                block_size=block, kv_blocks=kv,
                                enable_prefix_caching=g.enable_prefix_caching,
-                               priority_scheduling=cfg.scheduler != "fcfs")
+                               priority_scheduling=cfg.scheduler != "fcfs",
+                               scheduler=g.scheduler)
         except ValueError as e:
             raise ValueError(f"cluster.replicas[{gi}] (block_size {block}, kv_blocks {kv}): "
                              f"{e}") from None
+        if g.scheduler != OWN and rc.spec is not None:
+            raise ValueError(f"cluster.replicas[{gi}]: scheduler {g.scheduler!r} does not run "
+                             f"speculative decoding")
         out.extend([(cal, rc)] * g.count)
     return out
 
@@ -138,13 +143,14 @@ class Cluster:
         device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
                      for g in cfg.replicas for j in range(g.count)]
         # the fast path where it applies (`sim.engine.lazy_replica`), else the reference
-        kind = LazyReplica if fast_forward and lazy else Replica
+        own = LazyReplica if fast_forward and lazy else Replica
         self.replicas = [
-            kind(self.env, i, cal, rc, self.res,
-                    np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
-                    on_finish=partial(self._finished, on_finish, i), fast_forward=fast_forward,
-                    device=device_of[i], spec_rng=np.random.default_rng(
-                        np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
+            (own if rc.scheduler == OWN else replica_factory(rc.scheduler))(
+                self.env, i, cal, rc, self.res,
+                np.random.default_rng(self.seeds[i]) if cfg.latency == "sampled" else None,
+                on_finish=partial(self._finished, on_finish, i), fast_forward=fast_forward,
+                device=device_of[i], spec_rng=np.random.default_rng(
+                    np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
             for i, (cal, rc) in enumerate(specs)]
         self._routing(cfg, specs)
         self.loop_s = 0.0

@@ -31,6 +31,8 @@ class ReplicaConfig:
     """vLLM's scheduling_policy="priority": waiting by (priority, arrival); preempt the lowest"""
     spec: SpecDecoding | None = None
     """in-engine speculative decoding: each decode iteration verifies K drafted tokens"""
+    scheduler: str = "reasonsim"
+    """whose code composes each step (`sim.engine.replica_kinds`)"""
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks"):

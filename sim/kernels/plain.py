@@ -66,6 +66,8 @@ def _replicas_why_not(cfg: SimConfig, specs: list) -> str | None:
     speculation, or numba missing."""
     if any(g.device is not None for g in cfg.replicas):
         return "a shared device"
+    if any(g.scheduler != "reasonsim" for g in cfg.replicas):
+        return "a replica group scheduled by other code (`scheduler`)"
     for cal, rc in specs:
         if type(cal.latency) is not LatencyModel:
             why = getattr(cal.latency, "not_compiled", "") or "not a closed form the kernels price"
