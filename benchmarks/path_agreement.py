@@ -2,6 +2,7 @@
 
     python benchmarks/path_agreement.py                 # demo (2,000 requests) + the suite
     python benchmarks/path_agreement.py --demo-requests 500 --quick
+    python benchmarks/path_agreement.py --effects      # the remaining class's latency effect
 
 Per workload and path (compiled kernels, SimPy fast path, reference replica, the replica vLLM's
 own scheduler composes): whether its requests and programs match the reference replica's (same
@@ -51,13 +52,53 @@ def workloads(demo_requests: int, quick: bool):
             yield name, request_config(spec, requests_cal, quick), REPO
 
 
+def pressure_cases(requests_cal: Path):
+    """(name, config mapping): prefix caching under KV pressure, where the replica's one
+    remaining simplification (a freed block's content is not kept cached) shows."""
+    suite = load_suite(SUITE)
+    for kv in (160, 320):
+        d = request_config(suite["workloads"]["prefix_sharing"], requests_cal, False)
+        d["cluster"]["replicas"][0].update(block_size=16, kv_blocks=kv)
+        yield f"prefix groups, {kv} blocks", d
+    for kv in (120, 240):
+        d = read_yaml(REPO / "examples" / "demo.yaml")
+        d["workload"].update(num_requests=400, arrival={"kind": "poisson", "rate_per_s": 12})
+        d["cluster"]["replicas"] = [{"calibration": str(REQUESTS_CAL), "block_size": 16,
+                                     "kv_blocks": kv, "enable_prefix_caching": True}]
+        yield f"no groups, {kv} blocks", d
+
+
+def effects(requests_cal: Path) -> None:
+    """Print the replica's latency against the vLLM-scheduled replica's on the pressure cases."""
+    keys = (("e2e P50", "e2e_s", "p50"), ("e2e P90", "e2e_s", "p90"),
+            ("TTFT P50", "ttft_s", "p50"), ("tok/s", "throughput_tok_s", None))
+    print(f"{'case':<26}" + "".join(f"{k:>17}" for k, _, _ in keys)
+          + f"{'preemptions':>14}{'cached tokens':>18}")
+    for name, d in pressure_cases(requests_cal):
+        runs = run_paths(d, REPO / "examples", ("reference", "vllm"))
+        ref, vllm = (runs[p][0].summary for p in ("reference", "vllm"))
+        cells = []
+        for _, key, q in keys:
+            a, b = (x[key][q] if q else x[key] for x in (ref, vllm))
+            cells.append(f"{a / b - 1:+16.1%} ")
+        cached = [int(runs[p][0].requests.column("cached_prompt_tokens").to_numpy().sum())
+                  for p in ("reference", "vllm")]
+        print(f"{name:<26}" + "".join(cells) + f"{ref['preemptions']:>7}/{vllm['preemptions']:<6}"
+              f"{cached[0]:>9}/{cached[1]:<8}")
+
+
 def main() -> None:
     """Run every path on every workload; print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo-requests", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="the suite's quick workloads")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--effects", action="store_true",
+                    help="instead: the replica's latency error against the vLLM-scheduled "
+                         "replica under KV pressure with prefix caching")
     args = ap.parse_args()
+    if args.effects:
+        return effects(REQUESTS_CAL)
     rows = {}
     for name, d, base in workloads(20, True):  # warm: imports (vLLM's), compiled kernels
         if name == "demo":
