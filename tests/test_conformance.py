@@ -17,13 +17,10 @@ from validation.conformance import (SimRequest, compare_steps, random_workload, 
                                     vllm_steps)
 
 CAL = load_calibration(REPO / "sim" / "data" / "testbed-large-cpu.calib.json")
-# Random workloads without prefix caching (KV pressure, preemption, priority, chunked prefill,
-# small and large budgets): every step identical.
-WITHOUT_CACHING = [s for s in range(40) if not random_workload(s)[0]["enable_prefix_caching"]] + [
-    312, 558]  # priority: a request preempted after being scheduled, or preempting itself
-# With prefix caching, those whose steps are all identical (the rest differ where a preempted
-# request's recompute hits its own freed blocks, which vLLM keeps cached: see the README).
-WITH_CACHING = [1, 8, 12, 15, 19, 20, 23, 30, 34, 37, 39]
+# Random workloads (KV pressure, preemption, priority, chunked prefill, small and large budgets,
+# prefix caching with and without prefix groups): every step identical.
+SEEDS = list(range(60)) + [312, 558]  # 312, 558, priority: a request preempted after being
+# scheduled, or preempting itself
 
 
 def _compare(limits: dict, reqs: list) -> dict:
@@ -32,7 +29,7 @@ def _compare(limits: dict, reqs: list) -> dict:
     return compare_steps(ours, vllm_steps(cfg, TARGET_MODEL, reqs, arrived, 1280))
 
 
-@pytest.mark.parametrize("seed", WITHOUT_CACHING + WITH_CACHING)
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_workloads_are_scheduled_step_for_step_as_vllm_does(seed):
     limits, reqs = random_workload(seed)
     c = _compare(limits, reqs)
@@ -60,6 +57,16 @@ def test_the_rules_found_by_conformance_each_hold():
     c = _compare({"max_num_seqs": 4, "max_num_batched_tokens": 512, "block_size": 16,
                   "kv_blocks": 64, "enable_prefix_caching": True}, same)
     assert c["first_difference"] is None and c["cached_differ"] == 0
+    # vLLM caches every full block, a request's own content too: a preempted request's
+    # recompute finds the blocks it computed before (16 usable blocks of 16 tokens: the second
+    # request is preempted, and recomputes 16 of its 128 tokens, the rest cached)
+    pressed = [SimRequest(0, 0.0, 100, 40), SimRequest(1, 0.0, 100, 40)]
+    limits = {"max_num_seqs": 2, "max_num_batched_tokens": 512, "block_size": 16,
+              "kv_blocks": 17, "enable_prefix_caching": True}
+    c = _compare(limits, pressed)
+    assert c["first_difference"] is None and c["preemptions"] == (1, 1)
+    steps, _ = replica_steps(ReplicaConfig(**limits), CAL, pressed)
+    assert [s.tokens["r1"] for s in steps if s.tokens.get("r1", 0) > 1] == [100, 16]
 
 
 @pytest.mark.parametrize("seed", range(0, 200, 5))

@@ -23,9 +23,15 @@ def _req(prompt: int, chain=None, group: int = 0, prefix: int | None = None,
                chain=chain, score_from=score_from)
 
 
+def _hit(cache: PrefixCache, r: Req) -> int:
+    """What the replica does on admission: look the prompt up, take what was found."""
+    found, own, _ = cache.lookup(r)
+    return cache.take(r, found, own)
+
+
 def _prefill(cache: PrefixCache, r: Req) -> None:
     """What the replica does: hit, allocate the prompt's blocks, store, compute."""
-    cache.hit(r)
+    _hit(cache, r)
     r.blocks = -(-r.prompt // BS) - r.shared
     cache.store(r, r.prompt)
     r.computed = r.prompt
@@ -40,16 +46,16 @@ def test_prompts_share_the_leading_blocks_of_equal_content_only():
     # Another branch of the same question: the two whole blocks inside the question, not the
     # third (it ends at 48, past the question, in other content).
     b = _req(90, chain=(q, ("b", 90)))
-    cache.hit(b)
+    _hit(cache, b)
     assert b.computed == 32 and b.shared == 2
     # The same content again: every whole block but the one holding the last token.
     c = _req(100, chain=(q, ("a", 100)))
-    cache.hit(c)
+    _hit(cache, c)
     assert c.computed == (100 - 1) // BS * BS == 96
     # A group's request without a chain shares up to its own prefix, never past it.
     g1, g2 = _req(80, group=7, prefix=64), _req(200, group=7, prefix=40)
     _prefill(cache, g1)
-    cache.hit(g2)
+    _hit(cache, g2)
     assert g1.shared == 4 and g2.computed == 32
 
 
@@ -60,10 +66,10 @@ def test_a_scoring_request_whose_tail_is_cached_is_marked_for_a_rerun():
     first = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
     _prefill(cache, first)
     same = _req(70, chain=(("ctx", 50), ("draft", 70)), score_from=50)
-    cache.hit(same)
+    _hit(cache, same)
     assert same.computed == 64 and same.shared == 4 and same.rescore
     other = _req(70, chain=(("ctx", 50), ("other draft", 70)), score_from=50)
-    cache.hit(other)  # only the context's blocks: 48 tokens, short of the scored tail
+    _hit(cache, other)  # only the context's blocks: 48 tokens, short of the scored tail
     assert other.computed == 48 and not other.rescore
 
 
@@ -76,9 +82,26 @@ def test_freed_blocks_are_evicted_tail_first_and_counted():
     assert cache.evictable == 4 and r.shared == 0
     assert cache.evict(1) == 1 and cache.evictable == 3
     again = _req(64, chain=(("x", 64),))
-    cache.hit(again)  # the head survived: three blocks, not one missing at the front
+    _hit(cache, again)  # the head survived: three blocks, not one missing at the front
     assert again.computed == 48 and cache.evictable == 0
     assert cache.evict(10) == 0  # all held
+
+
+def test_a_request_finds_its_own_blocks_again_after_a_preemption():
+    # vLLM caches every full block, a request's own content too: a preempted request's
+    # recompute reads what it computed before, unless the pool evicted it (its tail first).
+    cache = PrefixCache(BS)
+    r = Req(5, 100, 60, group=0, prefix_tokens=32)  # 2 shared blocks, then its own
+    _prefill(cache, r)
+    r.computed, r.blocks = 130, r.blocks + 2  # decoded 30 tokens: 9 blocks, 8 full
+    cache.release(r)
+    assert cache.evictable == 8 and r.shared == 0 and r.blocks == 1  # the partial one
+    r.blocks, r.computed, r.target = 0, 0, 130  # the replica frees it; recompute 130 tokens
+    assert cache.evict(2) == 2  # the own run's last two blocks go first
+    assert _hit(cache, r) == 0 and r.computed == 6 * BS and r.shared == 2 and r.blocks == 4
+    other = Req(6, 100, 4, group=0, prefix_tokens=32)
+    _hit(cache, other)  # another request shares the group's blocks, never r's own
+    assert other.computed == 32
 
 
 def _tot(policy: SeedPolicy) -> ToTProgram:

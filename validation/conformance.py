@@ -120,9 +120,11 @@ def vllm_steps(cfg, model_dir: str | Path, requests: list[SimRequest], arrived: 
 
 
 def compare_steps(ours: list[PlannedStep], theirs: list[PlannedStep]) -> dict:
-    """Step by step: identical compositions (tokens per request), the first that differs
-    (both sides), preemption and cached-token differences, and the step counts."""
-    same = [a.tokens == b.tokens for a, b in zip(ours, theirs)]
+    """Step by step: identical steps (tokens per request, preemptions, requests finished and
+    their order), the first that differs (both sides), cached-token differences, and the step
+    counts."""
+    same = [a.tokens == b.tokens and len(a.preempted) == len(b.preempted)
+            and a.finished == b.finished for a, b in zip(ours, theirs)]
     first = next((i for i, s in enumerate(same) if not s), None)
     if first is None and len(ours) != len(theirs):
         first = min(len(ours), len(theirs))
@@ -141,7 +143,8 @@ def _show(steps: list[PlannedStep], i: int) -> dict | None:
     if i >= len(steps):
         return None
     s = steps[i]
-    return {"tokens": s.tokens, "preempted": len(s.preempted), "cached": s.cached}
+    return {"tokens": s.tokens, "preempted": len(s.preempted), "cached": s.cached,
+            "finished": s.finished}
 
 
 def random_workload(seed: int, n: int = 24) -> tuple[dict, list[SimRequest]]:

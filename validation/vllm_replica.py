@@ -51,7 +51,7 @@ class VllmReplica(Replica):
         ids = content_ids(req.idx, req.prompt + req.output, chain)
         # a scoring request re-run uncached (`Req.rerun_uncached`) reads no cached block
         self.planner.add(rid, ids[:req.prompt], req.output, req.priority,
-                         output_ids=ids[req.prompt:], read_cache=req.status is WAITING)
+                         output_ids=ids[req.prompt:], read_cache=req.reads_cache)
         super().submit(req)
 
     def abort(self, r: Req) -> None:

@@ -38,9 +38,24 @@ class KvPool:
         return need <= self.free_blocks + self.prefix_cache.evictable
 
     def _release(self, r: Req) -> None:
+        if self._caching:  # its full blocks stay cached by content
+            self.prefix_cache.release(r)
         self.free_blocks, r.blocks = self.free_blocks + r.blocks, 0
-        if r.shared:
-            self.prefix_cache.unref(r)
+
+    def _take_hit(self, r: Req, budget: int, lookahead: int) -> bool:
+        """Admit a waiting request's cache hit and first chunk where its whole prompt fits
+        (the hit's unreferenced blocks leave the free pool); False, nothing changed, where not."""
+        cache = self.prefix_cache
+        hit, own, unheld = cache.lookup(r)
+        held = len(hit) + own
+        need = self._blocks_for(r.target) - held - r.blocks
+        computed = held * self.cfg.block_size
+        first = self._blocks_for(computed + min(r.target - computed, budget) + lookahead) \
+            - held - r.blocks
+        if max(need, first) + unheld > self.free_blocks + cache.evictable:
+            return False
+        self.free_blocks += cache.take(r, hit, own)
+        return self._alloc(r, r.computed + min(r.target - r.computed, budget) + lookahead)
 
     def _preempt(self, victim: Req) -> None:
         self.running.remove(victim)

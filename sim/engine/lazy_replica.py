@@ -127,7 +127,7 @@ class LazyReplica(Replica):
         seeded = co.seeded  # every member samples a token
         for r, n in sched:
             self._alloc(r, r.computed + n)
-            if self._caching and r.group >= 0:
+            if self._caching:
                 self.prefix_cache.store(r, r.computed + n)
             prefill_tokens += n
             context += r.computed + n

@@ -127,8 +127,6 @@ class Replica(KvPool):
 
     def _finish(self, r: Req) -> None:
         r.status = FINISHED
-        if r.prefix_tokens > r.prompt and self._caching and r.group >= 0:  # output continues
-            self.prefix_cache.store(r, r.computed)  # it: the engine cached its full blocks
         self._release(r)
         self.res.finish_s[r.idx] = self.env.now
         self.res.output_tokens[r.idx] = r.generated
@@ -176,7 +174,7 @@ class Replica(KvPool):
                     break
             else:
                 sched.append((r, n))
-                if self._caching and r.group >= 0 and prefill:
+                if self._caching and prefill:
                     self.prefix_cache.store(r, r.computed + n)
                 budget -= n if prefill else w
                 i += 1
@@ -208,16 +206,16 @@ class Replica(KvPool):
         context = prefill_tokens = prefill_seqs = 0
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             r = self.waiting[0]
-            if self._caching and r.group >= 0 and not r.computed:
-                self.prefix_cache.hit(r)
-            n = min(r.target - r.computed, budget)
             # vLLM admits a request only where its whole prompt fits (`scheduler_reserve_full_isl`)
             # though it allocates the first chunk alone
-            if not self._fits_whole(r) or not self._alloc(r, r.computed + n + la):
-                if r.shared:  # undo the borrowed prefix: not admitted this time
-                    self.prefix_cache.unref(r)
-                    r.computed = 0
-                break
+            if self._caching and not r.computed:
+                if not self._take_hit(r, budget, la):
+                    break
+                n = min(r.target - r.computed, budget)
+            else:
+                n = min(r.target - r.computed, budget)
+                if not self._fits_whole(r) or not self._alloc(r, r.computed + n + la):
+                    break
             self.waiting.popleft()
             r.pos = next(self._positions)  # running order, kept as an attribute
             self.running.append(r)
@@ -228,7 +226,7 @@ class Replica(KvPool):
                 self.res.cached_tokens[r.idx] = r.computed
             r.status = RUNNING
             sched.append((r, n))
-            if self._caching and r.group >= 0:
+            if self._caching:
                 self.prefix_cache.store(r, r.computed + n)
             budget -= n
             c, p, lp_ms, seeded = entry_totals(r, n, w, lp_ms, seeded)
@@ -270,7 +268,9 @@ class Replica(KvPool):
         self._seg_index = self.res.add_segment((
             self.id, now, k, a_ms, b_ms, factor, prefill_tokens, plan.prefill_seqs,
             decode_seqs, context, len(self.running), len(self.waiting),
-            self.cfg.kv_blocks - self.free_blocks, self.cfg.kv_blocks, preempted))
+            # used as vLLM counts them: cached blocks no request holds are free
+            self.cfg.kv_blocks - self.free_blocks - self.prefix_cache.evictable,
+            self.cfg.kv_blocks, preempted))
         # Only multi-iteration runs can be truncated; a single iteration always completes.
         self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
         self._sched = plan.scheduled

@@ -57,7 +57,7 @@ class Req:
     __slots__ = ("idx", "prompt", "output", "computed", "generated", "target", "blocks",
                  "priority", "group", "prefix_tokens", "chain", "score_from", "held", "shared",
                  "status", "seq", "aborted", "lp_prompt_ms", "lp_sample_ms",
-                 "seeded", "spec_cum", "spec_it", "pos", "clock0", "rescore")
+                 "seeded", "spec_cum", "spec_it", "pos", "clock0", "rescore", "reads_cache")
 
     def __init__(self, idx: int, prompt: int, output: int, priority: int = 0, group: int = -1,
                  prefix_tokens: int = 0, chain: tuple | None = None, score_from: int = 0,
@@ -93,13 +93,14 @@ class Req:
         # lazy decode (`sim.engine.decode_cohort`): clock at its last sync
         self.clock0 = -1
         self.rescore = False       # a scoring request that read cached scored positions
+        self.reads_cache = True    # False: re-run uncached (vLLM's skip_reading_prefix_cache)
 
     def rerun_uncached(self) -> None:
         """Back to a fresh request that reads no cache (its blocks were released): the live
         engine's re-run of a scoring request whose tail the cache covered."""
         self.computed = self.generated = 0
         self.target = self.prompt
-        self.group, self.rescore, self.spec_cum = -1, False, None
+        self.reads_cache, self.rescore, self.spec_cum = False, False, None
         self.status = PREEMPTED  # scheduled before: its first schedule time stands
 
 

@@ -33,8 +33,8 @@ def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfi
         return f"router {cfg.router!r}"
     if len({g.pool for g in cfg.replicas}) > 1:
         return "several model pools"
-    if workload.prefix_group is not None and any(g.enable_prefix_caching for g in cfg.replicas):
-        return "prefix caching"
+    if any(g.enable_prefix_caching for g in cfg.replicas):
+        return "prefix caching"  # a preempted request's recompute finds its own blocks cached
     if any(rc.priority_scheduling for _, rc in specs):
         return "priority scheduling"
     return _replicas_why_not(cfg, specs)

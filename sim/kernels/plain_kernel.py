@@ -180,7 +180,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             factor = _noise(rp, rf, rngs, quantiles, j, k)
     # (the reference adds a log-probability term here: plain requests have none)
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted)
+               prefill_seqs, decode_seqs, context, preempted, 0)
 
 
 @njit(cache=True)

@@ -6,10 +6,12 @@ order is the eviction order (a freed block re-enters at the end). Here a block i
 doubly linked list per replica in that same order, found through one open-addressing hash table
 (linear probing, backward-shift deletion) over all replicas, whose entries hold (identity, node)
 side by side: a probe reads one cache line, not the node's too. A request holds the leading
-`SHARED` blocks of its prompt (what the reference's `held` lists: `hit` takes the first n,
+`SHARED` blocks of its prompt (what the reference's `held` lists: `take` takes the first n,
 `store` appends the next ones), so its block identities are computed, not stored: block i of
-group g on replica j is `(g * MAX_BLOCKS + i + 1) * replicas + j`. Requests with a prefix chain
-(nested prefixes) are not covered: `sim.kernels.programs` keeps those under SimPy.
+group g on replica j is `(g * MAX_BLOCKS + i + 1) * replicas + j`. A request's own blocks,
+freed, are one node (the reference's `(OWN, idx)` run) of identity
+`-(idx * replicas + j) - 2`. Requests with a prefix chain (nested prefixes) are not covered:
+`sim.kernels.programs` keeps those under SimPy.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# node columns (int64): identity, references, previous and next in its replica's order
-KEY, REF, PREV, NEXT, PC_COLS = range(5)
+# node columns (int64): identity, references, previous and next in its replica's order; a
+# request's run of own blocks (identity < 0, never referenced) holds blocks [LO, HI)
+KEY, REF, PREV, NEXT, LO, HI, PC_COLS = range(7)
 MAX_BLOCKS = 1 << 20
 """prompt blocks a group may have (identities stay unique below it)"""
 _MIX = -7046029254386353131  # 2^64 / golden ratio as int64: Fibonacci hashing
@@ -105,23 +108,63 @@ def insert(tab, pc, lru, free, j, key):
 
 
 @njit(cache=True)
+def _free_node(tab, pc, lru, free, j, node):
+    _unlink(pc, lru, j, node)
+    _table_delete(tab, pc, pc[node, KEY])
+    pc[node, NEXT] = free[0]
+    free[0] = node
+    free[1] -= 1
+
+
+@njit(cache=True)
 def evict(tab, pc, lru, free, j, gain):
-    """`PrefixCache.evict`: drop unreferenced blocks of replica j, first in order first, until
-    `gain` are dropped or none is left; the number dropped."""
+    """`PrefixCache.evict`: drop unreferenced blocks of replica j, first in order first (a run
+    of own blocks from its end), until `gain` are dropped or none is left; the number
+    dropped."""
     dropped = 0
     node = lru[j, 0]
     while node >= 0 and dropped < gain:
         nxt = pc[node, NEXT]
         if pc[node, REF] == 0:
-            _unlink(pc, lru, j, node)
-            _table_delete(tab, pc, pc[node, KEY])
-            pc[node, NEXT] = free[0]
-            free[0] = node
-            free[1] -= 1
-            dropped += 1
+            if pc[node, KEY] < 0:
+                m = min(gain - dropped, pc[node, HI] - pc[node, LO])
+                pc[node, HI] -= m
+                dropped += m
+                if pc[node, HI] == pc[node, LO]:
+                    _free_node(tab, pc, lru, free, j, node)
+            else:
+                _free_node(tab, pc, lru, free, j, node)
+                dropped += 1
         node = nxt
     lru[j, 2] -= dropped
     return dropped
+
+
+@njit(cache=True)
+def run_key(idx, replicas, j):
+    """The identity of request idx's run of own blocks on replica j."""
+    return -(idx * replicas + j) - 2
+
+
+@njit(cache=True)
+def drop_run(tab, pc, lru, free, j, idx, replicas):
+    """`PrefixCache.drop_run`: request idx's own cached blocks leave the cache; how many."""
+    node = find(tab, pc, run_key(idx, replicas, j))
+    if node < 0:
+        return 0
+    size = pc[node, HI] - pc[node, LO]
+    _free_node(tab, pc, lru, free, j, node)
+    lru[j, 2] -= size
+    return size
+
+
+@njit(cache=True)
+def put_run(tab, pc, lru, free, j, idx, lo, hi, replicas):
+    """Request idx's own blocks [lo, hi) join the cache, unreferenced, at the end of its order."""
+    insert(tab, pc, lru, free, j, run_key(idx, replicas, j))
+    node = lru[j, 1]
+    pc[node, REF], pc[node, LO], pc[node, HI] = 0, lo, hi
+    lru[j, 2] += hi - lo
 
 
 @njit(cache=True)
@@ -144,30 +187,37 @@ def unref(tab, pc, lru, j, group, shared, replicas):
 
 
 @njit(cache=True)
-def hit(tab, pc, lru, j, group, blocks, score_from, bs, replicas):
-    """`PrefixCache.hit` for requests that score nothing (the kernel runs cot/sc programs):
-    how many of the first `blocks` prompt blocks are cached (taking a reference on each); a
-    scoring request that would read scored positions gets 0 (SimPy runs it cached, then
-    uncached, as the live engine does)."""
-    # One pass takes a reference on each cached block as it finds it (a lookup is a cache
-    # miss at scale); a scoring request that may not read them gives them back.
-    n = 0
-    while n < blocks:
+def lookup(tab, pc, j, group, shared, limit, idx, replicas):
+    """`PrefixCache.lookup`: of a request's `shared` group blocks (its first `limit` blocks at
+    most), how many lead cached; how many of its own blocks follow them; how many of those
+    blocks no request holds."""
+    n = unheld = 0
+    while n < min(shared, limit):
         node = find(tab, pc, block_key(group, n, replicas, j))
         if node < 0:
-            break
+            return n, 0, unheld
+        unheld += pc[node, REF] == 0
+        n += 1
+    own = 0
+    if n == shared:
+        node = find(tab, pc, run_key(idx, replicas, j))
+        if node >= 0 and pc[node, LO] == shared:
+            own = max(0, min(pc[node, HI], limit) - shared)
+    return n, own, unheld + own
+
+
+@njit(cache=True)
+def take(tab, pc, lru, free, j, group, n, own, idx, replicas):
+    """`PrefixCache.take`: hold the first n group blocks and the request's first `own` own
+    blocks; the own blocks it did not take leave the cache: the number freed."""
+    for i in range(n):
+        node = find(tab, pc, block_key(group, i, replicas, j))
         if pc[node, REF] == 0:
             lru[j, 2] -= 1
         pc[node, REF] += 1
-        n += 1
-    if score_from and n * bs >= score_from:
-        for i in range(n):
-            node = find(tab, pc, block_key(group, i, replicas, j))
-            pc[node, REF] -= 1
-            if pc[node, REF] == 0:
-                lru[j, 2] += 1
-        return 0
-    return n
+    if own:
+        return drop_run(tab, pc, lru, free, j, idx, replicas) - own
+    return 0
 
 
 @njit(cache=True)

@@ -34,28 +34,45 @@ from sim.kernels.program_state import (
 
 
 @njit(cache=True)
+def _take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
+    """`KvPool._take_hit`: a waiting request's cache hit and first chunk where its whole prompt
+    fits; False, nothing changed, where not. A request that scores prompt positions the hit
+    covers reads nothing cached (the kernel runs no re-scoring: `why_not_compiled_programs`)."""
+    bs = rp[j, BS]
+    shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
+    n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
+                              rq[r, IDX], rp.shape[0])
+    if rq[r, SCORE_FROM] and (n + own) * bs >= rq[r, SCORE_FROM]:
+        n = own = unheld = 0
+    held = n + own
+    need = cdiv(rq[r, TARGET], bs) - held - rq[r, BLOCKS]
+    computed = held * bs
+    first = cdiv(computed + min(rq[r, TARGET] - computed, budget), bs) - held - rq[r, BLOCKS]
+    if max(need, first) + unheld > rp[j, FREE] + lru[j, 2]:
+        return False
+    rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], n, own, rq[r, IDX], rp.shape[0])
+    rq[r, SHARED], rq[r, BLOCKS], rq[r, COMPUTED] = n, rq[r, BLOCKS] + own, computed
+    return alloc(rq, rp, pc, tab, lru, free, j, r, computed + min(rq[r, TARGET] - computed,
+                                                                   budget))
+
+
+@njit(cache=True)
 def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budget, tot):
     """`Replica._admit`: waiting requests join the step in queue order (a cached prefix
     borrowed first) while there is a sequence slot, token budget and KV room."""
     bs = rp[j, BS]
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
-        if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, COMPUTED] == 0:
-            s = P.hit(tab, pc, lru, j, rq[r, GROUP],
-                      min(rq[r, PREFIX], rq[r, TARGET] - 1) // bs, rq[r, SCORE_FROM], bs,
-                      rp.shape[0])
-            if s:
-                rq[r, SHARED] = s
-                rq[r, COMPUTED] = s * bs
-        n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
-        whole = cdiv(rq[r, TARGET], bs) - rq[r, SHARED] - rq[r, BLOCKS]  # `_fits_whole`
-        if whole > rp[j, FREE] + lru[j, 2] or \
-                not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
-            if rq[r, SHARED]:  # undo the borrowed prefix: not admitted this time
-                P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
-                rq[r, SHARED] = 0
-                rq[r, COMPUTED] = 0
-            break
+        if rp[j, CACHING] and rq[r, COMPUTED] == 0:
+            if not _take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
+                break
+            n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+        else:
+            n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
+            whole = cdiv(rq[r, TARGET], bs) - rq[r, SHARED] - rq[r, BLOCKS]  # `_fits_whole`
+            if whole > rp[j, FREE] + lru[j, 2] or \
+                    not alloc(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n):
+                break
         dequeue(rq, rp, j, r)
         running[j, rp[j, RCOUNT]] = r
         rp[j, RCOUNT] += 1
@@ -64,7 +81,7 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
             rt[SCHEDULED_S, rq[r, IDX]] = now
             ri[CACHED, rq[r, IDX]] = rq[r, COMPUTED]
         entry(rq, rqf, rp, sched, j, r, n, tot)
-        if rp[j, CACHING] and rq[r, GROUP] >= 0:
+        if rp[j, CACHING]:
             store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n)
         budget -= n
 
@@ -103,7 +120,7 @@ def _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, to
                 if at < i:  # scheduled already: `Replica._unschedule`
                     i -= 1
                     budget += unschedule(rq, rp, sched, j, v)
-            preempt(rq, rp, ri, running, pc, tab, lru, j, v)
+            preempt(rq, rp, ri, running, pc, tab, lru, free, j, v)
             preempted += 1
             if v == r:
                 scheduled = False
@@ -111,7 +128,7 @@ def _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, to
         if not scheduled:
             break  # r itself was preempted: the step schedules no later request (vLLM's)
         entry(rq, rqf, rp, sched, j, r, n, tot)
-        if rp[j, CACHING] and rq[r, GROUP] >= 0 and prefill:
+        if rp[j, CACHING] and prefill:
             store(rq, rp, pc, tab, lru, free, j, r, computed + n)
         budget -= n
         i += 1
@@ -179,7 +196,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
             rf[j, RUNS_KV] += seg[j, 12] / seg[j, 13] * seg[j, 2]  # `sim.engine.tables.kv_usage`'s
         ctr[SEG_N] = j
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted)
+               prefill_seqs, decode_seqs, context, preempted, lru[j, 2])
     if ctr[FOLD]:
         ctr[SEG_N] = rows
 
@@ -241,13 +258,10 @@ def abort(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
 
 @njit(cache=True)
 def finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r):
-    """`Replica._finish` but its callback: cache the full blocks of an output that continues
-    its prompt, free the request's blocks, record its end; the tokens it generated times 2,
-    plus 1 if it was aborted."""
+    """`Replica._finish` but its callback: release the request's blocks (its full ones stay
+    cached), record its end; the tokens it generated times 2, plus 1 if it was aborted."""
     rq[r, DONE] = 1
-    if rp[j, CACHING] and rq[r, GROUP] >= 0 and rq[r, PREFIX] > rq[r, PROMPT]:
-        store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED])
-    release(rq, rp, pc, tab, lru, j, r)
+    release(rq, rp, pc, tab, lru, free, j, r)
     rt[FINISH_S, rq[r, IDX]] = clock[0]
     ri[OUT_TOKENS, rq[r, IDX]] = rq[r, GENERATED]
     return 2 * rq[r, GENERATED] + rq[r, ABORTED]

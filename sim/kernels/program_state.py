@@ -106,13 +106,22 @@ def alloc(rq, rp, pc, tab, lru, free, j, r, tokens_after):
 
 
 @njit(cache=True)
-def release(rq, rp, pc, tab, lru, j, r):
-    """`Replica._release`: free the request's blocks, drop its hold on cached ones."""
+def release(rq, rp, pc, tab, lru, free, j, r):
+    """`Replica._release`: the request's full blocks stay cached by content (`PrefixCache.
+    release`: its own ones as one run, then its group's, given back); the rest are freed."""
+    if rp[j, CACHING]:
+        store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED])
+        shared = rq[r, PREFIX] // rp[j, BS] if rq[r, GROUP] >= 0 else 0
+        full = rq[r, COMPUTED] // rp[j, BS]
+        if full > shared:
+            freed = P.drop_run(tab, pc, lru, free, j, rq[r, IDX], rp.shape[0])
+            rq[r, BLOCKS] += freed - (full - shared)
+            P.put_run(tab, pc, lru, free, j, rq[r, IDX], shared, full, rp.shape[0])
+        if rq[r, SHARED]:
+            P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
+            rq[r, SHARED] = 0
     rp[j, FREE] += rq[r, BLOCKS]
     rq[r, BLOCKS] = 0
-    if rq[r, SHARED]:
-        P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
-        rq[r, SHARED] = 0
 
 
 @njit(cache=True)
@@ -197,10 +206,10 @@ def entry(rq, rqf, rp, sched, j, r, n, tot):
 
 
 @njit(cache=True)
-def preempt(rq, rp, ri, running, pc, tab, lru, j, v):
+def preempt(rq, rp, ri, running, pc, tab, lru, free, j, v):
     """`Replica._preempt`: v recomputes from the start, back in the queue."""
     remove_running(rp, running, j, v)
-    release(rq, rp, pc, tab, lru, j, v)
+    release(rq, rp, pc, tab, lru, free, j, v)
     rq[v, COMPUTED] = 0
     rq[v, TARGET] = rq[v, PROMPT] + rq[v, GENERATED]
     ri[PREEMPTS, rq[v, IDX]] += 1
@@ -222,9 +231,9 @@ def unschedule(rq, rp, sched, j, v):
 
 @njit(cache=True)
 def store(rq, rp, pc, tab, lru, free, j, r, computed_tokens):
-    """`PrefixCache.store` of the request's newly full prompt blocks."""
+    """`PrefixCache.store` of the request's newly full group blocks."""
     full = min(rq[r, PREFIX], computed_tokens) // rp[j, BS]
-    if full > rq[r, SHARED]:
+    if rq[r, GROUP] >= 0 and full > rq[r, SHARED]:
         added = P.store(tab, pc, lru, free, j, rq[r, GROUP], rq[r, SHARED], full, rp.shape[0])
         rq[r, BLOCKS] -= added
         rq[r, SHARED] += added

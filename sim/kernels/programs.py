@@ -77,9 +77,10 @@ class CompiledCluster(Cluster):
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
-        # the most blocks one call can cache: a step's (its budget's full blocks, one more per
-        # entry) and one finished request's (an output that continues its prompt, `finish`)
-        self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 2 * rc.max_num_seqs + 2
+        # the most nodes one call can cache: a step's blocks (its budget's full blocks, one
+        # more per entry), a run of own blocks per request it preempts or retires, and one
+        # finished request's (an output that continues its prompt, `finish`)
+        self.node_room = max(rc.max_num_batched_tokens // rc.block_size + 3 * rc.max_num_seqs + 3
                              + min(cal.max_model_len or 1 << 40, rc.kv_blocks * rc.block_size)
                              // rc.block_size + 1
                              for cal, rc in specs)

@@ -191,9 +191,10 @@ def grow_rows(seg):
 
 @njit(cache=True)
 def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted):
+               prefill_seqs, decode_seqs, context, preempted, cached_free):
     """The end of `Replica._launch`: record the step's run of k iterations, keep it truncatable
-    (k > 1), schedule its end."""
+    (k > 1), schedule its end. `cached_free`: cached blocks no request holds (free, as vLLM
+    counts them)."""
     rp[j, BUSY] = 1
     rf[j, SEG_START] = now
     m = ctr[SEG_N]
@@ -203,7 +204,8 @@ def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, pref
     row[0], row[1], row[2], row[3], row[4], row[5] = j, now, k, a_ms, b_ms, factor
     row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
     row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
-    row[12], row[13], row[14] = rp[j, KV_BLOCKS] - rp[j, FREE], rp[j, KV_BLOCKS], preempted
+    row[12] = rp[j, KV_BLOCKS] - rp[j, FREE] - cached_free
+    row[13], row[14] = rp[j, KV_BLOCKS], preempted
     rp[j, RUN_K] = k if k > 1 else 0
     rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
     rp[j, GEN] += 1
