@@ -3,17 +3,11 @@
 With glibc's defaults a step's cost depends on the allocator's history, not only on its shape.
 Large activations (a long prompt's attention scores: 1500 tokens x 4 heads x fp32 is ~36 MB)
 come from fresh mmap'd pages or a heap top that was trimmed back to the OS, and first-touching
-those pages costs more than the step's arithmetic. Measured on the Intel VM (2026-11-27,
-`[REASONSIM_DEFAULT_HEAP=1] python benchmarks/step_shapes.py --lengths 101:341:16,1301:1541:16
---order desc|asc --bands 4`: the testbed target's one-prompt prefills, each length run three
-times over, median per band and pass): with glibc's defaults, prefills of 1317-1413 / 1429-1525
-tokens took 28 / 32 ms on the first pass in descending order, 92 / 94 ms on the second, 34 /
-89 ms on the third; in ascending order 1429-1525 took 57 ms the first time, 28 ms after. On the
-steady heap: 29 / 32, 26 / 29, 26 / 28 ms descending, 32 then 28 ms ascending, and the first
-step of a length cost +2-4 ms over the seen one at every length, where the default heap's
-history mixed +5 to +27 ms into it. A calibration can only price a step by its shape if the
-engine's cost is a function of the shape: traces, live replays and servers all run on this
-heap. Memory is kept for reuse instead of returned (a process holds its peak). vLLM's CPU
+those pages costs more than the step's arithmetic: with glibc's defaults the same long prefill
+costs up to 3x more on one pass over the lengths than on another, on this heap a few percent
+(`docs/measurements/2026-11-27-steady-heap.md`). A calibration can only price a step by its
+shape if the engine's cost is a function of the shape: traces, live replays and servers all run
+on this heap. Memory is kept for reuse instead of returned (a process holds its peak). vLLM's CPU
 guide recommends TCMalloc in its performance tips; glibc's own switches need no install.
 """
 

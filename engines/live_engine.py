@@ -33,9 +33,9 @@ def _prompt_logprob_args(s: Sampling, full: bool = False) -> dict:
     if not s.prompt_logprobs:
         return {}
     # vLLM skips the prefix cache for prompt log-probabilities unless told otherwise; a scoring
-    # request needs them only for its tail (the step), so it reads the cache. (Measured on
-    # 0.32 CPU: positions up to the cached length come back as junk, later ones exact; junk
-    # cannot be detokenized, hence detokenize=False.)
+    # request needs them only for its tail (the step), so it reads the cache: positions up to
+    # the cached length come back as junk, later ones exact, and junk cannot be detokenized,
+    # hence detokenize=False (`docs/measurements/2026-11-23-prompt-logprobs-cache.md`).
     return {"prompt_logprobs": s.top_logprobs, "skip_reading_prefix_cache": full,
             "detokenize": False}
 

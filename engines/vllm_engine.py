@@ -305,11 +305,10 @@ class Engine:
         """Run throw-away prefills of `prompt_tokens` (one prompt, then a token budget's worth)
         for `seconds`; the number run.
 
-        A fresh engine process ran its first seconds of long prefills 2-4x slower than later
-        ones of the same shape (a 1536-token prompt at 99-117 ms, then 41-45 ms, on the 2-core
-        Intel VM; two `reasonsim fidelity` grids had their first long-prompt cells at 2-4x their
-        repeats), while decode steps ran at their usual speed: a step grid that starts cold
-        charges that to whichever cells come first.
+        A fresh engine process runs its first seconds of long prefills 2-4x slower than later
+        ones of the same shape, while decode steps run at their usual speed
+        (`docs/measurements/2026-11-26-cold-prefills.md`): a step grid that starts cold charges
+        that to whichever cells come first.
         """
         import numpy as np
         from vllm import SamplingParams

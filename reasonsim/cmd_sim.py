@@ -52,7 +52,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from sim.config_schema import describe
 
         print("\n".join(describe()))
-        print("workload: see README (synthetic: arrival, num_requests | duration_s, "
+        print("workload: see docs/config.md (synthetic: arrival, num_requests | duration_s, "
               "prompt_tokens, output_tokens, prefix; trace: {format, path, ...}; programs)")
         return 0
     if args.config is None:

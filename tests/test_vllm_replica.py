@@ -47,9 +47,11 @@ def test_dynasor_programs_decide_on_the_vllm_replica_as_on_the_replica(name):
     assert rows["vllm"]["requests"] > 10  # programs sent requests (probes, samples)
 
 
-def test_seed_tree_search_on_two_pools_of_one_device_runs_on_the_vllm_replica():
-    # ToT states as nested prefixes (chains), a draft and a target pool stepped in turn
-    d = example_config("seed-greedy-small.yaml", count=4)
+@pytest.mark.parametrize("example", ["seed-greedy-small.yaml", "a1-sync.yaml"])
+def test_two_pools_on_one_device_run_on_the_vllm_replica(example):
+    # SEED's ToT states as nested prefixes (chains), A1's scored drafts; a draft and a target
+    # pool stepped in turn
+    d = example_config(example, count=4)
     _assert_agree(compare(run_paths(d, REPO / "examples", ("reference", "vllm"))))
 
 

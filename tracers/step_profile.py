@@ -27,13 +27,9 @@ REGIMES = {
 Dynasor programs' reasoning samples (a seed per request, no top-p), and that returning each
 sampled token's log-probability (no top-k entries) with text, as self-consistency and search
 programs ask; the log-probability steps land in `step_logprobs`. With text, vLLM decodes each
-returned entry too (`python benchmarks/sampling_cost.py --batch B --repeats 3`, Intel VM,
-medians at 4 / 8 sequences: seeded with log-probabilities 2.39 / 2.63 ms without text, 2.50 /
-2.77 ms with; seeded alone 2.12 / 2.35 and 2.18 / 2.39 ms), which the regime without text left
-unpriced (self-consistency's decode steps ran at 1.02-1.05x of the model). Top-p below 1
-(Dynasor's probes) filters the whole batch and costs more a step (`benchmarks/sampling_cost.py`),
-which the seeded term leaves out: a regime with it priced the programs' reasoning steps at
-1.06-1.09x of what they took."""
+returned entry too, which a regime without text leaves unpriced. Top-p below 1 (Dynasor's
+probes) filters the whole batch and costs more a step, which the seeded term leaves out
+(`docs/measurements/2026-11-27-sampling-cost.md`)."""
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ greedy and program traffic. The engine recorder counts each step's seeded sequen
 (`step_seeded`), so live program replays' steps are priced, and taken apart, as well; traces
 recorded before that say it only through a grid cell's regime.
 The grid's seeded regimes sample without top-p, as Dynasor's reasoning chunks and
-self-consistency's branches do: top-p below 1 filters the whole batch and costs more
-(`python benchmarks/sampling_cost.py --batch B`, Intel VM, medians of 5: seeded +0.9% / +2.3%
-at 1 / 4 sequences, seeded with top-p 0.95 +4.4% / +8.1%). Fitted on a regime with top-p, the
-term priced a CoT replay's decode steps at 1.06-1.09x of what they took; the probes' few steps
-with top-p are priced as seeded alone.
+self-consistency's branches do: top-p below 1 filters the whole batch and costs several times
+the seeded term, so a term fitted on a regime with top-p overprices the reasoning steps
+(`docs/measurements/2026-11-27-sampling-cost.md`); the probes' few steps with top-p are priced
+as seeded alone.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""The README and the docs pages: every relative link resolves (its file, and its heading where
+it names one), every image exists, the README stays one screen per job, and the commands it
+asks a user to paste exist."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO, run_cli
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page) -> set[str]:
+    """GitHub's heading anchors of a Markdown page."""
+    out = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_image_resolves(page):
+    bad = []
+    for target in _LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            bad.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(target)
+    assert not bad, f"{page.relative_to(REPO)}: links that resolve to nothing: {bad}"
+
+
+def test_the_readme_is_short_and_names_the_three_jobs_and_the_families():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    head = text[:text.index("## Where it stands")]
+    for words in ("Capacity planning", "Policy research", "Simulated against live",
+                  "reasonsim capacity", "reasonsim sweep", "reasonsim fidelity --quick",
+                  "Dynasor", "A1", "SEED", "HELIOS"):
+        assert words in head, words
+
+
+def test_the_readme_commands_exist():
+    text = (REPO / "README.md").read_text()
+    commands = set(re.findall(r"`?reasonsim ([a-z0-9]+(?: [a-z]+)?)", text))
+    for command in sorted(commands):
+        words = command.split()
+        proc = run_cli(*words, "--help", check=False)
+        if proc.returncode != 0:  # a subcommand's first word only (`reasonsim demo` in prose)
+            proc = run_cli(words[0], "--help")
+        assert "usage: reasonsim" in proc.stdout, command
