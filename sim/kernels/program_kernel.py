@@ -30,30 +30,7 @@ from sim.kernels.program_state import (
     SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
     ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
     FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue,
-    remove_running, entry, preempt, store, head_admissible, run_length, unschedule)
-
-
-@njit(cache=True)
-def _take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
-    """`KvPool._take_hit`: a waiting request's cache hit and first chunk where its whole prompt
-    fits; False, nothing changed, where not. A request that scores prompt positions the hit
-    covers reads nothing cached (the kernel runs no re-scoring: `why_not_compiled_programs`)."""
-    bs = rp[j, BS]
-    shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
-    n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
-                              rq[r, IDX], rp.shape[0])
-    if rq[r, SCORE_FROM] and (n + own) * bs >= rq[r, SCORE_FROM]:
-        n = own = unheld = 0
-    held = n + own
-    need = cdiv(rq[r, TARGET], bs) - held - rq[r, BLOCKS]
-    computed = held * bs
-    first = cdiv(computed + min(rq[r, TARGET] - computed, budget), bs) - held - rq[r, BLOCKS]
-    if max(need, first) + unheld > rp[j, FREE] + lru[j, 2]:
-        return False
-    rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], n, own, rq[r, IDX], rp.shape[0])
-    rq[r, SHARED], rq[r, BLOCKS], rq[r, COMPUTED] = n, rq[r, BLOCKS] + own, computed
-    return alloc(rq, rp, pc, tab, lru, free, j, r, computed + min(rq[r, TARGET] - computed,
-                                                                   budget))
+    remove_running, entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
 
 
 @njit(cache=True)
@@ -64,7 +41,7 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
         if rp[j, CACHING] and rq[r, COMPUTED] == 0:
-            if not _take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
+            if not take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
                 break
             n = min(rq[r, TARGET] - rq[r, COMPUTED], budget)
         else:

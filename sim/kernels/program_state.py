@@ -106,6 +106,29 @@ def alloc(rq, rp, pc, tab, lru, free, j, r, tokens_after):
 
 
 @njit(cache=True)
+def take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
+    """`KvPool._take_hit`: a waiting request's cache hit and first chunk where its whole prompt
+    fits; False, nothing changed, where not. A request that scores prompt positions the hit
+    covers reads nothing cached (the kernel runs no re-scoring: `why_not_compiled_programs`)."""
+    bs = rp[j, BS]
+    shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
+    n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
+                              rq[r, IDX], rp.shape[0])
+    if rq[r, SCORE_FROM] and (n + own) * bs >= rq[r, SCORE_FROM]:
+        n = own = unheld = 0
+    held = n + own
+    need = cdiv(rq[r, TARGET], bs) - held - rq[r, BLOCKS]
+    computed = held * bs
+    first = cdiv(computed + min(rq[r, TARGET] - computed, budget), bs) - held - rq[r, BLOCKS]
+    if max(need, first) + unheld > rp[j, FREE] + lru[j, 2]:
+        return False
+    rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], n, own, rq[r, IDX], rp.shape[0])
+    rq[r, SHARED], rq[r, BLOCKS], rq[r, COMPUTED] = n, rq[r, BLOCKS] + own, computed
+    return alloc(rq, rp, pc, tab, lru, free, j, r, computed + min(rq[r, TARGET] - computed,
+                                                                   budget))
+
+
+@njit(cache=True)
 def release(rq, rp, pc, tab, lru, free, j, r):
     """`Replica._release`: the request's full blocks stay cached by content (`PrefixCache.
     release`: its own ones as one run, then its group's, given back); the rest are freed."""
