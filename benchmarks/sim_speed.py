@@ -5,6 +5,10 @@
                                                       # 1M Dynasor CoT programs on 1,000
                                                       # replicas, plus Vidur side by side if --vidur
 
+The same plain workload is timed with each step-time model kind (`calibrations`): the shipped
+linear calibration and a `serving` one (`calibrate`'s default) fitted in the run on the shipped
+testbed traces, each compiled and under SimPy (and beside Vidur's loop with --vidur).
+
 Cost must grow with scheduling events, not tokens: the same requests with output lengths doubled
 should cost about the same, both at the same arrival rate (double_tokens_cost_ratio: twice the
 concurrency, so larger batches) and at half the rate (double_tokens_half_rate_cost_ratio: the
@@ -30,9 +34,22 @@ from sim.config import parse_config  # noqa: E402
 from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+TRACES = REPO / "traces" / "data" / "testbed-large-cpu"
+"""the shipped testbed traces the serving calibration is fitted on (`serving_calibration`)"""
 
 
-def config(n: int, replicas: int, per_replica_rate: float = 15.0):
+def serving_calibration() -> Path:
+    """A `serving` calibration (`calibrate`'s default model, every term it fits) of the
+    shipped testbed traces, written under .bench/."""
+    from sim.step_time.calibration import calibrate
+
+    path = REPO / ".bench" / "serving.calib.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(calibrate([TRACES]).to_json()))
+    return path
+
+
+def config(n: int, replicas: int, per_replica_rate: float = 15.0, cal: Path = CAL):
     """Poisson load near 70% of one testbed replica's capacity (~22 req/s), lognormal lengths."""
     return parse_config({
         "seed": 0,
@@ -44,7 +61,7 @@ def config(n: int, replicas: int, per_replica_rate: float = 15.0):
                      "output_tokens": {"kind": "lognormal", "mean": 128, "sigma": 0.8,
                                        "max": 384}},
         "cluster": {"router": "least_outstanding",
-                    "replicas": [{"calibration": str(CAL), "count": replicas}]},
+                    "replicas": [{"calibration": str(cal), "count": replicas}]},
         "output": {"steps": False}})
 
 
@@ -151,9 +168,11 @@ def measure_all(args) -> tuple[dict, object, dict]:
     # The same workload under SimPy (the lazy replica): what the compiled kernel must equal
     simpy_base = measure(cfg, w, args.repeats, compiled=False)
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
+    cals = calibrations(n, replicas, args.repeats)
     at = args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))
     prog = {method: programs(*at, method, args.programs_simpy) for method in PROGRAMS}
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
+           "calibrations": cals,
            "double_at": [n, replicas],
            "events_per_request": rows[0]["events_per_request"],
            "double_tokens_cost_ratio": double["cpu_s"] / base["cpu_s"],
@@ -170,6 +189,21 @@ def measure_all(args) -> tuple[dict, object, dict]:
     return out, w, base
 
 
+def calibrations(n: int, replicas: int, repeats: int) -> dict:
+    """Per step-time model kind, the doubling workload's base (half rate) compiled and under
+    SimPy: requests per CPU-second, events per request, the kernel's speedup."""
+    out = {}
+    for kind, cal in (("linear", CAL), ("serving", serving_calibration())):
+        cfg = config(n, replicas, per_replica_rate=7.5, cal=cal)
+        w = workload_from_config(cfg.workload, cfg.seed)
+        fast, simpy = measure(cfg, w, repeats), measure(cfg, w, repeats, compiled=False)
+        out[kind] = {"requests_per_cpu_s": fast["requests_per_cpu_s"],
+                     "events_per_request": fast["events_per_request"],
+                     "simpy_requests_per_cpu_s": simpy["requests_per_cpu_s"],
+                     "compiled_speedup": simpy["cpu_s"] / fast["cpu_s"]}
+    return out
+
+
 def add_vidur(out: dict, w, base: dict) -> None:
     """Vidur on the same arrivals and lengths, and the speedups against it."""
     csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
@@ -184,6 +218,9 @@ def add_vidur(out: dict, w, base: dict) -> None:
         # which is only comparable once its predictor is cached (a cold one trains ~15 s).
         out["speedup_vs_vidur_loop"] = (base["requests_per_cpu_s"]
                                         / vid["requests_per_event_loop_cpu_s"])
+        for row in out["calibrations"].values():  # the same workload, each model kind
+            row["speedup_vs_vidur_loop"] = (row["requests_per_cpu_s"]
+                                            / vid["requests_per_event_loop_cpu_s"])
         out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
                                               / vid["requests_per_cpu_s"])
         out["simpy_speedup_vs_vidur_loop"] = (out["simpy"]["requests_per_cpu_s"]
@@ -220,6 +257,12 @@ def print_table(out: dict, base: dict) -> None:
           f"req/cpu-s, the kernel "
           f"{sp['compiled_speedup']:.1f}x faster; doubled output tokens there: cost ratio "
           f"{sp['double_tokens_cost_ratio']:.2f}")
+    for kind, c in out["calibrations"].items():
+        print(f"{kind} step-time model on the doubling workload: {c['requests_per_cpu_s']:.0f} "
+              f"req/cpu-s compiled ({c['events_per_request']:.2f} events/req), "
+              f"{c['simpy_requests_per_cpu_s']:.0f} under SimPy ({c['compiled_speedup']:.1f}x)"
+              + (f", {c['speedup_vs_vidur_loop']:.1f}x Vidur's loop"
+                 if "speedup_vs_vidur_loop" in c else ""))
     for method, p in prog.items():
         print(f"{p['programs']} Dynasor {method} programs ({p['requests']} requests) on "
               f"{p['replicas']} replicas ({p['simulator']}): {p['cpu_s']:.1f} CPU-s, "

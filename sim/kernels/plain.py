@@ -1,15 +1,14 @@
 """When a plain request simulation may run compiled (`sim.kernels.plain_kernel`), and running it.
 
-The compiled kernel is the SimPy reference's equal on what it covers (mean or sampled step
-time); everything else (program workloads, speculative or layered replicas, shared devices,
-prefix caching, priority scheduling, user routers, step-time models with engine state, several
-pools) runs under SimPy.
+The compiled kernel is the SimPy reference's equal on what it covers (the linear and the
+serving step-time models, mean or sampled step time); everything else (program workloads,
+speculative or layered replicas, shared devices, prefix caching, priority scheduling, user
+routers, other step-time models, several pools) runs under SimPy.
 `why_not_compiled` names the first thing that keeps a config off the compiled path.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from sim.step_time.calibration import Calibration
 from sim.engine.cluster import noise_seeds
 from sim.config import SimConfig
 from sim.step_time.latency import LatencyModel
+from sim.step_time.serving_latency import ServingModel
 from sim.engine.replica_config import ReplicaConfig
 from sim.engine.request_state import Results
 from sim.workloads.requests import Workload
@@ -37,7 +37,7 @@ def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfi
         return "prefix caching"  # a preempted request's recompute finds its own blocks cached
     if any(rc.priority_scheduling for _, rc in specs):
         return "priority scheduling"
-    return _replicas_why_not(cfg, specs)
+    return _replicas_why_not(cfg, specs, (LatencyModel, ServingModel))
 
 
 def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
@@ -49,7 +49,7 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
         return "a program kind other than cot/sc on a probes trace"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
-    why = _replicas_why_not(cfg, specs)
+    why = _replicas_why_not(cfg, specs, (LatencyModel,))
     if why is not None:
         return why
     from sim.kernels.prefix import MAX_BLOCKS  # numba is there: checked above
@@ -61,15 +61,15 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
     return None
 
 
-def _replicas_why_not(cfg: SimConfig, specs: list) -> str | None:
-    """What either kernel cannot run of the replicas: shared devices, other step-time models,
-    speculation, or numba missing."""
+def _replicas_why_not(cfg: SimConfig, specs: list, models: tuple) -> str | None:
+    """What a kernel pricing steps with `models` cannot run of the replicas: shared devices,
+    other step-time models, speculation, or numba missing."""
     if any(g.device is not None for g in cfg.replicas):
         return "a shared device"
     if any(g.scheduler != "reasonsim" for g in cfg.replicas):
         return "a replica group scheduled by other code (`scheduler`)"
     for cal, rc in specs:
-        if type(cal.latency) is not LatencyModel:
+        if type(cal.latency) not in models:
             why = getattr(cal.latency, "not_compiled", "") or "not a closed form the kernels price"
             return f"step-time model {cal.latency.kind!r}: {why}"
         if rc.spec is not None:
@@ -87,6 +87,7 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
     event loop seconds)."""
     from sim.kernels import plain_kernel as K
     from sim.kernels import state as S
+    from sim.kernels.serving import DRIFT
 
     n, nrep = len(workload), len(specs)
     rq = np.zeros((n, S.RQ_COLS), dtype=np.int64)
@@ -100,16 +101,17 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
         rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.usable_blocks)
-        rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
+        rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms[:S.CX + 1]  # the loop's step gap included
         rf[j, S.NOISE], rf[j, S.NOISE_STD] = cal.latency.residual_sampler()
         rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
             cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
     rp[:, [S.RHEAD, S.RTAIL, S.WHEAD, S.WTAIL]] = -1
-    rngs, quantiles = _noise(cfg, specs, rp, rf)
+    rngs, quantiles, eng = _noise(cfg, specs, rp)
+    rf[:, S.RUN_FACTOR] = eng[0][:, DRIFT]
     loop0 = time.perf_counter()
     rt, replica_of, seg, events = K.simulate_kernel(
         np.ascontiguousarray(workload.arrival_s, dtype=np.float64), rq, rp, rf, rngs, quantiles,
-        cfg.router == "least_outstanding")
+        eng, cfg.router == "least_outstanding")
     loop_s = time.perf_counter() - loop0
     res = Results(n)
     res.scheduled_s = np.ascontiguousarray(rt[:, S.SCHEDULED_S])
@@ -123,27 +125,26 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
     return res, rf[:, S.BUSY_S].copy(), loop_s
 
 
-def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
-    """Each replica's noise generator (seeded as `Cluster` seeds its replicas') and residual
-    quantiles (rows padded; their count in rp[:, N_QUANTILES]); sets each run factor."""
+def _noise(cfg: SimConfig, specs: list, rp: np.ndarray):
+    """Each replica's noise generator (seeded as `Cluster` seeds its replicas'), residual
+    quantiles (rows padded; their count in rp[:, N_QUANTILES]) and engine state and speed
+    levels (`sim.kernels.serving`, drawn first as `Replica.__init__` draws them)."""
     from numba.typed import List
 
     from sim.kernels import state as S
+    from sim.kernels.serving import serving_state
 
     sampled = cfg.latency == "sampled"
     seeds = noise_seeds(cfg, len(specs))
-    rngs = List([np.random.default_rng(seeds[j] if sampled else 0) for j in range(len(specs))])
+    gens = [np.random.default_rng(seeds[j] if sampled else 0) for j in range(len(specs))]
+    eng = serving_state(specs, gens, sampled)
     qs = [cal.latency.residual_log_quantiles for cal, _ in specs]
     quantiles = np.zeros((len(specs), max(len(q) for q in qs)))
     for j, (cal, _) in enumerate(specs):
         quantiles[j, :len(qs[j])] = qs[j]
         rp[j, S.N_QUANTILES] = len(qs[j])
-        runs = getattr(cal.latency, "run_log_quantiles", (0.0,))
-        # as `Replica.__init__` draws it, before any step's noise
-        rf[j, S.RUN_FACTOR] = 1.0 if not sampled or len(runs) < 2 else \
-            math.exp(runs[int(rngs[j].integers(len(runs)))])
     rp[:, S.SAMPLED] = sampled
-    return rngs, quantiles
+    return List(gens), quantiles, eng
 
 
 def warm() -> float:

@@ -27,7 +27,8 @@ from sim.kernels.state import (
     WAKE_S, HOST_S, ADD_MORE_S, SEG_START, BUSY_S, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S,
     RT_COLS, EVENTS, SEG_N, HEAP_N, SEG_COLS, push_event, pop_event, cdiv, alloc,
     unlink_running, append_running, append_waiting, pop_waiting, preempt, grow_rows,
-    record_run, truncate_run)
+    record_run, truncate_run, iterations_within)
+from sim.kernels import serving as V
 
 
 @njit(cache=True)
@@ -36,7 +37,7 @@ def _step_ms(rf, j, p, d, c):
 
 
 @njit(cache=True)
-def _noise(rp, rf, rngs, quantiles, j, k):
+def _noise(rp, rf, rngs, quantiles, eng, j, k):
     """`Replica._noise`: the step's residual factor (mean, or drawn from the replica's
     generator: numba's Generator draws NumPy's stream)."""
     if rp[j, SAMPLED] == 0:
@@ -84,10 +85,10 @@ def _extra(rq, rp, j, it):
 
 
 @njit(cache=True, inline="always")
-def _admit(rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs):
+def _admit(rq, rp, rt, j, now, budget, tot):
     """`Replica._admit`: waiting requests join the step in queue order while there is a
-    sequence slot, token budget and KV room; (admitted, context, prefill tokens, prefill
-    sequences) after them."""
+    sequence slot, token budget and KV room; the number admitted. `tot`: the step's totals
+    (context, prefill tokens, prefill sequences, spanned context, attention pairs), added to."""
     admitted = 0
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
@@ -104,23 +105,32 @@ def _admit(rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs):
         rq[r, SCHED_N] = n
         admitted += 1
         budget -= n
-        if rq[r, COMPUTED] < rq[r, TARGET]:
-            context += rq[r, COMPUTED] + n
-            prefill_tokens += n
-            prefill_seqs += 1
-        else:
-            context += rq[r, COMPUTED] + 1
-    return admitted, context, prefill_tokens, prefill_seqs
+        _add(tot, rq[r, COMPUTED], rq[r, TARGET], n)
+    return admitted
+
+
+@njit(cache=True, inline="always")
+def _add(tot, computed, target, n):
+    """Add an entry of n tokens to the step's totals (`entry_totals`, `prefill_spans`)."""
+    if computed < target:
+        tot[0] += computed + n
+        tot[1] += n
+        tot[2] += 1
+        tot[3] += computed
+        tot[4] += n * (computed + n)
+    else:
+        tot[0] += computed + 1
 
 
 @njit(cache=True)
-def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
-    """`Replica._plan` (no device, no prefix cache, FCFS) and `_launch` (linear model, mean)."""
+def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now):
+    """`Replica._plan` (no device, no prefix cache, FCFS), then `_launch`."""
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
     bs = rp[j, BS]
     budget = rp[j, BUDGET]
-    prefill_tokens = prefill_seqs = context = preempted = n_sched = 0
+    preempted = n_sched = 0
+    tot = np.zeros(5, dtype=np.int64)  # context, prefill tokens and sequences, spans, pairs
     r = rp[j, RHEAD]
     while r >= 0 and budget > 0:
         nxt = rq[r, RNEXT]
@@ -129,7 +139,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
             rq[r, SCHED_N] = 1
             n_sched += 1
             budget -= 1
-            context += computed + 1
+            tot[0] += computed + 1
             r = nxt
             continue
         prefill = computed < target
@@ -149,44 +159,62 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now):
         rq[r, SCHED_N] = n
         n_sched += 1
         budget -= n
-        context += computed + n
-        if prefill:
-            prefill_tokens += n
-            prefill_seqs += 1
+        _add(tot, computed, target, n)
         r = nxt
     if preempted == 0:  # a step that preempted admits no waiting request
-        admitted, context, prefill_tokens, prefill_seqs = _admit(
-            rq, rp, rt, j, now, budget, context, prefill_tokens, prefill_seqs)
-        n_sched += admitted
+        n_sched += _admit(rq, rp, rt, j, now, budget, tot)
     if n_sched == 0:
         rp[j, BUSY] = 0
         rp[j, RUN_K] = 0
         return
-    decode_seqs = n_sched - prefill_seqs
+    _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
+            n_sched - tot[2], preempted)
+
+
+@njit(cache=True)
+def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot, decode_seqs,
+            preempted):
+    """`Replica._launch`: price the step (a run of decode iterations where it may
+    fast-forward, ending at its speed level's window edge), record it, schedule its end."""
+    context, prefill_tokens, prefill_seqs = tot[0], tot[1], tot[2]
     step = _step_ms(rf, j, prefill_tokens, decode_seqs, context)
-    factor = _noise(rp, rf, rngs, quantiles, j, 1)
+    plain = True
+    sv = eng[0]
+    if sv[j, V.SERVING] > 0.0:
+        step, plain = V.step_ms(eng, j, now, prefill_tokens, decode_seqs, context,
+                                prefill_seqs, tot[3], tot[4], step)
+    spells = sv[j, V.N_SPELLS] > 0.0
+    if spells:
+        rf[j, RUN_FACTOR] = sv[j, V.DRIFT] * V.spell_level(eng, j, now)
+    factor = _noise(rp, rf, rngs, quantiles, eng, j, 1)
     k = 1
     a_ms, b_ms = step, 0.0
-    if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
         head = rp[j, WHEAD]
         admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
-            cdiv(rq[head, TARGET], bs) <= rp[j, FREE]
+            cdiv(rq[head, TARGET], rp[j, BS]) <= rp[j, FREE]
         if not admissible:
             k = _run_length(rq, rp, j)
+        context0 = context - decode_seqs
+        closed_a = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
+        closed_b = rf[j, CC] * decode_seqs
+        if k > 1 and spells:
+            k = min(k, max(1, iterations_within(
+                closed_a, closed_b, (V.spell_end_s(sv, j) - now) * 1e3
+                / (rf[j, RUN_FACTOR] * rf[j, NOISE]))))
         if k > 1:
-            context0 = context - decode_seqs
-            a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
-            b_ms = rf[j, CC] * decode_seqs
-            factor = _noise(rp, rf, rngs, quantiles, j, k)
+            a_ms, b_ms = closed_a, closed_b
+            factor = _noise(rp, rf, rngs, quantiles, eng, j, k)
     # (the reference adds a log-probability term here: plain requests have none)
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
                prefill_seqs, decode_seqs, context, preempted, 0)
 
 
 @njit(cache=True)
-def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, k, t_end, env_now):
+def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, k, t_end, env_now):
     """`Replica._on_end`: apply the k iterations, retire who is done, plan the next step."""
     rf[j, BUSY_S] += t_end - rf[j, SEG_START]
+    eng[0][j, V.LAST_END] = t_end
     bs = rp[j, BS]
     r = rp[j, RHEAD]
     while r >= 0:
@@ -214,11 +242,11 @@ def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, k, t_end, env_now):
                 rp[j, IN_FLIGHT] -= 1
         r = nxt
     rp[j, RUN_K] = 0
-    _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
+    _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now)
 
 
 @njit(cache=True)
-def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outstanding,
+def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, i, env_now, least_outstanding,
             rr):
     """Route request i (`policies.routing`) and submit it (`Replica.submit`)."""
     nrep = rp.shape[0]
@@ -235,7 +263,7 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
     rf[j, HOST_S] += rf[j, ADD_MORE_S] if rf[j, HOST_S] > 0.0 else rf[j, ADD_S]
     append_waiting(rq, rp, j, i)
     if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
-        _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, env_now)
+        _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now)
     elif rp[j, BUSY] == 0:  # the idle loop wakes, then composes with what arrived meanwhile
         rp[j, BUSY] = 1
         push_event(h, ctr, env_now + rf[j, WAKE_S], j, rp[j, GEN], -1, 0.0)
@@ -245,9 +273,10 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, env_now, least_outs
 
 
 @njit(cache=True)
-def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
+def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, eng, least_outstanding):
     """Run the whole simulation; (results per request, replica of each request, segment rows,
-    events scheduled). `rq`, `rp`, `rf` come initialised (`sim.kernels.plain`)."""
+    events scheduled). `rq`, `rp`, `rf` and `eng` (`sim.kernels.serving`) come initialised
+    (`sim.kernels.plain`)."""
     n, nrep = arrival_s.shape[0], rp.shape[0]
     rt = np.full((n, RT_COLS), np.nan)
     replica_of = np.zeros(n, dtype=np.int64)
@@ -265,7 +294,7 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
                 break
             if ctr[SEG_N] + 2 > seg.shape[0]:
                 seg = grow_rows(seg)
-            replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
+            replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, i, now,
                                     least_outstanding, i)
             i += 1
         # the next event; an arrival's resumption submits its request before waiting again
@@ -276,7 +305,7 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
             if j < 0:
                 if ctr[SEG_N] + 2 > seg.shape[0]:
                     seg = grow_rows(seg)
-                replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, i, now,
+                replica_of[i] = _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, i, now,
                                         least_outstanding, i)
                 i += 1
                 break
@@ -285,9 +314,9 @@ def simulate_kernel(arrival_s, rq, rp, rf, rngs, quantiles, least_outstanding):
             if ctr[SEG_N] + 2 > seg.shape[0]:
                 seg = grow_rows(seg)
             if int(ev[4]) < 0:  # awake (`_submit`)
-                _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, now)
+                _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, now)
                 continue
-            _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, j, int(ev[4]), ev[5],
+            _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, int(ev[4]), ev[5],
                     now)
         else:
             break

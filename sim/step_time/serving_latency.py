@@ -191,8 +191,8 @@ class ServingModel:
     """keys `to_json` writes only where set, or that older calibrations lack"""
     not_compiled: ClassVar[str] = (
         "its first-of-shape, after-idle and chunk-echo terms depend on engine state (the step "
-        "shapes seen, the time since the last step, a chunk's echo) that the compiled kernels "
-        "do not carry; it runs on the SimPy replica, which does")
+        "shapes seen, the time since the last step, a chunk's echo) that the program kernel "
+        "does not carry (the plain kernel does); it runs on the SimPy replica, which does")
     coef_ms: tuple[float, ...]
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""

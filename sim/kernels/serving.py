@@ -1,0 +1,118 @@
+"""The `serving` step-time model compiled: its engine state, and a shared machine's speed spells.
+
+`sim.step_time.serving_latency.ServingModel.step_ms` with `sim.engine.engine_state.EngineState`
+(the step shapes seen, the idle since the last step, the after-prefill echo) and
+`sim.step_time.spells.Spells` (a speed level per window of time in sampled latency), in the
+same float expressions in the same order, so the plain kernel prices a step as the SimPy
+replica does, bit for bit (`tests/test_compiled.py`).
+
+State per replica in `sv` (float64, columns below) and `seen` (a flag per token count: the
+shapes the engine has run a step with); the spells' generators and log quantiles beside them.
+A replica whose model is linear has `sv[j, SERVING] == 0` and no spells.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from sim.step_time.serving_latency import ECHO_WEIGHTS, FEATURES, IDLE_CAP_MS, IDLE_SHORT_MS
+from sim.step_time.spells import SPELL_S, speed_levels
+
+N_COEF = len(FEATURES)
+# per replica (float64): the model's coefficients (the loop's step gap in the first), its
+# caps, then the engine state and the spells' window
+IDLE_SEEN, SHAPE_CAP, PAIRS, SERVING, ECHO_STEPS, SINCE_PREFILL, PRE_IDLE, PRE_TOKENS, \
+    LAST_END, DRIFT, N_SPELLS, WINDOW, LEVEL, SV_COLS = range(N_COEF, N_COEF + 14)
+W1, W2, W3 = ECHO_WEIGHTS
+
+
+def serving_state(specs: list, rngs: list, sampled: bool):
+    """The kernel's `eng`: (sv, seen, spell generators, spell log quantiles) for replicas
+    `specs` [(Calibration, ReplicaConfig)], drawing each replica's run level (`sv[:, DRIFT]`)
+    and spell seed from its noise generator as `Replica.__init__` does (`speed_levels`)."""
+    nrep = len(specs)
+    sv = np.zeros((nrep, SV_COLS))
+    seen = np.zeros((nrep, max(rc.max_num_batched_tokens for _, rc in specs) + 1), np.uint8)
+    spell_rngs, spell_q = [], []
+    for j, (cal, _) in enumerate(specs):
+        model = cal.stepping  # the loop's step gap included
+        drift, spells = speed_levels(model, rngs[j] if sampled else None)
+        sv[j, DRIFT], sv[j, WINDOW], sv[j, LEVEL], sv[j, LAST_END] = drift, -1, 1.0, -np.inf
+        spell_rngs.append(spells.rng if spells is not None else np.random.default_rng(0))
+        spell_q.append(spells.log_q if spells is not None else ())
+        sv[j, N_SPELLS] = len(spell_q[-1])
+        if getattr(model, "engine_state", False):
+            sv[j, :N_COEF] = model.coef_ms
+            sv[j, [IDLE_SEEN, SHAPE_CAP, PAIRS, SERVING]] = (
+                model.idle_seen_ms, model.new_shape_cap_tokens, model.pairs, 1.0)
+            # no prefill yet: no echo (`EngineState.__init__`)
+            sv[j, ECHO_STEPS] = sv[j, SINCE_PREFILL] = len(ECHO_WEIGHTS) if model.echoes else 0
+    q = np.zeros((nrep, max([len(v) for v in spell_q] + [1])))
+    for j, v in enumerate(spell_q):
+        q[j, :len(v)] = v
+    from numba.typed import List
+
+    return sv, seen, List(spell_rngs), q
+
+
+@njit(cache=True)
+def step_ms(eng, j, now_s, p, d, context, prefill_seqs, span_context, pair_tokens, linear_ms):
+    """`EngineState.before_step` and `ServingModel.step_ms` of a step at now_s whose linear
+    part is `linear_ms`: (its mean ms, whether it is plain: no first-of-shape, idle or echo
+    term, so a decode run may fast-forward). Marks the shape seen. `eng`: `serving_state`'s."""
+    sv, seen = eng[0], eng[1]
+    tokens = p + d
+    new_shape = seen[j, tokens] == 0
+    seen[j, tokens] = 1
+    idle_ms = (now_s - sv[j, LAST_END]) * 1e3
+    if idle_ms < 1e-3:  # float rounding of event times: no idle
+        idle_ms = 0.0
+    w = 0.0
+    echo_idle = echo_tokens = 0.0
+    if p:
+        sv[j, SINCE_PREFILL], sv[j, PRE_IDLE], sv[j, PRE_TOKENS] = 0.0, idle_ms, float(p)
+    else:
+        k = min(sv[j, SINCE_PREFILL] + 1.0, sv[j, ECHO_STEPS] + 1.0)
+        sv[j, SINCE_PREFILL] = k
+        if k <= sv[j, ECHO_STEPS]:
+            w = W1 if k == 1.0 else (W2 if k == 2.0 else W3)
+            echo_idle, echo_tokens = sv[j, PRE_IDLE], sv[j, PRE_TOKENS]
+    ms = linear_ms
+    if p:
+        if sv[j, PAIRS] > 0 and pair_tokens:
+            pairs = float(pair_tokens)
+        else:
+            pairs = p * p / max(prefill_seqs, 1)
+        ms += sv[j, 5] + sv[j, 10] * pairs / 1e3 + (
+            sv[j, 14] * p + sv[j, 15] * span_context / 1e3 if span_context > 0 else 0.0)
+    if new_shape:
+        ms += sv[j, 6] + sv[j, 7] * min(float(tokens), sv[j, SHAPE_CAP]) / 100.0
+    if idle_ms > 0.0:
+        seen_ms = min(idle_ms, sv[j, IDLE_SEEN])
+        ms += sv[j, 8] * min(seen_ms, IDLE_CAP_MS) / 100.0 + \
+            sv[j, 9] * min(seen_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+    if w:
+        ms += w * (sv[j, 11] + sv[j, 12] * min(min(echo_idle, sv[j, IDLE_SEEN]), IDLE_CAP_MS)
+                   / 100.0 + sv[j, 13] * echo_tokens / 1e3)
+    return ms, not new_shape and idle_ms == 0.0 and not w
+
+
+@njit(cache=True)
+def spell_level(eng, j, now_s):
+    """`Spells.at`: the level of the window holding now_s, every earlier window drawn first."""
+    sv, spell_q = eng[0], eng[3]
+    w = int(now_s // SPELL_S)
+    g = eng[2][j]
+    while sv[j, WINDOW] < w:
+        sv[j, WINDOW] += 1.0
+        sv[j, LEVEL] = math.exp(spell_q[j, g.integers(0, int(sv[j, N_SPELLS]))])
+    return sv[j, LEVEL]
+
+
+@njit(cache=True)
+def spell_end_s(sv, j):
+    """`Spells.end_s`: where the current window ends."""
+    return (sv[j, WINDOW] + 1.0) * SPELL_S
