@@ -5,8 +5,9 @@ Same requests, programs and steps tables and the same events, iterations and pre
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
 replica), on Dynasor CoT with probes and self-consistency, under every inter-program scheduler
 (priority queues, the lowest-priority victim), KV pressure (preemption, prefix-cache eviction),
-chunked prefill, few sequence slots, several replicas, and the loop's host time with the seeded
-sampling term; and the workloads it does not cover stay under SimPy.
+chunked prefill, few sequence slots, several replicas, the loop's host time with the seeded
+sampling term, and the linear and the serving step-time model (every term of the latter on); and
+the workloads it does not cover stay under SimPy.
 """
 
 from __future__ import annotations
@@ -24,21 +25,36 @@ from sim.kernels.plain import why_not_compiled_programs
 from sim.kernels.prefix import grow_cache, insert, new_cache, find, evict
 from sim.config import parse_config, read_yaml
 from sim.simulate import simulate
+from sim.step_time.serving_latency import FEATURES
 
 CAL = REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json"
 EXAMPLES = REPO / "examples"
 
 
 @pytest.fixture(scope="module")
-def host_cal(tmp_path_factory):
-    """The programs calibration with host and seeded-sampling terms set (they shift steps)."""
-    d = json.loads(CAL.read_text())
-    d["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.0, "logprob_top_k_ms": 0.0,
-                 "logprob_step_ms": 0.0, "wake_ms": 2.5, "seeded_step_ms": 0.4,
-                 "seeded_seq_ms": 0.05, "add_next_ms": 0.2, "step_gap_ms": 0.03}
-    path = tmp_path_factory.mktemp("cal") / "host.calib.json"
-    path.write_text(json.dumps(d))
-    return path
+def cals(tmp_path_factory):
+    """Calibrations by (model, host): the programs calibration (linear), the same as a serving
+    model with every further term nonzero (first-of-shape with its cap, idle below the seen
+    cap, echo, attention pairs, spanned context), each with and without host and
+    seeded-sampling terms (they shift steps)."""
+    out, folder = {}, tmp_path_factory.mktemp("cal")
+    linear = json.loads(CAL.read_text())
+    serving = json.loads(CAL.read_text())
+    serving["step_time_model"].update(
+        kind="serving", features=list(FEATURES), idle_cap_ms=200.0, idle_seen_ms=50.0,
+        coef_ms=linear["step_time_model"]["coef_ms"] + [0.3, 1.5, 0.45, 0.2, 1.6, 0.02, 0.5,
+                                                        0.3, 0.4, 0.003, 0.2],
+        prefill_pairs=True, new_shape_cap_tokens=256.0)
+    for model, d in (("linear", linear), ("serving", serving)):
+        for host in (False, True):
+            if host:
+                d["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.0,
+                             "logprob_top_k_ms": 0.0, "logprob_step_ms": 0.0, "wake_ms": 2.5,
+                             "seeded_step_ms": 0.4, "seeded_seq_ms": 0.05, "add_next_ms": 0.2,
+                             "step_gap_ms": 0.03}
+            out[model, host] = folder / f"{model}-{host}.calib.json"
+            out[model, host].write_text(json.dumps(d))
+    return out
 
 
 def _config(example: str, count: int, rate_per_s: float, replicas: int = 1, seed: int = 0,
@@ -70,15 +86,15 @@ def _equal(fast, ref):
        kv=st.sampled_from([None, 20, 60]), seqs=st.sampled_from([None, 3, 16]),
        batched=st.sampled_from([None, 48]), caching=st.booleans(), host=st.booleans(),
        rate=st.sampled_from([2.0, 20.0]), replicas=st.sampled_from([1, 3]),
-       seed=st.integers(0, 3))
-def test_program_kernel_equals_simpy(host_cal, example, scheduler, kv, seqs, batched, caching,
-                                     host, rate, replicas, seed):
+       model=st.sampled_from(["linear", "serving"]), seed=st.integers(0, 3))
+def test_program_kernel_equals_simpy(cals, example, scheduler, kv, seqs, batched, caching,
+                                     host, rate, replicas, model, seed):
     group = {"enable_prefix_caching": caching}
     for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs), ("max_num_batched_tokens", batched)):
         if v:
             group[key] = v
-    if host:
-        group["calibration"] = str(host_cal)
+    if host or model == "serving":
+        group["calibration"] = str(cals[model, host])
     cfg = _config(example, 30, rate, replicas, seed, scheduler, **group)
     fast = simulate(cfg)
     _equal(fast, simulate(cfg, compiled=False))
@@ -96,10 +112,12 @@ def test_program_kernel_under_pressure_preempts_evicts_and_aborts():
     assert req.cached_prompt_tokens.sum() > 0  # prefix hits happened between evictions
 
 
-def test_program_kernel_at_scale():
+@pytest.mark.parametrize("model", ["linear", "serving"])
+def test_program_kernel_at_scale(cals, model):
     """Thousands of programs on many replicas: long decode runs truncated by submissions, ties
     in the event order, arrays grown mid-run."""
-    cfg = _config("dynasor-cot-certaindex.yaml", 3000, 100.0, replicas=20)
+    cfg = _config("dynasor-cot-certaindex.yaml", 3000, 100.0, replicas=20,
+                  calibration=str(cals[model, True]))
     _equal(simulate(cfg), simulate(cfg, compiled=False))
 
 

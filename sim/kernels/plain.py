@@ -49,7 +49,7 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
         return "a program kind other than cot/sc on a probes trace"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
-    why = _replicas_why_not(cfg, specs, (LatencyModel,))
+    why = _replicas_why_not(cfg, specs, (LatencyModel, ServingModel))
     if why is not None:
         return why
     from sim.kernels.prefix import MAX_BLOCKS  # numba is there: checked above

@@ -181,8 +181,8 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     plain = True
     sv = eng[0]
     if sv[j, V.SERVING] > 0.0:
-        step, plain = V.step_ms(eng, j, now, prefill_tokens, decode_seqs, context,
-                                prefill_seqs, tot[3], tot[4], step)
+        step, plain = V.step_ms(sv, 0, eng[1], 0, j, now, prefill_tokens, decode_seqs,
+                                context, prefill_seqs, tot[3], tot[4], step)
     spells = sv[j, V.N_SPELLS] > 0.0
     if spells:
         rf[j, RUN_FACTOR] = sv[j, V.DRIFT] * V.spell_level(eng, j, now)

@@ -21,16 +21,17 @@ import numpy as np
 from numba import njit
 
 from sim.kernels import prefix as P
+from sim.kernels import serving as V
 from sim.kernels.state import cdiv, pop_event, push_event, record_run, truncate_run
 from sim.kernels.program_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
     FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
-    CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
-    SEED_STEP, SEED_SEQ, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
+    CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP,
+    SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
     ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
-    FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue,
-    remove_running, entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
+    FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
+    entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
 
 
 @njit(cache=True)
@@ -122,7 +123,7 @@ def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, 
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
     while True:
-        tot = np.zeros(5)  # context, prefill tokens, prefill sequences, lp ms, seeded
+        tot = np.zeros(7)  # context, prefill tokens and sequences, lp ms, seeded, spans, pairs
         preempted = _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now,
                              tot)
         if rp[j, NSCHED] > 0 or preempted == 0:
@@ -151,9 +152,13 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
     a_ms = rf[j, C0] + rf[j, CP] * prefill_tokens + rf[j, CD] * decode_seqs + \
         rf[j, CC] * context + rf[j, CX] * prefill_tokens * context / 1e3
     b_ms = 0.0
+    plain = True
+    if rf[j, SV0 + V.SERVING] > 0.0:
+        a_ms, plain = V.step_ms(rf, SV0, rf, SEEN0, j, now, prefill_tokens, decode_seqs, context,
+                                prefill_seqs, int(tot[5]), int(tot[6]), a_ms)
     factor = rf[j, NOISE]
     k = 1
-    if prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
         if not head_admissible(rq, rp, lru, j):
             k = run_length(rq, rp, running, j)
         if k > 1:
@@ -249,6 +254,7 @@ def _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, k,
     """`Replica._on_end` up to the callbacks: apply the k iterations; the requests now done
     leave the running list (into `done`, in step order)."""
     rf[j, BUSY_S] += t_end - rf[j, SEG_START]
+    rf[j, SV0 + V.LAST_END] = t_end
     rp[j, ENDING] = 1
     bs, nd = rp[j, BS], 0
     for m in range(rp[j, NSCHED]):

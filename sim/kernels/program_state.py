@@ -15,6 +15,7 @@ from numba import njit, types
 from numba.experimental import structref
 
 from sim.kernels import prefix as P
+from sim.kernels.serving import SV_COLS
 from sim.kernels.state import (  # the shared columns too, for the kernel to import here
     MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WTAIL,
     WCOUNT, C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, RUN_START, RUN_A,
@@ -33,6 +34,10 @@ LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
 # with `FOLD` on: the totals of the replica's runs folded so far (iterations; iterations x the
 # fraction of KV blocks in use at the run's start)
 RUNS_K, RUNS_KV, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2
+# the serving step-time model's columns and engine state (`sim.kernels.serving`, from SV0), then
+# from SEEN0 a flag per token count where a replica's model is `serving` (`programs._state`)
+SV0 = RF_COLS
+SEEN0 = RF_COLS = SV0 + SV_COLS
 # results, a row per column, indexed by request (float64 / int32)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, RT_ROWS = range(5)
 OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RI_ROWS = range(8)
@@ -210,12 +215,15 @@ def remove_running(rp, running, j, r):
 @njit(cache=True)
 def entry(rq, rqf, rp, sched, j, r, n, tot):
     """Add step entry (r, n) (`sim.engine.request_state.entry_totals`) to the step's totals
-    tot = [context, prefill tokens, prefill sequences, log-probability ms, seeded]."""
+    tot = [context, prefill tokens, prefill sequences, log-probability ms, seeded, context
+    the prefill chunks attend to before them, their attention pairs] (`prefill_spans`)."""
     m = rp[j, NSCHED]
     sched[j, m, 0], sched[j, m, 1] = r, n
     rp[j, NSCHED] = m + 1
     if rq[r, COMPUTED] < rq[r, TARGET]:
         tot[3] += n * rqf[r, LP_PROMPT]
+        tot[5] += rq[r, COMPUTED]
+        tot[6] += n * (rq[r, COMPUTED] + n)
         tot[0] += rq[r, COMPUTED] + n
         tot[1] += n
         tot[2] += 1

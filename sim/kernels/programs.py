@@ -19,6 +19,7 @@ import numpy as np
 from sim.kernels import prefix as P
 from sim.kernels import program_kernel as K
 from sim.kernels import program_state as S
+from sim.kernels.serving import serving_state
 from sim.engine.cluster import Cluster, gc_paused, run_summary
 from sim.engine.request_state import Results, Sent
 
@@ -276,12 +277,15 @@ def _state(specs: list, capacity: int, fold: bool) -> S.State:
     st.rq = np.zeros((slots, S.RQ_COLS), dtype=np.int64)
     st.rqf = np.zeros((slots, S.RQF_COLS))
     st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
-    st.rf = np.zeros((nrep, S.RF_COLS))
+    serving = any(getattr(cal.latency, "engine_state", False) for cal, _ in specs)
+    budget = max(rc.max_num_batched_tokens for _, rc in specs)
+    st.rf = np.zeros((nrep, S.RF_COLS + (budget + 1 if serving else 0)))
+    st.rf[:, S.SV0:S.SEEN0] = serving_state(specs, [None] * nrep, False)[0]  # mean: no draws
     for j, (cal, rc) in enumerate(specs):
         st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.usable_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
-        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms  # the loop's step gap included
+        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms[:S.CX + 1]  # the step gap included
         st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
         st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
             cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)

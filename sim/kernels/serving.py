@@ -6,9 +6,11 @@
 same float expressions in the same order, so the plain kernel prices a step as the SimPy
 replica does, bit for bit (`tests/test_compiled.py`).
 
-State per replica in `sv` (float64, columns below) and `seen` (a flag per token count: the
-shapes the engine has run a step with); the spells' generators and log quantiles beside them.
-A replica whose model is linear has `sv[j, SERVING] == 0` and no spells.
+State per replica in `sv` (float64, columns below from offset `o`) and `seen` (a flag per token
+count from offset `so`: the shapes the engine has run a step with): arrays of their own in the
+plain kernel (offsets 0), columns of the program kernel's `rf`. The spells' generators and log
+quantiles lie beside them. A replica whose model is linear has `sv[j, o + SERVING] == 0` and no
+spells.
 """
 
 from __future__ import annotations
@@ -59,50 +61,54 @@ def serving_state(specs: list, rngs: list, sampled: bool):
 
 
 @njit(cache=True)
-def step_ms(eng, j, now_s, p, d, context, prefill_seqs, span_context, pair_tokens, linear_ms):
+def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context, pair_tokens,
+            linear_ms):
     """`EngineState.before_step` and `ServingModel.step_ms` of a step at now_s whose linear
     part is `linear_ms`: (its mean ms, whether it is plain: no first-of-shape, idle or echo
-    term, so a decode run may fast-forward). Marks the shape seen. `eng`: `serving_state`'s."""
-    sv, seen = eng[0], eng[1]
+    term, so a decode run may fast-forward). Marks the shape seen."""
     tokens = p + d
-    new_shape = seen[j, tokens] == 0
-    seen[j, tokens] = 1
-    idle_ms = (now_s - sv[j, LAST_END]) * 1e3
+    new_shape = seen[j, so + tokens] == 0
+    seen[j, so + tokens] = 1
+    idle_ms = (now_s - sv[j, o + LAST_END]) * 1e3
     if idle_ms < 1e-3:  # float rounding of event times: no idle
         idle_ms = 0.0
     w = 0.0
     echo_idle = echo_tokens = 0.0
     if p:
-        sv[j, SINCE_PREFILL], sv[j, PRE_IDLE], sv[j, PRE_TOKENS] = 0.0, idle_ms, float(p)
+        sv[j, o + SINCE_PREFILL], sv[j, o + PRE_IDLE], sv[j, o + PRE_TOKENS] = \
+            0.0, idle_ms, float(p)
     else:
-        k = min(sv[j, SINCE_PREFILL] + 1.0, sv[j, ECHO_STEPS] + 1.0)
-        sv[j, SINCE_PREFILL] = k
-        if k <= sv[j, ECHO_STEPS]:
+        k = min(sv[j, o + SINCE_PREFILL] + 1.0, sv[j, o + ECHO_STEPS] + 1.0)
+        sv[j, o + SINCE_PREFILL] = k
+        if k <= sv[j, o + ECHO_STEPS]:
             w = W1 if k == 1.0 else (W2 if k == 2.0 else W3)
-            echo_idle, echo_tokens = sv[j, PRE_IDLE], sv[j, PRE_TOKENS]
+            echo_idle, echo_tokens = sv[j, o + PRE_IDLE], sv[j, o + PRE_TOKENS]
+    c = sv[j, o:o + N_COEF]
     ms = linear_ms
     if p:
-        if sv[j, PAIRS] > 0 and pair_tokens:
+        if sv[j, o + PAIRS] > 0 and pair_tokens:
             pairs = float(pair_tokens)
         else:
             pairs = p * p / max(prefill_seqs, 1)
-        ms += sv[j, 5] + sv[j, 10] * pairs / 1e3 + (
-            sv[j, 14] * p + sv[j, 15] * span_context / 1e3 if span_context > 0 else 0.0)
+        ms += c[5] + c[10] * pairs / 1e3 + (
+            c[14] * p + c[15] * span_context / 1e3 if span_context > 0 else 0.0)
     if new_shape:
-        ms += sv[j, 6] + sv[j, 7] * min(float(tokens), sv[j, SHAPE_CAP]) / 100.0
+        ms += c[6] + c[7] * min(float(tokens), sv[j, o + SHAPE_CAP]) / 100.0
+    idle_seen = sv[j, o + IDLE_SEEN]
     if idle_ms > 0.0:
-        seen_ms = min(idle_ms, sv[j, IDLE_SEEN])
-        ms += sv[j, 8] * min(seen_ms, IDLE_CAP_MS) / 100.0 + \
-            sv[j, 9] * min(seen_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
+        seen_ms = min(idle_ms, idle_seen)
+        ms += c[8] * min(seen_ms, IDLE_CAP_MS) / 100.0 + \
+            c[9] * min(seen_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
     if w:
-        ms += w * (sv[j, 11] + sv[j, 12] * min(min(echo_idle, sv[j, IDLE_SEEN]), IDLE_CAP_MS)
-                   / 100.0 + sv[j, 13] * echo_tokens / 1e3)
+        ms += w * (c[11] + c[12] * min(min(echo_idle, idle_seen), IDLE_CAP_MS) / 100.0
+                   + c[13] * echo_tokens / 1e3)
     return ms, not new_shape and idle_ms == 0.0 and not w
 
 
 @njit(cache=True)
 def spell_level(eng, j, now_s):
-    """`Spells.at`: the level of the window holding now_s, every earlier window drawn first."""
+    """`Spells.at`: the level of the window holding now_s, every earlier window drawn first
+    (`eng`: `serving_state`'s, offset 0)."""
     sv, spell_q = eng[0], eng[3]
     w = int(now_s // SPELL_S)
     g = eng[2][j]

@@ -189,10 +189,8 @@ class ServingModel:
                                                 "run_log_quantiles", "spell_log_quantiles",
                                                 "idle_seen_ms")
     """keys `to_json` writes only where set, or that older calibrations lack"""
-    not_compiled: ClassVar[str] = (
-        "its first-of-shape, after-idle and chunk-echo terms depend on engine state (the step "
-        "shapes seen, the time since the last step, a chunk's echo) that the program kernel "
-        "does not carry (the plain kernel does); it runs on the SimPy replica, which does")
+    not_compiled: ClassVar[str] = ""
+    """the kernels price it as written: its engine state is `sim.kernels.serving`'s"""
     coef_ms: tuple[float, ...]
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
