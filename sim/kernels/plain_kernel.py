@@ -5,12 +5,13 @@ the same event order (a heap on (time, creation order), as SimPy's queue of time
 float expressions in the same order, so its tables equal the SimPy run's bit for bit
 (`tests/test_compiled.py`). It covers what a plain request workload needs (FCFS, chunked prefill,
 KV blocks with recompute preemption, runs of decode iterations and their truncation by arrivals,
-the linear step-time model at its mean or sampled, the loop's host time, the built-in
-routers); `sim.kernels.plain` decides when it applies. Compiled, the per-request work of the
+the linear or the serving step-time model at its mean or sampled, the loop's host time, the
+built-in routers); `sim.kernels.plain` decides when it applies. Compiled, the per-request work of the
 reference (every running request touched at every event) costs nanoseconds, so the kernel keeps
 the reference's simple lists.
 
-Its state, the event heap and the request lists are in `sim.kernels.state`.
+Its state, the event heap and the request lists are in `sim.kernels.state`; the serving model's
+engine state and speed spells in `sim.kernels.serving` (`eng`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _step_ms(rf, j, p, d, c):
 
 
 @njit(cache=True)
-def _noise(rp, rf, rngs, quantiles, eng, j, k):
+def _noise(rp, rf, rngs, quantiles, j, k):
     """`Replica._noise`: the step's residual factor (mean, or drawn from the replica's
     generator: numba's Generator draws NumPy's stream)."""
     if rp[j, SAMPLED] == 0:
@@ -186,7 +187,7 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     spells = sv[j, V.N_SPELLS] > 0.0
     if spells:
         rf[j, RUN_FACTOR] = sv[j, V.DRIFT] * V.spell_level(eng, j, now)
-    factor = _noise(rp, rf, rngs, quantiles, eng, j, 1)
+    factor = _noise(rp, rf, rngs, quantiles, j, 1)
     k = 1
     a_ms, b_ms = step, 0.0
     if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
@@ -204,7 +205,7 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
                 / (rf[j, RUN_FACTOR] * rf[j, NOISE]))))
         if k > 1:
             a_ms, b_ms = closed_a, closed_b
-            factor = _noise(rp, rf, rngs, quantiles, eng, j, k)
+            factor = _noise(rp, rf, rngs, quantiles, j, k)
     # (the reference adds a log-probability term here: plain requests have none)
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
                prefill_seqs, decode_seqs, context, preempted, 0)
