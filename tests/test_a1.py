@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TESTBED, run_cli
+from conftest import REPO, TESTBED, run_cli, speed_figure
 from policies.a1 import (A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly, mean_nll,
                          rejection_rate)
 from programs.a1 import A1Program
@@ -278,7 +278,7 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
         cal = json.loads(Path(path).read_text())
         # fitted on that pool's engine of the calibration run, with the two-engine loop's host
         # time per added request
-        assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5, pool
+        assert cal["provenance"]["traces"] and speed_figure(cal["host"]["add_request_ms"]), pool
     sim_cals = {c["pool"]: c["calibration"] for c in
                 read_run(tmp_path / "rep" / "sim")["params"]["calibrations"]}
     assert sim_cals == result["calibrations"]
@@ -296,5 +296,5 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     # (a warning, not a failure, where it is far from the calibration's)
     speed = result["machine_speed"]
     assert set(speed["runs"][0]) == {"draft", "target"} and set(speed) == {"runs", "warning"}
-    assert all(0.05 < r < 20 for r in speed["runs"][0].values())
+    assert all(speed_figure(r) for r in speed["runs"][0].values())
     assert speed["warning"] is None or speed["warning"] in proc.stderr

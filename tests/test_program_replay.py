@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, speed_figure
 from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
@@ -21,7 +21,7 @@ def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "live") == [] and check_trace(out / "sim") == []
     assert list(result["machine_speed"]["runs"][0]) == ["target"]
-    assert 0.05 < result["machine_speed"]["runs"][0]["target"] < 20
+    assert speed_figure(result["machine_speed"]["runs"][0]["target"])
     live = read_table(out / "live", "programs").to_pandas()
     req = read_table(out / "live", "requests").to_pandas()
     assert len(live) == 6 and live.finish_s.notna().all()
@@ -45,7 +45,7 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "calibration" / "live") == []
     cal = json.loads(Path(result["calibration"]).read_text())
-    assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5
+    assert cal["provenance"]["traces"] and speed_figure(cal["host"]["add_request_ms"])
     (recorded,) = read_run(out / "sim")["params"]["calibrations"]
     assert recorded["calibration"] == result["calibration"]
     assert read_table(out / "calibration" / "live", "programs").num_rows == 4

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, speed_figure as _speed
 from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
@@ -45,8 +45,8 @@ def test_replay_then_validate(tmp_path, local_calibration):
     # measured, and far from a units error.
     assert result["device"]["match"]
     assert result["speed"]["prefill_steps"] > 0
-    assert 0.05 < result["speed"]["decode_step_ratio"] < 20
-    assert 0.05 < result["speed"]["prefill_step_ratio"] < 20
+    assert _speed(result["speed"]["decode_step_ratio"])
+    assert _speed(result["speed"]["prefill_step_ratio"])
     # a verdict where the step speed matches; refused (and said why) where it does not
     same = result["speed"]["match"] and result["speed"]["probe_match"] is not False
     want = ("pass", "fail") if same else ("refused",)
@@ -57,12 +57,13 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert set(probe.phase) == {"before", "after"}
     assert set(probe[probe.prefill_tokens == 0].decode_seqs) == {1, 4, 8}
     level = result["speed"]["probe"]
-    assert set(level) == {"before", "after", "level", "prefill"} and 0.2 < level["level"] < 5
+    # the levels are the machine's speed against the calibration's: figures, never bounds
+    assert set(level) == {"before", "after", "level", "prefill"} and _speed(level["level"])
     # then one-prompt prefills of fixed lengths, repeated (the first of each a new shape, left
     # out): the machine's prefill speed, which moves apart from its decode speed
     one = probe[(probe.decode_seqs == 0) & (probe.prefill_seqs == 1)]
     assert (one.groupby("phase").prefill_tokens.value_counts() >= 4).sum() >= 2 * 2
-    assert 0.2 < level["prefill"]["level"] < 5 and level["prefill"]["factor"] > 0
+    assert _speed(level["prefill"]["level"]) and level["prefill"]["factor"] > 0
     assert "speed probe" in run_cli("validate", str(sim), str(live), "-o",
                                     str(tmp_path / "v1")).stdout
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, speed_figure
 from policies.seed import (Leaf, SeedPolicy, ToTSettings, VerifyQueue, candidates, distribution,
                            make_seed_policy, sample, select, verify, verify_tree)
 
@@ -260,7 +260,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     for pool, path in report["calibrations"].items():
         cal = json.loads(Path(path).read_text())
         # the two-engine loop's host time per added request (measured 0.16-0.37 ms here)
-        assert cal["provenance"]["traces"] and 0 < cal["host"]["add_request_ms"] < 5, pool
+        assert cal["provenance"]["traces"] and speed_figure(cal["host"]["add_request_ms"]), pool
         assert cal["provenance"]["logprob_cost"], pool
     # the target's scoring steps return log-probabilities; the recorder counted them
     cal_target = tmp_path / "rep" / "calibration" / "seed" / "live0" / "target"
@@ -293,7 +293,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     # (+268% beside the suite and a CPU-bound process, the calibration traffic minutes apart):
     # the replay reports them; the suite checks they are figures
     (speed,) = result["at_live_speed"]["step_speed"]
-    assert set(speed) == {"draft", "target"} and all(0.05 < f < 20 for f in speed.values())
+    assert set(speed) == {"draft", "target"} and all(speed_figure(f) for f in speed.values())
     assert math.isfinite(result["at_live_speed"]["error"])
     # benchmarks/seed_step_speed.py: the same steps against the same calibrations, by shape
     import sys
@@ -306,7 +306,7 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert set(rows) == {(p, k) for p in ("draft", "target")
                          for k in ("calibration", "validation")}
     for (pool, _), r in rows.items():
-        assert r["mode"] == "seed" and r["steps"] > 0 and 0.05 < r["ratio"] < 20, pool
+        assert r["mode"] == "seed" and r["steps"] > 0 and speed_figure(r["ratio"]), pool
     # validation: the step speed the replay reported, over the same steps
     assert rows[("target", "validation")]["ratio"] == pytest.approx(speed["target"])
 

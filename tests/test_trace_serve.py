@@ -36,8 +36,6 @@ def test_trace_serve_records_every_token(tmp_path):
     for rid, g in toks.groupby("request_id"):
         assert g.sort_values("token_index").time_s.is_monotonic_increasing
     assert (reqs.first_token_s > reqs.arrival_s).all()
-    # A warmed-up server on loopback answers in well under a few seconds at this load.
-    assert (reqs.first_token_s - reqs.arrival_s).median() < 5.0
 
 
 def test_no_server_is_a_one_line_error(tmp_path):

@@ -320,6 +320,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     # the durations (seeded first: a grid's log-probability steps sample with seeds too), so
     # the step-time model sees the step alone.
     steps, seeded_cost, seeded_note = _seeded_term(steps)
+    seeded_steps = int((steps.seeded_seqs > 0).sum())  # what the term was fitted on
     steps, held, lp_cost, lp_note, lp_steps, lp_dominated = _logprob_term(steps, held, kind,
                                                                           without)
     heldout = _heldout_errors(kind, steps, held, without)
@@ -331,7 +332,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     host = fit_host_ms([d for d, r in runs if r["kind"] == "replay"])
     terms = {"logprob_steps": lp_steps, "logprob_cost": lp_note,
              "logprob_dominated_steps": lp_dominated,
-             "seeded_steps": int((steps.seeded_seqs > 0).sum()), "seeded_cost": seeded_note}
+             "seeded_steps": seeded_steps, "seeded_cost": seeded_note}
     provenance = _provenance(runs, limits, model, terms, probe_reference(trace_dirs), spec_k,
                              drafts) | {"fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
