@@ -107,24 +107,29 @@ class EngineLimitsSpec(Strict):
     max_model_len: Count | None = None
 
 
+HostMs = Annotated[float, Field(ge=0, le=1e3)]
+"""a host time in ms: a second per added request, step or token is no engine loop's"""
+
+
 class HostSpec(Strict):
     """A calibration's `host`: what the engine's loop spends outside its steps."""
 
-    add_request_ms: Annotated[float, Field(ge=0)] = 0.0
-    logprob_token_ms: Annotated[float, Field(ge=0)] = 0.0
-    logprob_top_k_ms: Annotated[float, Field(ge=0)] = 0.0
-    logprob_step_ms: Annotated[float, Field(ge=0)] = 0.0
-    seeded_step_ms: Annotated[float, Field(ge=0)] = 0.0
-    seeded_seq_ms: Annotated[float, Field(ge=0)] = 0.0
-    wake_ms: Annotated[float, Field(ge=0)] = 0.0
-    add_next_ms: Annotated[float, Field(ge=0)] | None = None
-    step_gap_ms: Annotated[float, Field(ge=0)] = 0.0
+    add_request_ms: HostMs = 0.0
+    logprob_token_ms: HostMs = 0.0
+    logprob_top_k_ms: HostMs = 0.0
+    logprob_step_ms: HostMs = 0.0
+    seeded_step_ms: HostMs = 0.0
+    seeded_seq_ms: HostMs = 0.0
+    wake_ms: HostMs = 0.0
+    add_next_ms: HostMs | None = None
+    step_gap_ms: HostMs = 0.0
 
 
 class CalibrationSpec(Strict):
-    """A calibration artifact's envelope (its step-time model is checked by its own kind)."""
+    """A calibration artifact's envelope (its step-time model is checked by its own kind; a
+    misspelled top-level key is refused, as a misspelled `host` would drop the host terms)."""
 
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, frozen=True,
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
                               protected_namespaces=())
     kind: Literal["reasonsim.calibration"]
     version: Literal[1, 2]
@@ -132,6 +137,12 @@ class CalibrationSpec(Strict):
     provenance: dict
     heldout: dict
     host: HostSpec | None = None
+    step_time_model: Any = None
+    """version 2: the model, checked by its kind (`sim.step_time.registry`)"""
+    features: Any = None
+    """version 1 held the linear model's fields at the top level"""
+    coef_ms: Any = None
+    residual_log_quantiles: Any = None
 
 
 def validate_calibration(d: Any) -> CalibrationSpec:
@@ -139,7 +150,7 @@ def validate_calibration(d: Any) -> CalibrationSpec:
     try:
         return CalibrationSpec.model_validate(d)
     except ValidationError as e:
-        raise ValueError(one_line(e)) from None
+        raise ValueError(one_line(e, root="calibration")) from None
 
 
 def describe(model: type[BaseModel] = ConfigSpec) -> list[str]:

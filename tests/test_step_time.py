@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -17,6 +18,7 @@ from sim.step_time.latency import LatencyModel
 from sim.simulate import simulate
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+SERVING_CAL = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +91,8 @@ def test_version_1_artifacts_load_as_the_linear_model_and_unknown_kinds_fail(tmp
         load_calibration(tmp_path / "bad.json")
 
 
-def _broken(tmp_path, edit) -> str:
-    d = load_calibration(CAL).to_json()
+def _broken(tmp_path, edit, cal: Path = CAL) -> str:
+    d = load_calibration(cal).to_json()
     edit(d)
     (tmp_path / "c.json").write_text(json.dumps(d))
     with pytest.raises(ValueError) as e:
@@ -119,9 +121,27 @@ def _broken(tmp_path, edit) -> str:
      "residual_log_quantiles: expected numbers within +-10"),
     (lambda d: d["step_time_model"].update(residual_log_quantile=[0.0]),
      "step_time_model: unknown key 'residual_log_quantile' for a linear model"),
+    # a misspelled top-level key would drop what it holds (the host terms: -13% latency)
+    (lambda d: d.update(hosts=d.pop("host")), "calibration: unknown key 'hosts'"),
+    (lambda d: d["host"].update(step_gap_ms=1e15), "host.step_gap_ms: Input should be less"),
+    (lambda d: d["host"].update(add_request_ms=5e3), "host.add_request_ms: Input should be less"),
 ])
 def test_broken_calibrations_are_one_line_errors_naming_the_key(tmp_path, edit, message):
     assert message in _broken(tmp_path, edit)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, 1e15),
+     "coef_ms: expected 16 numbers from 0 to 1e+06"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(8, 1e15), "coef_ms: expected 16"),
+    (lambda d: d["step_time_model"].update(run_log_quantiles=[0.0, 50.0]),
+     "step_time_model: run_log_quantiles: expected numbers within +-10"),
+    (lambda d: d["step_time_model"].update(spell_log_quantiles=[float("inf")]),
+     "step_time_model: spell_log_quantiles: expected numbers"),
+])
+def test_broken_serving_calibrations_name_the_key(tmp_path, edit, message):
+    """The serving model's coefficients and speed levels are bounded as the linear model's."""
+    assert message in _broken(tmp_path, edit, SERVING_CAL)
 
 
 def test_a_calibration_with_a_key_twice_is_refused(tmp_path):

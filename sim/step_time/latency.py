@@ -133,12 +133,14 @@ def coefficients(d: dict, key: str) -> tuple[float, ...]:
     return tuple(float(c) for c in v)
 
 
-def residual_quantiles(d: dict) -> tuple[float, ...]:
-    """`d["residual_log_quantiles"]` as finite numbers; a one-line error if not."""
-    q = d.get("residual_log_quantiles")
+def residual_quantiles(d: dict, key: str = "residual_log_quantiles",
+                       default: list | None = None) -> tuple[float, ...]:
+    """`d[key]` (`default` where absent) as finite log residuals; a one-line error naming the
+    key if not."""
+    q = d.get(key, default)
     if not isinstance(q, list) or not q or \
             not all(_is_number(v) and abs(v) <= MAX_LOG_RESIDUAL for v in q):
-        raise ValueError(f"residual_log_quantiles: expected numbers within +-{MAX_LOG_RESIDUAL} "
+        raise ValueError(f"{key}: expected numbers within +-{MAX_LOG_RESIDUAL} "
                          f"(a step e^{MAX_LOG_RESIDUAL:g} times its prediction is no residual), "
                          f"got {q!r}")
     return tuple(float(v) for v in q)

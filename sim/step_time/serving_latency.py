@@ -41,7 +41,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from sim.step_time.latency import LatencyModel, _is_number, midpoints, residual_quantiles
+from sim.step_time.latency import (MAX_COEF_MS, LatencyModel, _is_number, midpoints,
+                                   residual_quantiles)
 from sim.step_time.spells import SPELL_S, fit_speed_levels
 from sim.step_time.registry import register
 from traces import read_table
@@ -319,17 +320,16 @@ class ServingModel:
                              f"{IDLE_CAP_MS}")
         v = d.get("coef_ms")
         if not isinstance(v, list) or len(v) != len(FEATURES) or \
-                not all(_is_number(c) and c >= 0 for c in v):
-            raise ValueError(f"coef_ms: expected {len(FEATURES)} finite non-negative numbers, "
-                             f"got {v!r}")
+                not all(_is_number(c) and 0 <= c <= MAX_COEF_MS for c in v):
+            raise ValueError(f"coef_ms: expected {len(FEATURES)} numbers from 0 to "
+                             f"{MAX_COEF_MS:g} (ms per unit), got {v!r}")
         if not any(v[:3]):
             raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
-        runs = residual_quantiles({"residual_log_quantiles": d.get("run_log_quantiles", [0.0])})
+        runs = residual_quantiles(d, "run_log_quantiles", [0.0])
         seen = d.get("idle_seen_ms", IDLE_CAP_MS)  # fitted before it was recorded: the cap
         if not _is_number(seen) or not 0 <= seen <= IDLE_CAP_MS:
             raise ValueError(f"idle_seen_ms: expected a number in [0, {IDLE_CAP_MS}], got {seen!r}")
-        spells = residual_quantiles({"residual_log_quantiles": d.get("spell_log_quantiles",
-                                                                     [0.0])})
+        spells = residual_quantiles(d, "spell_log_quantiles", [0.0])
         cap = d.get("new_shape_cap_tokens", float("inf"))  # fitted before the cap: none
         if not (cap == float("inf") or _is_number(cap) and cap > 0):
             raise ValueError(f"new_shape_cap_tokens: expected a positive number, got {cap!r}")
