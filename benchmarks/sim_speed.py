@@ -19,6 +19,7 @@ same concurrency). Every figure is the median of
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -70,6 +71,7 @@ def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = Tru
     replica, `sim.engine.lazy_replica`; compiled=False: under SimPy, `sim.kernels.plain`)."""
     cpu = []
     for _ in range(repeats):
+        gc.collect()  # the garbage of what ran before (a calibration's fit) is not this run's
         t0 = time.process_time()
         res = simulate(cfg, workload, lazy=lazy, compiled=compiled)
         cpu.append(time.process_time() - t0)
@@ -192,7 +194,7 @@ def measure_all(args) -> tuple[dict, object, dict]:
 def calibrations(n: int, replicas: int, repeats: int) -> dict:
     """Per step-time model kind, the doubling workload's base (half rate) compiled and under
     SimPy: requests per CPU-second, events per request, the kernel's speedup."""
-    out = {}
+    out, repeats = {}, max(repeats, 5)  # a 10k-request run takes ~0.05 CPU-s: more repeats
     for kind, cal in (("linear", CAL), ("serving", serving_calibration())):
         cfg = config(n, replicas, per_replica_rate=7.5, cal=cal)
         w = workload_from_config(cfg.workload, cfg.seed)

@@ -33,13 +33,15 @@ def _values(text: str) -> list:
 def _grid(pairs: list[tuple[str, str]], sets: list[tuple[str, str]]) -> dict[str, list]:
     """--grid KEY=V1,V2 flags as a grid; a key given twice, a repeated value, or a key that a
     --set also fixes is an error (one would silently win)."""
+    from sim.sweep.file import value_key
+
     grid: dict[str, list] = {}
     for key, text in pairs:
         if key in grid:
             raise UserError(f"--grid {key} given twice (list every value in one: "
                             f"--grid {key}=A,B,C)")
         values = _values(text)
-        if len({repr(v) for v in values}) < len(values):
+        if len({value_key(v) for v in values}) < len(values):
             raise UserError(f"--grid {key}={text}: a value repeats")
         grid[key] = values
     both = sorted(set(grid) & {k for k, _ in sets})
@@ -65,6 +67,16 @@ def _backend(args):
     return Backend(args.workers, use_ray=args.ray is not None, ray_address=args.ray or None)
 
 
+def _check_sets(sweep, sets: list[tuple[str, str]]) -> None:
+    """A --set on a key the sweep file's grid or cases set is an error: theirs would replace it
+    at every point, or at theirs."""
+    keys = {k for k, _ in sets}
+    both = sorted(keys & (set(sweep.grid) | {k for case in sweep.cases for k in case}))
+    if both:
+        raise UserError(f"--set {both[0]}: the sweep file's grid or cases set it and would "
+                        "replace the --set value")
+
+
 def _apply_sets(sweep, sets: list[tuple[str, str]]):
     from sim.sweep import apply_overrides
 
@@ -86,6 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _check_seeds(n, "--seeds" if args.seeds else "--noise-seeds")
         sweep = _apply_sets(load_sweep(args.spec, grid, list(range(n)) if n else None,
                                        noise=bool(args.noise_seeds)), args.set)
+        _check_sets(sweep, args.set)
         with _backend(args) as backend:
             df = run_sweep(sweep, args.out, backend, progress=not args.json)
     except ValueError as e:

@@ -169,6 +169,9 @@ def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
     ("seeds: [1, 1]", "seeds repeat"),
     ("grid: [1, 2]", "grid: Input should be a valid dictionary"),
     ("grid: {seed: [1, 1]}", "grid.seed: a value repeats"),
+    ("grid: {workload.arrival.rate_per_s: [16, 16.0]}", "a value repeats"),  # one number
+    ("cases: [{name: a, seed: 4}]\ngrid: {seed: [1, 2]}",
+     "a case sets seed, which the grid also sweeps"),
     ("grid: {seed: []}", "grid.seed: List should have at least 1 item"),
     ("seeds: 2\nnoise_seeds: 2", "give seeds or noise_seeds, not both"),
     ("rounds: 3", "sweep file: unknown key 'rounds'"),
@@ -188,6 +191,7 @@ def test_a_bad_sweep_file_is_one_line_naming_the_key(tmp_path, text, message):
 @pytest.mark.parametrize("flags, message", [
     (["--grid", "seed=1,2", "--grid", "seed=3"], "--grid seed given twice"),
     (["--grid", "seed=1,1"], "--grid seed=1,1: a value repeats"),
+    (["--grid", "workload.arrival.rate_per_s=16,16.0"], "a value repeats"),
     (["--grid", "seed=1,2", "--set", "seed=4"], "--grid seed and --set seed"),
     (["--seeds", "99999999999999999999"], "--seeds 99999999999999999999: between 1 and 10000"),
 ])
@@ -196,6 +200,17 @@ def test_sweep_flags_that_would_drop_or_repeat_points_are_refused(tmp_path, flag
                               str(tmp_path / "o"), *flags], capture_output=True, text=True,
                        cwd=REPO)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("axis", ["grid: {seed: [1, 2]}", "cases: [{name: a, seed: 1}]"])
+def test_a_set_on_a_key_the_sweep_file_sweeps_is_refused(tmp_path, axis):
+    """The file's grid or case would replace the --set value: it would be silently dropped."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\n{axis}\n")
+    r = subprocess.run(CLI + ["sweep", str(path), "-o", str(tmp_path / "o"), "--set", "seed=4"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "--set seed: the sweep file's grid or cases set it" in r.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -47,7 +47,7 @@ class SweepFile(Strict):
         if self.seeds is not None and self.noise_seeds is not None:
             raise ValueError("give seeds or noise_seeds, not both")
         for key, values in self.grid.items():
-            if len({repr(v) for v in values}) < len(values):
+            if len({value_key(v) for v in values}) < len(values):
                 raise ValueError(f"grid.{key}: a value repeats")
         return self
 
@@ -57,6 +57,14 @@ class SweepFile(Strict):
         if given is None:
             return None
         return list(range(given)) if isinstance(given, int) else list(given)
+
+
+def value_key(v: Any) -> str:
+    """What makes two grid values the same point: 16 and 16.0 are (a config reads both as the
+    same number), true and 1 are not."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(float(v))
+    return repr(v)
 
 
 def parse_sweep_file(d: dict, path: Path) -> SweepFile:

@@ -77,6 +77,9 @@ class Sweep:
         for case in self.cases:
             if not isinstance(case, dict):
                 raise ValueError(f"sweep: a case must be a mapping, got {case!r}")
+            both = sorted(set(case) & set(self.grid))
+            if both:  # the grid, applied after the case, would replace its value
+                raise ValueError(f"sweep: a case sets {both[0]}, which the grid also sweeps")
             apply_overrides(self.base, [(k, v) for k, v in case.items() if k != "name"])
 
     def configs(self) -> list[tuple[tuple[tuple[str, Any], ...], dict]]:
