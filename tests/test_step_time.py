@@ -158,7 +158,7 @@ def test_a_calibration_that_is_a_list_is_refused(tmp_path):
         load_calibration(tmp_path / "c.json")
 
 
-def _steps_trace(path, max_num_seqs: int, warmup: bool = False):
+def _steps_trace(path, max_num_seqs: int, warmup: bool = False, **engine):
     from datetime import datetime, timezone
 
     from traces import TraceWriter
@@ -169,7 +169,8 @@ def _steps_trace(path, max_num_seqs: int, warmup: bool = False):
            "created_at": datetime.now(timezone.utc),
            "params_json": json.dumps({"engine": {"max_num_seqs": max_num_seqs,
                                                  "max_num_batched_tokens": 2048,
-                                                 "block_size": 16, "kv_blocks_total": 100}})}
+                                                 "block_size": 16, "kv_blocks_total": 100,
+                                                 **engine}})}
     w = TraceWriter(path, run)
     for i in range(40):
         w.add("steps", replica_id=0, step_id=i, cell_id=f"c{i % 8}", start_s=float(i),
@@ -198,6 +199,14 @@ def test_calibrate_refuses_mixed_engine_limits_and_all_warm_up_steps(tmp_path):
     # the same run twice would count its steps twice
     with pytest.raises(ValueError, match="the same run as"):
         calibrate([a, a])
+    # max_model_len too: which one the calibration carried followed the traces' order
+    long = _steps_trace(tmp_path / "long", 64, max_model_len=4096)
+    with pytest.raises(ValueError, match="different engine limits"):
+        calibrate([a, long])
+    # a limit the trace does not record is refused, never invented
+    blind = _steps_trace(tmp_path / "blind", 64, kv_blocks_total=None)
+    with pytest.raises(ValueError, match="records no engine kv_blocks_total"):
+        calibrate([blind])
 
 
 def test_calibrate_refuses_a_simulations_output(tmp_path):

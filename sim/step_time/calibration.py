@@ -229,6 +229,10 @@ def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
     return frames, runs, drafts
 
 
+ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks_total")
+"""the engine limits every calibrated trace records (and `max_model_len`, where it has one)"""
+
+
 def _engine_limits(runs: list) -> dict:
     """The engine limits of each trace, which must agree, as must engine, device and model."""
     keys = {(r["engine"], r["device"], r["model_config_hash"], r["dtype"]) for _, r in runs}
@@ -236,8 +240,12 @@ def _engine_limits(runs: list) -> dict:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
                          "model/device separately")
     limits = {d: {k: r["params"].get("engine", {}).get(k) for k in
-                  ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks_total")}
-              for d, r in runs}
+                  ENGINE_LIMITS + ("max_model_len",)} for d, r in runs}
+    for d, lim in limits.items():
+        missing = [k for k in ENGINE_LIMITS if not isinstance(lim[k], int) or lim[k] < 1]
+        if missing:  # a calibration carries the limits the engine ran with, never a guess
+            raise ValueError(f"{d}: its runs table records no engine {missing[0]} "
+                             "(params.engine): not a trace calibrate can read limits from")
     if len({json.dumps(v, sort_keys=True) for v in limits.values()}) > 1:
         (a, la), (b, lb) = list(limits.items())[:2]
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
@@ -335,10 +343,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
              "seeded_steps": seeded_steps, "seeded_cost": seeded_note}
     provenance = _provenance(runs, limits, model, terms, probe_reference(trace_dirs), spec_k,
                              drafts) | {"fit_s": round(time.perf_counter() - t0, 3)}
-    return Calibration(fitted, int(eng.get("max_num_seqs", 256)),
-                       int(eng.get("max_num_batched_tokens", 2048)),
-                       int(eng.get("block_size", 16)), int(eng.get("kv_blocks_total", 10_000)),
-                       provenance, heldout,
+    return Calibration(fitted, *(int(eng[k]) for k in ENGINE_LIMITS), provenance, heldout,
                        int(eng["max_model_len"]) if eng.get("max_model_len") else None,
                        logprob_token_ms=lp_cost[1], logprob_top_k_ms=lp_cost[2],
                        logprob_step_ms=lp_cost[0], seeded_step_ms=seeded_cost[0],
