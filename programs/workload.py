@@ -43,8 +43,10 @@ class ProgramWorkload:
     slo_scale: float = 1.0
 
 
-MAX_PROGRAMS = 10_000_000
-"""programs one workload may hold (checked before any is planned)"""
+MAX_PROGRAMS = 2_000_000
+"""programs one workload may hold (checked before any is planned): a million self-consistency
+programs (16.9M requests) peaked at 7.5 GB simulated, so two million fit this project's
+24 GB machines and ten million would not"""
 
 
 class _Strict(BaseModel):

@@ -235,7 +235,7 @@ def test_finished_lengths_median_equals_the_sorted_definition():
     (lambda p: p.update(count=True), "workload.programs.count: Input should be a valid integer"),
     (lambda p: p.update(count=2.5), "workload.programs.count: Input should be a valid integer"),
     (lambda p: p.update(count=10**11), "workload.programs.count: Input should be less than or "
-                                        "equal to 10000000"),
+                                        "equal to 2000000"),
     (lambda p: p.update(rate_per_s=float("nan")), "workload.programs.rate_per_s: Input should be "
                                                   "a finite number"),
     (lambda p: p.update(rate_per_s="4"), "workload.programs.rate_per_s: Input should be a valid "
