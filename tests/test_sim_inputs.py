@@ -174,6 +174,14 @@ def test_validate_refuses_two_runs_of_different_workloads(tmp_path):
     proc = run_cli("validate", str(tmp_path / "s1"), str(tmp_path / "empty"), "-o",
                    str(tmp_path / "v"), check=False)
     assert proc.returncode == 2 and "empty: no requests table" in proc.stderr, proc.stderr
+    # the same arrivals and prompts, other output lengths: the requests that ran to their limit
+    # on both sides show it
+    cfg = tmp_path / "longer.yaml"
+    cfg.write_text(text.replace("high: 128}", "high: 140}"))
+    run_cli("simulate", str(cfg), "-o", str(tmp_path / "longer"), "--json")
+    proc = run_cli("validate", str(tmp_path / "s1"), str(tmp_path / "longer"), "-o",
+                   str(tmp_path / "v"), check=False)
+    assert proc.returncode == 2 and "runs to its length limit" in proc.stderr, proc.stderr
 
 
 def test_a_killed_writers_partial_output_is_removed_by_the_next_write(tmp_path):

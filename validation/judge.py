@@ -79,7 +79,8 @@ def _requests(run_dir: str | Path) -> pd.DataFrame:
 
 def same_workload(sim: pd.DataFrame, live: pd.DataFrame, sim_dir, live_dir) -> None:
     """Refuse two runs of different workloads: the same request ids, each with the same prompt
-    length and arrival time (1 us) on both sides."""
+    length and arrival time (1 us) on both sides, and the same output length where both ran to
+    their limit."""
     missing = set(live.request_id) ^ set(sim.request_id)
     if missing:
         raise ValueError(f"{sim_dir} and {live_dir} hold different requests (e.g. "
@@ -93,6 +94,17 @@ def same_workload(sim: pd.DataFrame, live: pd.DataFrame, sim_dir, live_dir) -> N
                          f"{r.arrival_s_sim:.6f} s with {r.prompt_tokens_sim} prompt tokens in "
                          f"one and at {r.arrival_s_live:.6f} s with {r.prompt_tokens_live} in the "
                          f"other ({len(differ)} such): not the same workload")
+    # a request that ran to its length limit on both sides shows that limit: equal, or the
+    # workloads asked for other output lengths (decisions may end others early on one side)
+    if {"finish_reason_sim", "finish_reason_live", "output_tokens_sim"} <= set(m.columns):
+        limit = (m.finish_reason_sim == "length") & (m.finish_reason_live == "length")
+        differ = m[limit & (m.output_tokens_sim != m.output_tokens_live)]
+        if len(differ):
+            r = differ.iloc[0]
+            raise ValueError(f"{sim_dir} and {live_dir}: request {r.request_id} runs to its "
+                             f"length limit at {r.output_tokens_sim} output tokens in one and "
+                             f"{r.output_tokens_live} in the other ({len(differ)} such): not "
+                             "the same workload")
 
 
 def device_check(sim_dir: str | Path, live_dir: str | Path) -> dict:
