@@ -133,6 +133,23 @@ def cmd_traces_check(args: argparse.Namespace) -> int:
     return 0
 
 
+WHOLE_TABLES = {kind: ("requests", "steps") for kind in (
+    "steps", "replay", "spec", "probes", "branches", "exits", "program_replay")}
+"""the tables every trace of these kinds holds (a directory without one lost it)"""
+
+
+def _incomplete(d: Path, kind: str) -> list[str]:
+    """What a trace of `kind` lacks to be whole: a table its kind always writes, or any done
+    marker (`_units/*.done`, written after a unit's parts)."""
+    if kind not in WHOLE_TABLES:
+        return []
+    missing = [f"{d / t}: a {kind} trace's table is missing" for t in WHOLE_TABLES[kind]
+               if not any((d / t).glob("part-*.parquet"))]
+    if not any((d / "_units").glob("*.done")):
+        missing.append(f"{d / '_units'}: no done marker (no unit of the run finished)")
+    return missing
+
+
 def cmd_traces_seal(args: argparse.Namespace) -> int:
     """`reasonsim traces seal`: manifests for whole directories written before manifests."""
     from traces.manifest import MANIFEST, seal
@@ -144,7 +161,8 @@ def cmd_traces_seal(args: argparse.Namespace) -> int:
             if (d / MANIFEST).exists():
                 print(f"ok   {d} (already sealed)")
                 continue
-            bad = [v for v in check_trace(d) if not v.path.endswith(MANIFEST)]
+            bad = [str(v) for v in check_trace(d) if not v.path.endswith(MANIFEST)] or \
+                _incomplete(d, read_run(d)["kind"])
             if bad:
                 raise UserError(f"{bad[0]} (not sealed: only a whole, valid directory is)")
             seal(d, read_run(d)["run_id"])

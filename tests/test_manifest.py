@@ -137,6 +137,20 @@ def test_traces_seal_writes_a_manifest_only_for_a_whole_valid_directory(tmp_path
     assert not (bad / MANIFEST).exists()
 
 
+@pytest.mark.parametrize("loss", ["requests", "steps", "_units/*.done"])
+def test_traces_seal_refuses_a_directory_that_lost_a_table_or_its_done_markers(tmp_path, loss):
+    """A steps trace always holds requests, steps and done markers: without one it is not
+    whole, whatever its parts say."""
+    d = tmp_path / "old"
+    shutil.copytree(REPO / "traces" / "data" / "testbed-large-cpu", d)
+    (d / MANIFEST).unlink()
+    for path in d.glob(loss):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    proc = run_cli("traces", "seal", str(d), check=False)
+    assert proc.returncode == 2 and "not sealed" in proc.stderr, proc.stderr
+    assert str(d / loss.split("/")[0]) in proc.stderr and not (d / MANIFEST).exists()
+
+
 def test_every_single_bit_flip_in_a_part_is_caught_naming_the_file(tmp_path):
     import numpy as np
 
