@@ -67,7 +67,9 @@ class ProgramsSpec(_Strict):
     method: str = "cot"
     policy: Any
     count: Annotated[int, Field(ge=1, le=MAX_PROGRAMS)] = 64
-    rate_per_s: Annotated[float, Field(gt=0)]
+    rate_per_s: Annotated[float, Field(ge=1e-5)]
+    """programs per second: at least one a day (slower puts arrivals where a latency vanishes
+    in the clock's float precision)"""
     deadline: DeadlineSpec
 
 

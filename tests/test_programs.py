@@ -238,6 +238,8 @@ def test_finished_lengths_median_equals_the_sorted_definition():
                                         "equal to 2000000"),
     (lambda p: p.update(rate_per_s=float("nan")), "workload.programs.rate_per_s: Input should be "
                                                   "a finite number"),
+    (lambda p: p.update(rate_per_s=1e-300), "workload.programs.rate_per_s: Input should be "
+                                            "greater than or equal to 0.00001"),
     (lambda p: p.update(rate_per_s="4"), "workload.programs.rate_per_s: Input should be a valid "
                                          "number"),
     (lambda p: p["deadline"].update(base_s=float("nan")),

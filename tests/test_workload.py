@@ -136,6 +136,8 @@ def test_random_prefix_groups():
      r"unknown key 'num_requests' in workload \(a trace replay\); allowed keys: trace, prefix"),
     (_cfg(arrival={"kind": "poisson", "rate_per_s": 0}),
      r"workload.arrival.rate_per_s must be > 0"),
+    (_cfg(arrival={"kind": "poisson", "rate_per_s": 1e-300}),  # latencies would vanish
+     r"workload.arrival.rate_per_s must be >= 1e-05"),
     (_cfg(arrival={"kind": "gamma", "rate_per_s": 1, "cv": 0}), r"workload.arrival.cv must be > 0"),
     (_cfg(arrival={"kind": "weibull", "rate_per_s": 1}), r"allowed kinds: poisson, gamma"),
     (_cfg(num_requests=0), r"workload.num_requests must be >= 1"),

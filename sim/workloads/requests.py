@@ -40,6 +40,9 @@ _LENGTH_KEYS = {"uniform": ("kind", "low", "high"), "lognormal": ("kind", "mean"
                 "choice": ("kind", "values", "weights")}
 _PREFIX_KEYS = ("groups", "tokens")
 
+MIN_RATE_PER_S = 1e-5
+"""arrival rates below this put arrivals so far out (1e-300: at 1e300 s) that a request's
+latency vanishes in the clock's float precision: latencies of 0"""
 MAX_REQUESTS = 10_000_000
 MAX_SIGMA = 4.0
 """a lognormal length's sigma beyond this is no length distribution (its mass sits at 1 token)"""
@@ -128,6 +131,9 @@ def _gap_sampler(spec: Any) -> tuple[str, float, Callable[[np.random.Generator, 
         raise ValueError(f"{where}.kind is {kind!r}; allowed kinds: {', '.join(_ARRIVAL_KEYS)}")
     check_keys(spec, _ARRIVAL_KEYS[kind], where)
     rate = positive(require(spec, "rate_per_s", where), f"{where}.rate_per_s")
+    if rate < MIN_RATE_PER_S:
+        raise ValueError(f"{where}.rate_per_s must be >= {MIN_RATE_PER_S:g} (a request a day "
+                         f"or more), got {rate:g}")
     if kind == "poisson":
         return kind, rate, lambda rng, n: rng.exponential(1.0 / rate, size=n)
     if kind == "gamma":
