@@ -220,6 +220,19 @@ def test_a_sweep_without_seeds_runs_the_configs_own_seed(tmp_path):
     assert [p.seed for p, _ in load_sweep(REPO / "examples" / "replay-small.yaml").points()] == [1]
 
 
+def test_capacity_names_a_fixed_request_count_that_is_a_burst_at_its_answer(tmp_path):
+    """40 requests at the rates the search reaches arrive within a second: the note says the
+    probes measured a burst, not sustained load (4 replicas drain any burst of 40 in time)."""
+    r = subprocess.run(CLI + ["capacity", "examples/demo.yaml", "-o", str(tmp_path), "--json",
+                              "--seeds", "2", "--tolerance", "0.3", "--over", "rate",
+                              "--set", "workload.num_requests=40"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    (a,) = json.loads(r.stdout)["answers"]
+    assert "workload.num_requests is fixed at 40" in a["note"], a["note"]
+    assert "a burst rather than sustained load" in a["note"]
+
+
 def test_capacity_says_when_it_did_not_bracket_the_target(tmp_path):
     """A target the config meets at every rate the search may probe: no number, but where the
     search stopped; a target no replica count up to the cap meets: the same; zero replicas as a

@@ -25,6 +25,8 @@ from sim.sweep.stats import LEVEL, mean_ci
 
 CRITERIA = ("mean", "confident", "optimistic")
 MAX_STEPS = 10  # doublings or halvings when bracketing
+SUSTAINED_S = 60.0
+"""arrivals that last under this at the answer's rate are named a burst (`Search._burst_note`)"""
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,22 @@ class Search:
             hi = None if hi is None else max(hi, answer)
             notes.append("the probes do not fall monotonically: the interval is widened to "
                          "hold the answer (see the probes)")
+        if self.q.over == "rate" and self.probes:  # at the answer, or the highest rate probed
+            notes.extend(self._burst_note(answer or max(self.probes)))
         return Answer(self.label, self.q, answer, (lo, hi), pd.DataFrame(rows),
                       "; ".join(notes) or None)
+
+    def _burst_note(self, rate: float) -> list[str]:
+        """A note where a fixed count of arrivals lasts under SUSTAINED_S at `rate`: the probes
+        measured a burst and its drain, not sustained load."""
+        wl = self.base.get("workload", {})
+        key, count = (("workload.programs.count", wl["programs"].get("count", 64))
+                      if "programs" in wl else ("workload.num_requests", wl.get("num_requests")))
+        if not isinstance(count, int) or count / rate >= SUSTAINED_S:
+            return []
+        return [f"{key} is fixed at {count}: at {rate:g}/s they arrive within "
+                f"{count / rate:.3g} s, a burst rather than sustained load (give more, or "
+                "workload.duration_s)"]
 
     def base_value(self) -> float:
         """The config's own rate or replica count (where the search starts)."""
