@@ -169,3 +169,32 @@ def test_every_single_bit_flip_in_a_part_is_caught_naming_the_file(tmp_path):
         assert any("sha256" in v.message for v in got)
         f.write_bytes(original)
     assert check_trace(d) == []
+
+
+def test_calibrate_and_validate_refuse_a_directory_changed_since_it_was_sealed(tmp_path):
+    """A reader computes from what the writer wrote or not at all: a part whose bytes changed
+    (durations x10, finish times x3) is named, no calibration or verdict is given."""
+    from sim.step_time.calibration import calibrate
+    from validation.judge import compare
+
+    def scaled(part, column, factor):
+        t = pq.read_table(part)
+        i = t.schema.get_field_index(column)
+        pq.write_table(t.set_column(i, t.schema.field(column),
+                                    pc.multiply(t.column(column), factor)), part)
+
+    d = tmp_path / "grid"
+    shutil.copytree(REPO / "traces" / "data" / "testbed-large-cpu", d)
+    part = sorted((d / "steps").glob("part-*.parquet"))[0]
+    scaled(part, "duration_ms", 10.0)
+    with pytest.raises(ValueError, match=f"{part}: its bytes changed since"):
+        calibrate([d])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((REPO / "examples" / "replay-small.yaml").read_text().replace(
+        "../sim/data/", f"{REPO / 'sim' / 'data'}/"))
+    for name in ("a", "b"):
+        run_cli("simulate", str(cfg), "-o", str(tmp_path / name), "--json")
+    part = sorted((tmp_path / "b" / "requests").glob("part-*.parquet"))[0]
+    scaled(part, "finish_s", 3.0)
+    with pytest.raises(ValueError, match=f"{part}: its bytes changed since"):
+        compare(tmp_path / "a", tmp_path / "b")

@@ -100,6 +100,16 @@ def read(trace_dir: str | Path) -> dict[str, Any] | None:
     return m
 
 
+def check_sealed(trace_dir: str | Path) -> None:
+    """Refuse (ValueError, one line naming the file) a sealed directory that differs from its
+    manifest: a reader must not compute from bytes changed since it was written. A directory
+    without a manifest (written before manifests) is `traces check`'s to judge."""
+    bad = verify(trace_dir) if (Path(trace_dir) / MANIFEST).exists() else []
+    if bad:
+        raise ValueError(f"{bad[0][0]}: {bad[0][1]} (`reasonsim traces check "
+                         f"{trace_dir}` lists all)")
+
+
 def verify(trace_dir: str | Path) -> list[tuple[str, str]]:
     """(path, message) of each way a directory differs from its manifest: a missing or malformed
     manifest, a listed part missing or changed (sha256), a part not listed, a listed done marker

@@ -10,6 +10,7 @@ import pandas as pd
 
 from sim.metrics import latency_columns, summarize
 from traces import read_run, read_table
+from traces.manifest import check_sealed
 
 # |relative error| a validation passes within (issue: fidelity targets)
 TOLERANCE = {"e2e_s.p50": 0.05, "e2e_s.p90": 0.05, "tpot_s.p50": 0.05, "tpot_s.p90": 0.05,
@@ -53,6 +54,9 @@ def judge_at_probe(metric: dict, sim: float) -> None:
 
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
     """{metric: {sim, live, rel_err}} for TTFT/TPOT/e2e mean,P50,P90,P99 and throughput."""
+    for d in (sim_dir, live_dir):
+        if Path(d).is_dir():
+            check_sealed(d)
     sim = _requests(sim_dir)
     live = _requests(live_dir)
     same_workload(sim, live, sim_dir, live_dir)

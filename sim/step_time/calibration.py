@@ -26,6 +26,7 @@ from sim.step_time.logprob_cost import (MIN_PLAIN_STEPS, attach_logprobs, fit_lo
 from sim.step_time.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
 from sim.step_time.serving_latency import ServingModel  # noqa: F401 (registers `serving`)
 from traces import read_run, read_table
+from traces.manifest import check_sealed
 
 CALIBRATION_VERSION = 2
 """2: the step-time model is named (`step_time_model: {kind, version, ...}`); 1: linear only."""
@@ -208,6 +209,7 @@ def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
     frames, runs, drafts = [], [], set()
     seen: dict[str, str] = {}
     for d in trace_dirs:
+        check_sealed(d)
         run = read_run(d)
         if run["kind"] == "sim":  # a simulation's steps are its calibration's, not a device's
             raise ValueError(f"{d}: a simulation's output (runs kind 'sim'); calibrate on "
