@@ -45,6 +45,8 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
     import os
     import shutil
 
+    from traces import read_run
+    from traces.manifest import seal
     from traces.store import check_out_dir, write_tables
 
     check_out_dir(out_dir, resume=False, can_resume=False)
@@ -65,6 +67,8 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
         (tmp / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
+        # sealed again, the summary and extra files hashed with the tables
+        seal(tmp, read_run(tmp)["run_id"], ("summary.json", *(extra or {})))
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above): rename replaces nothing else
         os.replace(tmp, out_dir)

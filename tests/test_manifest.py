@@ -110,6 +110,13 @@ def test_simulate_output_is_sealed_with_its_workload_fingerprint(tmp_path):
     # the same workload served two ways shares one fingerprint; another seed's does not
     assert a["workload_fingerprint"] == b["workload_fingerprint"] == \
         workload_fingerprint(tmp_path / "a") != c["workload_fingerprint"]
+    # its summary is hashed too: an edited figure is caught, naming the file
+    assert set(a["files"]) == {"summary.json"}
+    summary = tmp_path / "a" / "summary.json"
+    summary.write_text(summary.read_text().replace('"requests": ', '"requests": 1', 1))
+    assert _messages(tmp_path / "a") == [
+        f"{summary}: its bytes changed since the directory was sealed (sha256 differs from the "
+        "manifest's)"]
 
 
 def test_every_shipped_trace_is_sealed_and_whole():

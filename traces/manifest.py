@@ -54,8 +54,9 @@ def workload_fingerprint(trace_dir: Path) -> str | None:
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
-def build(trace_dir: str | Path, run_id: str) -> dict[str, Any]:
-    """The manifest of a directory as it stands: every table's parts, done units, nested runs."""
+def build(trace_dir: str | Path, run_id: str, files: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The manifest of a directory as it stands: every table's parts, done units, nested runs,
+    and the sha256 of the top-level `files` named (a simulation's summary and bands)."""
     d = Path(trace_dir)
     tables, nested = {}, []
     for sub in sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
@@ -66,13 +67,15 @@ def build(trace_dir: str | Path, run_id: str) -> dict[str, Any]:
             nested.append(sub.name)
     units = sorted(p.name[:-5] for p in (d / "_units").glob("*.done"))
     return {"version": VERSION, "run_id": run_id, "tables": tables, "units": units,
-            "nested": nested, "workload_fingerprint": workload_fingerprint(d)}
+            "nested": nested, "workload_fingerprint": workload_fingerprint(d),
+            **({"files": {f: file_sha256(d / f) for f in files}} if files else {})}
 
 
-def seal(trace_dir: str | Path, run_id: str) -> dict[str, Any]:
-    """Write the directory's manifest (atomically, last); returns it."""
+def seal(trace_dir: str | Path, run_id: str, files: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Write the directory's manifest (atomically, last; `files`: top-level files it hashes
+    too); returns it."""
     d = Path(trace_dir)
-    manifest = build(d, run_id)
+    manifest = build(d, run_id, files)
     tmp = d / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, d / MANIFEST)
@@ -93,7 +96,8 @@ def read(trace_dir: str | Path) -> dict[str, Any] | None:
         m = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
-    if not isinstance(m, dict) or set(m) != _KEYS or m["version"] != VERSION or not all(
+    if not isinstance(m, dict) or set(m) - {"files"} != _KEYS or m["version"] != VERSION or \
+            not isinstance(m.get("files", {}), dict) or not all(
             isinstance(m[k], t) for k, t in (("tables", dict), ("units", list),
                                              ("nested", list), ("run_id", str))):
         raise ValueError(f"{path}: not a version-{VERSION} manifest (keys {sorted(_KEYS)})")
@@ -123,7 +127,11 @@ def verify(trace_dir: str | Path) -> list[tuple[str, str]]:
         return [(str(d / MANIFEST), "missing: its writer never finished (killed, or still "
                  "writing), or the directory predates manifests (check it, then `reasonsim "
                  "traces seal DIR`)")]
-    out = []
+    out = [(str(d / name), "listed in the manifest but missing" if not (d / name).is_file()
+            else "its bytes changed since the directory was sealed (sha256 differs from the "
+                 "manifest's)")
+           for name, sha in m.get("files", {}).items()
+           if not (d / name).is_file() or file_sha256(d / name) != sha]
     for table, listed in m["tables"].items():
         for name, entry in listed.items():
             f = d / table / name
