@@ -232,7 +232,8 @@ def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
 
 
 ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks_total")
-"""the engine limits every calibrated trace records (and `max_model_len`, where it has one)"""
+"""the engine limits every calibrated trace records, equal across the traces (`max_model_len`
+may differ: a live replay's engine is sized to its workload; the calibration keeps the longest)"""
 
 
 def _engine_limits(runs: list) -> dict:
@@ -241,18 +242,26 @@ def _engine_limits(runs: list) -> dict:
     if len(keys) != 1:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
                          "model/device separately")
-    limits = {d: {k: r["params"].get("engine", {}).get(k) for k in
-                  ENGINE_LIMITS + ("max_model_len",)} for d, r in runs}
+    limits = {d: {k: r["params"].get("engine", {}).get(k) for k in ENGINE_LIMITS}
+              for d, r in runs}
     for d, lim in limits.items():
         missing = [k for k in ENGINE_LIMITS if not isinstance(lim[k], int) or lim[k] < 1]
         if missing:  # a calibration carries the limits the engine ran with, never a guess
             raise ValueError(f"{d}: its runs table records no engine {missing[0]} "
                              "(params.engine): not a trace calibrate can read limits from")
     if len({json.dumps(v, sort_keys=True) for v in limits.values()}) > 1:
-        (a, la), (b, lb) = list(limits.items())[:2]
+        (a, la), *rest = limits.items()
+        b, lb = next((d, lim) for d, lim in rest if lim != la)  # one that differs
         raise ValueError(f"traces ran with different engine limits ({a}: {la}; {b}: {lb}): "
                          "calibrate each engine configuration separately")
     return limits
+
+
+def _max_model_len(runs: list) -> int | None:
+    """The longest `max_model_len` the traces' engines ran with (None where none records one),
+    whatever the traces' order."""
+    lens = [r["params"].get("engine", {}).get("max_model_len") for _, r in runs]
+    return max((int(n) for n in lens if n), default=None)
 
 
 def _seeded_term(steps: pd.DataFrame) -> tuple[pd.DataFrame, tuple[float, float], str]:
@@ -346,7 +355,7 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
     provenance = _provenance(runs, limits, model, terms, probe_reference(trace_dirs), spec_k,
                              drafts) | {"fit_s": round(time.perf_counter() - t0, 3)}
     return Calibration(fitted, *(int(eng[k]) for k in ENGINE_LIMITS), provenance, heldout,
-                       int(eng["max_model_len"]) if eng.get("max_model_len") else None,
+                       _max_model_len(runs),
                        logprob_token_ms=lp_cost[1], logprob_top_k_ms=lp_cost[2],
                        logprob_step_ms=lp_cost[0], seeded_step_ms=seeded_cost[0],
                        seeded_seq_ms=seeded_cost[1], **asdict(host))
