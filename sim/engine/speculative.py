@@ -2,7 +2,7 @@
 sampling mode, position and difficulty, and what a speculative step costs.
 
 A spec trace (`reasonsim trace spec`) holds vLLM's own verify steps (`spec_steps`). A ToT trace
-(`reasonsim tot trace`) holds program-level verifications in `tot_requests`: each full round of
+(`reasonsim trace tot`) holds program-level verifications in `tot_requests`: each full round of
 a chain draft (K drafted tokens, not cut at the thought's end; tree drafts left out) is one
 verify step of K, with the exact acceptance rule at the trace's temperature, which vLLM's CPU
 build does not apply to sampled drafts (vllm-project/vllm#40149). The simulator's speculative

@@ -10,7 +10,8 @@ reference covers for these workloads is here in the reference's order and float 
 FCFS or priority waiting queues, chunked prefill, KV blocks with recompute preemption (the
 newest or the lowest-priority victim), the prefix cache (`sim.kernels.prefix`), aborts, runs
 of decode iterations and their truncation, the loop's host time, the log-probability and seeded
-sampling terms, the linear step-time model at its mean. The running list and a step's entries
+sampling terms, the linear or the serving step-time model at its mean (`sim.kernels.serving`:
+the serving model's engine state in `rf`). The running list and a step's entries
 are arrays indexed as the reference's lists are, so its list edits (a victim removed before
 the entry being scheduled) play out the same.
 """
