@@ -45,8 +45,6 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
     import os
     import shutil
 
-    from traces import read_run
-    from traces.manifest import seal
     from traces.store import check_out_dir, write_tables
 
     check_out_dir(out_dir, resume=False, can_resume=False)
@@ -63,12 +61,9 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        write_tables(tmp, sim_run_row(cfg, result), tables)
-        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=1) + "\n")
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-        # sealed again, the summary and extra files hashed with the tables
-        seal(tmp, read_run(tmp)["run_id"], ("summary.json", *(extra or {})))
+        # the summary and extra files are hashed in the manifest with the tables
+        write_tables(tmp, sim_run_row(cfg, result), tables, {
+            "summary.json": json.dumps(result.summary, indent=1) + "\n", **(extra or {})})
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above): rename replaces nothing else
         os.replace(tmp, out_dir)

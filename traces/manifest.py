@@ -127,19 +127,16 @@ def verify(trace_dir: str | Path) -> list[tuple[str, str]]:
         return [(str(d / MANIFEST), "missing: its writer never finished (killed, or still "
                  "writing), or the directory predates manifests (check it, then `reasonsim "
                  "traces seal DIR`)")]
-    out = [(str(d / name), "listed in the manifest but missing" if not (d / name).is_file()
-            else "its bytes changed since the directory was sealed (sha256 differs from the "
-                 "manifest's)")
-           for name, sha in m.get("files", {}).items()
-           if not (d / name).is_file() or file_sha256(d / name) != sha]
-    for table, listed in m["tables"].items():
-        for name, entry in listed.items():
-            f = d / table / name
-            if not f.is_file():
-                out.append((str(f), "listed in the manifest but missing"))
-            elif not isinstance(entry, dict) or file_sha256(f) != entry.get("sha256"):
-                out.append((str(f), "its bytes changed since the directory was sealed (sha256 "
-                                    "differs from the manifest's)"))
+    listed = [(d / name, sha) for name, sha in m.get("files", {}).items()] + [
+        (d / table / name, entry.get("sha256") if isinstance(entry, dict) else None)
+        for table, parts_ in m["tables"].items() for name, entry in parts_.items()]
+    out = []
+    for f, sha in listed:
+        if not f.is_file():
+            out.append((str(f), "listed in the manifest but missing"))
+        elif file_sha256(f) != sha:
+            out.append((str(f), "its bytes changed since the directory was sealed (sha256 "
+                                "differs from the manifest's)"))
     for table in SCHEMAS:
         out.extend((str(f), "not in the manifest: added after the directory was sealed")
                    for f in parts(d, table) if f.name not in m["tables"].get(table, {}))

@@ -144,17 +144,19 @@ class TraceWriter:
         self._buf = {}
         (self.dir / "_units" / f"{unit}.done").write_text("")
 
-    def seal(self) -> None:
-        """Write the directory's manifest (`traces.manifest`): its writer's last act, once every
-        unit is flushed; a directory without one never passes `traces check`."""
+    def seal(self, files: tuple[str, ...] = ()) -> None:
+        """Write the directory's manifest (`traces.manifest`; `files`: top-level files it hashes
+        too): its writer's last act, once every unit is flushed; a directory without one never
+        passes `traces check`."""
         if self._buf:
             raise RuntimeError(f"{self.dir}: rows buffered but not flushed; flush before sealing")
-        seal_dir(self.dir, self.run_id)
+        seal_dir(self.dir, self.run_id, files)
 
 
 def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, pa.Table | dict],
-                 ) -> str:
-    """Write whole tables of one run at once (simulator output); returns the run id."""
+                 files: dict[str, str] | None = None) -> str:
+    """Write whole tables of one run at once (simulator output), and `files` (name -> text)
+    beside them, hashed in the manifest too; returns the run id."""
     writer = TraceWriter(trace_dir, run)
     for name, cols in tables.items():
         if isinstance(cols, pa.Table):
@@ -164,7 +166,9 @@ def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, p
         (writer.dir / name).mkdir(exist_ok=True)
         _atomic_write(table, writer.dir / name / "part-all.parquet")
     (writer.dir / "_units" / "all.done").write_text("")
-    writer.seal()
+    for name, text in (files or {}).items():
+        (writer.dir / name).write_text(text)
+    writer.seal(tuple(files or ()))
     return writer.run_id
 
 

@@ -37,7 +37,7 @@ def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfi
         return "prefix caching"  # a preempted request's recompute finds its own blocks cached
     if any(rc.priority_scheduling for _, rc in specs):
         return "priority scheduling"
-    return _replicas_why_not(cfg, specs, (LatencyModel, ServingModel))
+    return _replicas_why_not(cfg, specs)
 
 
 def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
@@ -49,7 +49,7 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
         return "a program kind other than cot/sc on a probes trace"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
-    why = _replicas_why_not(cfg, specs, (LatencyModel, ServingModel))
+    why = _replicas_why_not(cfg, specs)
     if why is not None:
         return why
     from sim.kernels.prefix import MAX_BLOCKS  # numba is there: checked above
@@ -61,15 +61,20 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
     return None
 
 
-def _replicas_why_not(cfg: SimConfig, specs: list, models: tuple) -> str | None:
-    """What a kernel pricing steps with `models` cannot run of the replicas: shared devices,
-    other step-time models, speculation, or numba missing."""
+MODELS = (LatencyModel, ServingModel)
+"""the step-time models both kernels price (`sim.kernels.serving` carries the serving model's
+engine state)"""
+
+
+def _replicas_why_not(cfg: SimConfig, specs: list) -> str | None:
+    """What either kernel cannot run of the replicas: shared devices, step-time models other
+    than MODELS, speculation, or numba missing."""
     if any(g.device is not None for g in cfg.replicas):
         return "a shared device"
     if any(g.scheduler != "reasonsim" for g in cfg.replicas):
         return "a replica group scheduled by other code (`scheduler`)"
     for cal, rc in specs:
-        if type(cal.latency) not in models:
+        if type(cal.latency) not in MODELS:
             why = getattr(cal.latency, "not_compiled", "") or "not a closed form the kernels price"
             return f"step-time model {cal.latency.kind!r}: {why}"
         if rc.spec is not None:

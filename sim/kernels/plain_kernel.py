@@ -131,7 +131,8 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now):
     bs = rp[j, BS]
     budget = rp[j, BUDGET]
     preempted = n_sched = 0
-    tot = np.zeros(5, dtype=np.int64)  # context, prefill tokens and sequences, spans, pairs
+    tot = eng[4]  # context, prefill tokens and sequences, spans, pairs: a step's, reused
+    tot[:] = 0
     r = rp[j, RHEAD]
     while r >= 0 and budget > 0:
         nxt = rq[r, RNEXT]
@@ -172,7 +173,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now):
             n_sched - tot[2], preempted)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot, decode_seqs,
             preempted):
     """`Replica._launch`: price the step (a run of decode iterations where it may
@@ -196,10 +197,11 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
             cdiv(rq[head, TARGET], rp[j, BS]) <= rp[j, FREE]
         if not admissible:
             k = _run_length(rq, rp, j)
+    if k > 1:
         context0 = context - decode_seqs
         closed_a = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
         closed_b = rf[j, CC] * decode_seqs
-        if k > 1 and spells:
+        if spells:  # the run ends at its speed level's window edge
             k = min(k, max(1, iterations_within(
                 closed_a, closed_b, (V.spell_end_s(sv, j) - now) * 1e3
                 / (rf[j, RUN_FACTOR] * rf[j, NOISE]))))

@@ -32,7 +32,8 @@ W1, W2, W3 = ECHO_WEIGHTS
 
 
 def serving_state(specs: list, rngs: list, sampled: bool):
-    """The kernel's `eng`: (sv, seen, spell generators, spell log quantiles) for replicas
+    """The kernel's `eng`: (sv, seen, spell generators, spell log quantiles, a step's totals)
+    for replicas
     `specs` [(Calibration, ReplicaConfig)], drawing each replica's run level (`sv[:, DRIFT]`)
     and spell seed from its noise generator as `Replica.__init__` does (`speed_levels`)."""
     nrep = len(specs)
@@ -57,7 +58,8 @@ def serving_state(specs: list, rngs: list, sampled: bool):
         q[j, :len(v)] = v
     from numba.typed import List
 
-    return sv, seen, List(spell_rngs), q
+    # the last: a step's totals, reused by the plain kernel's every step (no allocation there)
+    return sv, seen, List(spell_rngs), q, np.zeros(5, dtype=np.int64)
 
 
 @njit(cache=True)
