@@ -3,7 +3,8 @@ of a program workload table for table.
 
 Same requests, programs and steps tables and the same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
-replica), on Dynasor CoT with probes and self-consistency, under every inter-program scheduler
+replica), on Dynasor CoT with probes and self-consistency and on SC, MCTS and Rebase search
+programs from a branches trace, under every inter-program scheduler
 (priority queues, the lowest-priority victim), KV pressure (preemption, prefix-cache eviction),
 chunked prefill, few sequence slots, several replicas, the loop's host time with the seeded
 sampling term, and the linear and the serving step-time model (every term of the latter on); and
@@ -100,6 +101,29 @@ def test_program_kernel_equals_simpy(cals, example, scheduler, kv, seqs, batched
     _equal(fast, simulate(cfg, compiled=False))
 
 
+@settings(max_examples=15, deadline=None)
+@given(example=st.sampled_from(["dynasor-mcts-certaindex.yaml", "dynasor-mcts-even.yaml",
+                                "dynasor-rebase-certaindex.yaml", "dynasor-rebase-even.yaml",
+                                "dynasor-sc-branches-certaindex.yaml"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo"]),
+       kv=st.sampled_from([None, 24, 60]), seqs=st.sampled_from([None, 3]),
+       caching=st.booleans(), host=st.booleans(), replicas=st.sampled_from([1, 3]),
+       model=st.sampled_from(["linear", "serving"]), seed=st.integers(0, 3))
+def test_search_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seqs, caching,
+                                                   host, replicas, model, seed):
+    """SC, MCTS and Rebase programs from a branches trace (a tree's requests share their
+    program's prompt, cancelled by certaindex mid-flight) run compiled, equal to SimPy."""
+    group = {"enable_prefix_caching": caching}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    if host or model == "serving":
+        group["calibration"] = str(cals[model, host])
+    cfg = _config(example, 12, 4.0, replicas, seed, scheduler, **group)
+    fast = simulate(cfg)
+    _equal(fast, simulate(cfg, compiled=False))
+
+
 def test_program_kernel_under_pressure_preempts_evicts_and_aborts():
     """KV pressure on one replica: recompute preemptions of the lowest-priority request and
     cached blocks evicted, with certaindex aborting chunks and probes in flight."""
@@ -139,7 +163,8 @@ def test_program_kernel_without_steps_keeps_the_run_totals():
 
 
 def test_what_stays_under_simpy():
-    """Sampled step time, search programs and the reference paths are not compiled."""
+    """Sampled step time, the families that do not compile (A1 here) and the reference paths
+    stay under SimPy."""
     cfg = _config("dynasor-cot-certaindex.yaml", 5, 2.0)
     specs = build_replicas(cfg)
     assert why_not_compiled_programs(cfg, specs, True, 100) is None
@@ -149,8 +174,8 @@ def test_what_stays_under_simpy():
     assert "program kind" in why_not_compiled_programs(cfg, specs, False, 100)
     assert simulate(cfg, compiled=False).summary["simulator"] == "simpy"
     assert simulate(cfg, lazy=False).summary["simulator"] == "simpy"
-    search = parse_config(read_yaml(EXAMPLES / "dynasor-mcts-certaindex.yaml"), EXAMPLES)
-    assert simulate(search).summary["simulator"] == "simpy"
+    a1 = parse_config(read_yaml(EXAMPLES / "a1-async.yaml"), EXAMPLES)
+    assert simulate(a1).summary["simulator"] == "simpy"
 
 
 def test_prefix_cache_arrays_keep_the_dict_order_through_growth():

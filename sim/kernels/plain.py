@@ -41,12 +41,12 @@ def why_not_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfi
 
 
 def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConfig]],
-                              reasoning: bool, capacity: int) -> str | None:
+                              compiles: bool, capacity: int) -> str | None:
     """None if the program kernel (`sim.kernels.programs`) covers a program run of at most
-    `capacity` requests (`reasoning`: cot/sc on a probes trace); else what keeps it under
-    SimPy."""
-    if not reasoning:
-        return "a program kind other than cot/sc on a probes trace"
+    `capacity` requests (`compiles`: its family's `SimFamily.compiles`); else what keeps it
+    under SimPy."""
+    if not compiles:
+        return "a program kind whose family does not compile (A1, SEED, HELIOS)"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
     why = _replicas_why_not(cfg, specs)
