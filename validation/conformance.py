@@ -119,6 +119,34 @@ def vllm_steps(cfg, model_dir: str | Path, requests: list[SimRequest], arrived: 
     return steps
 
 
+def torch_steps(cfg, model_dir: str | Path, requests: list[SimRequest], arrived: list[int],
+                max_model_len: int) -> list[PlannedStep]:
+    """The PyTorch engine's serving-mode steps (`engines.pytorch.packed`) on the same requests,
+    each added before the step index at which it reached the replica (its slot cache: no
+    preemption, no prefix caching, FCFS)."""
+    from engines.pytorch.engine import TorchEngine
+    from engines.pytorch.spec import TorchSpec
+    from engines.vllm_scheduler import prompt_ids
+
+    engine = TorchEngine(TorchSpec(model=str(model_dir), device="cpu",
+                                   max_num_seqs=cfg.max_num_seqs,
+                                   max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                   max_model_len=max_model_len, serving=True))
+    vocab = int(engine.config.vocab_size)  # the ids only fill the prompt: no cache reads them
+    order = sorted(range(len(requests)), key=lambda i: (arrived[i], requests[i].arrival_s, i))
+    steps: list[PlannedStep] = []
+    k = 0
+    while k < len(order) or engine.has_unfinished():
+        while k < len(order) and (arrived[order[k]] <= len(steps) or not engine.has_unfinished()):
+            r = requests[order[k]]
+            ids = prompt_ids(r.idx, r.prompt_tokens, r.group, r.prefix_tokens)
+            engine.add(r.rid, [t % vocab for t in ids], r.output_tokens, stop_at_eos=False)
+            k += 1
+        res = engine.step()
+        steps.append(PlannedStep(res.scheduled, finished=list(res.finished)))
+    return steps
+
+
 def compare_steps(ours: list[PlannedStep], theirs: list[PlannedStep]) -> dict:
     """Step by step: identical steps (tokens per request, preemptions, requests finished and
     their order), the first that differs (both sides), cached-token differences, and the step

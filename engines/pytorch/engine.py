@@ -24,7 +24,9 @@ per-layer KV cache in fixed slots (one per running sequence), on CPU or CUDA.
 
 Each `step()` admits waiting requests (up to `max_num_seqs` running and `max_num_batched_tokens`
 prompt tokens), prefills each admitted prompt, then decodes every running sequence in one
-batched forward, and returns what happened (`StepResult`), including per-layer time.
+batched forward, and returns what happened (`StepResult`), including per-layer time. In serving
+mode (`TorchSpec.serving`, `engines.pytorch.packed`) a step is composed as vLLM's scheduler
+composes it (chunked prefill under the token budget) and runs as one packed forward.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from torch.nn.attention import sdpa_kernel
 from engines.allocator import steady_heap
 from engines.vllm_engine import check_model
 from engines.pytorch.layer_clock import LayerClock
+from engines.pytorch.packed import PackedSteps
 from engines.pytorch.slot_attention import SDPA_BACKENDS, SlotAttention
 from engines.pytorch.spec import StepResult, Token, TorchSpec
 from engines.pytorch.verify import VerifySteps
@@ -67,7 +70,7 @@ def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
     return dev, getattr(torch, spec.dtype)
 
 
-class TorchEngine(SlotAttention, VerifySteps):
+class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
     """Batched decoding of a Llama or Qwen2 model with early exits and a loaded-depth limit."""
 
     def __init__(self, spec: TorchSpec):
@@ -214,7 +217,7 @@ class TorchEngine(SlotAttention, VerifySteps):
     def step(self) -> StepResult:
         """One iteration: admit and prefill waiting requests, then decode the running ones."""
         with sdpa_kernel(SDPA_BACKENDS):
-            return self._step()
+            return self._serving_step() if self.spec.serving else self._step()
 
     @torch.inference_mode()
     def _step(self) -> StepResult:
@@ -378,6 +381,9 @@ def _decoder_layer(config):
 
 
 def _check_skipping(spec: TorchSpec) -> None:
+    if spec.skip_layers and spec.serving:
+        raise ValueError("skip_layers (EE-LLM style exits) runs one sequence layer by layer; "
+                         "the serving mode packs every sequence into one forward")
     if spec.skip_layers and (spec.exit_threshold is None or spec.max_num_seqs != 1):
         raise ValueError("skip_layers (EE-LLM style exits) needs an exit_threshold and "
                          f"max_num_seqs 1 (got {spec.exit_threshold}, {spec.max_num_seqs})")

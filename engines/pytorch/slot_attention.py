@@ -23,8 +23,8 @@ class SlotAttention:
         k = attn.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         c, s = cos[:, None], sin[:, None]
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
         if mask is None:  # a prefill of one sequence: causal over its prompt
             self.k_cache[i][slots[0], :, :n] = k[0]
             self.v_cache[i][slots[0], :, :n] = v[0]
@@ -49,6 +49,7 @@ class SlotAttention:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Llama's rotary embedding's half rotation of the last dimension."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

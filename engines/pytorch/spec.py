@@ -21,7 +21,8 @@ class TorchSpec:
     max_num_seqs: int = 16
     max_model_len: int = 1024
     max_num_batched_tokens: int = 2048
-    """prompt tokens admitted per step"""
+    """tokens a step computes (serving: decode tokens and prompt chunks; else the prompt tokens
+    admitted)"""
     loaded_layers: int | None = None
     """layers in memory (None: all)"""
     exit_threshold: float | None = None
@@ -30,6 +31,10 @@ class TorchSpec:
     """report max probability and argmax at every loaded exit for every token"""
     skip_layers: bool = False
     """decode steps stop at the exit (EE-LLM style; needs exit_threshold and max_num_seqs 1)"""
+    serving: bool = False
+    """one packed forward per step: decode tokens and prompt chunks under the token budget,
+    composed as vLLM's scheduler composes them (`engines.pytorch.packed`); False: each admitted
+    prompt prefilled whole in its own forward, then the decodes"""
 
 
 @dataclass
@@ -62,3 +67,5 @@ class StepResult:
     finished: list[str]
     recomputed_tokens: int = 0
     """pending tokens whose deeper KV a skipping decode step computed"""
+    scheduled: dict[str, int] = field(default_factory=dict)
+    """serving mode: request id -> tokens the step computed for it, in the scheduler's order"""

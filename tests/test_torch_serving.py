@@ -1,0 +1,111 @@
+"""The PyTorch engine's serving mode (`engines.pytorch.packed`): one packed forward per step,
+composed as vLLM's scheduler (and the simulator's replica) composes it.
+
+Outputs are checked against transformers' own greedy decoding, exits against the per-prompt
+mode's, and step compositions against the simulator's reference replica on random workloads:
+none of it depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import REPO, TESTBED
+from engines.pytorch.engine import TorchEngine, TorchSpec
+from sim.engine.replica_config import ReplicaConfig
+from sim.step_time.calibration import load_calibration
+from testbed import lm, tasks
+from validation.conformance import compare_steps, random_workload, replica_steps, torch_steps
+
+TARGET = TESTBED / "target-large"
+CAL = load_calibration(REPO / "sim" / "data" / "testbed-large-cpu.calib.json")
+
+
+def _prompts(n: int, seed: int = 5) -> list[list[int]]:
+    return [lm.encode(it.prompt) for it in tasks.items(seed, n)]
+
+
+def _serve(engine: TorchEngine, prompts, max_tokens: int, stagger: int):
+    """Submit prompts (one more every `stagger` steps; 0: all at once); outputs and steps."""
+    pending, steps = list(enumerate(prompts)), []
+    while pending or engine.has_unfinished():
+        while pending and (not stagger or len(steps) % stagger == 0
+                           or not engine.has_unfinished()):
+            i, p = pending.pop(0)
+            engine.add(f"r{i}", p, max_tokens)
+            if stagger:
+                break
+        steps.append(engine.step())
+    return [engine.output_ids(f"r{i}") for i in range(len(prompts))], steps
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' greedy outputs, one prompt at a time (no padding)."""
+    prompts = _prompts(6)
+    model = lm.load_model(TARGET)
+    with torch.inference_mode():
+        return prompts, [model.generate(input_ids=torch.tensor([p]), do_sample=False,
+                                        max_new_tokens=30, eos_token_id=lm.EOS_ID,
+                                        pad_token_id=lm.PAD_ID)[0, len(p):].tolist()
+                         for p in prompts]
+
+
+@pytest.mark.parametrize("budget,seqs,stagger", [(5, 3, 0), (5, 6, 2), (16, 3, 2), (16, 6, 5),
+                                                 (40, 1, 0), (2048, 6, 2)])
+def test_packed_steps_decode_as_transformers_does_at_every_composition(reference, budget, seqs,
+                                                                       stagger):
+    """Prompt chunks of every size beside decodes, slots reused: the tokens transformers
+    generates, and no step computes more tokens than the budget."""
+    prompts, want = reference
+    engine = TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=seqs, max_model_len=512,
+                                   max_num_batched_tokens=budget, serving=True))
+    got, steps = _serve(engine, prompts, 30, stagger)
+    assert got == want
+    assert all(sum(s.scheduled.values()) == s.prefill_tokens + s.decode_seqs <= budget
+               for s in steps)
+    assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in prompts)
+    if budget < max(len(p) for p in prompts):  # chunked: a prompt over several steps
+        assert sum(s.prefill_seqs for s in steps) > len(prompts)
+    if seqs > 1:  # prompt chunks beside decodes
+        assert any(s.prefill_seqs and s.decode_seqs for s in steps)
+
+
+def test_packed_steps_exit_where_the_per_prompt_mode_exits():
+    """With an exit threshold, every token's exit layer and id equal the per-prompt mode's."""
+    spec = TorchSpec(model=str(TARGET), max_num_seqs=4, max_model_len=512, exit_threshold=0.6,
+                     record_exits=True)
+    prompts = _prompts(5, seed=9)
+    tokens = {}
+    for serving in (False, True):
+        engine = TorchEngine(replace(spec, serving=serving, max_num_batched_tokens=24
+                                     if serving else 2048))
+        _, steps = _serve(engine, prompts, 12, 2)
+        tokens[serving] = sorted((t.request_id, t.token_index, t.token_id, t.exit_layer)
+                                 for s in steps for t in s.tokens)
+    assert tokens[True] == tokens[False]
+    assert {t[3] for t in tokens[True]} != {4}  # some tokens exit early
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_serving_steps_are_composed_as_the_simulators_replica_composes_them(seed):
+    """Random workloads (chunked budgets of 32-512, 2-16 slots, staggered arrivals) with room
+    for every slot's KV, FCFS, no prefix caching: every step identical, request by request."""
+    limits, reqs = random_workload(seed)
+    limits.update(enable_prefix_caching=False, priority_scheduling=False,
+                  kv_blocks=limits["max_num_seqs"] * -(-400 // limits["block_size"]) + 1)
+    reqs = [replace(r, priority=0) for r in reqs]
+    cfg = ReplicaConfig(**limits)
+    ours, arrived = replica_steps(cfg, CAL, reqs)
+    c = compare_steps(ours, torch_steps(cfg, TARGET, reqs, arrived, 400))
+    assert c["first_difference"] is None, (seed, limits, c.get("at_first"))
+    assert c["steps"] == c["vllm_steps"]
+
+
+def test_serving_mode_refuses_layer_skipping():
+    with pytest.raises(ValueError, match="serving mode packs"):
+        TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=1, exit_threshold=0.5,
+                              skip_layers=True, serving=True))
