@@ -126,7 +126,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if sum(g.count for g in cfg.replicas) != 1:
         raise UserError(f"{args.config}: live replay drives one engine; the config has "
                         f"{sum(g.count for g in cfg.replicas)} replicas")
-    summary = replay_config(cfg, args.out, args.model, progress=not args.quiet)
+    try:
+        summary = replay_config(cfg, args.out, args.model, progress=not args.quiet,
+                                engine=args.engine, device=args.device)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     print_summary(summary, args.json)
     return 0
 
@@ -241,12 +245,20 @@ def add_demo_parser(sub) -> None:
 
 def add_replay_parser(sub) -> None:
     """`reasonsim replay`."""
-    rp = sub.add_parser("replay", help="serve a config's workload live on vLLM (one replica)",
+    rp = sub.add_parser("replay", help="serve a config's workload live on vLLM or the PyTorch "
+                        "engine (one replica)",
                         description="Same arrivals, lengths (ignore_eos) and seed as `simulate`, "
-                        "in real time on vLLM's engine; writes the same tables.")
+                        "in real time on the engine the replica's calibration was traced on "
+                        "(vLLM's, or the PyTorch engine's serving mode); writes the same "
+                        "tables.")
     rp.add_argument("config")
     rp.add_argument("-o", "--out", required=True)
     rp.add_argument("--model", help="model directory (default: the calibration's model)")
+    rp.add_argument("--engine", choices=["vllm", "torch"],
+                    help="the engine to serve on (default: the calibration's; another is "
+                    "refused: the simulation would price a different engine)")
+    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="the PyTorch engine's device (auto: cuda where there is one)")
     rp.add_argument("--json", action="store_true")
     rp.add_argument("-q", "--quiet", action="store_true")
     rp.set_defaults(func=cmd_replay)

@@ -109,3 +109,82 @@ def test_serving_mode_refuses_layer_skipping():
     with pytest.raises(ValueError, match="serving mode packs"):
         TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=1, exit_threshold=0.5,
                               skip_layers=True, serving=True))
+
+
+def test_torch_loop_traces_calibrates_replays_and_validates_on_the_serving_mode(tmp_path):
+    """`trace steps --engine torch --serving`, `calibrate`, `replay` (on the engine the
+    calibration names), `simulate` and `validate`: the same workload live and simulated, every
+    prompt token prefilled once and every other token decoded, no step over the budget."""
+    import json
+    import math
+
+    from conftest import run_cli
+    from traces import check_trace, read_run, read_table
+
+    grid, cal = tmp_path / "grid", tmp_path / "t.calib.json"
+    run_cli("trace", "steps", "--engine", "torch", "--serving", "--model", str(TARGET),
+            "-o", str(grid), "--batch-sizes", "1,3", "--prompt-tokens", "8,60",
+            "--output-tokens", "6", "--max-num-batched-tokens", "48", "--max-model-len", "256",
+            "-q", "--json")
+    assert read_run(grid)["params"]["engine"]["serving"] is True
+    run_cli("calibrate", str(grid), "-o", str(cal), "--json")
+    assert json.loads(cal.read_text())["provenance"]["engine_mode"] == "serving"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""seed: 3
+workload:
+  arrival: {{kind: poisson, rate_per_s: 8}}
+  num_requests: 16
+  prompt_tokens: {{kind: uniform, low: 8, high: 120}}
+  output_tokens: {{kind: uniform, low: 4, high: 24}}
+cluster:
+  replicas:
+    - {{calibration: {cal}, count: 1}}
+""")
+    refused = run_cli("replay", str(cfg), "-o", str(tmp_path / "x"), "--engine", "vllm",
+                      check=False)
+    assert refused.returncode == 2 and "fitted on the torch engine" in refused.stderr
+    live, sim = tmp_path / "live", tmp_path / "sim"
+    run_cli("replay", str(cfg), "-o", str(live), "--device", "cpu", "-q", "--json")
+    run_cli("simulate", str(cfg), "-o", str(sim), "--json")
+    assert check_trace(live) == []
+    run = read_run(live)
+    assert (run["kind"], run["engine"], run["params"]["engine"]["serving"]) == \
+        ("replay", "torch", True)
+    lr, sr = read_table(live, "requests").to_pandas(), read_table(sim, "requests").to_pandas()
+    m = lr.merge(sr, on="request_id", suffixes=("_live", "_sim"))
+    assert len(m) == 16 and (m.prompt_tokens_live == m.prompt_tokens_sim).all()
+    assert (m.output_tokens_live == m.output_tokens_sim).all()
+    assert (m.arrival_s_live - m.arrival_s_sim).abs().max() < 1e-6
+    steps = read_table(live, "steps").to_pandas()
+    assert steps.prefill_tokens.sum() == lr.prompt_tokens.sum()
+    assert steps.decode_seqs.sum() == lr.output_tokens.sum() - len(lr)
+    assert (steps.prefill_tokens + steps.decode_seqs <= 48).all()
+    tokens = read_table(live, "token_times").to_pandas()
+    assert len(tokens) == lr.output_tokens.sum()
+    result = json.loads(run_cli("validate", str(sim), str(live), "-o", str(tmp_path / "v"),
+                                "--json").stdout)
+    assert {"ttft_s.p50", "tpot_s.p50", "e2e_s.p50"} <= set(result["metrics"])
+    assert all(math.isfinite(v["live"]) and v["live"] > 0 for v in result["metrics"].values())
+    assert result["verdict"]["status"] in ("pass", "fail", "refused")
+
+
+def test_torch_replay_refuses_what_its_engine_cannot_serve(tmp_path):
+    """A per-prompt-mode calibration, and `--serving` without the torch engine: each refused
+    with the reason."""
+    from conftest import run_cli
+
+    grid, cal = tmp_path / "grid", tmp_path / "t.calib.json"
+    run_cli("trace", "steps", "--engine", "torch", "--model", str(TARGET), "-o", str(grid),
+            "--batch-sizes", "1,2", "--prompt-tokens", "8,24", "--output-tokens", "4", "-q")
+    run_cli("calibrate", str(grid), "-o", str(cal))
+    cfg = tmp_path / "c.yaml"
+    body = ("seed: 0\nworkload: {arrival: {kind: poisson, rate_per_s: 4}, num_requests: 4, "
+            "prompt_tokens: 16, output_tokens: 4}\ncluster:\n  replicas:\n"
+            f"    - {{calibration: {cal}, count: 1}}\n")
+    cfg.write_text(body)
+    proc = run_cli("replay", str(cfg), "-o", str(tmp_path / "a"), check=False)
+    assert proc.returncode == 2 and "per-prompt mode" in proc.stderr
+    assert "--serving" in proc.stderr
+    proc = run_cli("trace", "steps", "--serving", "--model", str(TARGET), "-o",
+                   str(tmp_path / "b"), check=False)
+    assert proc.returncode == 2 and "--engine torch" in proc.stderr

@@ -21,17 +21,25 @@ def kv_blocks_total(engine: TorchEngine) -> int:
 class TorchStepWriter:
     """Writes what each engine step did and each request's life, on one clock (`t0`)."""
 
-    def __init__(self, engine: TorchEngine, writer: TraceWriter, t0: float, step_id: int = 0):
+    def __init__(self, engine: TorchEngine, writer: TraceWriter, t0: float, step_id: int = 0,
+                 record_tokens: bool = False):
         self.engine, self.writer, self.t0 = engine, writer, t0
         self.step_id = step_id
+        self.record_tokens = record_tokens  # a `token_times` row per generated token
         self.meta: dict[str, dict] = {}
 
-    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, cell_id: str,
-            stop_at_eos: bool = True) -> None:
-        """Queue a request on the engine and remember its arrival."""
+    def now_s(self) -> float:
+        """Seconds since the run's t0."""
+        return time.perf_counter() - self.t0
+
+    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, cell_id: str | None,
+            stop_at_eos: bool = True, arrival_s: float | None = None) -> None:
+        """Queue a request on the engine and remember its arrival (`arrival_s`: its planned
+        arrival, if earlier than now)."""
         self.engine.add(request_id, prompt_ids, max_tokens, stop_at_eos=stop_at_eos)
-        self.meta[request_id] = {"cell_id": cell_id, "arrival_s": time.perf_counter() - self.t0,
-                                 "prompt_tokens": len(prompt_ids)}
+        now = self.now_s()
+        self.meta[request_id] = {"cell_id": cell_id, "prompt_tokens": len(prompt_ids),
+                                 "arrival_s": now if arrival_s is None else min(arrival_s, now)}
 
     def step(self, cell_id: str, is_warmup: bool | None = None, warmup=None) -> StepResult:
         """Run one engine step and write its rows; `warmup` flags it from its shape."""
@@ -52,10 +60,15 @@ class TorchStepWriter:
         for layer, ms in enumerate(res.layer_ms):
             self.writer.add("layer_times", replica_id=0, step_id=self.step_id, layer=layer + 1,
                             duration_ms=ms)
+        for rid in res.scheduled:  # serving mode: scheduled before its first token
+            self.meta[rid].setdefault("scheduled_s", start_s)
         for t in res.tokens:
             m = self.meta[t.request_id]
             m.setdefault("scheduled_s", start_s)
             m.setdefault("first_token_s", end_s)
+            if self.record_tokens:
+                self.writer.add("token_times", request_id=t.request_id,
+                                token_index=t.token_index, time_s=end_s)
         for rid in res.finished:
             m, out = self.meta.pop(rid), eng.output_ids(rid)
             self.writer.add("requests", request_id=rid, replica_id=0, cell_id=m["cell_id"],

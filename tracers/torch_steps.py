@@ -4,8 +4,9 @@ vLLM does not run on the GPU machines we reach; the PyTorch engine (`engines.pyt
 The grid, the tables (`steps`, `requests`) and the warm-up flags are the vLLM profiler's, so
 `reasonsim calibrate` fits a GPU's step time the same way; each step's per-layer time
 (`layer_times`) comes too. The engine differs from vLLM where it says so: fixed KV slots (one per
-running sequence, no preemption), each admitted prompt prefilled whole in its own forward, eager
-kernels (no CUDA graphs). A calibration from it is the PyTorch engine's on that device.
+running sequence, no preemption), eager kernels (no CUDA graphs), and, unless `serving`, each
+admitted prompt prefilled whole in its own forward. A calibration from it is the PyTorch
+engine's, in that mode, on that device.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                         load_format: str = "auto", dtype: str = "auto", seed: int = 0,
                         max_num_seqs: int | None = None,
                         max_num_batched_tokens: int | None = None,
-                        max_model_len: int | None = None, progress: bool = True) -> dict:
-    """Profile every grid cell on the PyTorch engine, flushing each; return a summary."""
+                        max_model_len: int | None = None, serving: bool = False,
+                        progress: bool = True) -> dict:
+    """Profile every grid cell on the PyTorch engine (`serving`: its serving mode), flushing
+    each; return a summary."""
     import torch
 
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
@@ -45,7 +48,7 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                      max_num_seqs=max_num_seqs or max(grid.batch_sizes),
                      max_model_len=max_model_len or max(max_len, 256),
                      max_num_batched_tokens=max_num_batched_tokens or max(
-                         2048, max(grid.prompt_tokens)))
+                         2048, max(grid.prompt_tokens)), serving=serving)
     engine = TorchEngine(spec)
     vocab = int(engine.config.vocab_size)
     # The long-prefill warm-up is the vLLM grid's (`Engine.warm_prefills`); not run here.

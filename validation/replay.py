@@ -35,17 +35,25 @@ def resolve_model(model_id: str) -> str:
     raise ValueError(f"model {model_id} of the calibration is not here; pass --model DIR")
 
 
-def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False) -> dict:
-    """Serve a one-replica config's workload live on vLLM, with the engine limits and KV space
-    its calibration was traced with; the replay's summary."""
+def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False,
+                  engine: str | None = None, device: str = "auto") -> dict:
+    """Serve a one-replica config's workload live on the engine its calibration was traced on
+    (vLLM, or the PyTorch engine's serving mode on `device`), with the engine limits (and KV
+    space) it was traced with; the replay's summary."""
     from sim.step_time.calibration import load_calibration
     from sim.workloads.requests import workload_from_config
     from tracers.replay import replay_live
 
     group = cfg.replicas[0]
     cal = load_calibration(group.calibration)
+    traced = cal.provenance.get("engine", "vllm")
+    if engine is not None and engine != traced:
+        raise ValueError(f"--engine {engine}: {group.calibration} was fitted on the {traced} "
+                         f"engine's traces; calibrate on {engine}'s to simulate it")
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
     model = model or resolve_model(cal.provenance["model_id"])
+    if traced == "torch":
+        return _replay_torch(cfg, cal, w, out_dir, model, device, progress)
     kv_gb = cal.provenance.get("kv_cache_gb") or 1.0  # same KV space as when traced
     return replay_live(model, out_dir, w.arrival_s, w.prompt_tokens, w.output_tokens,
                        seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
@@ -56,6 +64,32 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
                        enable_prefix_caching=group.enable_prefix_caching,
                        speculative=live_speculative(group, cal, cfg.base_dir),
                        prompt_text=cfg.workload.get("prompt_text", "random"))
+
+
+def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool) -> dict:
+    """`replay_config` on the PyTorch engine's serving mode, sized as the calibration's engine."""
+    from tracers.torch_replay import replay_live_torch
+
+    group = cfg.replicas[0]
+    if cal.provenance.get("engine_mode") != "serving":
+        raise ValueError(f"{group.calibration}: fitted on the PyTorch engine's per-prompt mode, "
+                         "which composes steps unlike the simulated replica; trace its grid "
+                         "with `trace steps --engine torch --serving`")
+    if group.enable_prefix_caching or group.speculative is not None:
+        raise ValueError("the PyTorch engine's serving mode has no prefix caching or "
+                         "speculative decoding; the config's replica asks for "
+                         + ("prefix caching" if group.enable_prefix_caching else "speculation"))
+    if cfg.workload.get("prompt_text", "random") != "random":
+        raise ValueError("the PyTorch engine replays random token-id prompts (prompt_text: "
+                         "random)")
+    return replay_live_torch(model, out_dir, w.arrival_s, w.prompt_tokens, w.output_tokens,
+                             seed=cfg.seed, max_num_seqs=group.max_num_seqs or cal.max_num_seqs,
+                             max_num_batched_tokens=group.max_num_batched_tokens
+                             or cal.max_num_batched_tokens, max_model_len=cal.max_model_len,
+                             params={"config": json.loads(cfg.to_json())}, device=device,
+                             dtype=cal.provenance.get("dtype") or "auto",
+                             prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
+                             progress=progress)
 
 
 def live_speculative(group, cal, base_dir: Path) -> dict | None:

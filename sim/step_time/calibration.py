@@ -238,7 +238,9 @@ may differ: a live replay's engine is sized to its workload; the calibration kee
 
 def _engine_limits(runs: list) -> dict:
     """The engine limits of each trace, which must agree, as must engine, device and model."""
-    keys = {(r["engine"], r["device"], r["model_config_hash"], r["dtype"]) for _, r in runs}
+    # the torch engine's two modes compose steps differently (`TorchSpec.serving`)
+    keys = {(r["engine"], r["device"], r["model_config_hash"], r["dtype"],
+             r["params"].get("engine", {}).get("serving")) for _, r in runs}
     if len(keys) != 1:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
                          "model/device separately")
@@ -371,6 +373,8 @@ def _provenance(runs: list, limits: dict, model: str, terms: dict, reference: di
             "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
             "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
             "engine_limits": limits[runs[0][0]],
+            **({"engine_mode": "serving" if eng.get("serving") else "per-prompt"}
+               if run0["engine"] == "torch" else {}),
             # the sampling settings the source steps ran with, per trace kind: what regimes
             # the fit has seen ("unrecorded" for traces older than the field)
             "sampling_regimes": sorted({json.dumps({"kind": r["kind"], **r["params"].get(
