@@ -88,6 +88,7 @@ def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool)
                              or cal.max_num_batched_tokens, max_model_len=cal.max_model_len,
                              params={"config": json.loads(cfg.to_json())}, device=device,
                              dtype=cal.provenance.get("dtype") or "auto",
+                             load_format=cal.provenance.get("load_format") or "auto",
                              prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
                              progress=progress)
 

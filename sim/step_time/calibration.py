@@ -373,8 +373,8 @@ def _provenance(runs: list, limits: dict, model: str, terms: dict, reference: di
             "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
             "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
             "engine_limits": limits[runs[0][0]],
-            **({"engine_mode": "serving" if eng.get("serving") else "per-prompt"}
-               if run0["engine"] == "torch" else {}),
+            **({"engine_mode": "serving" if eng.get("serving") else "per-prompt",
+                "load_format": run0.get("load_format")} if run0["engine"] == "torch" else {}),
             # the sampling settings the source steps ran with, per trace kind: what regimes
             # the fit has seen ("unrecorded" for traces older than the field)
             "sampling_regimes": sorted({json.dumps({"kind": r["kind"], **r["params"].get(

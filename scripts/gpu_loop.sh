@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU loop in one call, on the PyTorch engine's serving mode (no vLLM on the GPU machines):
+# the device's ceilings and the engine's speed against them (benchmarks/engine_ceilings.py), a
+# step grid, a calibration, then for each of three request workloads (Poisson, bursty, long
+# decodes) a simulation and two live replays, each validated, with the live-vs-live spread
+# beside the errors (benchmarks/loop_table.py).
+#   scripts/gpu_loop.sh OUT_DIR            on the GPU: a Llama-3.1-8B shape, random weights
+#   scripts/gpu_loop.sh OUT_DIR --dry-run  on the CPU: the testbed model, small (the suite runs it)
+# WORKLOADS="long" runs only those. OUT_DIR gets ceilings.json, loop.json, loop.md, traces.tar.gz (grid, calibration, every run)
+# and a log per command. Each command has its own time limit, so one that overruns costs its
+# own results, not the rest. A Dynasor program workload is not in the loop: the program
+# families' replays drive vLLM only (issue 49).
+set -u
+out=${1:?usage: scripts/gpu_loop.sh OUT_DIR [--dry-run]}
+dry=${2:-}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$out"
+work=$(mktemp -d)
+if [ "$dry" = --dry-run ]; then
+    export CUDA_VISIBLE_DEVICES=
+    model=models/testbed/target-large fmt=auto device=cpu
+    ceil="--dry-run" grid="--batch-sizes 1,3 --prompt-tokens 8,48 --output-tokens 6"
+    limits="--max-num-seqs 4 --max-num-batched-tokens 64 --max-model-len 256"
+    n=10 rate=6 plen="{kind: uniform, low: 8, high: 64}" olen="{kind: uniform, low: 4, high: 16}"
+    long="{kind: uniform, low: 24, high: 48}" t=120
+else
+    model=models/configs/llama-3.1-8b fmt=dummy device=cuda
+    ceil="" grid="--batch-sizes 1,4,16,32 --prompt-tokens 64,256,1024 --output-tokens 16,64"
+    limits="--max-num-seqs 32 --max-num-batched-tokens 2048 --max-model-len 2048"
+    n=60 rate=4 plen="{kind: uniform, low: 64, high: 1024}" olen="{kind: uniform, low: 16, high: 128}"
+    long="{kind: uniform, low: 256, high: 512}" t=150
+fi
+
+run() {  # NAME SECONDS COMMAND...: one command, its log kept, stopped after SECONDS
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    echo "== $name: rc=$rc, $(($(date +%s) - start)) s"
+    tail -c 400 "$out/$name.log"
+    echo
+    return $rc
+}
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader
+"$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+run ceilings 120 "$py" benchmarks/engine_ceilings.py $ceil --json
+tail -n 1 "$out/ceilings.log" > "$out/ceilings.json"
+run grid "$t" "$py" -m reasonsim.cli trace steps --engine torch --serving --model "$model" \
+    --load-format "$fmt" $grid $limits -o "$work/grid" --json -q
+run calibrate 60 "$py" -m reasonsim.cli calibrate "$work/grid" -o "$work/loop.calib.json" --json
+for w in ${WORKLOADS:-poisson bursty long}; do
+    arrival="{kind: poisson, rate_per_s: $rate}" output=$olen
+    [ $w = bursty ] && arrival="{kind: gamma, rate_per_s: $rate, cv: 3}"
+    [ $w = long ] && output=$long
+    cat > "$work/$w.yaml" <<EOF
+seed: 7
+workload:
+  arrival: $arrival
+  num_requests: $n
+  prompt_tokens: $plen
+  output_tokens: $output
+cluster:
+  replicas:
+    - {calibration: $work/loop.calib.json, count: 1}
+EOF
+    run "sim-$w" 60 "$py" -m reasonsim.cli simulate "$work/$w.yaml" -o "$work/sim-$w" --json
+    for r in 1 2; do
+        run "live-$w-$r" "$t" "$py" -m reasonsim.cli replay "$work/$w.yaml" -o "$work/live-$w-$r" \
+            --device $device --json -q &&
+        run "validate-$w-$r" 60 "$py" -m reasonsim.cli validate "$work/sim-$w" "$work/live-$w-$r" \
+            -o "$work/validate-$w-$r" --json
+    done
+done
+"$py" benchmarks/loop_table.py "$out" --json > "$out/loop.json"
+"$py" benchmarks/loop_table.py "$out" > "$out/loop.md"
+cat "$out/loop.md"
+tar czf "$out/traces.tar.gz" -C "$work" . 2>/dev/null
