@@ -5,7 +5,8 @@
 
 Measures the device first (a device-to-device copy's bandwidth, counting bytes read and
 written; a bf16 matrix product's rate on random data; float32 on the CPU), then the engine in
-both modes (`TorchSpec.serving` off and on): a decode step at each batch size (median of timed
+each mode (`MODES`: per-prompt, serving, serving with decode graphs; on the CPU the graphs'
+static code runs eagerly): a decode step at each batch size (median of timed
 steps after warm-up, context ~`--context` tokens) against the bytes it must read (every weight
 but the embedding table, plus the batch's KV) over the measured bandwidth; a prefill of one
 prompt of each length against 2 x parameters x tokens FLOP over the measured matrix rate.
@@ -23,6 +24,10 @@ import torch
 
 from engines.pytorch.engine import TorchEngine
 from engines.pytorch.spec import TorchSpec
+
+
+MODES = ("per-prompt", "serving", "serving-graphs")
+"""the engine's modes, side by side (`TorchSpec.serving`, `TorchSpec.graphs`)"""
 
 
 def _sync(dev: torch.device) -> None:
@@ -109,9 +114,9 @@ def measure(args) -> dict:
     out |= {"weights_bytes": weights, "params": params, "kv_bytes_per_token": kv_token,
             "decode": [], "prefill": []}
     del probe
-    for serving in (False, True):
-        engine = TorchEngine(TorchSpec(**{**spec.__dict__, "serving": serving}))
-        mode = "serving" if serving else "per-prompt"
+    for mode in MODES:
+        engine = TorchEngine(TorchSpec(**{**spec.__dict__, "serving": mode != "per-prompt",
+                                          "graphs": mode == "serving-graphs"}))
         for b in args.batches:
             ms = decode_ms(engine, b, args.context, args.steps)
             floor_ms = (weights + b * args.context * kv_token) / out["copy_bytes_per_s"] * 1e3
@@ -156,10 +161,10 @@ def main() -> None:
           f"TB/s, matmul {out['matmul_flop_per_s'] / 1e12:.1f} TFLOP/s; {args.model}: "
           f"{out['weights_bytes'] / 1e9:.2f} GB of weights read per decode step")
     for d in out["decode"]:
-        print(f"decode {d['mode']:>10} batch {d['batch']:>3}: {d['step_ms']:8.2f} ms, ceiling "
+        print(f"decode {d['mode']:>14} batch {d['batch']:>3}: {d['step_ms']:8.2f} ms, ceiling "
               f"{d['ceiling_ms']:7.2f} ms, {d['x_ceiling']:5.2f}x")
     for p in out["prefill"]:
-        print(f"prefill {p['mode']:>9} {p['tokens']:>5} tokens: {p['step_ms']:8.2f} ms, "
+        print(f"prefill {p['mode']:>14} {p['tokens']:>5} tokens: {p['step_ms']:8.2f} ms, "
               f"{p['tokens_per_s']:9.0f} tokens/s, {p['of_matmul_rate']:6.1%} of the matmul rate")
 
 

@@ -30,15 +30,15 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
                 model=args.model, out_dir=args.out, grid=grid, load_format=args.load_format,
                 dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.max_model_len, serving=args.serving,
+                max_model_len=args.max_model_len, serving=args.serving, graphs=args.graphs,
                 progress=not args.quiet)
         except ValueError as e:
             raise UserError(str(e)) from None
         print_summary(summary, args.json)
         return 0
-    if args.serving:
-        raise UserError("--serving: a mode of the PyTorch engine (--engine torch); vLLM serves "
-                        "so already")
+    if args.serving or args.graphs:
+        raise UserError("--serving, --graphs: modes of the PyTorch engine (--engine torch); "
+                        "vLLM serves so already")
     summary = profile_steps(model=args.model, out_dir=args.out, grid=grid,
                             load_format=args.load_format, dtype=args.dtype, seed=args.seed,
                             resume=args.resume, max_num_seqs=args.max_num_seqs,
@@ -217,6 +217,9 @@ def add_steps_parser(tsub) -> None:
                    help="with --engine torch: its serving mode (steps composed as vLLM's "
                    "scheduler composes them, one packed forward each), the mode `replay` "
                    "serves on")
+    s.add_argument("--graphs", action="store_true",
+                   help="with --serving: decode-only steps replayed as CUDA graphs (on the CPU "
+                   "the same static-shape code runs eagerly)")
     s.add_argument("--resume", action="store_true", help="continue an interrupted trace")
     s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

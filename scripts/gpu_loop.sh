@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU loop in one call, on the PyTorch engine's serving mode (no vLLM on the GPU machines):
+# The GPU loop in one call, on the PyTorch engine's serving mode with decode graphs (no vLLM on
+# the GPU machines):
 # the device's ceilings and the engine's speed against them (benchmarks/engine_ceilings.py), a
 # step grid, a calibration, then for each of three request workloads (Poisson, bursty, long
 # decodes) a simulation and two live replays, each validated, with the live-vs-live spread
@@ -49,7 +50,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 run ceilings 120 "$py" benchmarks/engine_ceilings.py $ceil --json
 tail -n 1 "$out/ceilings.log" > "$out/ceilings.json"
-run grid "$t" "$py" -m reasonsim.cli trace steps --engine torch --serving --model "$model" \
+run grid "$t" "$py" -m reasonsim.cli trace steps --engine torch --serving --graphs --model "$model" \
     --load-format "$fmt" $grid $limits -o "$work/grid" --json -q
 run calibrate 60 "$py" -m reasonsim.cli calibrate "$work/grid" -o "$work/loop.calib.json" --json
 for w in ${WORKLOADS:-poisson bursty long}; do

@@ -18,13 +18,14 @@ def test_gpu_loop_dry_run_measures_traces_calibrates_replays_and_tabulates(tmp_p
                           capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHON": sys.executable, "WORKLOADS": "long"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((out / "calibrate.log").read_text().splitlines()[-1])["output"]
     for step in ("ceilings", "grid", "calibrate", "sim-long", "live-long-1", "live-long-2",
                  "validate-long-1", "validate-long-2"):
         assert f"== {step}: rc=0" in proc.stdout, proc.stdout[-3000:]
     ceilings = json.loads((out / "ceilings.json").read_text())
     assert ceilings["device"] == "cpu" and ceilings["copy_bytes_per_s"] > 0
     assert {(d["mode"], d["batch"]) for d in ceilings["decode"]} == {
-        (m, b) for m in ("per-prompt", "serving") for b in (1, 4)}
+        (m, b) for m in ("per-prompt", "serving", "serving-graphs") for b in (1, 4)}
     loop = json.loads((out / "loop.json").read_text())
     assert {r["metric"] for r in loop["rows"]} == {"e2e_s.p50", "e2e_s.p90", "ttft_s.p50",
                                                    "tpot_s.p50", "tpot_s.p90",

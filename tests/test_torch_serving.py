@@ -54,17 +54,24 @@ def reference():
                          for p in prompts]
 
 
-@pytest.mark.parametrize("budget,seqs,stagger", [(5, 3, 0), (5, 6, 2), (16, 3, 2), (16, 6, 5),
-                                                 (40, 1, 0), (2048, 6, 2)])
+@pytest.mark.parametrize("budget,seqs,stagger,graphs", [
+    (5, 3, 0, False), (5, 6, 2, True), (16, 3, 2, False), (16, 6, 5, True), (40, 1, 0, False),
+    (2048, 6, 2, False), (2048, 5, 3, True)])
 def test_packed_steps_decode_as_transformers_does_at_every_composition(reference, budget, seqs,
-                                                                       stagger):
+                                                                       stagger, graphs):
     """Prompt chunks of every size beside decodes, slots reused: the tokens transformers
-    generates, and no step computes more tokens than the budget."""
+    generates, and no step computes more tokens than the budget. With `graphs`, decode-only
+    steps run the static-shape code CUDA graphs capture (padded batch and span, a scratch
+    slot), eagerly here."""
     prompts, want = reference
     engine = TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=seqs, max_model_len=512,
-                                   max_num_batched_tokens=budget, serving=True))
+                                   max_num_batched_tokens=budget, serving=True, graphs=graphs))
     got, steps = _serve(engine, prompts, 30, stagger)
     assert got == want
+    static = [s for s in steps if not s.layer_ms]  # a graph step reports no layer times
+    assert bool(static) == graphs
+    if graphs:
+        assert engine._graphs.buckets(3, 300) == (4 if seqs >= 4 else seqs, 512)
     assert all(sum(s.scheduled.values()) == s.prefill_tokens + s.decode_seqs <= budget
                for s in steps)
     assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in prompts)
@@ -105,10 +112,12 @@ def test_serving_steps_are_composed_as_the_simulators_replica_composes_them(seed
     assert c["steps"] == c["vllm_steps"]
 
 
-def test_serving_mode_refuses_layer_skipping():
+def test_serving_mode_refuses_layer_skipping_and_graphs_need_it():
     with pytest.raises(ValueError, match="serving mode packs"):
         TorchEngine(TorchSpec(model=str(TARGET), max_num_seqs=1, exit_threshold=0.5,
                               skip_layers=True, serving=True))
+    with pytest.raises(ValueError, match="serving mode's"):
+        TorchEngine(TorchSpec(model=str(TARGET), graphs=True))
 
 
 def test_torch_loop_traces_calibrates_replays_and_validates_on_the_serving_mode(tmp_path):

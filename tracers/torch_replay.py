@@ -31,9 +31,10 @@ def replay_live_torch(model: str, out_dir: str | Path, arrival_s, prompt_tokens,
                       max_model_len: int | None = None, device: str = "auto",
                       load_format: str = "auto", dtype: str = "auto",
                       warmup_requests: int = 4, prefix_group=None, prefix_tokens=None,
-                      progress: bool = True) -> dict:
+                      graphs: bool = False, progress: bool = True) -> dict:
     """Serve the workload live on the PyTorch engine's serving mode; write requests, steps,
-    layer_times and token_times; the replay's summary. `max_model_len` (default: the longest
+    layer_times and token_times; the replay's summary (`graphs`: decode steps as CUDA
+    graphs, `TorchSpec.graphs`). `max_model_len` (default: the longest
     request, at least 256) sizes the slot cache, so the KV blocks reported are the calibrated
     engine's."""
     import torch
@@ -46,7 +47,8 @@ def replay_live_torch(model: str, out_dir: str | Path, arrival_s, prompt_tokens,
         raise ValueError(f"a request of {longest} tokens exceeds max_model_len {max_model_len}")
     spec = TorchSpec(model=model, load_format=load_format, dtype=dtype, device=device, seed=seed,
                      max_num_seqs=max_num_seqs, max_model_len=max_model_len or max(longest, 256),
-                     max_num_batched_tokens=max_num_batched_tokens, serving=True)
+                     max_num_batched_tokens=max_num_batched_tokens, serving=True,
+                     graphs=graphs)
     engine = TorchEngine(spec)
     vocab = int(engine.config.vocab_size)
     rng = np.random.default_rng(seed)

@@ -32,9 +32,9 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                         max_num_seqs: int | None = None,
                         max_num_batched_tokens: int | None = None,
                         max_model_len: int | None = None, serving: bool = False,
-                        progress: bool = True) -> dict:
-    """Profile every grid cell on the PyTorch engine (`serving`: its serving mode), flushing
-    each; return a summary."""
+                        graphs: bool = False, progress: bool = True) -> dict:
+    """Profile every grid cell on the PyTorch engine (`serving`: its serving mode, `graphs`:
+    with decode graphs), flushing each; return a summary."""
     import torch
 
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
@@ -48,7 +48,7 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                      max_num_seqs=max_num_seqs or max(grid.batch_sizes),
                      max_model_len=max_model_len or max(max_len, 256),
                      max_num_batched_tokens=max_num_batched_tokens or max(
-                         2048, max(grid.prompt_tokens)), serving=serving)
+                         2048, max(grid.prompt_tokens)), serving=serving, graphs=graphs)
     engine = TorchEngine(spec)
     vocab = int(engine.config.vocab_size)
     # The long-prefill warm-up is the vLLM grid's (`Engine.warm_prefills`); not run here.

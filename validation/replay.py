@@ -71,7 +71,8 @@ def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool)
     from tracers.torch_replay import replay_live_torch
 
     group = cfg.replicas[0]
-    if cal.provenance.get("engine_mode") != "serving":
+    mode = cal.provenance.get("engine_mode")
+    if mode not in ("serving", "serving-graphs"):
         raise ValueError(f"{group.calibration}: fitted on the PyTorch engine's per-prompt mode, "
                          "which composes steps unlike the simulated replica; trace its grid "
                          "with `trace steps --engine torch --serving`")
@@ -90,7 +91,7 @@ def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool)
                              dtype=cal.provenance.get("dtype") or "auto",
                              load_format=cal.provenance.get("load_format") or "auto",
                              prefix_group=w.prefix_group, prefix_tokens=w.prefix_tokens,
-                             progress=progress)
+                             graphs=mode == "serving-graphs", progress=progress)
 
 
 def live_speculative(group, cal, base_dir: Path) -> dict | None:

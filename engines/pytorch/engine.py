@@ -40,6 +40,7 @@ from torch.nn.attention import sdpa_kernel
 
 from engines.allocator import steady_heap
 from engines.vllm_engine import check_model
+from engines.pytorch.graphs import DecodeGraphs
 from engines.pytorch.layer_clock import LayerClock
 from engines.pytorch.packed import PackedSteps
 from engines.pytorch.slot_attention import SDPA_BACKENDS, SlotAttention
@@ -117,10 +118,14 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
         return len(self.model.model.layers)
 
     def _alloc_cache(self) -> None:
-        shape = (self.spec.max_num_seqs, self.kv_heads, self.spec.max_model_len, self.head_dim)
+        # with decode graphs, one more slot: padded entries write and read it (`graphs`)
+        slots = self.spec.max_num_seqs + self.spec.graphs
+        shape = (slots, self.kv_heads, self.spec.max_model_len, self.head_dim)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype)
                         for _ in range(self.loaded_layers)]
         self.v_cache = [torch.zeros_like(k) for k in self.k_cache]
+        # captured graphs hold the old cache's addresses: capture anew
+        self._graphs = DecodeGraphs(self) if self.spec.graphs else None
 
     def layer_weight_bytes(self) -> int:
         """Bytes of one decoder layer's weights."""
@@ -381,6 +386,8 @@ def _decoder_layer(config):
 
 
 def _check_skipping(spec: TorchSpec) -> None:
+    if spec.graphs and not spec.serving:
+        raise ValueError("graphs: decode graphs are the serving mode's (serving=True)")
     if spec.skip_layers and spec.serving:
         raise ValueError("skip_layers (EE-LLM style exits) runs one sequence layer by layer; "
                          "the serving mode packs every sequence into one forward")

@@ -73,7 +73,13 @@ class PackedSteps:
             if lo + n == len(seq.prompt_ids) + len(seq.output_ids):  # reaches its last token
                 samples.append(len(ids) - 1)
                 sampled.append(seq)
-        logits = self._packed_forward(ids, pos, slot_of, spans, samples, clock)
+        if self._graphs is not None and len(samples) == len(sched) == len(ids) \
+                and min(pos) > 0 and self.spec.exit_threshold is None \
+                and not self.spec.record_exits:  # decodes only (or one-token last chunks)
+            logits = self._graphs.decode(ids, pos, slot_of)
+            clock.ran = 0  # no per-layer times inside a graph
+        else:
+            logits = self._packed_forward(ids, pos, slot_of, spans, samples, clock)
         for seq, n in sched:
             seq.length += n
             seq.full_length = seq.length
@@ -109,7 +115,9 @@ class PackedSteps:
             exits = exits[-1:]  # only the last loaded exit decides
         return self.model.lm_head(m.norm(torch.stack(exits))).float()
 
-    def _packed_layer(self, layer, i, h, cos, sin, index: "_Index"):
+    def _qkv(self, layer, i, h, cos, sin, slots, pos):
+        """A layer's rotated queries, keys and values of the packed tokens [1, heads, tokens,
+        head dim], the keys and values written to each token's slot at its position."""
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         n = x.shape[1]
@@ -119,9 +127,38 @@ class PackedSteps:
         c, s = cos[:, None], sin[:, None]
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
+        self.k_cache[i][slots, :, pos] = k[0].transpose(0, 1)  # [tokens, kv heads, head dim]
+        self.v_cache[i][slots, :, pos] = v[0].transpose(0, 1)
+        return q, k, v
+
+    @staticmethod
+    def _close(layer, h, out):
+        """The layer's output projection, residual and MLP over attention's `out`."""
+        n = h.shape[1]
+        h = h + layer.self_attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def static_decode(self, inputs, span: int):
+        """Logits [1, batch, vocab] of one token per sequence at static shapes (`inputs`: ids,
+        positions and slots, [3, batch]; keys over `span` positions, masked): what
+        `engines.pytorch.graphs` captures."""
+        m = self.model.model
+        ids, pos, slots = inputs[0][None], inputs[1][None], inputs[2]
+        h = m.embed_tokens(ids)
+        cos, sin = m.rotary_emb(h, pos)
+        mask = (torch.arange(span, device=self.device)[None] <= inputs[1][:, None])[:, None, None]
+        gqa = self.heads != self.kv_heads
+        for i, layer in enumerate(m.layers):
+            q, _, _ = self._qkv(layer, i, h, cos, sin, slots, inputs[1])
+            o = F.scaled_dot_product_attention(
+                q[0].transpose(0, 1)[:, :, None], self.k_cache[i][slots, :, :span],
+                self.v_cache[i][slots, :, :span], attn_mask=mask, enable_gqa=gqa)
+            h = self._close(layer, h, o[:, :, 0].transpose(0, 1)[None])
+        return self.model.lm_head(m.norm(h)).float()
+
+    def _packed_layer(self, layer, i, h, cos, sin, index: "_Index"):
+        q, k, v = self._qkv(layer, i, h, cos, sin, index.slots, index.pos)
         kc, vc = self.k_cache[i], self.v_cache[i]
-        kc[index.slots, :, index.pos] = k[0].transpose(0, 1)  # [tokens, kv heads, head dim]
-        vc[index.slots, :, index.pos] = v[0].transpose(0, 1)
         gqa = self.heads != self.kv_heads
         out = torch.empty_like(q)
         if index.one is not None:  # one token each (decodes, a prompt's last chunk of one)
@@ -140,8 +177,7 @@ class PackedSteps:
                                                    vc[slot, :, :lo + t][None], attn_mask=mask,
                                                    enable_gqa=gqa)
             out[:, :, a:a + t] = o
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return self._close(layer, h, out)
 
 
 class _Index:

@@ -238,9 +238,10 @@ may differ: a live replay's engine is sized to its workload; the calibration kee
 
 def _engine_limits(runs: list) -> dict:
     """The engine limits of each trace, which must agree, as must engine, device and model."""
-    # the torch engine's two modes compose steps differently (`TorchSpec.serving`)
+    # the torch engine's modes compose or run steps differently (`TorchSpec.serving`, `graphs`)
     keys = {(r["engine"], r["device"], r["model_config_hash"], r["dtype"],
-             r["params"].get("engine", {}).get("serving")) for _, r in runs}
+             r["params"].get("engine", {}).get("serving"),
+             r["params"].get("engine", {}).get("graphs")) for _, r in runs}
     if len(keys) != 1:
         raise ValueError(f"traces mix engines/devices/models {sorted(keys)}: calibrate each "
                          "model/device separately")
@@ -363,6 +364,13 @@ def calibrate(trace_dirs: list[str | Path], seed: int = 0, model: str = "serving
                        seeded_seq_ms=seeded_cost[1], **asdict(host))
 
 
+def torch_mode(engine_params: dict) -> str:
+    """The PyTorch engine's mode a trace ran in: per-prompt, serving, or serving-graphs."""
+    if not engine_params.get("serving"):
+        return "per-prompt"
+    return "serving-graphs" if engine_params.get("graphs") else "serving"
+
+
 def _provenance(runs: list, limits: dict, model: str, terms: dict, reference: dict | None,
                 spec_k: int | None, drafts: set) -> dict:
     """Where a calibration came from: traces, runs, engine, device, model, what it fitted."""
@@ -373,7 +381,7 @@ def _provenance(runs: list, limits: dict, model: str, terms: dict, reference: di
             "model_id": run0["model_id"], "model_config_hash": run0["model_config_hash"],
             "dtype": run0["dtype"], "kv_cache_gb": eng.get("kv_cache_gb"),
             "engine_limits": limits[runs[0][0]],
-            **({"engine_mode": "serving" if eng.get("serving") else "per-prompt",
+            **({"engine_mode": torch_mode(eng),
                 "load_format": run0.get("load_format")} if run0["engine"] == "torch" else {}),
             # the sampling settings the source steps ran with, per trace kind: what regimes
             # the fit has seen ("unrecorded" for traces older than the field)
