@@ -20,12 +20,33 @@ from traces.store import read_run
 _speed = speed_figure  # a measured speed ratio: a figure, never a bound
 
 
+def small_suite(folder) -> str:
+    """The shipped suite's quick part, smaller (grids of fewer cells, fewer requests): the
+    tests check what the loop writes and decides, not how close it gets, which the shipped
+    suite's own runs (`reasonsim fidelity`) report."""
+    from sim.config import read_yaml
+
+    suite = read_yaml(REPO / "examples" / "fidelity" / "suite.yaml")
+    suite["quick_grid"].update(batch_sizes=[1, 4], prompt_tokens=[16, 128], output_tokens=[16],
+                               idle_ms=[0, 100])
+    suite["sampling_grid"].update(batch_sizes=[1, 4], prompt_tokens=[16], output_tokens=[16])
+    suite["calibration_traffic"]["mixed"]["quick_requests"] = 20
+    for name, n in (("poisson", 16), ("prefix_sharing", 12)):
+        suite["workloads"][name]["quick_requests"] = n
+    suite["workloads"]["cot_probes"]["quick_count"] = 8
+    path = folder / "suite.yaml"
+    path.write_text(json.dumps(suite))  # YAML reads JSON
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fidelity") / "quick"
-    # ~5 minutes on a quiet 2-core VM; a busy machine may take it past run_cli's 10-minute
+    folder = tmp_path_factory.mktemp("fidelity")
+    out = folder / "quick"
+    # a few minutes on a quiet 2-core VM; a busy machine may take it past run_cli's 10-minute
     # default, which is no failure of the loop
-    proc = run_cli("fidelity", "--quick", "-o", str(out), "--json", timeout=2400)
+    proc = run_cli("fidelity", "--quick", "--suite", small_suite(folder), "-o", str(out),
+                   "--json", timeout=2400)
     return out, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
