@@ -6,31 +6,41 @@
 # decodes) a simulation and two live replays, each validated, with the live-vs-live spread
 # beside the errors (benchmarks/loop_table.py).
 #   scripts/gpu_loop.sh OUT_DIR            on the GPU: a Llama-3.1-8B shape, random weights
+#   scripts/gpu_loop.sh OUT_DIR --cpu      on the CPU: the testbed model at a size that measures
 #   scripts/gpu_loop.sh OUT_DIR --dry-run  on the CPU: the testbed model, small (the suite runs it)
 # WORKLOADS="long" runs only those. OUT_DIR gets ceilings.json, loop.json, loop.md, traces.tar.gz (grid, calibration, every run)
 # and a log per command. Each command has its own time limit, so one that overruns costs its
 # own results, not the rest. A Dynasor program workload is not in the loop: the program
 # families' replays drive vLLM only (issue 49).
 set -u
-out=${1:?usage: scripts/gpu_loop.sh OUT_DIR [--dry-run]}
-dry=${2:-}
+out=${1:?usage: scripts/gpu_loop.sh OUT_DIR [--cpu | --dry-run]}
+mode=${2:-}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$out"
 work=$(mktemp -d)
-if [ "$dry" = --dry-run ]; then
+if [ "$mode" = --dry-run ]; then
     export CUDA_VISIBLE_DEVICES=
     model=models/testbed/target-large fmt=auto device=cpu
     ceil="--dry-run" grid="--batch-sizes 1,3 --prompt-tokens 8,48 --output-tokens 6"
     limits="--max-num-seqs 4 --max-num-batched-tokens 64 --max-model-len 256"
     n=10 rate=6 plen="{kind: uniform, low: 8, high: 64}" olen="{kind: uniform, low: 4, high: 16}"
-    long="{kind: uniform, low: 24, high: 48}" t=120
+    long="{kind: uniform, low: 24, high: 48}" t=120 graphs=--graphs
+elif [ "$mode" = --cpu ]; then
+    export CUDA_VISIBLE_DEVICES=
+    model=models/testbed/target-large fmt=auto device=cpu
+    ceil="--dry-run" grid="--batch-sizes 1,4,8 --prompt-tokens 16,64,200 --output-tokens 8,32"
+    limits="--max-num-seqs 8 --max-num-batched-tokens 256 --max-model-len 512"
+    n=40 rate=4 plen="{kind: uniform, low: 16, high: 200}" olen="{kind: uniform, low: 16, high: 100}"
+    # no decode graphs: on the CPU their static shapes (batch and span padded to buckets) are
+    # paid in compute, a step function of the shapes the step-time model does not carry
+    long="{kind: uniform, low: 150, high: 250}" t=300 graphs=
 else
     model=models/configs/llama-3.1-8b fmt=dummy device=cuda
     ceil="" grid="--batch-sizes 1,4,16,32 --prompt-tokens 64,256,1024 --output-tokens 16,64"
     limits="--max-num-seqs 32 --max-num-batched-tokens 2048 --max-model-len 2048"
     n=60 rate=4 plen="{kind: uniform, low: 64, high: 1024}" olen="{kind: uniform, low: 16, high: 128}"
-    long="{kind: uniform, low: 256, high: 512}" t=150
+    long="{kind: uniform, low: 256, high: 512}" t=150 graphs=--graphs
 fi
 
 run() {  # NAME SECONDS COMMAND...: one command, its log kept, stopped after SECONDS
@@ -50,7 +60,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 run ceilings 120 "$py" benchmarks/engine_ceilings.py $ceil --json
 tail -n 1 "$out/ceilings.log" > "$out/ceilings.json"
-run grid "$t" "$py" -m reasonsim.cli trace steps --engine torch --serving --graphs --model "$model" \
+run grid "$t" "$py" -m reasonsim.cli trace steps --engine torch --serving $graphs --model "$model" \
     --load-format "$fmt" $grid $limits -o "$work/grid" --json -q
 run calibrate 60 "$py" -m reasonsim.cli calibrate "$work/grid" -o "$work/loop.calib.json" --json
 for w in ${WORKLOADS:-poisson bursty long}; do
