@@ -10,7 +10,8 @@ static code runs eagerly): a decode step at each batch size (median of timed
 steps after warm-up, context ~`--context` tokens) against the bytes it must read (every weight
 but the embedding table, plus the batch's KV) over the measured bandwidth; a prefill of one
 prompt of each length against 2 x parameters x tokens FLOP over the measured matrix rate.
-Medians of repeats; the ratio is engine time / ceiling time (1.0 = at the ceiling).
+Medians of repeats; the ratio is engine time / ceiling time (1.0 = at the ceiling). And whether
+the decode graphs, replayed, give the tokens their static code gives run eagerly.
 """
 
 from __future__ import annotations
@@ -99,6 +100,22 @@ def prefill_ms(engine: TorchEngine, tokens: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+def graphs_agree(spec: TorchSpec, prompts: int = 4, tokens: int = 16) -> bool:
+    """Whether the decode graphs replay the tokens their static code gives run eagerly (on the
+    CPU both are eager: the check runs, it cannot differ)."""
+    outs = []
+    for capture in (False, True):
+        engine = TorchEngine(TorchSpec(**{**spec.__dict__, "serving": True, "graphs": True}))
+        engine._graphs.capture = capture and engine.device.type == "cuda"
+        for i in range(prompts):
+            engine.add(f"g{i}", [7 + i] * 32, tokens, stop_at_eos=False)
+        while engine.has_unfinished():
+            engine.step()
+        outs.append([engine.output_ids(f"g{i}") for i in range(prompts)])
+        del engine
+    return outs[0] == outs[1]
+
+
 def measure(args) -> dict:
     """Every figure of one run."""
     spec = TorchSpec(model=args.model, load_format=args.load_format, device=args.device,
@@ -114,6 +131,7 @@ def measure(args) -> dict:
     out |= {"weights_bytes": weights, "params": params, "kv_bytes_per_token": kv_token,
             "decode": [], "prefill": []}
     del probe
+    out["graphs_tokens_equal"] = graphs_agree(spec)
     for mode in MODES:
         engine = TorchEngine(TorchSpec(**{**spec.__dict__, "serving": mode != "per-prompt",
                                           "graphs": mode == "serving-graphs"}))
@@ -157,6 +175,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
+    print(f"decode graphs replay their eager tokens: {out['graphs_tokens_equal']}")
     print(f"{out['device']} ({out['matmul_dtype']}): copy {out['copy_bytes_per_s'] / 1e12:.3f} "
           f"TB/s, matmul {out['matmul_flop_per_s'] / 1e12:.1f} TFLOP/s; {args.model}: "
           f"{out['weights_bytes'] / 1e9:.2f} GB of weights read per decode step")

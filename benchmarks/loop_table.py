@@ -54,7 +54,8 @@ def markdown(out: Path, table: list[dict]) -> str:
     c = _json(out / "ceilings.json") or {}
     lines = [f"device: {c.get('device', '?')}; copy {c.get('copy_bytes_per_s', 0) / 1e12:.3f} "
              f"TB/s, matmul {c.get('matmul_flop_per_s', 0) / 1e12:.1f} TFLOP/s "
-             f"({c.get('matmul_dtype', '?')}); model {c.get('model', '?')}", "",
+             f"({c.get('matmul_dtype', '?')}); model {c.get('model', '?')}; decode graphs "
+             f"replay their eager tokens: {c.get('graphs_tokens_equal', '?')}", "",
              "| mode | decode batch | step ms | ceiling ms | x ceiling |", "|---|---|---|---|---|"]
     lines += [f"| {d['mode']} | {d['batch']} | {d['step_ms']:.2f} | {d['ceiling_ms']:.2f} | "
               f"{d['x_ceiling']:.2f} |" for d in c.get("decode", [])]

@@ -24,6 +24,7 @@ def test_gpu_loop_dry_run_measures_traces_calibrates_replays_and_tabulates(tmp_p
         assert f"== {step}: rc=0" in proc.stdout, proc.stdout[-3000:]
     ceilings = json.loads((out / "ceilings.json").read_text())
     assert ceilings["device"] == "cpu" and ceilings["copy_bytes_per_s"] > 0
+    assert ceilings["graphs_tokens_equal"] is True
     assert {(d["mode"], d["batch"]) for d in ceilings["decode"]} == {
         (m, b) for m in ("per-prompt", "serving", "serving-graphs") for b in (1, 4)}
     loop = json.loads((out / "loop.json").read_text())
