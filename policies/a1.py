@@ -184,14 +184,14 @@ class A1Policy:
 def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, **args) -> A1Policy:
     """An `A1Policy` from a config's `{type: conformal|draft_only|target_only, ...}`."""
     if kind == "conformal":
-        step = Conformal(float(args.pop("alpha", 0.4)), args.pop("coverage", "marginal"))
+        step = Conformal(args.pop("alpha", 0.4), args.pop("coverage", "marginal"))
     elif kind in ("draft_only", "target_only"):
         step = DraftOnly() if kind == "draft_only" else TargetOnly()
     else:
         raise ValueError(f"unknown a1 policy {kind!r}")
     if args:
         raise ValueError(f"{kind}: unknown keys {sorted(args)}")
-    return A1Policy(step, int(samples), bool(sync))
+    return A1Policy(step, samples, sync)
 
 
 def mean_nll(logprobs) -> float:

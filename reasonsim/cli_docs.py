@@ -71,8 +71,7 @@ def render_config() -> str:
          "prompt_tokens, output_tokens, prefix), a trace (`format`, `path`) or `programs`, "
          "below; `reasonsim simulate --help-config` prints the same lines."),
         ("program workloads (`workload.programs`)", ProgramsSpec,
-         "The policy's own parameters are typed by its registration "
-         "(`policies.registry.PARAMS`)."),
+         "The policy's parameters are its type's model, below."),
         ("sweep files (`base:` and its axes)", SweepFile, ""),
         ("HELIOS configs (a `helios:` section)", HeliosConfig, ""),
         ("calibrations (`calibrate -o CAL.json`)", CalibrationSpec, ""),
@@ -81,7 +80,25 @@ def render_config() -> str:
     for title, model, note in sections:
         out += [f"\n## {title}\n", *([note, ""] if note else []), "```text",
                 *describe(model), "```"]
+        if model is ProgramsSpec:
+            out += _policy_sections()
     return "\n".join(out) + "\n"
+
+
+def _policy_sections() -> list[str]:
+    """Each policy type's parameters (`policies.params`), under the methods that register it."""
+    from policies.registry import PARAMS
+    from sim.config_schema import describe
+
+    kinds: dict[type, list[str]] = {}
+    for method, by_kind in PARAMS.items():
+        for kind, model in by_kind.items():
+            kinds.setdefault(model, []).append(f"{method}/{kind}")
+    out = []
+    for model, names in kinds.items():
+        out += [f"\n### `policy` of {', '.join(names)}\n", model.__doc__.strip(), "", "```text",
+                *(describe(model) or ["(no parameters)"]), "```"]
+    return out
 
 
 if __name__ == "__main__":

@@ -145,6 +145,18 @@ def test_program_kernel_at_scale(cals, model):
     _equal(simulate(cfg), simulate(cfg, compiled=False))
 
 
+def test_simpy_program_columns_grow_from_a_small_start(monkeypatch):
+    """A SimPy program run sizes its result columns below the families' loose bound and grows
+    them as requests are sent: tables equal the kernel's whether they start at 8 rows or 1M."""
+    import sim.workloads.programs as programs
+
+    cfg = _config("dynasor-certaindex.yaml", 60, 20.0, replicas=2)
+    monkeypatch.setattr(programs, "INITIAL_ROWS", 8)
+    grown = simulate(cfg, compiled=False)
+    assert len(grown.requests) > 8 * 4  # grown at least twice
+    _equal(simulate(cfg), grown)
+
+
 def test_program_kernel_without_steps_keeps_the_run_totals():
     """With no steps table the kernel folds each replica's runs into totals as they end: the
     same requests, iterations and KV usage as the run that keeps every step row."""

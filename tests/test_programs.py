@@ -259,13 +259,18 @@ def test_a_program_workloads_keys_are_strict(edit, message):
 
 
 @pytest.mark.parametrize("method, spec, message", [
-    ("a1", {"type": "conformal", "sync": "no"}, "programs.policy.sync: expected true or false"),
-    ("a1", {"type": "conformal", "alpha": "0.4"}, "programs.policy.alpha: expected a finite"),
-    ("sc", {"type": "even", "cap": 16.9}, "programs.policy.cap: expected a whole number"),
-    ("mcts", {"type": "even", "cap": True}, "programs.policy.cap: expected a whole number"),
-    ("cot", {"type": "certaindex", "window": 2.7}, "programs.policy.window: expected a whole"),
-    ("tot", {"type": "seed", "depth": "4"}, "programs.policy.depth: expected a whole number"),
-    ("tot", {"type": "seed", "k_config": [2, 1.5]}, "programs.policy.k_config: expected a list"),
+    ("a1", {"type": "conformal", "sync": "no"}, "programs.policy.sync: Input should be a valid bool"),
+    ("a1", {"type": "conformal", "alpha": "0.4"}, "programs.policy.alpha: Input should be a valid"),
+    ("sc", {"type": "even", "cap": 16.9}, "programs.policy.cap: Input should be a valid integer"),
+    ("mcts", {"type": "even", "cap": True}, "programs.policy.cap: Input should be a valid integer"),
+    ("cot", {"type": "certaindex", "window": 2.7}, "programs.policy.window: Input should be a valid"),
+    ("tot", {"type": "seed", "depth": "4"}, "programs.policy.depth: Input should be a valid integer"),
+    ("tot", {"type": "seed", "k_config": [2, 1.5]}, r"programs.policy.k_config.1: Input should be"),
+    ("mcts", {"type": "frontier", "cap": 8, "rules": [[float("nan"), 2]]},
+     r"programs.policy.rules.0.0: Input should be a finite number"),
+    ("mcts", {"type": "frontier", "cap": 8, "rules": [[0.5, "2"]]},
+     r"programs.policy.rules.0.1: Input should be a valid integer"),
+    ("tot", {"type": "seed", "bogus": 1}, "programs.policy: unknown key 'bogus'"),
 ])
 def test_policy_parameters_are_never_converted(method, spec, message):
     """A parameter of the wrong type is an error naming it, not a silent True, 16 or 4."""
@@ -274,3 +279,30 @@ def test_policy_parameters_are_never_converted(method, spec, message):
     with pytest.raises(ValueError, match=message):
         make_policy(method, spec)
     assert make_policy("tot", {"type": "seed", "depth": 4, "k_config": [2, 1]}) is not None
+
+
+@pytest.mark.parametrize("method, spec, key", [
+    ("sc", {"type": "sc", "samples": 10**9}, "samples"),
+    ("cot", {"type": "budget", "budget_tokens": 10**12}, "budget_tokens"),
+    ("mcts", {"type": "even", "cap": 5000}, "cap"),
+    ("sc", {"type": "sc", "length_tokens": -1.0}, "length_tokens"),
+    ("tot", {"type": "seed", "depth": 1000}, "depth"),
+    ("a1", {"type": "conformal", "alpha": 1.0}, "alpha"),
+    ("cot", {"type": "certaindex", "effort": "extreme"}, "effort"),
+])
+def test_policy_parameters_have_physical_bounds(method, spec, key):
+    """A parameter past what any reasoning program runs is refused by its schema, naming it."""
+    from policies.registry import make_policy
+
+    with pytest.raises(ValueError, match=rf"^programs\.policy\.{key}: Input should be"):
+        make_policy(method, spec)
+
+
+def test_every_registered_policy_type_declares_its_parameters():
+    """No policy type parses its own parameters: each has a `policies.params.Params` model."""
+    from policies.params import Params
+    from policies.registry import PARAMS, POLICIES
+
+    for method, makers in POLICIES.items():
+        for kind in makers:
+            assert issubclass(PARAMS[method][kind], Params), (method, kind)

@@ -137,7 +137,7 @@ class Cluster:
         specs = specs if specs is not None else build_replicas(cfg)  # given: loaded already
         self.specs = specs
         self.env = simpy.Environment()
-        self.res = Results(capacity)
+        self.res = Results(capacity)  # `send` grows it past `capacity`
         self.seeds = noise_seeds(cfg, len(specs))
         devices: dict[tuple, Device] = {}
         device_of = [None if g.device is None else devices.setdefault((g.device, j), Device())
@@ -206,6 +206,8 @@ class Cluster:
     def send(self, rid: int, sent: Sent, chain: tuple | None = None) -> Req:
         """A driver's request arrives at replica `rid`; the handle `cancel` takes."""
         res, i = self.res, sent.idx
+        if i >= len(res.arrival_s):
+            res.grow(i)
         res.arrival_s[i], res.prompt_tokens[i], res.replica_id[i] = self.env.now, sent.prompt, rid
         res.priority[i] = min(max(sent.priority, -2**31), 2**31 - 1)
         r = sent.req(chain)

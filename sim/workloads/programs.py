@@ -32,6 +32,11 @@ from sim.engine.tables import SimResult, finish_reasons, kv_usage, steps_table
 from traces import ids
 
 
+INITIAL_ROWS = 1 << 20
+"""result rows a SimPy program run starts with: `capacity` bounds its requests loosely (SC sends
+~1/7 of it), so columns start at most this long and grow as requests are sent"""
+
+
 def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                       compiled: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult; its
@@ -55,7 +60,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
         def on_finish(_replica_id: int, r: Req) -> None:
             driver.on_request_done(r.idx, r.generated, r.aborted)
 
-        cluster = Cluster(cfg, capacity, on_finish, fast_forward, lazy, specs)
+        cluster = Cluster(cfg, min(capacity, INITIAL_ROWS), on_finish, fast_forward, lazy, specs)
     env = cluster.env
 
     def on_program_done(run) -> None:

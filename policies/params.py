@@ -1,0 +1,127 @@
+"""The parameters of every registered policy type, as strict pydantic models with physical bounds.
+
+A policy type declares its parameters here (or in its own module, handed to
+`policies.registry.register`): the model types, bounds and documents them, refuses unknown keys,
+and converts nothing (`sync: "no"`, `cap: 16.9`, `depth: "4"`, `cap: true` and NaN are errors
+naming the key). The bounds are physical, not tuned: a policy past them describes no program a
+reasoning workload runs (a thousand paths per question, a million-token reasoning budget).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from policies.certaindex import EFFORT_PRESETS
+
+MAX_PATHS = 1024
+"""paths (samples, search solutions, rounds) one program may launch"""
+MAX_TOKENS = 10_000_000
+"""tokens of one reasoning budget, probe interval or expected length"""
+MAX_TREE = 64
+"""breadth, thoughts per state, depth or drafted tokens of one tree search"""
+
+
+def _tuple(value):
+    # YAML and JSON give pairs as lists: the shape is taken as given, no value is converted
+    return tuple(value) if isinstance(value, list) else value
+
+
+Paths = Annotated[int, Field(ge=1, le=MAX_PATHS)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+TreeSize = Annotated[int, Field(ge=1, le=MAX_TREE)]
+Unit = Annotated[float, Field(ge=0, le=1)]
+Rule = Annotated[tuple[Unit, Paths], BeforeValidator(_tuple)]
+
+
+class Params(BaseModel):
+    """The base of every policy's parameters: strict types, unknown keys refused, finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class ProbeConsistencyParams(Params):
+    """cot `certaindex`: stop when `window` probes in a row agree (Dynasor-CoT)."""
+
+    window: Annotated[int, Field(ge=1, le=MAX_PATHS)] = 3
+    interval_tokens: Tokens = 32
+    effort: Literal[tuple(EFFORT_PRESETS)] | None = None  # type: ignore[valid-type]
+    """a preset (window, interval) of the reference; overrides both"""
+
+
+class TokenBudgetParams(Params):
+    """cot `budget`: stop every path at a fixed reasoning budget."""
+
+    budget_tokens: Tokens
+
+
+class FullReasoningParams(Params):
+    """cot `full`: every path reasons to its end."""
+
+
+class SelfConsistencyParams(Params):
+    """sc `sc` on a probes trace: launch `samples` paths, `per_round` at a time, and vote."""
+
+    samples: Paths = 4
+    per_round: Paths | None = None
+    entropy_threshold: Unit | None = None
+    detect_round: Paths | None = None
+    length_tokens: Annotated[float, Field(gt=0, le=MAX_TOKENS)] | None = None
+
+
+class SearchParams(Params):
+    """sc/mcts/rebase on a branches trace: up to `cap` solutions, with an optional stop."""
+
+    cap: Paths
+    per_round: Annotated[int, Field(ge=0, le=MAX_PATHS)] = 0
+    """solutions launched per round (sc only; 0: all at once)"""
+    detect: Paths | None = None
+    entropy_threshold: Unit | None = None
+    reward_threshold: Annotated[float, Field(ge=-1e6, le=1e6)] | None = None
+    signal: Literal["entropy", "reward"] | None = None
+    """frontier: what certaindex the rules read (default entropy)"""
+    rules: Annotated[list[Rule], Field(min_length=1, max_length=MAX_PATHS)] | None = None
+    """frontier: (certaindex at least, solutions at most) pairs"""
+
+
+class A1Params(Params):
+    """a1 `conformal`, `draft_only`, `target_only`: draft-and-verify reasoning steps."""
+
+    samples: Paths = 4
+    sync: bool = False
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.4
+    coverage: Literal["marginal", "conditional"] = "marginal"
+
+
+class ToTParams(Params):
+    """tot (SEED): Tree-of-Thoughts search and how its thoughts are decoded."""
+
+    breadth: TreeSize = 2
+    thoughts: TreeSize = 3
+    depth: TreeSize = 4
+    thought_tokens: Annotated[int, Field(ge=1, le=100_000)] = 24
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
+    draft_tokens: TreeSize = 4
+    k_config: Annotated[list[Annotated[int, Field(ge=1, le=8)]],
+                        Field(max_length=MAX_TREE)] = []
+
+
+def validate_params(model: type[Params], args: dict) -> dict:
+    """The parameters a config gave, checked by `model`: only the given keys (the factory keeps
+    its defaults); a one-line error naming the first bad key."""
+    try:
+        return model.model_validate(args).model_dump(exclude_unset=True)
+    except ValidationError as e:
+        raise ValueError(one_line(e)) from None
+
+
+def one_line(e: ValidationError) -> str:
+    """The first problem as `programs.policy.key: problem (got value)`, an unknown key first."""
+    errors = e.errors()
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tuple["))]
+    path = ".".join(["programs.policy", *loc])
+    if err["type"] == "extra_forbidden":
+        return f"{path.rpartition('.')[0]}: unknown key {loc[-1]!r}"
+    return f"{path}: {err['msg']} (got {err.get('input')!r})"
