@@ -11,16 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 
+from inputs.limits import MAX_PATHS, MAX_TOKENS, MAX_TREE
+from inputs.strict import Strict, one_line
 from policies.certaindex import EFFORT_PRESETS
-
-MAX_PATHS = 1024
-"""paths (samples, search solutions, rounds) one program may launch"""
-MAX_TOKENS = 10_000_000
-"""tokens of one reasoning budget, probe interval or expected length"""
-MAX_TREE = 64
-"""breadth, thoughts per state, depth or drafted tokens of one tree search"""
 
 
 def _tuple(value):
@@ -35,10 +30,8 @@ Unit = Annotated[float, Field(ge=0, le=1)]
 Rule = Annotated[tuple[Unit, Paths], BeforeValidator(_tuple)]
 
 
-class Params(BaseModel):
-    """The base of every policy's parameters: strict types, unknown keys refused, finite."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+class Params(Strict):
+    """The base of every policy's parameters (`inputs.strict.Strict`)."""
 
 
 class ProbeConsistencyParams(Params):
@@ -113,15 +106,5 @@ def validate_params(model: type[Params], args: dict) -> dict:
     try:
         return model.model_validate(args).model_dump(exclude_unset=True)
     except ValidationError as e:
-        raise ValueError(one_line(e)) from None
+        raise ValueError(one_line(e, prefix="programs.policy")) from None
 
-
-def one_line(e: ValidationError) -> str:
-    """The first problem as `programs.policy.key: problem (got value)`, an unknown key first."""
-    errors = e.errors()
-    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tuple["))]
-    path = ".".join(["programs.policy", *loc])
-    if err["type"] == "extra_forbidden":
-        return f"{path.rpartition('.')[0]}: unknown key {loc[-1]!r}"
-    return f"{path}: {err['msg']} (got {err.get('input')!r})"

@@ -120,7 +120,7 @@ def make_policy(method: str, spec: dict | str):
     args = dict(spec)
     kind = args.pop("type")
     makers = POLICIES[method]
-    if kind not in makers:
+    if not isinstance(kind, str) or kind not in makers:
         raise ValueError(f"programs.policy: {kind!r} is not a {method} policy; known: "
                          f"{', '.join(sorted(makers))}")
     args = validate_params(PARAMS[method][kind], args)

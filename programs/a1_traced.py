@@ -65,8 +65,8 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
         raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a conformity trace")
     wl = json.loads(run["params_json"])["workload"]
     if samples > int(wl["samples"]):
-        raise ValueError(f"a1 needs {samples} samples per question; the trace has "
-                         f"{wl['samples']}")
+        raise ValueError(f"programs.policy.samples: a1 needs {samples} samples per question; "
+                         f"the trace has {wl['samples']}")
     d = read_table(trace_dir, "conformity").to_pandas()
     cal = d[d.program_id.str.endswith("cal") & d.score.notna()]
     marginal, by_q = calibration_sets(zip(cal.question_split, cal.question_id, cal.score))

@@ -190,12 +190,14 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
         raise ValueError(f"{trace_dir}: no {method} programs (traced: {sorted(caps)})")
     if method == "rebase":
         if cap not in caps[method]:
-            raise ValueError(f"rebase width {cap} was not traced; traced widths: {caps[method]}")
+            raise ValueError(f"programs.policy.cap: rebase width {cap} was not traced; traced "
+                             f"widths: {caps[method]}")
         traced = cap
     else:
         traced = caps[method][0]
         if cap > traced:
-            raise ValueError(f"{method} cap {cap} exceeds the traced {traced}")
+            raise ValueError(f"programs.policy.cap: {method} cap {cap} exceeds the traced "
+                             f"{traced}")
     d = read_table(trace_dir, "branches").to_pandas()
     d = d[(d.method == method) & (d.cap == traced)].sort_values(["program_id", "branch_id"])
     if d.empty:
@@ -237,16 +239,16 @@ def check_policy(bank: QuestionBank, method: str, policy) -> None:
     """Raise if a policy cannot be replayed on this trace (interval, budget, samples)."""
     s = bank.stride_tokens
     if isinstance(policy, ProbeConsistency) and policy.every_tokens % s:
-        raise ValueError(f"probe interval {policy.every_tokens} is not a multiple of the traced "
-                         f"stride {s}")
+        raise ValueError(f"programs.policy.interval_tokens: {policy.every_tokens} is not a "
+                         f"multiple of the traced stride {s}")
     if isinstance(policy, TokenBudget) and policy.budget_tokens % s:
-        raise ValueError(f"budget {policy.budget_tokens} is not a multiple of the traced stride "
-                         f"{s}")
+        raise ValueError(f"programs.policy.budget_tokens: {policy.budget_tokens} is not a "
+                         f"multiple of the traced stride {s}")
     if method == "sc":
         have = min(len(q.samples) for q in bank.questions)
         if policy.samples > have:
-            raise ValueError(f"sc needs {policy.samples} samples per question; the trace has "
-                             f"{have}")
+            raise ValueError(f"programs.policy.samples: sc needs {policy.samples} samples per "
+                             f"question; the trace has {have}")
 
 
 def _load_reasoning(wl) -> QuestionBank:

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from inputs.limits import MAX_PROGRAMS, MIN_RATE_PER_S
+from inputs.strict import Strict, one_line
 from policies.registry import make_policy
 from programs.families import family_of, methods
 from programs.traced import QuestionBank
@@ -43,31 +45,21 @@ class ProgramWorkload:
     slo_scale: float = 1.0
 
 
-MAX_PROGRAMS = 2_000_000
-"""programs one workload may hold (checked before any is planned): a million self-consistency
-programs (16.9M requests) peaked at 7.5 GB simulated, so two million fit this project's
-24 GB machines and ten million would not"""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-
-class DeadlineSpec(_Strict):
+class DeadlineSpec(Strict):
     """`deadline:` a program's deadline at average difficulty, and the SLO scale on it."""
 
     base_s: Annotated[float, Field(gt=0)]
     slo_scale: Annotated[float, Field(gt=0)] = 1.0
 
 
-class ProgramsSpec(_Strict):
+class ProgramsSpec(Strict):
     """`workload.programs`: its keys typed and bounded (the policy is its family's to check)."""
 
     trace: Annotated[str, Field(min_length=1)]
     method: str = "cot"
     policy: Any
     count: Annotated[int, Field(ge=1, le=MAX_PROGRAMS)] = 64
-    rate_per_s: Annotated[float, Field(ge=1e-5)]
+    rate_per_s: Annotated[float, Field(ge=MIN_RATE_PER_S)]
     """programs per second: at least one a day (slower puts arrivals where a latency vanishes
     in the clock's float precision)"""
     deadline: DeadlineSpec
@@ -78,7 +70,7 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
     try:
         spec = ProgramsSpec.model_validate(d)
     except ValidationError as e:
-        raise ValueError(_one_line(e)) from None
+        raise ValueError(one_line(e, prefix="workload.programs")) from None
     if spec.method not in methods():
         raise ValueError(f"workload.programs.method: {spec.method!r}; expected one of "
                          f"{methods()}")
@@ -88,22 +80,14 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
                            slo_scale=spec.deadline.slo_scale)
 
 
-def _one_line(e: ValidationError) -> str:
-    """The first problem as `workload.programs.key: problem` (an unknown key first)."""
-    errors = e.errors()
-    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    path = ".".join(["workload.programs", *(str(p) for p in err["loc"])])
-    if err["type"] == "extra_forbidden":
-        where, _, key = path.rpartition(".")
-        return f"{where}: unknown key {key!r}"
-    if err["type"] == "missing":
-        return f"{path}: required"
-    return f"{path}: {err['msg']} (got {err.get('input')!r})"
-
-
 def load_bank(wl: ProgramWorkload):
     """The traced questions a workload draws from (its family's trace), policy checked."""
-    return family_of(wl.method, wl.policy).load_bank(wl)
+    try:
+        return family_of(wl.method, wl.policy).load_bank(wl)
+    except ValueError as e:  # what the policy cannot replay names its key; the rest is the trace's
+        if str(e).startswith(("programs.policy", "workload.programs")):
+            raise
+        raise type(e)(f"workload.programs.trace: {e}") from None
 
 
 

@@ -64,12 +64,20 @@ def render_config() -> str:
     from sim.config_schema import CalibrationSpec, ConfigSpec, describe
     from sim.families.helios.config import HeliosConfig
     from sim.sweep.file import SweepFile
+    from sim.workloads import schema
 
     sections = [
         ("simulate, sweep and capacity configs (`CONFIG.yaml`)", ConfigSpec,
          "`workload` is a synthetic workload (arrival, num_requests or duration_s, "
          "prompt_tokens, output_tokens, prefix), a trace (`format`, `path`) or `programs`, "
          "below; `reasonsim simulate --help-config` prints the same lines."),
+        ("synthetic workloads (`workload`)", schema.Synthetic,
+         "A length is a whole number of tokens or a mapping whose `kind` is uniform, lognormal "
+         "or choice; an arrival's `kind` is poisson, gamma (with `cv`) or constant."),
+        *((f"`{m.__name__.lower()}` ({m.__doc__.strip()})", m, "")
+          for m in (schema.Uniform, schema.Lognormal, schema.Choice, schema.Poisson,
+                    schema.Gamma, schema.Constant)),
+        ("trace replays (`workload.trace`)", schema.Replayed, ""),
         ("program workloads (`workload.programs`)", ProgramsSpec,
          "The policy's parameters are its type's model, below."),
         ("sweep files (`base:` and its axes)", SweepFile, ""),

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from inputs.limits import MAX_SEEDS
 from sim.config import SimConfig
 from sim.metrics import summarize
 from sim.program_metrics import program_summary
@@ -35,8 +36,7 @@ def metrics_of(result) -> dict[str, float]:
     return out
 
 
-MAX_DRAWS = 10_000
-"""noise draws a band may take (each one a whole simulation)"""
+MAX_DRAWS = MAX_SEEDS
 
 
 def bands(cfg: SimConfig, seeds: int, band: tuple[float, float] = BAND) -> dict:

@@ -13,20 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-INT32_MAX = 2**31 - 1
+from inputs.limits import INT32_MAX, MAX_REPLICAS, SEED_MAX
+from inputs.strict import Strict, one_line
+
 Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Positive = Annotated[float, Field(gt=0)]
-SEED_MAX = 2**63 - 1
-"""the largest seed numpy's generators take whole"""
-MAX_REPLICAS = 100_000
-"""replicas in one simulation (a group's count; the sum is checked against it too)"""
-
-
-class Strict(BaseModel):
-    """The base of every config section's model: strict types, unknown keys refused, frozen."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
-                              protected_namespaces=())
 
 
 class SpeculativeSpec(Strict):
@@ -201,18 +192,3 @@ def validate_config(d: Any) -> ConfigSpec:
         raise ValueError(one_line(e)) from None
 
 
-def one_line(e: ValidationError, root: str = "config") -> str:
-    """The first problem of a validation error as `path.to.key: problem` (`root`: what a
-    top-level problem names)."""
-    errors = e.errors()
-    # An unknown key is usually the typo behind a "required" one: name it first.
-    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    loc = [p for p in err["loc"] if p not in ("str", "dict", "function-after")]
-    path = ""
-    for p in loc[:-1] if err["type"] == "extra_forbidden" else loc:
-        path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))
-    if err["type"] == "extra_forbidden":
-        return f"{path or root}: unknown key {loc[-1]!r}"
-    if err["type"] == "missing":
-        return f"{path}: required"
-    return f"{path or root}: {err['msg']} (got {err.get('input')!r})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -28,8 +29,8 @@ KEYS = ("workload", "cluster", "seed", "slo", "latency", "output", "router", "ca
         "replicas", "arrival", "prompt_tokens", "output_tokens", "prefix", "num_requests",
         "KV blocks", "config")
 
-ODD = st.sampled_from([0, -1, 1.5, 3_000_000_000, math.nan, math.inf, "2", "no", True, None,
-                       [], {}])
+ODD_VALUES = [0, -1, 1.5, 3_000_000_000, math.nan, math.inf, "2", "no", True, None, [], {}]
+ODD = st.sampled_from(ODD_VALUES)
 
 
 GROUP = st.fixed_dictionaries(
@@ -258,3 +259,79 @@ def test_truncated_trace_parts_fail_naming_the_file(tmp_path, seed, cut):
         assert got and all(v.path == str(f) for v in got), got
     finally:
         f.write_bytes(original)
+
+
+PROGRAM_EXAMPLES = ["a1-sync.yaml", "a1-target-only.yaml", "dynasor-certaindex.yaml",
+                    "dynasor-cot-budget.yaml", "dynasor-cot-certaindex.yaml",
+                    "dynasor-mcts-certaindex.yaml", "dynasor-rebase-even.yaml",
+                    "dynasor-sc-branches-certaindex.yaml", "seed-greedy-small.yaml",
+                    "seed-mcsd.yaml"]
+PROGRAM_KEYS = ["count", "rate_per_s", "method", "trace", "policy", "bogus",
+                ("deadline", "base_s"), ("deadline", "slo_scale"), ("deadline", "bogus")]
+PROGRAM_VALUE_LIST = ODD_VALUES + [1, 2, 3, 0.5, 2000, "mid", "reward", [[0.5, 2]], [2, 1]]
+PROGRAM_VALUES = st.sampled_from(PROGRAM_VALUE_LIST)
+
+
+def program_keys(example: str) -> list:
+    """Where one value may land in an example's program workload: its keys, its policy's
+    declared parameters, its policy's `type`."""
+    from policies.registry import PARAMS
+    from sim.config import read_yaml
+
+    programs = read_yaml(REPO / "examples" / example)["workload"]["programs"]
+    params = sorted(PARAMS[programs["method"]][programs["policy"]["type"]].model_fields)
+    return PROGRAM_KEYS + [("policy", k) for k in params + ["type"]]
+
+
+def program_case(example: str, key, value) -> str:
+    """Run `example` (4 programs) with `key` set to `value`: "refused" (one line naming the
+    key's section) or "ran" (every program finished, finite latencies); anything else fails."""
+    from sim.config import read_yaml
+
+    d = read_yaml(REPO / "examples" / example)
+    programs = d["workload"]["programs"]
+    programs["count"] = 4
+    if key == "count" and value == 2000:
+        value = 3_000_000  # past the cap on programs (a valid large count would not be quick)
+    path = key if isinstance(key, tuple) else (key,)
+    target = programs
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    try:
+        result = simulate(parse_config(d, REPO / "examples"))
+    except ValueError as e:
+        text = str(e)
+        assert text and "\n" not in text, text
+        assert "programs" in text or "policy" in text, text
+        return "refused"
+    progs = result.programs.to_pandas()
+    assert len(progs) == programs["count"]
+    assert np.isfinite(progs["finish_s"] - progs["arrival_s"]).all()
+    assert (progs["finish_s"] >= progs["arrival_s"]).all()
+    assert np.isfinite(result.summary["makespan_s"])
+    return "ran"
+
+
+@given(st.sampled_from(PROGRAM_EXAMPLES), st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_program_workloads_fail_in_one_line_or_run_validly(example, data):
+    """One key of a program workload or of its policy (each declared parameter, `type`, an
+    unknown one) set to an odd or a plausible value: a one-line error naming
+    `workload.programs` or `programs.policy`, or a run whose every program finished with
+    finite latencies (`python tests/test_fuzz.py programs` runs every combination)."""
+    key = data.draw(st.sampled_from(program_keys(example)))
+    event(program_case(example, key, data.draw(PROGRAM_VALUES)))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["programs"]:
+    from collections import Counter
+
+    counts = Counter()
+    for example in PROGRAM_EXAMPLES:
+        for key in program_keys(example):
+            for value in PROGRAM_VALUE_LIST:
+                counts[example, program_case(example, key, value)] += 1
+    for (example, outcome), n in sorted(counts.items()):
+        print(f"{example:40s} {outcome:8s} {n}")
+    print(f"cases: {sum(counts.values())}")

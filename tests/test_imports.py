@@ -20,14 +20,16 @@ def test_cli_help_loads_no_engine():
 
 
 # ------------------------------------------------------------------ import rules, parsed
-OURS = ("policies", "programs", "traces", "sim", "engines", "testbed", "live", "tracers",
+OURS = ("inputs", "policies", "programs", "traces", "sim", "engines", "testbed", "live", "tracers",
         "validation", "reasonsim")
 ENGINES = ("torch", "vllm", "transformers", "safetensors")
 # package -> packages (ours or third-party) it must never import, at top level or in a function
 FORBIDDEN = {
-    "policies": set(OURS) | set(ENGINES) | {"simpy", "time"},
-    "programs": set(OURS) - {"policies", "traces", "programs"} | set(ENGINES) | {"simpy"},
-    "traces": set(OURS) - {"traces"} | set(ENGINES),
+    # the input layer (strict models, caps) lies beneath every package
+    "inputs": set(OURS) - {"inputs"} | set(ENGINES) | {"simpy", "numpy"},
+    "policies": set(OURS) - {"inputs"} | set(ENGINES) | {"simpy", "time"},
+    "programs": set(OURS) - {"inputs", "policies", "traces", "programs"} | set(ENGINES) | {"simpy"},
+    "traces": set(OURS) - {"inputs", "traces"} | set(ENGINES),
     "sim": {"engines", "testbed", "live", "tracers", "validation", "reasonsim"} | set(ENGINES),
     # engines lie beneath both the tracers and the live runner, which never import each other
     "engines": {"sim", "testbed", "live", "tracers", "validation", "reasonsim"},

@@ -265,11 +265,11 @@ def test_a_program_workloads_keys_are_strict(edit, message):
     ("mcts", {"type": "even", "cap": True}, "programs.policy.cap: Input should be a valid integer"),
     ("cot", {"type": "certaindex", "window": 2.7}, "programs.policy.window: Input should be a valid"),
     ("tot", {"type": "seed", "depth": "4"}, "programs.policy.depth: Input should be a valid integer"),
-    ("tot", {"type": "seed", "k_config": [2, 1.5]}, r"programs.policy.k_config.1: Input should be"),
+    ("tot", {"type": "seed", "k_config": [2, 1.5]}, r"programs.policy.k_config\[1\]: Input should be"),
     ("mcts", {"type": "frontier", "cap": 8, "rules": [[float("nan"), 2]]},
-     r"programs.policy.rules.0.0: Input should be a finite number"),
+     r"programs.policy.rules\[0\]\[0\]: Input should be a finite number"),
     ("mcts", {"type": "frontier", "cap": 8, "rules": [[0.5, "2"]]},
-     r"programs.policy.rules.0.1: Input should be a valid integer"),
+     r"programs.policy.rules\[0\]\[1\]: Input should be a valid integer"),
     ("tot", {"type": "seed", "bogus": 1}, "programs.policy: unknown key 'bogus'"),
 ])
 def test_policy_parameters_are_never_converted(method, spec, message):

@@ -169,9 +169,9 @@ def test_certaindex_beats_baseline_even_in_the_simulated_cluster(method, tmp_pat
 
 @pytest.mark.parametrize("policy,error", [
     ({"type": "even", "cap": 5}, "width 5 was not traced"),
-    ({"type": "certaindex", "cap": 8, "entropy": 0.5}, "unknown keys"),
+    ({"type": "certaindex", "cap": 8, "entropy": 0.5}, "programs.policy: unknown key 'entropy'"),
     ({"type": "sc", "samples": 4}, "not a rebase policy"),
-    ({"type": "even"}, "needs 'cap'"),
+    ({"type": "even"}, "programs.policy.cap: required"),
 ])
 def test_bad_search_configs_fail_clearly(policy, error):
     d = _config("dynasor-rebase-even.yaml", policy=policy)

@@ -126,7 +126,7 @@ def test_requests_longer_than_max_model_len_are_refused():
      "output_tokens: 8}", "workload: request 0 (prompt 100000 + output 8 tokens) exceeds the "
      "model's max_model_len 1280"),
     ("{arrival: {kind: gamma, rate_per_s: 5, cv: 100000}, duration_s: 5, prompt_tokens: 8, "
-     "output_tokens: 8}", "workload.arrival.cv must be <= 100"),
+     "output_tokens: 8}", "workload.arrival.cv: Input should be less than or equal to 100"),
     ("{arrival: {kind: constant, rate_per_s: 5}, duration_s: 1.0e+12, prompt_tokens: 8, "
      "output_tokens: 8}", "expects 5e+12 requests, over the cap of 10,000,000"),
 ])
@@ -143,8 +143,9 @@ def test_certaindex_thresholds_outside_their_range_are_refused(tmp_path):
     src = (REPO / "examples" / "dynasor-certaindex.yaml").read_text()
     path = REPO / "examples" / f"_test_{tmp_path.name}.yaml"  # relative paths as the example's
     try:
-        for value, message in (("7", "entropy_threshold: 7 is outside [0, 1]"),
-                               (".nan", "entropy_threshold: expected a finite number")):
+        for value, message in (
+                ("7", "programs.policy.entropy_threshold: Input should be less than or equal to 1"),
+                (".nan", "programs.policy.entropy_threshold: Input should be a finite number")):
             path.write_text(src.replace("entropy_threshold: 0.5", f"entropy_threshold: {value}"))
             proc = run_cli("simulate", str(path), check=False)
             assert proc.returncode == 2 and message in proc.stderr, proc.stderr

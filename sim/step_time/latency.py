@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 from scipy.optimize import nnls
 
+from inputs.limits import MAX_COEF_MS, MAX_LOG_RESIDUAL
 from sim.step_time.registry import register
 
 if TYPE_CHECKING:
@@ -117,10 +118,6 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-MAX_COEF_MS = 1e6
-"""a step-time coefficient beyond this (ms per token, sequence or step) is no measurement"""
-MAX_LOG_RESIDUAL = 10.0
-"""log residuals beyond this are no residual of a fitted step time"""
 
 
 def coefficients(d: dict, key: str) -> tuple[float, ...]:

@@ -8,11 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from sim.config_schema import Strict, one_line
-
-MAX_SEEDS = 10_000
-"""seeds a sweep may draw (each one a simulation of every point)"""
-SEED_MAX = 2**63 - 1
+from inputs.limits import MAX_SEEDS, SEED_MAX
+from inputs.strict import Strict, one_line
 
 
 class SweepFile(Strict):

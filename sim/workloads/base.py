@@ -121,24 +121,6 @@ def first_index(mask: np.ndarray) -> int:
 
 
 
-def check_keys(mapping: Any, allowed: tuple[str, ...], where: str) -> dict:
-    """The mapping, or an error naming its first unknown key."""
-    if not isinstance(mapping, dict):
-        raise ValueError(f"{where} must be a mapping, got {type(mapping).__name__}: {mapping!r}")
-    for key in mapping:
-        if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed keys: "
-                             f"{', '.join(allowed)}")
-    return mapping
-
-
-def require(mapping: dict, key: str, where: str) -> Any:
-    """mapping[key], or an error naming the missing key."""
-    if key not in mapping:
-        raise ValueError(f"{where}.{key} is required")
-    return mapping[key]
-
-
 def number(value: Any, key: str) -> float:
     """A config value that must be a finite number."""
     # bool is an int in Python; `rate_per_s: true` is a typo, not 1.0.

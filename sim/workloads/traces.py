@@ -11,25 +11,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from sim.workloads.base import (NO_PREFIX_GROUP, Workload, check_keys, first_index, integer,
-                                positive, require)
+from sim.workloads.base import NO_PREFIX_GROUP, Workload, first_index
+from sim.workloads.schema import TraceFile
 
 MOONCAKE_BLOCK_TOKENS = 512
 """tokens per Mooncake `hash_ids` block (fixed by the Mooncake trace format)"""
-TRACE_FORMATS = ("requests", "azure", "mooncake", "burstgpt", "vidur")
-"""trace formats `workload.trace.format` accepts"""
-_TRACE_KEYS = ("format", "path", "time_scale", "limit")
 _MAX_TOKENS = 2**31 - 1
 """token counts are int32 in the requests table"""
 
 
-def _trace_path(path: Any, base_dir: Path, fmt: str) -> Path:
-    if not isinstance(path, (str, Path)) or not str(path):
-        raise ValueError(f"workload.trace.path must be a file path, got {path!r}")
+def _trace_path(path: str, base_dir: Path, fmt: str) -> Path:
     resolved = Path(path) if Path(path).is_absolute() else base_dir / path
     if not resolved.exists():
         raise ValueError(f"workload.trace.path: {resolved} does not exist ({fmt} trace)")
@@ -109,7 +104,7 @@ def _csv_row(r: int) -> str:
     return f"row {r + 1} (after the header)"
 
 
-def _read_azure(path: Path, opts: dict) -> tuple:
+def _read_azure(path: Path, opts: TraceFile) -> tuple:
     """Azure LLM inference trace: TIMESTAMP (datetime), ContextTokens, GeneratedTokens."""
     import pandas as pd
 
@@ -135,14 +130,14 @@ def _read_azure(path: Path, opts: dict) -> tuple:
     return (arrival, *_csv_lengths(df, path, "ContextTokens", "GeneratedTokens"), None)
 
 
-def _read_vidur(path: Path, opts: dict) -> tuple:
+def _read_vidur(path: Path, opts: TraceFile) -> tuple:
     """Vidur trace CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens."""
     df = _read_csv(path, ("arrived_at", "num_prefill_tokens", "num_decode_tokens"))
     arrival = _csv_numbers(df, "arrived_at", path, whole=False)
     return (arrival, *_csv_lengths(df, path, "num_prefill_tokens", "num_decode_tokens"), None)
 
 
-def _read_burstgpt(path: Path, opts: dict) -> tuple:
+def _read_burstgpt(path: Path, opts: TraceFile) -> tuple:
     """BurstGPT CSV: Timestamp (s), Request tokens, Response tokens (Model, Log Type unused)."""
     df = _read_csv(path, ("Timestamp", "Request tokens", "Response tokens"))
     arrival = _csv_numbers(df, "Timestamp", path, whole=False)
@@ -151,9 +146,7 @@ def _read_burstgpt(path: Path, opts: dict) -> tuple:
     # BurstGPT logs a failed request with 0 response tokens. Dropping those rows is the one
     # filter a replay does, and only with drop_failed (default true); with drop_failed: false
     # such a row is an error like any other 0-token length, since it cannot be served as is.
-    drop = opts.get("drop_failed", True)
-    if not isinstance(drop, bool):
-        raise ValueError(f"workload.trace.drop_failed must be true or false, got {drop!r}")
+    drop = opts.drop_failed is not False
     rows = np.arange(len(df))
     if drop:
         keep = output != 0
@@ -163,7 +156,7 @@ def _read_burstgpt(path: Path, opts: dict) -> tuple:
     return arrival, prompt, output, None
 
 
-def _read_requests(path: Path, opts: dict) -> tuple:
+def _read_requests(path: Path, opts: TraceFile) -> tuple:
     """A reasonsim trace directory's `requests` table (validated by the trace store)."""
     from traces import read_table
 
@@ -175,7 +168,7 @@ def _read_requests(path: Path, opts: dict) -> tuple:
     return cols[0], cols[1], cols[2], None
 
 
-def _read_mooncake(path: Path, opts: dict) -> tuple:
+def _read_mooncake(path: Path, opts: TraceFile) -> tuple:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
     fields = ("timestamp", "input_length", "output_length", "hash_ids")
     arrival, prompt, output, hashes = [], [], [], []
@@ -258,22 +251,13 @@ def mooncake_prefixes(hash_ids: list[tuple[int, ...]], prompt_tokens: np.ndarray
 
 _READERS = {"requests": _read_requests, "azure": _read_azure, "mooncake": _read_mooncake,
             "burstgpt": _read_burstgpt, "vidur": _read_vidur}
-_FORMAT_KEYS = {"burstgpt": ("drop_failed",)}
 
 
-def replay(spec: Any, base_dir: Path) -> Workload:
+def replay(spec: TraceFile, base_dir: Path) -> Workload:
     """A workload replayed from a trace file: its arrivals (shifted to start at 0) and lengths."""
-    where = "workload.trace"
-    if not isinstance(spec, dict):
-        raise ValueError(f"{where} must be a mapping like {{format: azure, path: FILE}}, "
-                         f"got {spec!r}")
-    fmt = require(spec, "format", where)
-    if not isinstance(fmt, str) or fmt not in _READERS:
-        raise ValueError(f"{where}.format is {fmt!r}; allowed formats: {', '.join(TRACE_FORMATS)}")
-    check_keys(spec, _TRACE_KEYS + _FORMAT_KEYS.get(fmt, ()), f"{where} (format {fmt})")
-    path = _trace_path(require(spec, "path", where), base_dir, fmt)
-    time_scale = positive(spec.get("time_scale", 1.0), f"{where}.time_scale")
-    limit = integer(spec["limit"], f"{where}.limit", minimum=1) if "limit" in spec else None
+    fmt = spec.format
+    path = _trace_path(spec.path, base_dir, fmt)
+    time_scale, limit = spec.time_scale, spec.limit
     arrival, prompt, output, hashes = _READERS[fmt](path, spec)
     if not len(arrival):
         raise ValueError(f"{path}: no requests in the {fmt} trace")
