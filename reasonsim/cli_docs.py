@@ -90,7 +90,22 @@ def render_config() -> str:
                 *describe(model), "```"]
         if model is ProgramsSpec:
             out += _policy_sections()
+        if model is CalibrationSpec:
+            out += _step_time_sections()
     return "\n".join(out) + "\n"
+
+
+def _step_time_sections() -> list[str]:
+    """Each step-time kind's parameters (its registered schema)."""
+    from sim.config_schema import describe
+    import sim.step_time.calibration  # noqa: F401  (registers every kind)
+    from sim.step_time.registry import STEP_TIME_MODELS
+
+    out = []
+    for kind, cls in sorted(STEP_TIME_MODELS.items()):
+        out += [f"\n### `step_time_model` of kind `{kind}` (version {cls.version})\n",
+                cls.schema.__doc__.strip(), "", "```text", *describe(cls.schema), "```"]
+    return out
 
 
 def _policy_sections() -> list[str]:

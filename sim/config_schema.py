@@ -163,6 +163,7 @@ def describe(model: type[BaseModel] = ConfigSpec) -> list[str]:
                     item = resolve(o.get("items", {}))
                     kinds.append(f"list of {item.get('title', item.get('type', 'any'))}")
                     subs.append((item, f"{prefix}{key}[]."))
+                    bounds += _list_bounds(o, item)
                 elif "properties" in o:
                     kinds.append("mapping")
                     subs.append((o, f"{prefix}{key}."))
@@ -171,7 +172,7 @@ def describe(model: type[BaseModel] = ConfigSpec) -> list[str]:
                 else:
                     kinds.append(o.get("type", "any"))
                 for k, sym in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
-                               ("exclusiveMaximum", "<"), ("minItems", "items >=")):
+                               ("exclusiveMaximum", "<")):
                     if k in o:
                         bounds.append(f"{sym} {o[k]}")
             default = "required" if key in required else f"default {prop.get('default')!r}"
@@ -192,3 +193,14 @@ def validate_config(d: Any) -> ConfigSpec:
         raise ValueError(one_line(e)) from None
 
 
+def _list_bounds(array: dict, item: dict) -> list[str]:
+    """A list's length and its items' bounds, in words."""
+    low, high = array.get("minItems"), array.get("maxItems")
+    unit = "item" if (high or low) == 1 else "items"
+    out = [f"{low} {unit}" if low == high else f"{low} to {high} {unit}" if high is not None
+           else f"at least {low} {unit}"] if low is not None else \
+        ([f"at most {high} {unit}"] if high is not None else [])
+    each = [f"{sym} {item[k]}" for k, sym in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                               ("maximum", "<="), ("exclusiveMaximum", "<"))
+            if k in item]
+    return out + ([f"each {' and '.join(each)}"] if each else [])

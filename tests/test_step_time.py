@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from inputs.strict import Strict
 from sim.step_time import registry as step_time
 from sim.step_time.calibration import load_calibration
 from sim.config import parse_config
@@ -21,6 +22,13 @@ CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 SERVING_CAL = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
 
 
+class PerStepJson(Strict):
+    """What a registered kind declares: its parameters' types."""
+
+    coef_ms: list[float]
+    residual_log_quantiles: list[float]
+
+
 @dataclasses.dataclass(frozen=True)
 class PerStepOnly:
     """The linear model's arithmetic without its closed form: the replica must step each
@@ -28,6 +36,7 @@ class PerStepOnly:
 
     kind: ClassVar[str] = "test-per-step"
     version: ClassVar[int] = 1
+    schema: ClassVar[type] = PerStepJson
     coef_ms: tuple
     residual_log_quantiles: tuple = (0.0,)
 
@@ -108,19 +117,25 @@ def _broken(tmp_path, edit, cal: Path = CAL) -> str:
     (lambda d: d["engine_limits"].update(block_size=0), "engine_limits.block_size: Input should"),
     (lambda d: d.pop("provenance"), "provenance: required"),
     (lambda d: d.pop("heldout"), "heldout: required"),
-    (lambda d: d["step_time_model"].update(coef_ms=None), "coef_ms: expected 5 numbers from 0 to 1e+06"),
-    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, "fast"), "coef_ms: expected 5"),
-    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(1, float("nan")), "coef_ms: expected"),
-    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(2, -0.1), "coef_ms: expected 5"),
-    (lambda d: d["step_time_model"].update(coef_ms=[1.0, 2.0, 3.0, 4.0]), "coef_ms: expected 5"),
+    (lambda d: d["step_time_model"].update(coef_ms=None),
+     "step_time_model.coef_ms: Input should be a valid list"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, "fast"),
+     "step_time_model.coef_ms[0]: Input should be a valid number"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(1, float("nan")),
+     "step_time_model.coef_ms[1]: Input should be a finite number"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(2, -0.1),
+     "step_time_model.coef_ms[2]: Input should be greater than or equal to 0"),
+    (lambda d: d["step_time_model"].update(coef_ms=[1.0, 2.0, 3.0, 4.0]),
+     "step_time_model.coef_ms: List should have at least 5 items"),
     (lambda d: d["step_time_model"].update(coef_ms=[0.0] * 5), "makes iterations free"),
-    (lambda d: d["step_time_model"].pop("residual_log_quantiles"), "residual_log_quantiles"),
+    (lambda d: d["step_time_model"].pop("residual_log_quantiles"),
+     "step_time_model.residual_log_quantiles: required"),
     (lambda d: d["step_time_model"].update(coef_ms=[1e15, 0.1, 0.1, 0.0, 0.0]),
-     "coef_ms: expected 5 numbers from 0 to 1e+06"),
+     "step_time_model.coef_ms[0]: Input should be less than or equal to 1000000"),
     (lambda d: d["step_time_model"].update(residual_log_quantiles=[0.0, 50.0]),
-     "residual_log_quantiles: expected numbers within +-10"),
+     "step_time_model.residual_log_quantiles[1]: Input should be less than or equal to 10"),
     (lambda d: d["step_time_model"].update(residual_log_quantile=[0.0]),
-     "step_time_model: unknown key 'residual_log_quantile' for a linear model"),
+     "step_time_model: unknown key 'residual_log_quantile'"),
     # a misspelled top-level key would drop what it holds (the host terms: -13% latency)
     (lambda d: d.update(hosts=d.pop("host")), "calibration: unknown key 'hosts'"),
     (lambda d: d["host"].update(step_gap_ms=1e15), "host.step_gap_ms: Input should be less"),
@@ -132,12 +147,15 @@ def test_broken_calibrations_are_one_line_errors_naming_the_key(tmp_path, edit, 
 
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d["step_time_model"]["coef_ms"].__setitem__(0, 1e15),
-     "coef_ms: expected 16 numbers from 0 to 1e+06"),
-    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(8, 1e15), "coef_ms: expected 16"),
+     "step_time_model.coef_ms[0]: Input should be less than or equal to 1000000"),
+    (lambda d: d["step_time_model"]["coef_ms"].__setitem__(8, 1e15),
+     "step_time_model.coef_ms[8]: Input should be less than or equal to 1000000"),
     (lambda d: d["step_time_model"].update(run_log_quantiles=[0.0, 50.0]),
-     "step_time_model: run_log_quantiles: expected numbers within +-10"),
+     "step_time_model.run_log_quantiles[1]: Input should be less than or equal to 10"),
     (lambda d: d["step_time_model"].update(spell_log_quantiles=[float("inf")]),
-     "step_time_model: spell_log_quantiles: expected numbers"),
+     "step_time_model.spell_log_quantiles[0]: Input should be a finite number"),
+    (lambda d: d["step_time_model"].update(prefill_pairs="yes"),
+     "step_time_model.prefill_pairs: Input should be a valid boolean"),
 ])
 def test_broken_serving_calibrations_name_the_key(tmp_path, edit, message):
     """The serving model's coefficients and speed levels are bounded as the linear model's."""
@@ -264,3 +282,15 @@ def test_a_step_plan_is_priced_whole():
 
     assert prefill_spans([(Chunk(), 64)]) == {"span_context_tokens": 32,
                                              "prefill_pair_tokens": 64 * 96}
+
+
+def test_a_kind_without_a_parameter_schema_cannot_register():
+    """Every kind's calibration parameters are checked by its declared schema: a kind that
+    would parse its own JSON by hand is refused at registration."""
+
+    class Unchecked:
+        kind, version = "test-unchecked", 1
+
+    with pytest.raises(TypeError, match="registers no schema"):
+        step_time.register(Unchecked)
+    assert "test-unchecked" not in step_time.STEP_TIME_MODELS

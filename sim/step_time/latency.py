@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 from scipy.optimize import nnls
 
-from inputs.limits import MAX_COEF_MS, MAX_LOG_RESIDUAL
 from sim.step_time.registry import register
+from sim.step_time.schema import ModelJson, coefs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,6 +36,12 @@ def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3])
 
 
+class LinearJson(ModelJson):
+    """A linear model's parameters: one coefficient per feature."""
+
+    coef_ms: coefs(len(FEATURES))
+
+
 @register
 @dataclass(frozen=True)
 class LatencyModel:
@@ -47,6 +53,7 @@ class LatencyModel:
 
     kind: ClassVar[str] = "linear"
     version: ClassVar[int] = 1
+    schema: ClassVar[type] = LinearJson
     coef_ms: tuple[float, ...]
     """coefficients in FEATURES order"""
     residual_log_quantiles: tuple[float, ...] = (0.0,)
@@ -82,11 +89,11 @@ class LatencyModel:
         if d.get("features") != list(FEATURES):
             raise ValueError(f"linear model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")
-        coef = coefficients(d, "coef_ms")
+        coef = tuple(d["coef_ms"])
         if not any(coef[:3]):  # constant, prefill and decode all zero: steps take no time
             raise ValueError(f"coef_ms: {list(coef)!r} makes iterations free (all leading "
                              "coefficients 0)")
-        return cls(coef, residual_quantiles(d))
+        return cls(coef, tuple(d["residual_log_quantiles"]))
 
     def residual_sampler(self) -> tuple[float, float]:
         """(mean, std) of the multiplicative residual exp(log ratio)."""
@@ -112,35 +119,6 @@ class LatencyModel:
     def step_errors(self, steps) -> dict:
         """`errors` over a steps table."""
         return errors(self, *(steps[c] for c in STEP_COLUMNS), steps.duration_ms)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-
-
-def coefficients(d: dict, key: str) -> tuple[float, ...]:
-    """`d[key]` as one finite non-negative coefficient per feature; a one-line error if not."""
-    v = d.get(key)
-    if not isinstance(v, list) or len(v) != len(FEATURES) or \
-            not all(_is_number(c) and 0 <= c <= MAX_COEF_MS for c in v):
-        raise ValueError(f"{key}: expected {len(FEATURES)} numbers from 0 to {MAX_COEF_MS:g} "
-                         f"(ms per unit), got {v!r}")
-    return tuple(float(c) for c in v)
-
-
-def residual_quantiles(d: dict, key: str = "residual_log_quantiles",
-                       default: list | None = None) -> tuple[float, ...]:
-    """`d[key]` (`default` where absent) as finite log residuals; a one-line error naming the
-    key if not."""
-    q = d.get(key, default)
-    if not isinstance(q, list) or not q or \
-            not all(_is_number(v) and abs(v) <= MAX_LOG_RESIDUAL for v in q):
-        raise ValueError(f"{key}: expected numbers within +-{MAX_LOG_RESIDUAL} "
-                         f"(a step e^{MAX_LOG_RESIDUAL:g} times its prediction is no residual), "
-                         f"got {q!r}")
-    return tuple(float(v) for v in q)
 
 
 def run_ms(a_ms: float, b_ms: float, k: int) -> float:

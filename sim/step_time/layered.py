@@ -13,14 +13,25 @@ where a step's depth is its number of `layer_times` rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 from scipy.optimize import nnls
 
-from sim.step_time.latency import (FEATURES, LatencyModel, coefficients, feature_matrix, midpoints,
-                                   residual_quantiles)
+from pydantic import Field
+
+from sim.step_time.latency import FEATURES, LatencyModel, feature_matrix, midpoints
 from sim.step_time.registry import register
+from sim.step_time.schema import Coef, ModelJson, coefs
+
+
+class LayeredJson(ModelJson):
+    """A layered model's parameters: fixed and per-layer coefficients, the full depth."""
+
+    fixed_ms: coefs(len(FEATURES))
+    layer_ms: coefs(len(FEATURES))
+    layers: Annotated[int, Field(ge=1, le=10_000)]
+    prefill_seq_ms: Annotated[list[Coef], Field(min_length=2, max_length=2)] = [0.0, 0.0]
 
 
 @register
@@ -30,6 +41,7 @@ class LayeredModel:
 
     kind: ClassVar[str] = "layered"
     version: ClassVar[int] = 1
+    schema: ClassVar[type] = LayeredJson
     not_compiled: ClassVar[str] = ("a step's cost depends on its loaded depth, which only the "
                                    "HELIOS replica (`sim.families.helios.replica`) carries")
     fixed_ms: tuple[float, ...]
@@ -77,18 +89,11 @@ class LayeredModel:
         if d.get("features") != list(FEATURES):
             raise ValueError(f"layered model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")
-        layers = d.get("layers")
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ValueError(f"layers: expected a positive integer, got {layers!r}")
-        fixed, layer = coefficients(d, "fixed_ms"), coefficients(d, "layer_ms")
+        fixed, layer = tuple(d["fixed_ms"]), tuple(d["layer_ms"])
         if not any(layer[:3]):
             raise ValueError("layer_ms: layers that take no time (all leading coefficients 0)")
         seq = d.get("prefill_seq_ms", [0.0, 0.0])
-        if not isinstance(seq, list) or len(seq) != 2 or not all(
-                isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < float("inf")
-                for c in seq):
-            raise ValueError(f"prefill_seq_ms: expected 2 finite non-negative numbers, got {seq!r}")
-        return cls(fixed, layer, layers, residual_quantiles(d), (float(seq[0]), float(seq[1])))
+        return cls(fixed, layer, d["layers"], tuple(d["residual_log_quantiles"]), tuple(seq))
 
 
 def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms, layers: int,

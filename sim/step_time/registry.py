@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
+from pydantic import ValidationError
+
+from inputs.strict import one_line
+
 
 class StepTimeModel(Protocol):
     """Iteration durations of one replica's engine on one device."""
 
     kind: ClassVar[str]
     version: ClassVar[int]
+    schema: ClassVar[type]
+    """its parameters' strict model (`sim.step_time.schema.ModelJson`)"""
     residual_log_quantiles: tuple[float, ...]
     """quantiles of log(actual / predicted) (multiplicative noise; (0.0,) for none)"""
     not_compiled: ClassVar[str]
@@ -73,7 +79,10 @@ STEP_TIME_MODELS: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
-    """Class decorator: make a step-time model loadable by its `kind`."""
+    """Class decorator: make a step-time model loadable by its `kind`; its `schema` (a
+    `sim.step_time.schema.ModelJson`) checks a calibration's parameters before `from_json`."""
+    if not isinstance(getattr(cls, "schema", None), type):
+        raise TypeError(f"step-time model {cls.kind!r} registers no schema of its parameters")
     STEP_TIME_MODELS[cls.kind] = cls
     return cls
 
@@ -104,13 +113,11 @@ def from_json(d: dict, where: str = "step_time_model") -> StepTimeModel:
         raise ValueError(f"{where}: {kind} model version {version} is not the supported "
                          f"{cls.version}; re-run reasonsim calibrate")
     params = {k: v for k, v in d.items() if k not in ("kind", "version")}
+    try:  # the kind's schema first: types, bounds, unknown keys (a typo would leave a default)
+        checked = cls.schema.model_validate(params).model_dump(exclude_unset=True)
+    except ValidationError as e:
+        raise ValueError(one_line(e, prefix=where, data=params)) from None
     try:
-        model = cls.from_json(params)
-    except (KeyError, TypeError, ValueError) as e:
+        return cls.from_json(checked)
+    except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    # what the model writes, and the optional keys it reads where they are set
-    unknown = sorted(set(params) - set(model.to_json()) - set(getattr(cls, "optional_keys", ())))
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r} for a {kind} model (a typo "
-                         "would silently leave its default)")
-    return model

@@ -35,14 +35,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from sim.step_time.latency import (MAX_COEF_MS, LatencyModel, _is_number, midpoints,
-                                   residual_quantiles)
+from pydantic import Field
+
+from sim.step_time.latency import LatencyModel, midpoints
+from sim.step_time.schema import LogResiduals, ModelJson, coefs
 from sim.step_time.spells import SPELL_S, fit_speed_levels
 from sim.step_time.registry import register
 from traces import read_table
@@ -177,6 +179,21 @@ def with_echo(s: pd.DataFrame) -> pd.DataFrame:
                         echo, s.prefill_tokens.where(pre).ffill().fillna(0.0), 0.0))
 
 
+class ServingJson(ModelJson):
+    """A serving model's parameters (older versions wrote fewer features and optional terms)."""
+
+    coef_ms: coefs(len(FEATURES), at_least=len(FEATURES_V1))
+    idle_cap_ms: float
+    idle_seen_ms: Annotated[float, Field(ge=0, le=IDLE_CAP_MS)] = IDLE_CAP_MS
+    """fitted before it was recorded: the cap"""
+    run_log_quantiles: LogResiduals = [0.0]
+    spell_log_quantiles: LogResiduals = [0.0]
+    new_shape_cap_tokens: Annotated[float, Field(gt=0)] | None = None
+    """fitted before the cap: none"""
+    prefill_pairs: bool = False
+    """fitted before pairs were used: tokens squared"""
+
+
 @register
 @dataclass(frozen=True)
 class ServingModel:
@@ -184,12 +201,9 @@ class ServingModel:
 
     kind: ClassVar[str] = "serving"
     version: ClassVar[int] = 1
+    schema: ClassVar[type] = ServingJson
     engine_state: ClassVar[bool] = True
     """step_ms uses new_shape and idle_ms: the replica tracks shapes seen and idle time"""
-    optional_keys: ClassVar[tuple[str, ...]] = ("new_shape_cap_tokens", "prefill_pairs",
-                                                "run_log_quantiles", "spell_log_quantiles",
-                                                "idle_seen_ms")
-    """keys `to_json` writes only where set, or that older calibrations lack"""
     not_compiled: ClassVar[str] = ""
     """the kernels price it as written: its engine state is `sim.kernels.serving`'s"""
     coef_ms: tuple[float, ...]
@@ -307,37 +321,23 @@ class ServingModel:
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
         """The model from `to_json`'s mapping, every number checked."""
-        d = dict(d)
-        v, features = d.get("coef_ms"), d.get("features")
-        if features in (list(FEATURES_V1), list(FEATURES_V2), list(FEATURES_V3),
-                        list(FEATURES_V4), list(FEATURES_V5)) and isinstance(v, list):
-            d["coef_ms"] = v + [0.0] * (len(FEATURES) - len(features))  # before later terms
-        elif d.get("features") != list(FEATURES):
-            raise ValueError(f"serving model features {d.get('features')} differ from "
-                             f"{list(FEATURES)}")
-        if d.get("idle_cap_ms") != IDLE_CAP_MS:
-            raise ValueError(f"idle_cap_ms: {d.get('idle_cap_ms')!r} is not this version's "
+        v, features = d["coef_ms"], d["features"]
+        if features not in [list(f) for f in (FEATURES_V1, FEATURES_V2, FEATURES_V3, FEATURES_V4,
+                                               FEATURES_V5, FEATURES)]:
+            raise ValueError(f"serving model features {features} differ from {list(FEATURES)}")
+        if len(v) != len(features):
+            raise ValueError(f"coef_ms: {len(v)} coefficients for {len(features)} features")
+        v = v + [0.0] * (len(FEATURES) - len(features))  # before later terms: none
+        if d["idle_cap_ms"] != IDLE_CAP_MS:
+            raise ValueError(f"idle_cap_ms: {d['idle_cap_ms']!r} is not this version's "
                              f"{IDLE_CAP_MS}")
-        v = d.get("coef_ms")
-        if not isinstance(v, list) or len(v) != len(FEATURES) or \
-                not all(_is_number(c) and 0 <= c <= MAX_COEF_MS for c in v):
-            raise ValueError(f"coef_ms: expected {len(FEATURES)} numbers from 0 to "
-                             f"{MAX_COEF_MS:g} (ms per unit), got {v!r}")
         if not any(v[:3]):
             raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
-        runs = residual_quantiles(d, "run_log_quantiles", [0.0])
-        seen = d.get("idle_seen_ms", IDLE_CAP_MS)  # fitted before it was recorded: the cap
-        if not _is_number(seen) or not 0 <= seen <= IDLE_CAP_MS:
-            raise ValueError(f"idle_seen_ms: expected a number in [0, {IDLE_CAP_MS}], got {seen!r}")
-        spells = residual_quantiles(d, "spell_log_quantiles", [0.0])
-        cap = d.get("new_shape_cap_tokens", float("inf"))  # fitted before the cap: none
-        if not (cap == float("inf") or _is_number(cap) and cap > 0):
-            raise ValueError(f"new_shape_cap_tokens: expected a positive number, got {cap!r}")
-        pairs = d.get("prefill_pairs", False)  # fitted before pairs were used: tokens squared
-        if not isinstance(pairs, bool):
-            raise ValueError(f"prefill_pairs: expected true or false, got {pairs!r}")
-        return cls(tuple(float(c) for c in v), residual_quantiles(d), runs, float(seen), spells,
-                   float(cap), pairs)
+        cap = d.get("new_shape_cap_tokens")
+        return cls(tuple(v), tuple(d["residual_log_quantiles"]),
+                   tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
+                   tuple(d.get("spell_log_quantiles", (0.0,))),
+                   float("inf") if cap is None else cap, d.get("prefill_pairs", False))
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
