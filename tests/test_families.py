@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Annotated
 
 import pytest
+from pydantic import Field
 
 from conftest import REPO
 from conftest import example_config as _config
 from policies import registry as policies
+from policies.params import Params
 from programs import families
 from programs.base import Outcome, RequestSpec, Sampling
 from programs.traced import load_questions
@@ -30,6 +33,12 @@ class OneShot:
     """The toy policy: how many of a question's traced reasoning tokens to ask for."""
 
     fraction: float = 1.0
+
+
+class OneShotParams(Params):
+    """The toy policy's parameters, declared as every policy type declares them."""
+
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
 
 
 class OneShotProgram:
@@ -109,7 +118,7 @@ def register_toy_family() -> None:
     """Register the toy family's policy and its three halves, from this module alone."""
     from live import families as live_families
 
-    policies.register("oneshot", "oneshot", lambda method, **a: OneShot(**a))
+    policies.register("oneshot", "oneshot", lambda method, **a: OneShot(**a), OneShotParams)
     families.register_family(families.ProgramFamily(
         "oneshot", ("oneshot",), lambda wl: load_questions(wl.trace),
         samples=lambda wl, q, drawn: (q.samples[drawn].sample_id,)))
@@ -125,6 +134,7 @@ def toy_family(monkeypatch):
     # the built-ins in before the copies (registries load them on the first lookup)
     families.methods(), sim_families.sim_family("reasoning"), live_families.live_family("reasoning")
     monkeypatch.setitem(policies.POLICIES, "oneshot", {})
+    monkeypatch.setitem(policies.PARAMS, "oneshot", {})
     for registry in (families.FAMILIES, sim_families.FAMILIES, live_families.FAMILIES):
         monkeypatch.setattr(registry, "records", dict(registry.records))
     register_toy_family()
