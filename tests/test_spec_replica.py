@@ -123,7 +123,7 @@ def test_testbed_prompts_have_the_workload_lengths_and_the_testbeds_text():
     assert tok.decode(prompts[1]).startswith(first[:20])
     cfg = _config(rates=[0.5] * 4)
     cfg["workload"]["prompt_text"] = "lorem"
-    with pytest.raises(ValueError, match="prompt_text is 'lorem'; allowed: random, testbed"):
+    with pytest.raises(ValueError, match="workload.prompt_text: Input should be 'random' or 'testbed'"):
         simulate(parse_config(cfg, "."))
 
 
