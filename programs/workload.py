@@ -20,6 +20,7 @@ from inputs.strict import Strict, one_line
 from policies.registry import make_policy
 from programs.families import family_of, methods
 from programs.traced import QuestionBank
+from traces.manifest import check_sealed
 from traces import ids
 
 
@@ -83,6 +84,7 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
 def load_bank(wl: ProgramWorkload):
     """The traced questions a workload draws from (its family's trace), policy checked."""
     try:
+        check_sealed(wl.trace)  # a changed byte is refused, not replayed
         return family_of(wl.method, wl.policy).load_bank(wl)
     except ValueError as e:  # what the policy cannot replay names its key; the rest is the trace's
         if str(e).startswith(("programs.policy", "workload.programs")):

@@ -21,9 +21,9 @@ def _assignment(text: str) -> tuple[str, str]:
 
 
 def _value(text: str):
-    import yaml
+    from sim.config import yaml_value
 
-    return yaml.safe_load(text)
+    return yaml_value(text)
 
 
 def _values(text: str) -> list:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,10 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
                      programs=programs)
 
 
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")
+"""a number with an exponent, whatever its dot: YAML 1.1 (PyYAML) reads `1e12` as text"""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML loader that refuses a mapping with the same key twice (the last would win)."""
 
@@ -158,6 +163,13 @@ def _construct_mapping(loader, node, deep=False):
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  _construct_mapping)
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2,
+                                       list("-+0123456789."))
+
+
+def yaml_value(text: str) -> Any:
+    """A value given as YAML text (a flag's `KEY=VALUE`), read as config files are."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def read_yaml(path: str | Path) -> Any:

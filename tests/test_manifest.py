@@ -205,3 +205,38 @@ def test_calibrate_and_validate_refuse_a_directory_changed_since_it_was_sealed(t
     scaled(part, "finish_s", 3.0)
     with pytest.raises(ValueError, match=f"{part}: its bytes changed since"):
         compare(tmp_path / "a", tmp_path / "b")
+
+
+def _flip(part, offset: int = 2140) -> None:
+    data = bytearray(part.read_bytes())
+    data[offset] ^= 0x02
+    part.write_bytes(bytes(data))
+
+
+def test_replays_refuse_a_sealed_trace_whose_bytes_changed(tmp_path):
+    """A program workload's trace and a `requests` replay are verified against their manifest
+    before anything is read from them: a flipped byte (which here still decodes, as reasoning
+    lengths of 4.7M tokens) is refused naming the part, not replayed."""
+    from sim.config import parse_config, read_yaml
+    from sim.simulate import simulate
+
+    trace = tmp_path / "probes"
+    shutil.copytree(REPO / "traces" / "data" / "testbed-probes-cpu", trace)
+    part = trace / "trajectories" / "part-q0000-mod-1.parquet"
+    _flip(part)
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"] |= {"trace": str(trace), "count": 4}
+    with pytest.raises(ValueError, match=f"{part}: its bytes changed since the directory was "
+                                         "sealed"):
+        simulate(parse_config(d, REPO / "examples"))
+
+    run_cli("simulate", _config(tmp_path / "a.yaml", 1, 0), "-o", str(tmp_path / "a"))
+    req = next((tmp_path / "a" / "requests").glob("*.parquet"))
+    _flip(req, 2052)
+    replay = {"workload": {"trace": {"format": "requests", "path": str(tmp_path / "a")}},
+              "cluster": read_yaml(_config(tmp_path / "b.yaml", 1, 0))["cluster"]}
+    with pytest.raises(ValueError, match=f"{req}: its bytes changed"):
+        simulate(parse_config(replay))
+    # checked alone, the part is held to its directory's manifest too
+    assert [v.message for v in check_trace(req)][-1] == \
+        "its bytes changed since the directory was sealed (sha256 differs from the manifest's)"

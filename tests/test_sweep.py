@@ -253,7 +253,7 @@ def test_capacity_says_when_it_did_not_bracket_the_target(tmp_path):
     assert a["answer"] is None and "missed at 2 replicas (--max-replicas)" in a["note"]
     r = subprocess.run(CLI + ["capacity", *base, "--over", "replicas", "--max-replicas", "0"],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert r.returncode == 2 and "--max-replicas 0: at least 1" in r.stderr
+    assert r.returncode == 2 and "--max-replicas 0: from 1 to 100,000" in r.stderr
 
 
 def test_a_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
@@ -268,3 +268,23 @@ def test_a_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
     with pytest.raises(ValueError, match="holds the results of another sweep"):
         run_sweep(load_sweep(config, grid={"seed": [1, 3]}), out)
     assert pq.read_table(out / "results.parquet").num_rows == 2  # left as it was
+    # a directory holding anything but a sweep's points is not a sweep's either
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds 'summary.json', not a sweep's output"):
+        run_sweep(load_sweep(config, grid={"seed": [1, 2]}), tmp_path / "trace")
+    # a refused sweep leaves no directory behind
+    with pytest.raises(ValueError, match="sweep point"):
+        run_sweep(load_sweep(config, grid={"cluster.replicas.0.count": [1.5]}), tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+
+
+def test_numbers_with_an_exponent_are_numbers_in_configs_and_flags(tmp_path):
+    """`1e1` is ten, in a config file as in a --grid or --set value (PyYAML's YAML 1.1 would
+    read it as text, and a strict key would then refuse a number as not a number)."""
+    from sim.config import read_yaml, yaml_value
+
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: {duration_s: 1e1, rate: -2.5E-1}\n")
+    assert read_yaml(config) == {"workload": {"duration_s": 10.0, "rate": -0.25}}
+    assert [yaml_value(v) for v in ("1e1", "3", "1.5", "x1e1")] == [10.0, 3, 1.5, "x1e1"]

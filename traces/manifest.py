@@ -114,6 +114,26 @@ def check_sealed(trace_dir: str | Path) -> None:
                          f"{trace_dir}` lists all)")
 
 
+def verify_part(part: str | Path) -> list[tuple[str, str]]:
+    """(path, message) where a part file of a sealed directory differs from its manifest's
+    entry (`traces check FILE`); none where its directory has no manifest."""
+    part = Path(part)
+    d, table = part.parent.parent, part.parent.name
+    if not (d / MANIFEST).exists():
+        return []
+    try:
+        m = read(d)
+    except ValueError as e:
+        return [(str(d / MANIFEST), str(e).split(": ", 1)[1])]
+    entry = (m or {}).get("tables", {}).get(table, {}).get(part.name)
+    if not isinstance(entry, dict):
+        return [(str(part), "not in the manifest: added after the directory was sealed")]
+    if file_sha256(part) != entry.get("sha256"):
+        return [(str(part), "its bytes changed since the directory was sealed (sha256 "
+                            "differs from the manifest's)")]
+    return []
+
+
 def verify(trace_dir: str | Path) -> list[tuple[str, str]]:
     """(path, message) of each way a directory differs from its manifest: a missing or malformed
     manifest, a listed part missing or changed (sha256), a part not listed, a listed done marker

@@ -294,7 +294,9 @@ def check_trace(path: str | Path) -> list[Violation]:
     if not path.exists():
         return [Violation(str(path), "does not exist")]
     if path.is_file():
-        return check_file(path)
+        from traces.manifest import verify_part  # the manifest module reads this one's parts
+
+        return check_file(path) + [Violation(f, m) for f, m in verify_part(path)]
     out: list[Violation] = []
     if PARTIAL_RE.match(path.name):
         return [Violation(str(path), "a partial output its writer left when it was killed (the "

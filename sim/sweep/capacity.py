@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 import sim.sweep.store as store
+from inputs.limits import MAX_REPLICAS
 from sim.sweep.run import Backend, run_points
 from sim.sweep.spec import Sweep
 from sim.sweep.stats import LEVEL, mean_ci
@@ -49,8 +50,9 @@ class Question:
             raise ValueError(f"capacity: target {self.target} must be in (0, 1]")
         if len(self.seeds) < 2:
             raise ValueError("capacity: an interval needs at least 2 seeds")
-        if self.max_replicas < 1:
-            raise ValueError(f"capacity: --max-replicas {self.max_replicas}: at least 1")
+        if not 1 <= self.max_replicas <= MAX_REPLICAS:
+            raise ValueError(f"capacity: --max-replicas {self.max_replicas}: from 1 to "
+                             f"{MAX_REPLICAS:,} (the cap on one simulation's replicas)")
         if not 0 < self.rel_tol < 1:
             raise ValueError(f"capacity: --tolerance {self.rel_tol}: between 0 and 1")
 

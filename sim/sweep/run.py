@@ -75,17 +75,20 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, backend: "Backend | None" = Non
     out_dir = Path(out_dir)
     if not shared:
         store.check_same_sweep(out_dir, sweep)
+    sweep.validate()  # before the directory exists: a refused sweep leaves nothing behind
     out_dir.mkdir(parents=True, exist_ok=True)
-    points = run_points(sweep, out_dir, backend or Backend(), progress)
+    points = run_points(sweep, out_dir, backend or Backend(), progress, checked=True)
     df = store.collect(out_dir, sweep, points)
     store.write_results(out_dir, sweep, df)
     return df
 
 
-def run_points(sweep: Sweep, out_dir: Path, backend: "Backend", progress: bool = False
-               ) -> list[Point]:
-    """Compute the sweep's points that have no file under `out_dir`; all its points."""
-    sweep.validate()
+def run_points(sweep: Sweep, out_dir: Path, backend: "Backend", progress: bool = False,
+               checked: bool = False) -> list[Point]:
+    """Compute the sweep's points that have no file under `out_dir`; all its points
+    (`checked`: the caller validated the sweep)."""
+    if not checked:
+        sweep.validate()
     pairs = sweep.points()
     todo = [(p, d) for p, d in pairs
             if not store.point_path(out_dir, p.point_id, p.seed).exists()]

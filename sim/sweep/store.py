@@ -91,6 +91,13 @@ def check_same_sweep(out_dir: Path, sweep: Sweep) -> None:
     if held.exists() and held.read_text() != sweep_json(sweep):
         raise ValueError(f"{out_dir}: holds the results of another sweep (its sweep.json "
                          "differs); choose another output directory")
+    if not held.exists() and Path(out_dir).is_dir():
+        # a sweep killed before its first results holds only points; anything else is not ours
+        other = sorted(p.name for p in Path(out_dir).iterdir()
+                       if p.name != "points" and not p.name.startswith("."))
+        if other:
+            raise ValueError(f"{out_dir}: holds {other[0]!r}, not a sweep's output; choose an "
+                             "empty or new directory")
 
 
 def write_results(out_dir: Path, sweep: Sweep, df: pd.DataFrame) -> Path:

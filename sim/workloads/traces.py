@@ -159,7 +159,9 @@ def _read_burstgpt(path: Path, opts: TraceFile) -> tuple:
 def _read_requests(path: Path, opts: TraceFile) -> tuple:
     """A reasonsim trace directory's `requests` table (validated by the trace store)."""
     from traces import read_table
+    from traces.manifest import check_sealed
 
+    check_sealed(path)  # a changed byte is refused, not replayed
     table = read_table(path, "requests")
     cols = [table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
             for c in ("arrival_s", "prompt_tokens", "output_tokens")]
