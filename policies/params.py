@@ -37,7 +37,7 @@ class Params(Strict):
 class ProbeConsistencyParams(Params):
     """cot `certaindex`: stop when `window` probes in a row agree (Dynasor-CoT)."""
 
-    window: Annotated[int, Field(ge=1, le=MAX_PATHS)] = 3
+    window: Paths = 3
     interval_tokens: Tokens = 32
     effort: Literal[tuple(EFFORT_PRESETS)] | None = None  # type: ignore[valid-type]
     """a preset (window, interval) of the reference; overrides both"""
@@ -107,4 +107,3 @@ def validate_params(model: type[Params], args: dict) -> dict:
         return model.model_validate(args).model_dump(exclude_unset=True)
     except ValidationError as e:
         raise ValueError(one_line(e, prefix="programs.policy")) from None
-

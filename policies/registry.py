@@ -3,8 +3,8 @@
 A program workload names its allocation policy as `{type: NAME, ...parameters}`; the method
 (cot, sc, mcts, rebase, ...) picks the table the name is looked up in. A new family registers
 its names here (`register`), with its parameters' model (`policies.params`); nothing else parses
-policy specs, and no parameter is converted on the way: `sync: "no"`, `cap: 16.9` and `depth: "4"` are errors
-naming the key, not a True, a 16 and a 4.
+policy specs, and no parameter is converted on the way: `sync: "no"`, `cap: 16.9` and
+`depth: "4"` are errors naming the key, not a True, a 16 and a 4.
 """
 
 from __future__ import annotations

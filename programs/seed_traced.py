@@ -52,13 +52,14 @@ class ToTBank:
         traced depth (BFS never looks ahead, so a shallower tree is the deeper one's top)."""
         if replace(policy.settings, depth=self.settings.depth, k_config=()) != self.settings or \
                 policy.settings.depth > self.settings.depth:
-            raise ValueError(f"programs.policy: tot settings {policy.settings} are not in the trace "
-                             f"({self.settings}; any depth up to its own): trace them with "
-                             "reasonsim trace tot")
+            raise ValueError(f"programs.policy: tot settings {policy.settings} are not in the "
+                             f"trace ({self.settings}; any depth up to its own): trace them "
+                             "with reasonsim trace tot")
         trees = set(self.questions[0].requests) if self.questions else set()
         if policy.tree not in trees:
-            raise ValueError(f"programs.policy.k_config: tot policy {policy.mode} with k_config {policy.settings.k_config}: "
-                             f"its tree {policy.tree!r} is not in the trace (trees: "
+            raise ValueError(f"programs.policy.k_config: tot policy {policy.mode} with k_config "
+                             f"{policy.settings.k_config}: its tree {policy.tree!r} is not in "
+                             f"the trace (trees: "
                              f"{sorted(trees)}): trace it with reasonsim trace tot --k-config")
 
 

@@ -197,9 +197,16 @@ def _list_bounds(array: dict, item: dict) -> list[str]:
     """A list's length and its items' bounds, in words."""
     low, high = array.get("minItems"), array.get("maxItems")
     unit = "item" if (high or low) == 1 else "items"
-    out = [f"{low} {unit}" if low == high else f"{low} to {high} {unit}" if high is not None
-           else f"at least {low} {unit}"] if low is not None else \
-        ([f"at most {high} {unit}"] if high is not None else [])
+    if low is None and high is None:
+        out = []
+    elif low == high:
+        out = [f"{low} {unit}"]
+    elif high is None:
+        out = [f"at least {low} {unit}"]
+    elif low is None:
+        out = [f"at most {high} {unit}"]
+    else:
+        out = [f"{low} to {high} {unit}"]
     each = [f"{sym} {item[k]}" for k, sym in (("minimum", ">="), ("exclusiveMinimum", ">"),
                                                ("maximum", "<="), ("exclusiveMaximum", "<"))
             if k in item]

@@ -170,13 +170,11 @@ class Results:
         """Room for request `index`: every column doubled (at least), new rows at their
         initial values (a program workload's request count is known only as a loose bound)."""
         n = len(self.arrival_s)
-        size = max(2 * n, index + 1)
-        for name, column in list(vars(self).items()):
-            if isinstance(column, np.ndarray) and len(column) == n and not name.startswith("_"):
-                fill = np.nan if column.dtype.kind == "f" else (-1 if name == "replica_id" else 0)
-                grown = np.full(size, fill, dtype=column.dtype)
-                grown[:n] = column
-                setattr(self, name, grown)
+        fresh = Results(max(2 * n, index + 1))  # the initial values are __init__'s
+        for name, column in vars(fresh).items():
+            if isinstance(column, np.ndarray) and not name.startswith("_"):
+                column[:n] = getattr(self, name)
+                setattr(self, name, column)
 
     def add_segment(self, values: tuple) -> int:
         """Append one run-of-iterations record (values in SEG_COLUMNS order); its index."""

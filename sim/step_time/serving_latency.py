@@ -320,7 +320,8 @@ class ServingModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
-        """The model from `to_json`'s mapping, every number checked."""
+        """The model from `to_json`'s mapping, as `ServingJson` checked it (older versions'
+        coefficients padded with zeros for the terms they predate)."""
         v, features = d["coef_ms"], d["features"]
         if features not in [list(f) for f in (FEATURES_V1, FEATURES_V2, FEATURES_V3, FEATURES_V4,
                                                FEATURES_V5, FEATURES)]:
