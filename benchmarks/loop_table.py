@@ -3,7 +3,8 @@ both live runs, each run's error, and the live-vs-live spread; the engine agains
 
     python benchmarks/loop_table.py OUT_DIR [--json]
 
-Reads OUT_DIR/validate-WORKLOAD-{1,2}.log (`reasonsim validate --json`) and ceilings.json.
+Reads OUT_DIR/validate-WORKLOAD-{1,2}.log (`reasonsim validate --json`),
+OUT_DIR/dynasor-{1,2}.log (`reasonsim dynasor replay --json`) and ceilings.json.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 METRICS = ("e2e_s.p50", "e2e_s.p90", "ttft_s.p50", "tpot_s.p50", "tpot_s.p90",
            "throughput_tok_s")
 WORKLOADS = ("poisson", "bursty", "long")
+PROGRAM_METRICS = ("p50", "p90", "mean")
+"""program latency statistics of the Dynasor workload"""
 
 
 def _json(path: Path) -> dict | None:
@@ -46,6 +49,23 @@ def rows(out: Path) -> list[dict]:
                           "live_spread": abs(b["live"] / a["live"] - 1),
                           "verdicts": [runs[0]["verdict"]["status"],
                                        runs[1]["verdict"]["status"]]})
+    return table + program_rows(out)
+
+
+def program_rows(out: Path) -> list[dict]:
+    """The Dynasor workload's program latency rows, each with both runs' decision agreement."""
+    runs = [_json(out / f"dynasor-{r}.log") for r in (1, 2)]
+    if None in runs:
+        return []
+    table = []
+    for m in PROGRAM_METRICS:
+        a, b = (r["live"]["program_latency_s"][m] for r in runs)
+        table.append({"workload": "dynasor", "metric": f"program_latency_s.{m}",
+                      "sim": runs[0]["sim"]["program_latency_s"][m], "live_1": a, "live_2": b,
+                      "err_1": runs[0]["error"][f"program_latency_{m}"],
+                      "err_2": runs[1]["error"][f"program_latency_{m}"],
+                      "live_spread": abs(b / a - 1),
+                      "decision_agreement": [r["decision_agreement"] for r in runs]})
     return table
 
 
@@ -68,6 +88,10 @@ def markdown(out: Path, table: list[dict]) -> str:
     lines += [f"| {r['workload']} | {r['metric']} | {r['sim']:.4g} | {r['live_1']:.4g} | "
               f"{r['live_2']:.4g} | {r['err_1']:+.1%} | {r['err_2']:+.1%} | "
               f"{r['live_spread']:.1%} |" for r in table]
+    agree = next((r["decision_agreement"] for r in table if "decision_agreement" in r), None)
+    if agree is not None:
+        lines += ["", "dynasor decision agreement, live runs 1 and 2: "
+                  + ", ".join(f"{a:.3f}" for a in agree)]
     return "\n".join(lines)
 
 

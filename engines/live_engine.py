@@ -129,7 +129,8 @@ class VllmEngine:
             eos = o.finish_reason == "stop" and o.stop_reason is None
             done.append((rid, Outcome(len(ids), token_ids=ids, text=o.text, logprobs=logprobs,
                                       pieces=pieces, eos=eos, prompt_logprobs=plps,
-                                      top_logprobs=top)))
+                                      top_logprobs=top,
+                                      cached_tokens=int(out.num_cached_tokens or 0))))
         return done
 
     def _rescore(self, request_id: str, prompt_ids, s: Sampling, priority: int, program_id: str,

@@ -8,18 +8,17 @@ stop policy can later be replayed counterfactually in the simulator (`sim.famili
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engines.live_engine import VllmEngine
+from engines.reasoning_engines import open_reasoning_engine
+from engines.vllm_engine import check_model
 from live.runner import LiveRun, run_programs
 from policies.search import SearchBudget
 from programs.search import METHOD_INDEX, SearchProgram, SearchSettings, program_seed
-from engines.vllm_engine import check_model, reasoning_engine
 from testbed import tasks
 from traces import ids
-from traces.store import TraceWriter, check_out_dir
+from traces.store import check_out_dir
 
 
 @dataclass(frozen=True)
@@ -48,20 +47,17 @@ class BranchWorkload:
 # ------------------------------------------------------------------ trace branches
 def trace_branches(model: str, out_dir: str | Path, workload: BranchWorkload,
                    resume: bool = False, kv_cache_gb: float = 1.0, batch_questions: int = 8,
-                   progress: bool = True) -> dict:
-    """Run every question's SC/MCTS/Rebase programs to their caps; record every request."""
+                   progress: bool = True, engine: str = "vllm", device: str = "auto") -> dict:
+    """Run every question's SC/MCTS/Rebase programs to their caps on vLLM or the PyTorch
+    engine's serving mode (`engine="torch"`, on `device`); record every request."""
     model_dir = check_model(model, "auto")
     out_dir = check_out_dir(out_dir, resume)
-    engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
-    params = asdict(workload)
-    run = engine.run_row("branches", workload.seed, {"workload": params, "engine": engine.params()})
-    writer = TraceWriter(out_dir, run, resume=resume)
+    live, writer, tok = open_reasoning_engine(engine, model_dir, workload.seed, "branches",
+                                              {"workload": asdict(workload)}, out_dir, resume,
+                                              kv_cache_gb, device)
     done_units = writer.done_units()
     n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
     held = tasks.items(workload.seed, workload.questions_per_cell * n_cells)
-    tok = engine.engine.get_tokenizer()
-    t0 = time.perf_counter()
-    live = VllmEngine(engine, writer, t0)
     caps = {"sc": (workload.sc_samples,), "mcts": (workload.mcts_iterations,),
             "rebase": workload.rebase_widths}
     stats = {"programs": 0, "requests": 0}
@@ -97,7 +93,7 @@ def trace_branches(model: str, out_dir: str | Path, workload: BranchWorkload,
             writer.flush(unit)
             bar.advance(task, len(batch))
     writer.seal()
-    stats["wall_s"] = round(time.perf_counter() - t0, 2)
+    stats["wall_s"] = round(live.now_s(), 2)
     return stats
 
 

@@ -1,11 +1,12 @@
-"""`dynasor replay`: a program workload run live on vLLM with the simulator's program objects.
+"""`dynasor replay`: a program workload run live with the simulator's program objects, on the
+engine its trace was recorded on (vLLM, or the PyTorch engine's serving mode).
 
 The programs (arrivals, questions, samples, deadlines) are drawn from the config exactly as the
 simulator draws them (`programs.workload`). cot/sc paths decode in chunks with the probes trace's
 per-chunk seeds and search programs rerun their algorithm with the branches trace's seeds, so
 each reproduces its traced requests unless batching changes the numerics. Probe answers, final
 answers and rewards are read from the live outputs, never from the trace; a stop aborts what is
-in flight; the scheduler's priorities go to vLLM's priority scheduling.
+in flight; the scheduler's priorities go to the engine's priority scheduling.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from traces.store import TraceWriter, read_run, read_table
 
 def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, seed: int = 0,
                     max_num_seqs: int | None = None, model: str | None = None,
-                    config_json: str = "{}", url: str | None = None) -> list[dict]:
-    """Run a program workload live on one vLLM engine (in-process, or the OpenAI-compatible
-    server at `url`); write requests/steps/programs; the programs rows."""
+                    config_json: str = "{}", url: str | None = None,
+                    device: str = "auto") -> list[dict]:
+    """Run a program workload live on one engine: the one its trace was recorded on (vLLM
+    in-process or the OpenAI-compatible server at `url`; the PyTorch engine's serving mode on
+    `device`); write requests/steps/programs; the programs rows."""
     family = live_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
     plans = plan_programs(wl, bank, draw_seed(seed, 1))  # one replica: the simulator's draw
@@ -42,45 +45,24 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     model_dir = check_model(model or trace_run["model_id"], "auto")
     config = {"config": json.loads(config_json), family.trace_key: str(wl.trace)}
     out_dir = Path(out_dir)
-    if url is not None:
-        from transformers import AutoTokenizer
-
-        from engines.http_engine import HttpEngine
-        from engines.http_engine import http_run_row
-
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
-        url = url.rstrip("/")
-        served, run = http_run_row(url, "program_replay", seed, config | {"url": url})
-        writer = TraceWriter(out_dir, run)
-        engine = None
-    else:
-        engine = reasoning_engine(model_dir, int(twl["seed"]), float(teng["kv_cache_gb"]),
-                                  max_num_seqs, "fcfs" if scheduler_spec == "fcfs" else "priority",
-                                  int(teng.get("max_model_len", 1024)),
-                                  int(teng.get("block_size", 32)))
-        writer = TraceWriter(out_dir, engine.run_row("program_replay", seed,
-                                                     config | {"engine": engine.params()}))
-        tok = engine.engine.get_tokenizer()
+    policy = "fcfs" if scheduler_spec == "fcfs" else "priority"
+    on_torch = trace_run["engine"] == "torch"
+    engine, writer, tok, served = _open_engine(trace_run["engine"], model_dir, url, twl, teng,
+                                               max_num_seqs, policy, seed, config, out_dir,
+                                               device)
 
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False)
 
     runs, gold = family.build_runs(wl, bank, plans, twl, encode)
-    if engine is None:
-        live = HttpEngine(url, served, writer, 0.0)
-        live.warm_up(encode(tasks.items(0, 1)[0].prompt))
-        live.t0 = time.perf_counter()
-    else:
-        engine.warm_up()
-        # the machine's speed level just before and after the run (`engines.speed_probe`)
-        run_speed_probe(engine, writer, "before", engine.max_num_seqs, seed=seed)
-        live = VllmEngine(engine, writer, time.perf_counter())
+    live = _start(engine, on_torch, url, served, writer, tok,
+                  encode(tasks.items(0, 1)[0].prompt), seed)
     try:
         run_programs({"target": live}, runs, make_scheduler(scheduler_spec), extract_boxed)
     finally:
         if engine is None:
             live.close()
-    if engine is not None:
+    if engine is not None and not on_torch:
         run_speed_probe(engine, writer, "after", engine.max_num_seqs, seed=seed)
     writer.flush("all")
     # Aborted requests were recorded with their partial output: count tokens from the table.
@@ -96,3 +78,62 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     writer.flush("programs")
     writer.seal()
     return read_table(out_dir, "programs").to_pylist()
+
+
+def _open_engine(traced: str, model_dir, url: str | None, twl: dict, teng: dict,
+                 max_num_seqs: int | None, policy: str, seed: int, config: dict, out_dir: Path,
+                 device: str) -> tuple:
+    """The engine a program replay runs on (None: the server at `url`), its writer, its
+    tokenizer, and the server's model name (None in-process)."""
+    from transformers import AutoTokenizer
+
+    if traced == "torch":
+        from engines.torch_live import reasoning_torch_engine, torch_params, torch_run_row
+
+        if url is not None:
+            raise ValueError("the trace was recorded on the PyTorch engine, which serves no "
+                             "URL; replay it in-process")
+        engine = reasoning_torch_engine(model_dir, int(twl["seed"]), device,
+                                        max_num_seqs or int(teng["max_num_seqs"]), policy,
+                                        int(teng["max_model_len"]))
+        run = torch_run_row(engine, "program_replay", seed,
+                            config | {"engine": torch_params(engine)})
+        return engine, TraceWriter(out_dir, run), AutoTokenizer.from_pretrained(
+            str(model_dir)), None
+    if url is not None:
+        from engines.http_engine import http_run_row
+
+        url = url.rstrip("/")
+        served, run = http_run_row(url, "program_replay", seed, config | {"url": url})
+        return None, TraceWriter(out_dir, run), AutoTokenizer.from_pretrained(
+            str(model_dir)), served
+    engine = reasoning_engine(model_dir, int(twl["seed"]), float(teng["kv_cache_gb"]),
+                              max_num_seqs, policy, int(teng.get("max_model_len", 1024)),
+                              int(teng.get("block_size", 32)))
+    writer = TraceWriter(out_dir, engine.run_row("program_replay", seed,
+                                                 config | {"engine": engine.params()}))
+    return engine, writer, engine.engine.get_tokenizer(), None
+
+
+def _start(engine, on_torch: bool, url, served, writer, tokenizer, prompt: list[int],
+           seed: int):
+    """The engine speaking `LiveEngine`, warmed up unrecorded (vLLM's speed probed first)."""
+    if on_torch:
+        from engines.torch_live import TorchLiveEngine
+
+        engine.add("warmup", prompt, 8)
+        while engine.has_unfinished():
+            engine.step()
+        engine.output_ids("warmup")
+        return TorchLiveEngine(engine, writer, tokenizer)
+    if engine is None:
+        from engines.http_engine import HttpEngine
+
+        live = HttpEngine(url, served, writer, 0.0)
+        live.warm_up(prompt)
+        live.t0 = time.perf_counter()
+        return live
+    engine.warm_up()
+    # the machine's speed level just before and after the run (`engines.speed_probe`)
+    run_speed_probe(engine, writer, "before", engine.max_num_seqs, seed=seed)
+    return VllmEngine(engine, writer, time.perf_counter())

@@ -97,6 +97,8 @@ class Outcome:
     top_logprobs: tuple = ()
     """per scored prompt position, then per generated token: {token id: log-probability}
     (live, when `Sampling.top_logprobs` asked)"""
+    cached_tokens: int = 0
+    """prompt tokens the engine's prefix cache served (live)"""
 
 
 @dataclass(frozen=True)

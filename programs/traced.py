@@ -58,7 +58,8 @@ def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
         trajs.append(Trajectory(
             question_id=row.question_id, sample_id=int(row.sample_id),
             difficulty=None if row.difficulty is None else int(row.difficulty),
-            gold_answer=row.gold_answer, final_answer=row.final_answer,
+            gold_answer=row.gold_answer,  # pandas reads a null answer as NaN: none is None
+            final_answer=row.final_answer if isinstance(row.final_answer, str) else None,
             reasoning_tokens=int(row.reasoning_tokens), request_seed=int(row.request_seed),
             probes=tuple(Probe(int(p), a or "", bool(h)) for p, a, h in
                          zip(g.position_tokens, g.answer, g.is_hesitant)),

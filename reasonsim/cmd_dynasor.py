@@ -163,6 +163,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         if wl is None:
             raise ValueError("dynasor replay needs a program workload (workload.programs)")
         load_bank(wl)
+        _check_engine(args, wl.trace)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     out = Path(args.out)
@@ -174,7 +175,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     # The live runner draws the same programs from the same workload and seed as the simulator.
     replay_workload(wl, cfg.scheduler, out / "live", seed=cfg.seed,
                     max_num_seqs=cfg.replicas[0].max_num_seqs, model=args.model, url=args.url,
-                    config_json=cfg.to_json())
+                    config_json=cfg.to_json(), device=args.device)
     live_wall_s = time.perf_counter() - t0
     sim = simulate(cfg)
     write_sim(cfg, sim, out / "sim")
@@ -196,6 +197,20 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_engine(args, trace) -> None:
+    """`--engine` must name the engine the program trace was recorded on: only that engine's
+    sampling reproduces its trajectories."""
+    from traces.store import read_run
+
+    traced = read_run(trace)["engine"]
+    if args.engine is not None and args.engine != traced:
+        raise ValueError(f"--engine {args.engine}: {trace} was recorded on {traced}, whose "
+                         f"sampling the replay must reproduce; trace it on {args.engine}")
+    if traced == "torch" and args.url:
+        raise ValueError(f"--url: {trace} was recorded on the PyTorch engine, which serves "
+                         "no URL; replay it in-process")
+
+
 def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
     """`--calibrate-here`: the config's programs of another seed served live first, the replica
     calibrated on that run's steps (with the loop's host time); the config with it, and its
@@ -208,7 +223,7 @@ def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
     replay_workload(cfg.programs, cfg.scheduler, cal_dir / "live",
                     seed=cfg.seed + CALIBRATION_SEED_OFFSET,
                     max_num_seqs=cfg.replicas[0].max_num_seqs, model=args.model,
-                    config_json=cfg.to_json())
+                    config_json=cfg.to_json(), device=args.device)
     pool = cfg.replicas[0].pool
     path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]
     d["cluster"]["replicas"][0]["calibration"] = path_cal
@@ -294,11 +309,13 @@ def _add_online_parser(dysub) -> None:
 
 def _add_replay_parser(dysub) -> None:
     """`reasonsim dynasor replay`."""
-    rp = dysub.add_parser("replay", help="run a program config live on vLLM and compare with sim",
-                          description="Drive real vLLM with the config's programs and policy "
-                          "objects (probes as prefix-sharing requests, stops as aborts, "
-                          "scheduler priorities as vLLM priorities), simulate the same config, "
-                          "and report decision agreement and sim-vs-live errors.")
+    rp = dysub.add_parser("replay", help="run a program config live and compare with sim",
+                          description="Drive the engine the config's trace was recorded on "
+                          "(vLLM, or the PyTorch engine's serving mode) with the config's "
+                          "programs and policy objects (probes as prefix-sharing requests, "
+                          "stops as aborts, scheduler priorities as the engine's priorities), "
+                          "simulate the same config, and report decision agreement and "
+                          "sim-vs-live errors.")
     rp.add_argument("config", help="a program workload config with one replica")
     rp.add_argument("-o", "--out", default="reports/dynasor-replay")
     rp.add_argument("--count", type=int, default=None, help="override the number of programs")
@@ -307,6 +324,10 @@ def _add_replay_parser(dysub) -> None:
                     help="run on this OpenAI-compatible server instead of an in-process engine "
                     "(start it with the trace's block size and, for non-fcfs schedulers, "
                     "--scheduling-policy priority)")
+    rp.add_argument("--engine", default=None, choices=["vllm", "torch"],
+                    help="the engine to run on: the one the trace was recorded on (default)")
+    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="the PyTorch engine's device (a trace recorded on it)")
     rp.add_argument("--calibrate-here", action="store_true",
                     help="first serve the config's programs of another seed (+ "
                     f"{CALIBRATION_SEED_OFFSET}) live, and simulate with a calibration fitted "

@@ -71,7 +71,7 @@ def cmd_trace_probes(args: argparse.Namespace) -> int:
                        probe_tokens=args.probe_tokens, temperature=args.temperature,
                        probe_temperature=args.probe_temperature, seed=args.seed)
     summary = trace_probes(args.model, args.out, wl, resume=args.resume,
-                           progress=not args.quiet)
+                           progress=not args.quiet, engine=args.engine, device=args.device)
     print_summary(summary, args.json)
     return 0
 
@@ -90,7 +90,7 @@ def cmd_trace_branches(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     summary = trace_branches(args.model, args.out, wl, resume=args.resume,
-                             progress=not args.quiet)
+                             progress=not args.quiet, engine=args.engine, device=args.device)
     print_summary(summary, args.json)
     return 0
 
@@ -253,11 +253,18 @@ def add_serve_parser(tsub) -> None:
     v.set_defaults(func=cmd_trace_serve)
 
 
+def _engine_arguments(parser) -> None:
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
+                        help="vLLM, or the PyTorch engine's serving mode (no prefix cache)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="with --engine torch: where it runs")
+
+
 def add_probes_parser(tsub) -> None:
     """`reasonsim trace probes`."""
     from reasonsim.common import DEFAULT_MODEL
 
-    pr = tsub.add_parser("probes", help="probe chain-of-thought mid-reasoning on vLLM (Dynasor)",
+    pr = tsub.add_parser("probes", help="probe chain-of-thought mid-reasoning (Dynasor)",
                          description="Decode each question x sample in chunks and probe the "
                          "answer after every chunk; never stop early (counterfactual replay).")
     pr.add_argument("--model", default=str(DEFAULT_MODEL),
@@ -272,6 +279,7 @@ def add_probes_parser(tsub) -> None:
     pr.add_argument("--probe-temperature", type=float, default=0.6,
                     help="probe temperature (0.6 is the public reference's; 0 is greedy)")
     pr.add_argument("--seed", type=int, default=0)
+    _engine_arguments(pr)
     pr.add_argument("--resume", action="store_true", help="continue a killed trace")
     pr.add_argument("--json", action="store_true")
     pr.add_argument("-q", "--quiet", action="store_true")
@@ -282,7 +290,7 @@ def add_branches_parser(tsub) -> None:
     """`reasonsim trace branches`."""
     from reasonsim.common import DEFAULT_MODEL, ints
 
-    br = tsub.add_parser("branches", help="SC, MCTS and Rebase programs on vLLM (Dynasor)",
+    br = tsub.add_parser("branches", help="SC, MCTS and Rebase programs to their caps (Dynasor)",
                          description="Run each question's self-consistency, MCTS and Rebase "
                          "programs to their caps and record every request (the branches table) "
                          "with its path reward: the model's own path likelihood.")
@@ -297,6 +305,7 @@ def add_branches_parser(tsub) -> None:
     br.add_argument("--budget", type=int, default=256, help="reasoning tokens per path")
     br.add_argument("--temperature", type=float, default=0.7)
     br.add_argument("--seed", type=int, default=0)
+    _engine_arguments(br)
     br.add_argument("--resume", action="store_true", help="continue a killed trace")
     br.add_argument("--json", action="store_true")
     br.add_argument("-q", "--quiet", action="store_true")

@@ -27,7 +27,7 @@ from engines.vllm_engine import device_info
 from testbed import lm, tasks
 from testbed.streams import ExitsWorkload
 from engines.pytorch.engine import TorchEngine, TorchSpec
-from tracers.torch_rows import BLOCK_SIZE, TorchStepWriter
+from engines.pytorch.rows import BLOCK_SIZE, TorchStepWriter
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
 

@@ -1,4 +1,5 @@
-"""`reasonsim trace probes`: probe-in-the-middle traces of chain-of-thought on real vLLM.
+"""`reasonsim trace probes`: probe-in-the-middle traces of chain-of-thought on a real engine
+(vLLM, or the PyTorch engine where vLLM cannot run), driven through `LiveEngine`.
 
 For each question x sample, the reasoning is decoded in chunks of `stride_tokens` up to a budget,
 and after every chunk a probe request (reasoning so far + the probe suffix, up to `probe_tokens`)
@@ -16,12 +17,13 @@ Storage is incremental: each probe row holds only the chunk generated since the 
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engines.reasoning_engines import open_reasoning_engine
+from engines.vllm_engine import check_model
 from policies.certaindex import PROBE_SUFFIX, probe_from_text
-from engines.vllm_engine import check_model, reasoning_engine
+from programs.base import Sampling
 from testbed import tasks
 from traces import ids
 from traces.seeds import chunk_seed, request_seed
@@ -76,24 +78,18 @@ class _Trajectory:
 
 
 def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resume: bool = False,
-                 kv_cache_gb: float = 1.0, progress: bool = True) -> dict:
-    """Record probes and trajectories of every question x sample; return a summary."""
+                 kv_cache_gb: float = 1.0, progress: bool = True, engine: str = "vllm",
+                 device: str = "auto") -> dict:
+    """Record probes and trajectories of every question x sample on vLLM, or on the PyTorch
+    engine's serving mode (`engine="torch"`, on `device`); return a summary."""
     model_dir = check_model(model, "auto")
     out_dir = check_out_dir(out_dir, resume)
-    from vllm import SamplingParams
-
-    from engines.recorder import StepRecorder
-
-    engine = reasoning_engine(model_dir, workload.seed, kv_cache_gb)
-    run = engine.run_row("probes", workload.seed, {"workload": asdict(workload), "engine": engine.params(),
-                                  "probe_suffix": PROBE_SUFFIX})
-    writer = TraceWriter(out_dir, run, resume=resume)
+    params = {"workload": asdict(workload), "probe_suffix": PROBE_SUFFIX}
+    live, writer, tokenizer = open_reasoning_engine(engine, model_dir, workload.seed, "probes",
+                                                    params, out_dir, resume, kv_cache_gb, device)
     done = writer.done_units()
     n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
     held = tasks.items(workload.seed, workload.questions_per_cell * n_cells)
-    t0 = time.perf_counter()
-    rec = StepRecorder(engine, writer, t0, record_tokens=False)
-    tokenizer = engine.engine.get_tokenizer()
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -113,78 +109,67 @@ def trace_probes(model: str, out_dir: str | Path, workload: ProbeWorkload, resum
                 continue
             trajs = [_Trajectory(qid, s, request_seed(workload.seed, qi, s), item,
                                  encode(item.prompt)) for s in range(workload.samples)]
-            _run_question(rec, trajs, workload, SamplingParams, suffix_ids, tokenizer.eos_token_id,
-                          stats)
+            _run_question(live, writer, trajs, workload, suffix_ids, stats)
             for tr in trajs:
-                final = tasks.extract_boxed(tr.text)
-                writer.add("trajectories", question_id=qid, sample_id=tr.sample_id,
-                           request_id=tr.request_id, request_seed=tr.seed, family=item.family,
-                           difficulty=item.level, prompt_tokens=len(tr.prompt_ids),
-                           reasoning_tokens=tr.tokens, gold_answer=item.answer,
-                           final_answer=final, is_correct=final == item.answer,
-                           finish_reason=tr.finished)
+                _trajectory_row(writer, tr)
             stats["trajectories"] += len(trajs)
             writer.flush(qid)
             bar.advance(task)
     writer.seal()
-    stats["wall_s"] = round(time.perf_counter() - t0, 2)
+    stats["wall_s"] = round(live.now_s(), 2)
     return stats
 
 
-def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingParams,
-                  suffix_ids: list[int], eos_id: int | None, stats: dict) -> None:
+def _trajectory_row(writer: TraceWriter, tr: _Trajectory) -> None:
+    final = tasks.extract_boxed(tr.text)
+    writer.add("trajectories", question_id=tr.question_id, sample_id=tr.sample_id,
+               request_id=tr.request_id, request_seed=tr.seed, family=tr.item.family,
+               difficulty=tr.item.level, prompt_tokens=len(tr.prompt_ids),
+               reasoning_tokens=tr.tokens, gold_answer=tr.item.answer, final_answer=final,
+               is_correct=final == tr.item.answer, finish_reason=tr.finished)
+
+
+def _run_question(live, writer: TraceWriter, trajs: list[_Trajectory], wl: ProbeWorkload,
+                  suffix_ids: list[int], stats: dict) -> None:
     """Decode every sample of one question chunk by chunk, probing after each chunk."""
     # request id -> (kind, trajectory, sent at, reasoning tokens and characters when sent)
     pending: dict[str, tuple[str, _Trajectory, float, int, int]] = {}
 
     def send_chunk(tr: _Trajectory) -> None:
         n = min(wl.stride_tokens, wl.budget_tokens - tr.tokens)
-        sp = SamplingParams(max_tokens=n, temperature=wl.temperature, top_p=1.0,
-                            seed=chunk_seed(tr.seed, tr.chunks))
         rid = ids.chunk_id(tr.request_id, tr.chunks)
-        rec.add(rid, tr.prompt_ids + tr.ids, sp, program_id=tr.request_id, role="main")
-        pending[rid] = ("chunk", tr, rec.now_s(), tr.tokens, len(tr.text))
+        live.add(rid, tr.prompt_ids + tr.ids, Sampling(n, wl.temperature, 1.0,
+                                                       chunk_seed(tr.seed, tr.chunks)),
+                 0, tr.request_id, "main")
+        pending[rid] = ("chunk", tr, live.now_s(), tr.tokens, len(tr.text))
 
     def send_probe(tr: _Trajectory) -> None:
-        sp = SamplingParams(max_tokens=wl.probe_tokens, temperature=wl.probe_temperature,
-                            top_p=wl.probe_top_p, seed=chunk_seed(tr.seed, -1 - tr.chunks))
         rid = ids.probe_id(tr.request_id, tr.chunks)
-        rec.add(rid, tr.prompt_ids + tr.ids + suffix_ids, sp,
-                program_id=tr.request_id, role="probe")
-        pending[rid] = ("probe", tr, rec.now_s(), tr.tokens, len(tr.text))
+        live.add(rid, tr.prompt_ids + tr.ids + suffix_ids,
+                 Sampling(wl.probe_tokens, wl.probe_temperature, wl.probe_top_p,
+                          chunk_seed(tr.seed, -1 - tr.chunks)), 0, tr.request_id, "probe")
+        pending[rid] = ("probe", tr, live.now_s(), tr.tokens, len(tr.text))
 
     for tr in trajs:
         send_chunk(tr)
     while pending:
-        for out in rec.step():
-            if not out.finished or out.request_id not in pending:
+        for rid, out in live.step():
+            if rid not in pending:
                 continue
             # The next chunk may finish before this probe: use the state at sending time.
-            kind, tr, sent_s, position, chars = pending.pop(out.request_id)
-            text = out.outputs[0].text
+            kind, tr, sent_s, position, chars = pending.pop(rid)
             if kind == "probe":
-                probe = probe_from_text(position, text)
-                rec.writer.add("probes", question_id=tr.question_id, sample_id=tr.sample_id,
-                               request_id=tr.request_id, request_seed=tr.seed,
-                               position_tokens=position, probe_text=text,
-                               answer=probe.answer or None, is_hesitant=probe.hesitant,
-                               is_empty=not probe.answer,
-                               is_correct=probe.answer == tr.item.answer,
-                               probe_tokens=len(out.outputs[0].token_ids),
-                               probe_latency_ms=(rec.now_s() - sent_s) * 1e3,
-                               cached_prompt_tokens=int(out.num_cached_tokens or 0),
-                               chunk_text=tr.text[tr.last_probe_at:chars])
-                tr.last_probe_at = chars
+                _probe_row(writer, tr, out, position, chars, (live.now_s() - sent_s) * 1e3)
                 stats["probes"] += 1
                 continue
-            new_ids = list(out.outputs[0].token_ids)
+            new_ids = list(out.token_ids)
             tr.tokens += len(new_ids)
-            if new_ids and new_ids[-1] == eos_id:
+            if out.eos:
                 new_ids.pop()  # the end-of-sequence token is not reasoning to re-send
             tr.ids += new_ids
-            tr.text += text
+            tr.text += out.text
             tr.chunks += 1
-            if out.outputs[0].finish_reason == "stop":
+            if out.eos:
                 tr.finished = "stop"
             elif tr.tokens >= wl.budget_tokens:
                 tr.finished = "length"
@@ -192,3 +177,16 @@ def _run_question(rec, trajs: list[_Trajectory], wl: ProbeWorkload, SamplingPara
             send_probe(tr)
             if tr.finished is None:
                 send_chunk(tr)
+
+
+def _probe_row(writer: TraceWriter, tr: _Trajectory, out, position: int, chars: int,
+               latency_ms: float) -> None:
+    probe = probe_from_text(position, out.text)
+    writer.add("probes", question_id=tr.question_id, sample_id=tr.sample_id,
+               request_id=tr.request_id, request_seed=tr.seed, position_tokens=position,
+               probe_text=out.text, answer=probe.answer or None, is_hesitant=probe.hesitant,
+               is_empty=not probe.answer, is_correct=probe.answer == tr.item.answer,
+               probe_tokens=out.tokens, probe_latency_ms=latency_ms,
+               cached_prompt_tokens=out.cached_tokens,
+               chunk_text=tr.text[tr.last_probe_at:chars])
+    tr.last_probe_at = chars

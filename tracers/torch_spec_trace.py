@@ -26,7 +26,7 @@ from engines.vllm_engine import device_info
 from tracers.spec import MAX_MODEL_LEN, SpecWorkload
 from testbed import lm, tasks
 from engines.pytorch.engine import TorchEngine
-from tracers.torch_rows import BLOCK_SIZE
+from engines.pytorch.rows import BLOCK_SIZE
 from engines.pytorch.spec import TorchSpec
 from traces import ids
 from traces.provenance import config_hash, run_row

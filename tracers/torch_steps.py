@@ -20,7 +20,7 @@ import numpy as np
 from engines.vllm_engine import device_info
 from tracers.step_profile import FIRST_TOKEN_ID, StepGrid, WarmupFlagger, summarize_steps
 from engines.pytorch.engine import TorchEngine
-from tracers.torch_rows import BLOCK_SIZE, TorchStepWriter, kv_blocks_total
+from engines.pytorch.rows import BLOCK_SIZE, TorchStepWriter, kv_blocks_total
 from engines.pytorch.spec import TorchSpec
 from traces import ids
 from traces.provenance import config_hash, run_row

@@ -32,8 +32,7 @@ composes it (chunked prefill under the token budget) and runs as one packed forw
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch.nn.attention import sdpa_kernel
@@ -43,24 +42,12 @@ from engines.vllm_engine import check_model
 from engines.pytorch.graphs import DecodeGraphs
 from engines.pytorch.layer_clock import LayerClock
 from engines.pytorch.packed import PackedSteps
+from engines.pytorch.requests import RequestQueue, Seq
+from engines.pytorch.sampling import TokenChoice
 from engines.pytorch.slot_attention import SDPA_BACKENDS, SlotAttention
-from engines.pytorch.spec import StepResult, Token, TorchSpec
+from engines.pytorch.spec import StepResult, TorchSpec
 from engines.pytorch.verify import VerifySteps
 from engines.pytorch.weights import load_partial, read_layer_weights
-
-
-@dataclass
-class _Seq:
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int
-    stop_at_eos: bool
-    generator: torch.Generator | None
-    temperature: float
-    slot: int = -1
-    length: int = 0  # tokens whose KV is in the cache (in the first layer)
-    full_length: int = 0  # tokens whose KV is in every loaded layer (layer skipping)
-    output_ids: list[int] = field(default_factory=list)
 
 
 def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
@@ -71,7 +58,7 @@ def _resolve(spec: TorchSpec) -> tuple[torch.device, torch.dtype]:
     return dev, getattr(torch, spec.dtype)
 
 
-class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
+class TorchEngine(RequestQueue, TokenChoice, SlotAttention, PackedSteps, VerifySteps):
     """Batched decoding of a Llama or Qwen2 model with early exits and a loaded-depth limit."""
 
     def __init__(self, spec: TorchSpec):
@@ -105,9 +92,7 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
         self.kv_heads = int(cfg.num_key_value_heads)
         self.heads = int(cfg.num_attention_heads)
         self._alloc_cache()
-        self.waiting: deque[_Seq] = deque()
-        self.running: dict[int, _Seq] = {}
-        self.outputs: dict[str, list[int]] = {}
+        self._init_requests(spec.scheduling_policy == "priority")
         self.t0 = time.perf_counter()
 
     # -- memory ---------------------------------------------------------------------------
@@ -188,30 +173,9 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
         _check_skipping(spec)
         self.spec = spec
 
-    # -- requests -------------------------------------------------------------------------
-
     def now_s(self) -> float:
         """Seconds since the engine started."""
         return time.perf_counter() - self.t0
-
-    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int,
-            temperature: float = 0.0, seed: int | None = None, stop_at_eos: bool = True) -> None:
-        """Queue a request given as token ids (greedy at temperature 0)."""
-        if not prompt_ids or max_tokens < 1:
-            raise ValueError(f"request {request_id}: needs a prompt and max_tokens >= 1")
-        if len(prompt_ids) + max_tokens > self.spec.max_model_len:
-            raise ValueError(f"request {request_id}: prompt {len(prompt_ids)} + output "
-                             f"{max_tokens} exceeds max_model_len {self.spec.max_model_len}")
-        gen = None
-        if temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(self.spec.seed if seed is None else seed)
-        self.waiting.append(_Seq(request_id, list(prompt_ids), max_tokens, stop_at_eos, gen,
-                                 temperature))
-
-    def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self.waiting or self.running)
 
     # -- the step -------------------------------------------------------------------------
 
@@ -271,7 +235,7 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
                           context_tokens=context, layer_ms=clock.read_ms(),
                           tokens=tokens, finished=finished, recomputed_tokens=recomputed)
 
-    def _forward(self, ids, pos, seqs: list[_Seq], clock: LayerClock, prefill: bool,
+    def _forward(self, ids, pos, seqs: list[Seq], clock: LayerClock, prefill: bool,
                  all_positions: bool = False):
         """Logits at every loaded exit, [layers, batch, vocab], for each sequence's last position
         (`all_positions`: the last exit's at every fed position, [batch, positions, vocab])."""
@@ -298,7 +262,7 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
             exits = exits[-1:]  # only the last loaded exit decides
         return self.model.lm_head(m.norm(torch.stack(exits))).float()
 
-    def _forward_skipping(self, seq: _Seq, clock: LayerClock):
+    def _forward_skipping(self, seq: Seq, clock: LayerClock):
         """One sequence's decode step that stops at its exit: the pending tokens and the new one
         run layer by layer until the new token's max probability reaches the threshold (or the
         last loaded layer); logits [layers run, 1, vocab]."""
@@ -325,51 +289,6 @@ class TorchEngine(SlotAttention, PackedSteps, VerifySteps):
             seq.full_length = hi
         return torch.stack(exits)
 
-    def _choose(self, logits, seqs: list[_Seq]) -> list[Token]:
-        """Each sequence's exit and token from the per-exit logits [layers, batch, vocab]."""
-        probs = torch.softmax(logits, dim=-1)
-        max_p, argmax = probs.max(dim=-1)  # [layers, batch]
-        depth = logits.shape[0]
-        exit_idx = torch.full((len(seqs),), depth - 1)
-        # One device-to-host copy per step (each is a sync): argmax ids are exact in float32.
-        max_p, argmax = torch.stack((max_p, argmax.to(max_p.dtype))).cpu()
-        argmax = argmax.long()
-        if self.spec.exit_threshold is not None:
-            reached = max_p >= self.spec.exit_threshold
-            reached[-1] = True
-            exit_idx = reached.float().argmax(0)
-        out = []
-        for j, seq in enumerate(seqs):
-            e = int(exit_idx[j])
-            if seq.temperature > 0:
-                p = torch.softmax(logits[e, j] / seq.temperature, dim=-1)
-                tok = int(torch.multinomial(p, 1, generator=seq.generator))
-            else:
-                tok = int(argmax[e, j])
-            seq.output_ids.append(tok)
-            layer = self.loaded_layers if depth == 1 and not self.spec.skip_layers else e + 1
-            t = Token(seq.request_id, len(seq.output_ids) - 1, tok, layer, float(max_p[e, j]))
-            if self.spec.record_exits:
-                t.max_probs = max_p[:, j].tolist()
-                t.argmax_ids = argmax[:, j].tolist()
-            out.append(t)
-        return out
-
-    def _finish(self) -> list[str]:
-        eos = self.config.eos_token_id
-        done = []
-        for slot, seq in list(self.running.items()):
-            if (len(seq.output_ids) >= seq.max_tokens or
-                    (seq.stop_at_eos and seq.output_ids and seq.output_ids[-1] == eos)):
-                del self.running[slot]
-                done.append(seq.request_id)
-                self.outputs[seq.request_id] = seq.output_ids
-        return done
-
-    def output_ids(self, request_id: str) -> list[int]:
-        """Generated token ids of a finished request (and forget it)."""
-        return self.outputs.pop(request_id)
-
 
 def _decoder_layer(config):
     """The decoder layer class of a model the engine runs: Llama's architecture, or Qwen2's
@@ -386,6 +305,8 @@ def _decoder_layer(config):
 
 
 def _check_skipping(spec: TorchSpec) -> None:
+    if spec.scheduling_policy not in ("fcfs", "priority"):
+        raise ValueError(f"scheduling_policy {spec.scheduling_policy!r}: fcfs or priority")
     if spec.graphs and not spec.serving:
         raise ValueError("graphs: decode graphs are the serving mode's (serving=True)")
     if spec.skip_layers and spec.serving:

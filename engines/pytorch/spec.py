@@ -35,6 +35,9 @@ class TorchSpec:
     """one packed forward per step: decode tokens and prompt chunks under the token budget,
     composed as vLLM's scheduler composes them (`engines.pytorch.packed`); False: each admitted
     prompt prefilled whole in its own forward, then the decodes"""
+    scheduling_policy: str = "fcfs"
+    """fcfs, or priority: waiting requests by (priority, arrival), as vLLM's priority
+    scheduling (no preemption: a slot holds its sequence's whole context)"""
     graphs: bool = False
     """serving mode: decode-only steps at static shapes, replayed as CUDA graphs per (batch, span)
     bucket (`engines.pytorch.graphs`); on the CPU the same static code runs eagerly"""
