@@ -25,7 +25,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from validation.fidelity import BAND_SEEDS, judge_programs, judge_requests  # noqa: E402
+from validation.fidelity import BAND_SEEDS, judge_requests  # noqa: E402
+from validation.fidelity_programs import judge_programs  # noqa: E402
 from validation.fidelity_report import report  # noqa: E402
 
 

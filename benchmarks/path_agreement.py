@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from sim.config import read_yaml  # noqa: E402
-from validation.fidelity import SUITE, load_suite, program_config, request_config  # noqa: E402
+from validation.fidelity import SUITE, load_suite, request_config  # noqa: E402
+from validation.fidelity_programs import program_config  # noqa: E402
 from validation.path_agreement import PATHS, compare, run_paths  # noqa: E402
 
 REQUESTS_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"

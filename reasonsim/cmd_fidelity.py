@@ -13,7 +13,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from validation.fidelity_report import probe_text, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
-                          progress=not args.quiet and not args.json)
+                          progress=not args.quiet and not args.json, engine=args.engine,
+                          device=args.device)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -51,6 +52,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
           f"probes' speed {sum(probed)} of {len(probed)}")
     print(f"live values inside the step-time noise band ({c['band']}, {c['seeds']} draws): "
           f"{c['inside']} of {c['of']}")
+    for name, why in result["skipped"].items():
+        print(f"not run: {name} ({why})")
     print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
     return 0
 
@@ -74,6 +77,11 @@ def add_fidelity_parser(sub) -> None:
                         "metric passes within its tolerance or the live-vs-live spread.")
     fi.add_argument("--quick", action="store_true", help="the quick grid and suite (~3 min)")
     fi.add_argument("-o", "--out", default="reports/fidelity", help="directory to write (new)")
+    fi.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
+                    help="torch: the PyTorch engine's serving mode (the program workloads' "
+                    "traces recorded again on it; prefix-caching workloads not run)")
+    fi.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="with --engine torch: where it runs")
     fi.add_argument("--suite", default=None, help="suite YAML (default "
                     "examples/fidelity/suite.yaml)")
     fi.add_argument("--json", action="store_true")

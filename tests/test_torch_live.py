@@ -5,6 +5,7 @@ checked against what does not depend on the machine's speed (tokens, orders, row
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,28 @@ def test_search_programs_trace_and_replay_on_the_torch_engine_as_simulated(tmp_p
     assert result["error"]["tokens_per_program"] == 0
     req = read_table(out / "live", "requests").to_pandas()
     assert (req.finish_reason == "stop").any()  # steps cut at their newline
+
+
+def test_fidelity_runs_the_whole_loop_on_the_torch_engine(tmp_path):
+    out = tmp_path / "fid"
+    proc = run_cli("fidelity", "--engine", "torch", "--device", "cpu", "--quick", "--suite",
+                   str(REPO / "tests" / "data" / "torch_fidelity_suite.yaml"), "-o", str(out),
+                   "--json")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["engine"] == "torch"
+    assert result["skipped"] == {"prefix_sharing": "prefix caching: the PyTorch engine has none"}
+    assert [r["workload"] for r in result["workloads"]] == ["poisson", "cot_probes"]
+    cal = json.loads(Path(result["calibration"]).read_text())["provenance"]
+    assert cal["engine"] == "torch" and cal["engine_mode"] == "serving"
+    assert sorted(Path(t).name for t in cal["traces"]) == ["calibration_traffic_mixed", "grid"]
+    for live in ("live1", "live2"):
+        for w in ("poisson", "cot_probes"):
+            assert check_trace(out / w / live) == [] and read_run(out / w / live)["engine"] == \
+                "torch"
+    assert read_run(out / "cot_probes" / "trace")["engine"] == "torch"
+    poisson, cot = result["workloads"]
+    assert all(math.isfinite(v["sim"]) and v["sim"] > 0 for v in poisson["metrics"].values())
+    # seeded sampling on the engine its trace was recorded on: the simulator's decisions
+    assert cot["decision_agreement"] == 1.0 and cot["live_agreement"] == 1.0
+    assert cot["metrics"]["tokens_per_program"]["error"] == 0
+    assert "Not run: prefix_sharing" in (out / "report.md").read_text()

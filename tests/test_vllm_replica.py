@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from conftest import REPO, example_config, run_cli
-from validation.fidelity import SUITE, load_suite, program_config
+from validation.fidelity import SUITE, load_suite
+from validation.fidelity_programs import program_config
 from validation.path_agreement import compare, run_paths
 
 PROGRAMS_CAL = REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json"

@@ -32,9 +32,10 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
                         max_num_seqs: int | None = None,
                         max_num_batched_tokens: int | None = None,
                         max_model_len: int | None = None, serving: bool = False,
-                        graphs: bool = False, progress: bool = True) -> dict:
-    """Profile every grid cell on the PyTorch engine (`serving`: its serving mode, `graphs`:
-    with decode graphs), flushing each; return a summary."""
+                        graphs: bool = False, progress: bool = True,
+                        device: str = "auto") -> dict:
+    """Profile every grid cell on the PyTorch engine on `device` (`serving`: its serving mode,
+    `graphs`: with decode graphs), flushing each; return a summary."""
     import torch
 
     max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
@@ -44,7 +45,7 @@ def profile_torch_steps(model: str, out_dir: str | Path, grid: StepGrid,
     if grid.regimes != ("greedy",):
         raise ValueError(f"grid regimes {list(grid.regimes)}: the torch engine's grid is greedy")
     out_dir = check_out_dir(out_dir, resume=False, can_resume=False)
-    spec = TorchSpec(model=model, load_format=load_format, dtype=dtype, seed=seed,
+    spec = TorchSpec(model=model, load_format=load_format, dtype=dtype, device=device, seed=seed,
                      max_num_seqs=max_num_seqs or max(grid.batch_sizes),
                      max_model_len=max_model_len or max(max_len, 256),
                      max_num_batched_tokens=max_num_batched_tokens or max(

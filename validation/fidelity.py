@@ -4,8 +4,9 @@ replay a suite live.
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
 as live traffic has them) and live replays of calibration traffic (varied lengths in waves: the
 step shapes of real serving), a `serving` calibration of all, then for every workload of the suite
-(examples/fidelity/suite.yaml) a simulation and two live replays on vLLM, one in each of two
-passes over the suite. Each metric is judged against the simulator's tolerance or, where the two
+(examples/fidelity/suite.yaml) a simulation and two live replays on the engine (vLLM, or the
+PyTorch engine's serving mode: `validation.fidelity_programs` retraces program workloads on it),
+one in each of two passes over the suite. Each metric is judged against the simulator's tolerance or, where the two
 live runs differ by more, against that live-vs-live spread (the noise floor of a shared machine
 over the minutes the calibration is used across), printed beside it.
 """
@@ -14,33 +15,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import yaml
 
+from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
+                                         probe_levels, sampled_medians, scaled_config,
+                                         simulate_with_band)
+from validation.fidelity_programs import program_workload
 from validation.replay import REPO, fresh_process
 
 SUITE = REPO / "examples" / "fidelity" / "suite.yaml"
-LIVE_RUNS = 2
-BAND_SEEDS = 20
-"""noise draws per workload for the 5-95% step-time band"""
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
                    "ttft_s.p90", "throughput_tok_s")
-PROGRAM_TOLERANCE = {"program_latency_p50": 0.05, "program_latency_p90": 0.05,
-                     "tokens_per_program": 0.01}
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A suite workload set up to run: its live-run directories, one replay into a given one
-    (in a fresh process), and its judging once every live run is done (the table row)."""
-
-    lives: list[Path]
-    replay: Callable[[Path], None]
-    judge: Callable[[], dict]
 
 
 def load_suite(path: Path) -> dict:
@@ -69,46 +56,43 @@ def load_suite(path: Path) -> dict:
     return suite
 
 
-def leveled_errors(metrics: dict, leveled: list) -> None:
-    """Add each metric's mean error at the live runs' decode speeds, of the mean-latency
-    simulation and of the sampled draws' median (`at_live_speed`); nothing where a run had
-    no decode steps."""
-    if any(x is None for x in leveled):
-        return
-    for m in metrics:
-        if m in leveled[0]:
-            metrics[m]["error_at_live_speed"] = float(np.mean([x[m][0] for x in leveled]))
-            metrics[m]["error_sampled_at_live_speed"] = float(np.mean([x[m][1]
-                                                                       for x in leveled]))
-
-
-def sampled_medians(cfg) -> dict:
-    """Each metric's median over BAND_SEEDS sampled-latency draws of the config."""
-    from sim.bands import bands
-
-    return {m: v["median"] for m, v in bands(cfg, BAND_SEEDS)["metrics"].items()}
-
-
-def simulate_with_band(cfg, out_dir: Path):
-    """Simulate (mean latency) into out_dir and write the noise band beside it."""
-    from sim.bands import bands
-    from sim.output import write_sim
-    from sim.simulate import simulate
-
-    result = simulate(cfg)
-    band = bands(cfg, BAND_SEEDS)
-    write_sim(cfg, result, out_dir, {"bands.json": json.dumps(band, indent=1) + "\n"})
-    return result, band["metrics"]
-
-
-def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> Path:
-    """Trace the grid on this machine's vLLM, replay the suite's calibration traffic live
-    (workloads of their own, never evaluated), and fit a serving calibration on all; its path."""
+def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
+                        engine: str = "vllm", device: str = "auto") -> Path:
+    """Trace the grid on this machine's engine (vLLM, or the PyTorch engine's serving mode on
+    `device`), replay the suite's calibration traffic live (workloads of their own, never
+    evaluated), and fit a serving calibration on all; its path."""
     from sim.step_time.calibration import calibrate
     from sim.config import parse_config
-    from tracers.step_profile import StepGrid, profile_steps
 
     from validation.replay import replay_config
+
+    traces = trace_grids(out, suite, quick, progress, engine, device)
+    path = out / "calibration.json"
+    path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
+    # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
+    for name, traffic in (suite.get("calibration_traffic") or {}).items():
+        if (quick and not traffic.get("quick", True)) or unserved(traffic, engine):
+            continue
+        workload = dict(traffic["workload"])
+        if quick and "quick_requests" in traffic:
+            workload["num_requests"] = traffic["quick_requests"]
+        cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
+                            "cluster": {"replicas": [{"calibration": str(path),
+                                                      **traffic.get("replica", {})}]}}, out)
+        fresh_process(replay_config, cfg, out / f"calibration_traffic_{name}", device=device)
+        traces.append(out / f"calibration_traffic_{name}")
+    if len(traces) > 1:
+        path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
+                        + "\n")
+    return path
+
+
+def trace_grids(out: Path, suite: dict, quick: bool, progress: bool, engine: str,
+                device: str) -> list[Path]:
+    """The suite's step grids traced here, each in a fresh process; their directories."""
+    from tracers.step_profile import StepGrid, profile_steps
+    from tracers.torch_steps import profile_torch_steps
+
     from validation.replay import DEFAULT_MODEL
 
     grid = suite["quick_grid" if quick else "grid"]
@@ -117,34 +101,33 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool) -> 
     traces = []
     # The sampling grid runs small cells greedy and seeded back to back: the seeded-sampling
     # term the program workloads pay (`sim.step_time.sampling_cost`), in the same calibration.
-    for name, g in (("grid", grid), ("sampling_grid", suite.get("sampling_grid"))):
-        if g:
-            spec = StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
-                               for k, v in g.items()})
+    # The PyTorch engine's grid is greedy: it has the first only.
+    grids = (("grid", grid),) if engine == "torch" else (
+        ("grid", grid), ("sampling_grid", suite.get("sampling_grid")))
+    for name, g in grids:
+        if not g:
+            continue
+        spec = StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
+                           for k, v in g.items()})
+        if engine == "torch":
+            fresh_process(profile_torch_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
+                          serving=True, device=device, progress=progress)
+        else:
             fresh_process(profile_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
                           progress=progress)
-            traces.append(out / name)
-    path = out / "calibration.json"
-    path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
-    # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
-    for name, traffic in (suite.get("calibration_traffic") or {}).items():
-        if quick and not traffic.get("quick", True):
-            continue
-        workload = dict(traffic["workload"])
-        if quick and "quick_requests" in traffic:
-            workload["num_requests"] = traffic["quick_requests"]
-        cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
-                            "cluster": {"replicas": [{"calibration": str(path),
-                                                      **traffic.get("replica", {})}]}}, out)
-        fresh_process(replay_config, cfg, out / f"calibration_traffic_{name}")
-        traces.append(out / f"calibration_traffic_{name}")
-    if len(traces) > 1:
-        path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
-                        + "\n")
-    return path
+        traces.append(out / name)
+    return traces
 
 
-def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> Planned:
+def unserved(spec: dict, engine: str) -> str | None:
+    """Why a suite workload (or calibration traffic) cannot run on `engine`; None if it can."""
+    if engine == "torch" and (spec.get("replica") or {}).get("enable_prefix_caching"):
+        return "prefix caching: the PyTorch engine has none"
+    return None
+
+
+def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
+                     engine: str = "vllm", device: str = "auto") -> Planned:
     """One request workload set up under out/name: its LIVE_RUNS live replays and its judging."""
     from sim.config import parse_config
 
@@ -155,7 +138,7 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -
     (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     return Planned(lives, lambda live: fresh_process(replay_config, parse_config(d, out / name),
-                                                     live),
+                                                     live, device=device),
                    lambda: judge_requests(name, d, out / name, lives))
 
 
@@ -188,13 +171,6 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
             judge_at_probe(metrics[m], at_probe[m]["sim"])
     return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
             **probe_levels(probe)}
-
-
-def probe_levels(probe: dict) -> dict:
-    """A table row's speed-probe levels (`sim.step_time.live_speed.probes_level`; None without)."""
-    return {"probe_level": probe.get("decode"), "probe_prefill_level": probe.get("prefill"),
-            "probe_prefill_factor": probe.get("prefill_factor"),
-            "probe_against": probe.get("against")}
 
 
 def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> dict | None:
@@ -232,140 +208,29 @@ def request_config(spec: dict, cal: Path, quick: bool) -> dict:
                                       **spec.get("replica", {})}]}}
 
 
-def program_config(spec: dict, cal: Path, quick: bool) -> dict:
-    """The simulation config of a suite's program workload (an example config, its paths
-    relative to `examples/`) on calibration `cal`."""
-    from sim.config import read_yaml
-    from traces.store import read_run
-
-    example = REPO / "examples" / spec["program"]
-    d = read_yaml(example)
-    d["workload"]["programs"]["count"] = spec.get("quick_count" if quick else "count",
-                                                  spec.get("count", 16))
-    d["cluster"]["replicas"][0]["calibration"] = str(cal)
-    # The live program engine pages KV (and caches the shared reasoning prefixes) in the
-    # blocks its trace ran with, not the grid engine's: simulate that engine.
-    trace = (example.parent / d["workload"]["programs"]["trace"]).resolve()
-    d["cluster"]["replicas"][0]["block_size"] = int(
-        read_run(trace)["params"]["engine"].get("block_size", 32))
-    d["output"] = {"steps": True}
-    return d
-
-
-def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool) -> Planned:
-    """One program workload (an example config with this machine's calibration) set up under
-    out/name: its LIVE_RUNS live replays and its judging (decision agreement too)."""
-    from live.replay import replay_workload
-    from sim.config import parse_config
-
-    example = REPO / "examples" / spec["program"]
-    d = program_config(spec, cal, quick)
-    (out / name).mkdir(parents=True)
-    (out / name / "config.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-    cfg = parse_config(d, example.parent)
-    wl = cfg.programs
-    lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
-    return Planned(lives, lambda live: fresh_process(
-        replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
-        max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json()),
-        lambda: judge_programs(name, d, out / name, lives))
-
-
-def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
-    """Simulate the program workload config `d` (an example's, paths relative to examples/)
-    into out_dir and judge it against its live runs: the table row with decision agreement."""
-    from sim.config import parse_config
-    from sim.step_time.live_speed import probes_level, step_speed_ratio
-    from sim.program_metrics import compare
-    from sim.simulate import simulate
-    from validation.judge import judge, judge_at_probe
-    from traces.store import read_table
-
-    base_dir = REPO / "examples"
-    sim, band = simulate_with_band(parse_config(d, base_dir), out_dir / "sim")
-    live_tables = [read_table(live, "programs").to_pandas() for live in lives]
-    results = [compare(sim.programs.to_pandas(), t) for t in live_tables]
-    # the live engine against itself: batch-dependent numerics can flip a sampled probe answer
-    live_agreement = (compare(live_tables[0], live_tables[1])["decision_agreement"]
-                      if len(live_tables) > 1 else 1.0)
-    # every chunk and probe samples with a seed: the prediction the ratio divides by says so
-    cal = d["cluster"]["replicas"][0]["calibration"]
-    speeds = [step_speed_ratio(cal, live, all_seeded=True, decode_only=True) for live in lives]
-    leveled = [programs_at_live_speed(d, f, out_dir / f"sim_at_live{i + 1}", live, base_dir)
-               for i, (f, live) in enumerate(zip(speeds, lives))]
-    metrics = {m: judge(results[0]["sim"]["program_latency_s"][m[-3:]],
-                        [r["live"]["program_latency_s"][m[-3:]] for r in results],
-                        PROGRAM_TOLERANCE[m], band.get(m))
-               for m in ("program_latency_p50", "program_latency_p90")}
-    leveled_errors(metrics, leveled)
-    probe = probes_level(cal, lives) or {}
-    if probe:  # simulated at the speeds the probes measured around the live runs
-        at_probe = simulate(scaled_config(d, probe["decode"], out_dir / "sim_at_probe", base_dir,
-                                          probe["prefill_factor"]))
-        lat = compare(at_probe.programs.to_pandas(), live_tables[0])["sim"]["program_latency_s"]
-        for m in ("program_latency_p50", "program_latency_p90"):
-            judge_at_probe(metrics[m], lat[m[-3:]])
-    metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
-                                          [r["live"]["tokens_per_program"] for r in results],
-                                          PROGRAM_TOLERANCE["tokens_per_program"])
-    agreement = min(r["decision_agreement"] for r in results)
-    return {"workload": name, "kind": "programs", "metrics": metrics,
-            "decision_agreement": agreement, "live_agreement": live_agreement,
-            # as the latency metrics: no further off than live is from live (1.0 if exact)
-            "agreement_ok": agreement >= live_agreement,
-            "step_speed": [{"decode": f, "prefill": None} for f in speeds],
-            **probe_levels(probe)}
-
-
-def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path,
-                           base_dir: Path) -> dict | None:
-    """A program workload's latency errors against one live run with the simulation's step
-    times scaled to that run's decode speed (`at_live_speed`, for programs)."""
-    from sim.program_metrics import compare
-    from sim.simulate import simulate
-    from traces.store import read_table
-
-    if factor is None:
-        return None
-    cfg = scaled_config(d, factor, out_dir, base_dir)
-    c = compare(simulate(cfg).programs.to_pandas(), read_table(live, "programs").to_pandas())
-    med = sampled_medians(cfg)
-    return {m: (err, med[m] / c["live"]["program_latency_s"][m[-3:]] - 1)
-            for m, err in c["error"].items() if m in ("program_latency_p50", "program_latency_p90")}
-
-
-def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path,
-                  prefill_factor: float | None = None):
-    """The one-replica-group config `d` with its calibration's step times scaled by `factor`
-    (its prefill terms by `prefill_factor`, where given; the scaled calibration written under
-    out_dir)."""
-    from sim.config import parse_config
-    from sim.step_time.live_speed import scaled_calibration
-
-    group = d["cluster"]["replicas"][0]
-    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json",
-                             prefill_factor)
-    return parse_config({**d, "cluster": {**d["cluster"], "replicas": [
-        {**group, "calibration": str(cal)}]}}, base_dir)
-
-
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
-                 progress: bool = True) -> dict:
-    """The whole loop; writes DIR/fidelity.json and DIR/report.md and returns the result."""
+                 progress: bool = True, engine: str = "vllm", device: str = "auto") -> dict:
+    """The whole loop on vLLM or the PyTorch engine's serving mode (on `device`); writes
+    DIR/fidelity.json and DIR/report.md and returns the result."""
+
     suite = load_suite(suite_path)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    cal = trace_and_calibrate(out, suite, quick, progress)
+    cal = trace_and_calibrate(out, suite, quick, progress, engine, device)
     calibrated_s = round(time.perf_counter() - t0, 1)
     from sim.step_time.calibration import load_calibration
 
     calibration = load_calibration(cal)
+    chosen = {name: spec for name, spec in suite["workloads"].items()
+              if not quick or spec.get("quick")}
+    skipped = {name: unserved(spec, engine) for name, spec in chosen.items()
+               if unserved(spec, engine)}
     plans = [(program_workload if "program" in spec else request_workload)(
-        name, spec, cal, out, quick) for name, spec in suite["workloads"].items()
-        if not quick or spec.get("quick")]
+        name, spec, cal, out, quick, engine, device) for name, spec in chosen.items()
+        if name not in skipped]
     # Pass by pass, not workload by workload: a workload's live runs lie a whole pass apart
     # (minutes), as its simulation lies minutes from the calibration's traces. Back to back,
     # two runs share the shared machine's speed of the moment, and their spread missed the
@@ -377,7 +242,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
             p.replay(p.lives[i])
     rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives]}
             for p in plans]
-    result = {"quick": quick, "calibration": str(cal), "device": calibration.provenance["device"],
+    result = {"quick": quick, "calibration": str(cal), "engine": engine,
+              "device": calibration.provenance["device"], "skipped": skipped,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
                                       if k in ("mape", "p90_ape", "rows")},
               "workloads": rows, "calibrated_s": calibrated_s,

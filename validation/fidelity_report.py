@@ -18,8 +18,10 @@ def probe_text(r: dict) -> str:
 
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
+    engine = result.get("engine", "vllm")
     lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
-             "suite)", "",
+             f"suite, {'vLLM' if engine == 'vllm' else 'the PyTorch engine'})", "",
+             *[f"Not run: {name} ({why})." for name, why in result.get("skipped", {}).items()],
              f"Calibration `{result['calibration']}`: held-out step MAPE "
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}.", "",

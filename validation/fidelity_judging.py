@@ -1,0 +1,80 @@
+"""What the fidelity suite's request and program workloads share (`validation.fidelity`,
+`validation.fidelity_programs`): a planned workload, the simulation with its noise band, the
+errors at the live runs' own speeds, and a config with its step times scaled."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+LIVE_RUNS = 2
+BAND_SEEDS = 20
+"""noise draws per workload for the 5-95% step-time band"""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A suite workload set up to run: its live-run directories, one replay into a given one
+    (in a fresh process), and its judging once every live run is done (the table row)."""
+
+    lives: list[Path]
+    replay: Callable[[Path], None]
+    judge: Callable[[], dict]
+
+
+def leveled_errors(metrics: dict, leveled: list) -> None:
+    """Add each metric's mean error at the live runs' decode speeds, of the mean-latency
+    simulation and of the sampled draws' median (`at_live_speed`); nothing where a run had
+    no decode steps."""
+    if any(x is None for x in leveled):
+        return
+    for m in metrics:
+        if m in leveled[0]:
+            metrics[m]["error_at_live_speed"] = float(np.mean([x[m][0] for x in leveled]))
+            metrics[m]["error_sampled_at_live_speed"] = float(np.mean([x[m][1]
+                                                                       for x in leveled]))
+
+
+def sampled_medians(cfg) -> dict:
+    """Each metric's median over BAND_SEEDS sampled-latency draws of the config."""
+    from sim.bands import bands
+
+    return {m: v["median"] for m, v in bands(cfg, BAND_SEEDS)["metrics"].items()}
+
+
+def simulate_with_band(cfg, out_dir: Path):
+    """Simulate (mean latency) into out_dir and write the noise band beside it."""
+    from sim.bands import bands
+    from sim.output import write_sim
+    from sim.simulate import simulate
+
+    result = simulate(cfg)
+    band = bands(cfg, BAND_SEEDS)
+    write_sim(cfg, result, out_dir, {"bands.json": json.dumps(band, indent=1) + "\n"})
+    return result, band["metrics"]
+
+
+def probe_levels(probe: dict) -> dict:
+    """A table row's speed-probe levels (`sim.step_time.live_speed.probes_level`; None without)."""
+    return {"probe_level": probe.get("decode"), "probe_prefill_level": probe.get("prefill"),
+            "probe_prefill_factor": probe.get("prefill_factor"),
+            "probe_against": probe.get("against")}
+
+
+def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path,
+                  prefill_factor: float | None = None):
+    """The one-replica-group config `d` with its calibration's step times scaled by `factor`
+    (its prefill terms by `prefill_factor`, where given; the scaled calibration written under
+    out_dir)."""
+    from sim.config import parse_config
+    from sim.step_time.live_speed import scaled_calibration
+
+    group = d["cluster"]["replicas"][0]
+    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json",
+                             prefill_factor)
+    return parse_config({**d, "cluster": {**d["cluster"], "replicas": [
+        {**group, "calibration": str(cal)}]}}, base_dir)
