@@ -1,0 +1,89 @@
+"""`reasonsim dynasor correlate`: certaindex against the compute a query still needs
+(`sim.families.dynasor.correlation`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reasonsim.common import UserError
+
+
+def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
+    """`reasonsim dynasor correlate`."""
+    from programs.traced import load_search, load_trajectories, traced_caps
+    from sim.families.dynasor.correlation import (correlations, cot_points, plot_correlation,
+                                                  sc_points)
+    from traces.store import read_run
+
+    try:
+        kind = read_run(args.trace)["kind"]
+        if kind == "branches":
+            caps = traced_caps(args.trace)
+            if "sc" not in caps:
+                raise ValueError(f"{args.trace}: no SC programs (traced: {sorted(caps)})")
+            bank = load_search(args.trace, "sc", caps["sc"][0])
+            detect = args.detect or [2, 4, 8]
+            rows = [r for d in detect for r in sc_points(bank, d)]
+            what, unit = f"self-consistency, cap {caps['sc'][0]}", "samples"
+        else:
+            trajs, _ = load_trajectories(args.trace)
+            detect = args.detect or [32, 64, 128]
+            rows = [r for d in detect for r in cot_points(trajs, d, args.window)]
+            what, unit = f"chain of thought, probe window {args.window}", "tokens"
+    except (OSError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if not rows:
+        raise UserError(f"{args.trace}: no query is still running at detection points {detect}")
+    result = {"trace": str(args.trace), "kind": kind, "detect_unit": unit,
+              "by_detect": {str(d): correlations([r for r in rows if r["detect"] == d])
+                            for d in detect}}
+    out = Path(args.out)
+    png = plot_correlation(rows, out / "certaindex_correlation.png",
+                           f"certaindex vs remaining tokens ({what})")
+    (out / "certaindex_correlation.json").write_text(json.dumps({**result, "rows": rows},
+                                                                indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    _print(result, what)
+    print(f"plot: {png}")
+    return 0
+
+
+def _print(result: dict, what: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"certaindex and other signals vs remaining tokens ({what}; solvable "
+                  "queries; negative: more certain, fewer tokens left)")
+    for col in (f"detect ({result['detect_unit']})", "queries", "solvable", "signal",
+                "Pearson r", "Kendall tau"):
+        table.add_column(col, justify="right")
+    for d, c in result["by_detect"].items():
+        for name, v in c["signals"].items():
+            table.add_row(d, str(c["queries"]), str(c["solvable"]), name,
+                          f"{v['pearson']:+.2f}", f"{v['kendall']:+.2f}")
+    Console().print(table)
+
+
+def add_correlate_parser(dysub) -> None:
+    """`reasonsim dynasor correlate`."""
+    from reasonsim.common import ints
+
+    co = dysub.add_parser("correlate", help="certaindex vs the compute a query still needs",
+                          description="At each detection point, every query's certaindex "
+                          "beside the oracle's remaining tokens to its correct, stable answer; "
+                          "Pearson and Kendall correlations on solvable queries, for certaindex "
+                          "and the signals the paper compares it with (mean output length, mean "
+                          "normalised log-probability, their linear combination). SC programs "
+                          "of a branches trace, or chain of thought of a probes trace.")
+    co.add_argument("trace", help="branches or probes trace directory")
+    co.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
+    co.add_argument("--detect", type=ints, default=None,
+                    help="detection points: samples seen (SC; default 2,4,8) or reasoning "
+                    "tokens (CoT; default 32,64,128)")
+    co.add_argument("--window", type=int, default=3, help="CoT: probe answers certaindex reads")
+    co.add_argument("--json", action="store_true")
+    co.set_defaults(func=cmd_dynasor_correlate)
