@@ -76,6 +76,9 @@ class SearchParams(Params):
     """frontier: what certaindex the rules read (default entropy)"""
     rules: Annotated[list[Rule], Field(min_length=1, max_length=MAX_PATHS)] | None = None
     """frontier: (certaindex at least, solutions at most) pairs"""
+    length_tokens: Annotated[float, Field(gt=0, le=MAX_TOKENS)] | None = None
+    """length (baseline-length): stop at the `detect`-th solution if the solving requests' mean
+    output length is this short"""
 
 
 class A1Params(Params):

@@ -40,13 +40,24 @@ def _self_consistency(samples: int = 4, per_round: int | None = None,
 def _search(kind: str) -> Callable:
     def make(method: str, cap: int, per_round: int = 0, detect: int | None = None,
              entropy_threshold: float | None = None, reward_threshold: float | None = None,
-             signal: str | None = None, rules: list | None = None) -> SearchBudget:
+             signal: str | None = None, rules: list | None = None,
+             length_tokens: float | None = None) -> SearchBudget:
         agg = REWARD_AGGREGATE[method]
         per_round = per_round if method == "sc" else 0
         if kind == "even":
             _none_of(kind, detect=detect, entropy_threshold=entropy_threshold,
-                     reward_threshold=reward_threshold, rules=rules, signal=signal)
+                     reward_threshold=reward_threshold, rules=rules, signal=signal,
+                     length_tokens=length_tokens)
             return SearchBudget(cap, reward_aggregate=agg, per_round=per_round)
+        if kind == "length":
+            _none_of(kind, entropy_threshold=entropy_threshold, reward_threshold=reward_threshold,
+                     rules=rules, signal=signal)
+            if length_tokens is None or detect is None:
+                raise ValueError("length: expected {cap, detect, length_tokens} (stop at the "
+                                 "detect-th solution if the solutions' mean length is this short)")
+            return SearchBudget(cap, detect=detect, reward_aggregate=agg, per_round=per_round,
+                                length_tokens=length_tokens)
+        _none_of(kind, length_tokens=length_tokens)
         if kind == "certaindex":
             _none_of(kind, rules=rules, signal=signal)
             cx = certaindex_for(method, entropy_threshold, reward_threshold)
@@ -85,7 +96,7 @@ POLICIES["a1"] = {k: (lambda kind: lambda method, **a: make_a1_policy(kind, **a)
 POLICIES["tot"] = {k: (lambda kind: lambda method, **a: make_seed_policy(kind, **a))(k)
                    for k in TOT_MODES}
 for _method in ("sc", "mcts", "rebase"):
-    for _kind in ("even", "certaindex", "frontier"):
+    for _kind in ("even", "certaindex", "frontier", "length"):
         POLICIES[_method][_kind] = _search(_kind)
 
 
@@ -98,7 +109,7 @@ PARAMS: dict[str, dict[str, type[Params]]] = {
     "tot": {k: ToTParams for k in TOT_MODES},
 }
 for _method in ("sc", "mcts", "rebase"):
-    for _kind in ("even", "certaindex", "frontier"):
+    for _kind in ("even", "certaindex", "frontier", "length"):
         PARAMS.setdefault(_method, {})[_kind] = SearchParams
 
 

@@ -153,8 +153,11 @@ class SearchBudget:
     - `certaindex` alone: checked at every checkpoint from two solutions on;
     - with `detect`: checked once, at the first checkpoint with at least `detect` solutions
       (detect@knob); an uncertain program then runs to the cap;
-    - `frontier`: a Pareto-frontier curve instead of one threshold, checked at every checkpoint.
-    Neither: baseline-even (every program gets the cap).
+    - `frontier`: a Pareto-frontier curve instead of one threshold, checked at every checkpoint;
+    - `length_tokens` with `detect` (baseline-length): checked once, at the detection
+      checkpoint, stop if the solving requests' mean output length is this short (short
+      reasoning = an easy question), in place of certaindex.
+    None of them: baseline-even (every program gets the cap).
     """
 
     cap: int
@@ -164,6 +167,9 @@ class SearchBudget:
     reward_aggregate: str = "mean"
     per_round: int = 0
     """sc: paths launched per round, a checkpoint after each (0: all at once)"""
+    length_tokens: float | None = None
+    """baseline-length: at the detection checkpoint, stop if the solutions' mean output
+    length is this short"""
 
     def __post_init__(self) -> None:
         if self.cap < 1 or self.per_round < 0:
@@ -173,6 +179,10 @@ class SearchBudget:
             raise ValueError(f"SearchBudget.detect must be in 1..cap={self.cap}, got {self.detect}")
         if self.certaindex is not None and self.frontier is not None:
             raise ValueError("SearchBudget: choose certaindex or frontier, not both")
+        if self.length_tokens is not None and (self.detect is None or self.certaindex is not None
+                                               or self.frontier is not None):
+            raise ValueError("SearchBudget: length_tokens (baseline-length) needs detect and "
+                             "no certaindex or frontier")
 
     @property
     def name(self) -> str:
@@ -191,14 +201,19 @@ class SearchBudget:
         if self.frontier is not None:
             parts.append(f"frontier({self.frontier.signal}:" + ";".join(
                 f"{t:g}->{n}" for t, n in self.frontier.rules) + ")")
+        if self.length_tokens is not None:
+            parts.append(f"len<={self.length_tokens:g}@{self.detect}")
         return "search(" + ",".join(parts) + ")"
 
     def should_stop(self, answers: Sequence[str | None], rewards: Sequence[float],
-                    previous: int = 0) -> bool:
-        """After a checkpoint (`previous` solutions before it): stop the program now?"""
+                    previous: int = 0, lengths: Sequence[int] = ()) -> bool:
+        """After a checkpoint (`previous` solutions before it; `lengths`: the solving requests'
+        output tokens, for baseline-length): stop the program now?"""
         n = len(answers)
         if n >= self.cap:
             return True
+        if self.length_tokens is not None:  # checked once, at the detection checkpoint
+            return previous < self.detect <= n and sum(lengths) / n <= self.length_tokens
         if self.frontier is not None:
             if n < 2 and self.frontier.signal == "entropy":
                 return False  # entropy over one answer says nothing

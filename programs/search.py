@@ -69,7 +69,7 @@ class SearchProgram:
     seed: int
     settings: SearchSettings
     nodes: dict = field(default_factory=dict)       # node id (request index + 1) -> node
-    solutions: list = field(default_factory=list)   # (request index, answer, reward)
+    solutions: list = field(default_factory=list)   # (request index, answer, reward, tokens)
     rows: list = field(default_factory=list)        # one branches row per request
     requests: int = 0
     tokens: int = 0
@@ -84,11 +84,16 @@ class SearchProgram:
     # Solutions in request order, not completion order: decisions do not depend on timing.
     @property
     def answers(self) -> list:
-        return [a for _, a, _ in sorted(self.solutions)]
+        return [a for _, a, _, _ in sorted(self.solutions)]
 
     @property
     def rewards(self) -> list:
-        return [r for _, _, r in sorted(self.solutions)]
+        return [r for _, _, r, _ in sorted(self.solutions)]
+
+    @property
+    def lengths(self) -> list:
+        """The solving requests' output tokens (baseline-length reads them)."""
+        return [n for _, _, _, n in sorted(self.solutions)]
 
     # The accounting a programs table reads.
     paths_used = property(lambda self: self.requests)
@@ -170,7 +175,7 @@ class SearchProgram:
                          parent.tokens + tokens, terminal=terminal, reward=reward)
         self.nodes[node.node_id] = node
         if ended:
-            self.solutions.append((gen.index, answer, reward))
+            self.solutions.append((gen.index, answer, reward, outcome.tokens))
         if self.method == "mcts":
             p = node.node_id
             while p is not None:  # back the solution's reward up to the root
@@ -198,7 +203,8 @@ class SearchProgram:
     def _checkpoint(self) -> list[RequestSpec]:
         n, before = len(self.solutions), self.solved_before
         self.solved_before = n
-        if n > before and self.policy.should_stop(self.answers, self.rewards, before):
+        if n > before and self.policy.should_stop(self.answers, self.rewards, before,
+                                                  self.lengths):
             self.done = True
             return []
         if self.method == "sc":

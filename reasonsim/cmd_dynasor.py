@@ -60,8 +60,9 @@ def dynasor_offline_search(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"tokens to accuracy ({rows[0]['programs']} programs per policy)")
-    for col in ("method", "policy", "cap", "1-H/log n >=", "tokens", "requests", "accuracy"):
+    table = Table(title=f"tokens to accuracy ({rows[0]['programs']} programs per policy; "
+                  "threshold: certaindex 1-H/log n at least, baseline-length mean tokens at most)")
+    for col in ("method", "policy", "cap", "threshold", "tokens", "requests", "accuracy"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["method"], r["policy"], str(r["cap"]),

@@ -67,8 +67,16 @@ def test_search_budget_stops_at_cap_by_certaindex_at_detection_or_by_frontier():
     assert front.should_stop(["1", "1"], [1, 1])
     assert not front.should_stop(["1", "1", "2"], [1, 1, 1])   # certainty 0.42 < 0.9, n < 5
     assert front.should_stop(["1", "1", "1", "1", "2"], [1] * 5)
+    length = SearchBudget(8, detect=2, length_tokens=50)  # baseline-length
+    assert not length.should_stop(["1"], [1], previous=0, lengths=[10])   # before detection
+    assert length.should_stop(["1", "2"], [1, 1], previous=1, lengths=[40, 60])  # mean 50
+    assert not length.should_stop(["1", "1"], [1, 1], previous=1, lengths=[40, 61])
+    assert not length.should_stop(["1"] * 3, [1] * 3, previous=2, lengths=[1, 1, 1])  # once
+    assert length.should_stop(["1"] * 8, [1] * 8, previous=7, lengths=[99] * 8)  # the cap
     for bad in (dict(cap=0), dict(cap=4, detect=5), dict(cap=4, per_round=-1),
-                dict(cap=4, certaindex=Certaindex(0.5), frontier=ParetoFrontier(((0.5, 2),)))):
+                dict(cap=4, certaindex=Certaindex(0.5), frontier=ParetoFrontier(((0.5, 2),))),
+                dict(cap=4, length_tokens=50),
+                dict(cap=4, detect=2, length_tokens=50, certaindex=Certaindex(0.5))):
         with pytest.raises(ValueError):
             SearchBudget(**bad)
 
@@ -132,12 +140,16 @@ def test_calibrate_cli_prints_json(tmp_path):
 
 
 # ------------------------------------------------------------------ the simulator
-@pytest.mark.parametrize("method", ["mcts", "rebase", "sc"])
+@pytest.mark.parametrize("method", ["mcts", "rebase", "sc", "mcts-length"])
 def test_simulated_programs_decide_as_the_offline_replay(method):
     if method == "sc":  # self-consistency on the branches trace, two paths per round
         d = _config("dynasor-mcts-certaindex.yaml", count=48, method="sc",
                     policy={"type": "certaindex", "cap": 16, "per_round": 2,
                             "entropy_threshold": 0.6})
+    elif method == "mcts-length":  # baseline-length: short solutions at the second stop it
+        method = "mcts"
+        d = _config("dynasor-mcts-certaindex.yaml", count=48,
+                    policy={"type": "length", "cap": 16, "detect": 2, "length_tokens": 60})
     else:
         d = _config(f"dynasor-{method}-certaindex.yaml", count=48)
     res = simulate(parse_config(d, REPO / "examples"))
@@ -172,6 +184,8 @@ def test_certaindex_beats_baseline_even_in_the_simulated_cluster(method, tmp_pat
     ({"type": "certaindex", "cap": 8, "entropy": 0.5}, "programs.policy: unknown key 'entropy'"),
     ({"type": "sc", "samples": 4}, "not a rebase policy"),
     ({"type": "even"}, "programs.policy.cap: required"),
+    ({"type": "length", "cap": 8, "length_tokens": 40}, "length: expected {cap, detect"),
+    ({"type": "even", "cap": 8, "length_tokens": 40}, "even: unknown keys \\['length_tokens'\\]"),
 ])
 def test_bad_search_configs_fail_clearly(policy, error):
     d = _config("dynasor-rebase-even.yaml", policy=policy)

@@ -36,9 +36,10 @@ class SearchOutcome:
 def checkpoint(policy: SearchBudget, solved: list, before: int) -> tuple[bool, list, list]:
     """After a group: (stop now?, answers, rewards), solutions in request order (sorted here)."""
     solved.sort()
-    answers = [a for _, a, _ in solved]
-    rewards = [w for _, _, w in solved]
-    return len(solved) > before and policy.should_stop(answers, rewards, before), answers, rewards
+    answers = [a for _, a, _, _ in solved]
+    rewards = [w for _, _, w, _ in solved]
+    return len(solved) > before and policy.should_stop(
+        answers, rewards, before, [n for _, _, _, n in solved]), answers, rewards
 
 
 def search_outcome(q: SearchQuestion, method: str, policy: SearchBudget) -> SearchOutcome:
@@ -51,7 +52,7 @@ def search_outcome(q: SearchQuestion, method: str, policy: SearchBudget) -> Sear
             tokens += r.output_tokens
             requests += 1
             if r.is_leaf:
-                solved.append((r.index, r.answer, r.reward))
+                solved.append((r.index, r.answer, r.reward, r.output_tokens))
         stop, answers, rewards = checkpoint(policy, solved, before)
         if stop:
             break
@@ -136,9 +137,17 @@ def _with_frontier(bank: SearchBank, frontier: ParetoFrontier, per_round: int) -
 
 
 # ------------------------------------------------------------------ offline experiments
+LENGTH_QUANTILES = (0.25, 0.5, 0.75)
+"""baseline-length's thresholds: these quantiles of the bank's solving requests' lengths"""
+LENGTH_DETECT = 2
+"""baseline-length decides at the second solution (the first round of two SC paths)"""
+
+
 def search_tokens_to_accuracy(trace_dir: str | Path, thresholds=(0.2, 0.4, 0.6, 0.8, 0.95),
                               sc_per_round: int = 2) -> list[dict]:
-    """Rows per method: baseline-even over caps, certaindex (answer entropy) over thresholds."""
+    """Rows per method: baseline-even over caps, certaindex (answer entropy) over thresholds,
+    baseline-length (the solving requests' mean length at the second solution) over
+    quantiles of their lengths."""
     rows = []
     for method, caps in traced_caps(trace_dir).items():
         top = max(caps)
@@ -156,6 +165,12 @@ def search_tokens_to_accuracy(trace_dir: str | Path, thresholds=(0.2, 0.4, 0.6, 
                                    per_round=per_round)
                 rows.append({"method": method, "policy": "certaindex", "cap": cap,
                              "threshold": t} | evaluate(bank, pol))
+            lengths = [r.output_tokens for q in bank.questions for r in q.requests if r.is_leaf]
+            for t in sorted({float(np.quantile(lengths, x)) for x in LENGTH_QUANTILES}):
+                pol = SearchBudget(cap, detect=LENGTH_DETECT, per_round=per_round,
+                                   length_tokens=t)
+                rows.append({"method": method, "policy": "length", "cap": cap,
+                             "threshold": t} | evaluate(bank, pol))
     return rows
 
 
@@ -172,12 +187,14 @@ def plot_search_curves(rows: list[dict], path: str | Path) -> Path:
                       key=lambda r: r["tokens_mean"])
         ax.plot([r["tokens_mean"] for r in even], [r["accuracy"] for r in even], "o-",
                 color="gray", label="baseline-even (cap)")
-        for cap in sorted({r["cap"] for r in rows if r["method"] == method and
-                           r["policy"] == "certaindex"}):
-            pts = sorted((r for r in rows if r["method"] == method and r["cap"] == cap and
-                          r["policy"] == "certaindex"), key=lambda r: r["tokens_mean"])
-            ax.plot([r["tokens_mean"] for r in pts], [r["accuracy"] for r in pts], "s-",
-                    label=f"certaindex 1-H/log n, cap {cap}")
+        for policy, marker, label in (("certaindex", "s-", "certaindex 1-H/log n"),
+                                      ("length", "^--", "baseline-length")):
+            for cap in sorted({r["cap"] for r in rows if r["method"] == method and
+                               r["policy"] == policy}):
+                pts = sorted((r for r in rows if r["method"] == method and r["cap"] == cap and
+                              r["policy"] == policy), key=lambda r: r["tokens_mean"])
+                ax.plot([r["tokens_mean"] for r in pts], [r["accuracy"] for r in pts], marker,
+                        label=f"{label}, cap {cap}")
         ax.set_title(method)
         ax.set_xscale("log")
         ax.set_xlabel("tokens per program, mean")
