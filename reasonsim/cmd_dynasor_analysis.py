@@ -1,5 +1,6 @@
-"""`reasonsim dynasor correlate`: certaindex against the compute a query still needs
-(`sim.families.dynasor.correlation`)."""
+"""Dynasor's analyses over traces and simulations: `reasonsim dynasor correlate` (certaindex
+against the compute a query still needs, `sim.families.dynasor.correlation`) and `reasonsim
+dynasor fairness` (finish-time fairness, `sim.families.dynasor.fairness`)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,57 @@ def add_correlate_parser(dysub) -> None:
     co.add_argument("--window", type=int, default=3, help="CoT: probe answers certaindex reads")
     co.add_argument("--json", action="store_true")
     co.set_defaults(func=cmd_dynasor_correlate)
+
+
+def cmd_dynasor_fairness(args: argparse.Namespace) -> int:
+    """`reasonsim dynasor fairness`."""
+    from sim.config import read_yaml
+    from sim.families.dynasor.fairness import fairness, plot_fairness
+
+    path = Path(args.config)
+    try:
+        d = read_yaml(path)
+        if not isinstance(d, dict) or "programs" not in (d.get("workload") or {}):
+            raise ValueError("not a program workload (workload.programs)")
+        if args.count is not None:
+            d["workload"]["programs"]["count"] = args.count
+        rows = fairness(d, path.parent, args.schedulers)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {e}") from None
+    out = Path(args.out)
+    png = plot_fairness(rows, out / "finish_time_fairness.png",
+                        f"finish-time fairness ({path.name})")
+    (out / "finish_time_fairness.json").write_text(json.dumps(rows, indent=1) + "\n")
+    summary = [{k: v for k, v in r.items() if k != "rho"} for r in rows]
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"finish-time fairness rho = T_shared / T_independent ({path.name})")
+    for col in ("scheduler", "programs", "mean", "P50", "P90", "P99", "max"):
+        table.add_column(col, justify="right")
+    for r in summary:
+        table.add_row(r["scheduler"], str(r["programs"]), *(f"{r[k]:.2f}" for k in (
+            "rho_mean", "rho_p50", "rho_p90", "rho_p99", "rho_max")))
+    Console().print(table)
+    print(f"plot: {png}")
+    return 0
+
+
+def add_fairness_parser(dysub) -> None:
+    """`reasonsim dynasor fairness`."""
+    fa = dysub.add_parser("fairness", help="finish-time fairness T_shared / T_independent",
+                          description="Simulate a program config's programs alone (spread out: "
+                          "the same programs, none overlapping) and shared under each "
+                          "scheduler; per program rho = shared latency / independent latency, "
+                          "its summary and CDF per scheduler (Dynasor's Fig 20).")
+    fa.add_argument("config", help="a program workload config")
+    fa.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
+    fa.add_argument("--schedulers", type=lambda t: t.split(","),
+                    default=["fcfs", "app_fifo", "dynasor"],
+                    help="inter-program schedulers, comma-separated")
+    fa.add_argument("--count", type=int, default=None, help="override the number of programs")
+    fa.add_argument("--json", action="store_true")
+    fa.set_defaults(func=cmd_dynasor_fairness)

@@ -1,6 +1,7 @@
-"""Certaindex against the oracle's remaining compute (`sim.families.dynasor.correlation`,
-`reasonsim dynasor correlate`): exact rows on hand-made questions, and the command on the
-shipped traces."""
+"""Dynasor's analyses: certaindex against the oracle's remaining compute
+(`sim.families.dynasor.correlation`, `reasonsim dynasor correlate`: exact rows on hand-made
+questions, the command on the shipped traces) and finish-time fairness
+(`sim.families.dynasor.fairness`, `reasonsim dynasor fairness`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import math
 import pytest
 
 from conftest import REPO, run_cli
+from inputs.limits import MIN_RATE_PER_S
 from policies.certaindex import Probe
 from programs.traced import SearchBank, SearchQuestion, TracedRequest, Trajectory
+from sim.config import read_yaml
 from sim.families.dynasor.correlation import correlations, cot_points, sc_points
+from sim.families.dynasor.fairness import fairness
 
 
 def _question(qid: str, answers: list, tokens: list, gold: str = "7") -> SearchQuestion:
@@ -78,3 +82,28 @@ def test_correlate_on_the_shipped_traces_writes_its_table_and_figure(tmp_path):
     bad = run_cli("dynasor", "correlate", str(REPO / "traces/data/testbed-probes-cpu"), "-o",
                   str(tmp_path / "x"), "--detect", "100000", check=False)
     assert bad.returncode == 2 and "no query is still running" in bad.stderr
+
+
+def test_programs_alone_have_finish_time_fairness_one_and_sharing_raises_it():
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"]["count"] = 48
+    shared = fairness(d, REPO / "examples", ["fcfs", "dynasor"])
+    assert [r["scheduler"] for r in shared] == ["fcfs", "dynasor"]
+    assert all(r["programs"] == 48 and r["rho_mean"] > 1.2 for r in shared)  # 6 programs/s
+    d["workload"]["programs"]["rate_per_s"] = MIN_RATE_PER_S  # the programs already alone
+    (alone,) = fairness(d, REPO / "examples", ["fcfs"])
+    assert alone["rho"] == pytest.approx([1.0] * 48)
+
+
+def test_fairness_command_writes_its_cdf_and_refuses_a_request_workload(tmp_path):
+    proc = run_cli("dynasor", "fairness", str(REPO / "examples" / "dynasor-certaindex.yaml"),
+                   "--count", "24", "--schedulers", "fcfs,app_fifo", "-o", str(tmp_path),
+                   "--json")
+    summary = json.loads(proc.stdout)
+    assert [r["scheduler"] for r in summary] == ["fcfs", "app_fifo"]
+    assert all(r["rho_p50"] <= r["rho_p90"] <= r["rho_max"] for r in summary)
+    assert len(json.loads((tmp_path / "finish_time_fairness.json").read_text())[0]["rho"]) == 24
+    assert (tmp_path / "finish_time_fairness.png").stat().st_size > 0
+    bad = run_cli("dynasor", "fairness", str(REPO / "examples" / "replay-small.yaml"), "-o",
+                  str(tmp_path / "x"), check=False)
+    assert bad.returncode == 2 and "not a program workload" in bad.stderr
