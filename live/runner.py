@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from policies.scheduling import FinishedLengths, ProgramView
+from policies.scheduling import FinishedLengths, ProgramView, program_estimate
 from programs.base import Abort, RequestSpec
 from traces import ids
 
@@ -53,7 +53,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
         prio = 0
         if scheduler is not None:
             view = ProgramView(index[id(run)], clock.now_s() - run.plan.arrival_s,
-                               run.program.tokens)
+                               run.program.tokens, program_estimate(scheduler, run.program))
             prio = scheduler.priority(view, finished_tokens)
         rid = _request_id(run, spec, next(counter))
         pending[rid] = (run, spec)

@@ -8,9 +8,12 @@ lowest first and breaks ties by arrival (vLLM's `scheduling_policy="priority"`):
 - `lpm`: longest prefix match first (SGLang-like): the request with the most reasoning behind it,
   which has the longest cached prefix;
 - `app_fifo`: gang by program in program arrival order (Parrot-like);
-- `dynasor`: gang by program, shortest estimated remaining work first (estimated from the
-  lengths of programs that already finished), and starvation prevention: a program older than
-  `escalate_after_s` jumps ahead of every non-escalated program, oldest first.
+- `dynasor`: gang by program, shortest estimated remaining work first, and starvation
+  prevention: a program older than `escalate_after_s` jumps ahead of every non-escalated
+  program, oldest first. The remaining work is estimated from the lengths of programs that
+  already finished (`estimate: finished`), or, as the paper's approximate SJF, by the program
+  itself from its own history times what its knob leaves (`estimate: program`; programs
+  without their own estimate fall back to the finished ones').
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class ProgramView(NamedTuple):
     """time since the program arrived"""
     tokens_done: int
     """tokens the program has generated so far"""
+    remaining_tokens: int | None = None
+    """the program's own estimate of the tokens it may still generate, where the scheduler
+    asks for it (`wants_program_estimate`) and the program has one"""
 
 
 class FinishedLengths:
@@ -142,11 +148,21 @@ class DynasorGang:
     """programs older than this run before all others, oldest first"""
     default_remaining_tokens: int = 128
     """estimate before any program has finished (or beyond every finished one)"""
+    estimate: str = "finished"
+    """remaining work from finished programs' lengths, or from the program's own history
+    (`program`: the paper's approximate SJF)"""
     name = "dynasor"
 
     def __post_init__(self) -> None:
         if self.escalate_after_s <= 0:
             raise ValueError(f"escalate_after_s must be > 0, got {self.escalate_after_s}")
+        if self.estimate not in ("finished", "program"):
+            raise ValueError(f"estimate must be finished or program, got {self.estimate!r}")
+
+    @property
+    def wants_program_estimate(self) -> bool:
+        """The driver asks each program for its own remaining-work estimate."""
+        return self.estimate == "program"
 
     def remaining_tokens(self, tokens_done: int, finished: FinishedLengths) -> int:
         """Median remaining tokens of finished programs that were longer than this one so far."""
@@ -158,11 +174,22 @@ class DynasorGang:
         rank = view.arrival_rank % _RANKS
         if view.age_s > self.escalate_after_s:
             return -_RANKS + rank
+        if view.remaining_tokens is not None and self.estimate == "program":
+            return view.remaining_tokens * _RANKS + rank
         # remaining_tokens, inlined, and median_remaining's memo read here: once a request
         median = finished._medians.get(view.tokens_done, -1)
         if median == -1:
             median = finished.median_remaining(view.tokens_done)
         return (self.default_remaining_tokens if median is None else median) * _RANKS + rank
+
+
+def program_estimate(scheduler, program) -> int | None:
+    """The program's own remaining-work estimate where the scheduler wants it and the program
+    has one (`remaining_tokens`); else None."""
+    if not getattr(scheduler, "wants_program_estimate", False):
+        return None
+    estimate = getattr(program, "remaining_tokens", None)
+    return None if estimate is None else estimate()
 
 
 SCHEDULERS = {"fcfs": Fcfs, "lpm": LongestPrefixMatch, "app_fifo": AppFifo,

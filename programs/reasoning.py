@@ -99,6 +99,15 @@ class ReasoningProgram:
         """Reasoning paths launched."""
         return len(self.paths)
 
+    def remaining_tokens(self) -> int:
+        """The program's own estimate of the reasoning tokens it may still generate (Dynasor's
+        approximate SJF: its chunk length times the chunks its knob leaves): each open path's
+        tokens to its limit, and each path not launched yet at the budget."""
+        left = sum(p.limit - p.pos for p in self.paths if not p.ended)
+        if isinstance(self.policy, SelfConsistency):
+            left += (self.policy.samples - len(self.paths)) * self.setup.budget_tokens
+        return max(left, 0)
+
     # ------------------------------------------------------------------ protocol
     def start(self) -> list:
         """Launch the first path(s)."""

@@ -101,6 +101,16 @@ class SearchProgram:
     probe_tokens = property(lambda self: 0)
     stop_at = property(lambda self: None)
 
+    def remaining_tokens(self) -> int:
+        """The program's own estimate of the tokens it may still generate (Dynasor's approximate
+        SJF): its mean tokens per finished request so far (the trace's step budget before any)
+        times the requests its cap leaves (solutions left for Rebase, whose levels branch)."""
+        finished = self.requests - self.pending
+        per = self.tokens / finished if finished else self.settings.budget_tokens
+        left = self.policy.cap - (len(self.solutions) if self.method == "rebase" else
+                                  self.requests)
+        return int(per * max(left, 0))
+
     @property
     def answer(self) -> str | None:
         """The program's answer from its solutions so far."""

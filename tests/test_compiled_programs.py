@@ -83,7 +83,8 @@ def _equal(fast, ref):
 @settings(max_examples=20, deadline=None)
 @given(example=st.sampled_from(["dynasor-cot-certaindex.yaml", "dynasor-certaindex.yaml",
                                 "dynasor-cot-budget.yaml"]),
-       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
+                                 {"type": "dynasor", "estimate": "program"}]),
        kv=st.sampled_from([None, 20, 60]), seqs=st.sampled_from([None, 3, 16]),
        batched=st.sampled_from([None, 48]), caching=st.booleans(), host=st.booleans(),
        rate=st.sampled_from([2.0, 20.0]), replicas=st.sampled_from([1, 3]),
@@ -105,7 +106,8 @@ def test_program_kernel_equals_simpy(cals, example, scheduler, kv, seqs, batched
 @given(example=st.sampled_from(["dynasor-mcts-certaindex.yaml", "dynasor-mcts-even.yaml",
                                 "dynasor-rebase-certaindex.yaml", "dynasor-rebase-even.yaml",
                                 "dynasor-sc-branches-certaindex.yaml"]),
-       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
+                                 {"type": "dynasor", "estimate": "program"}]),
        kv=st.sampled_from([None, 24, 60]), seqs=st.sampled_from([None, 3]),
        caching=st.booleans(), host=st.booleans(), replicas=st.sampled_from([1, 3]),
        model=st.sampled_from(["linear", "serving"]), seed=st.integers(0, 3))

@@ -73,6 +73,41 @@ def test_schedulers_order_programs():
         make_scheduler("sjf")
 
 
+def test_approximate_sjf_reads_each_programs_own_estimate():
+    fin = FinishedLengths([120, 130, 300])
+    own = make_scheduler({"type": "dynasor", "estimate": "program"})
+    assert own.wants_program_estimate and not DynasorGang().wants_program_estimate
+    # the program that says it has less left runs first; finished programs say the opposite
+    # (10 tokens done: 120 left by their median; 250 done: 50 left)
+    short, long = ProgramView(1, 0.5, 10, 40), ProgramView(0, 1.0, 250, 400)
+    assert own.priority(short, fin) < own.priority(long, fin)
+    assert DynasorGang().priority(short, fin) > DynasorGang().priority(long, fin)
+    assert own.priority(ProgramView(2, 0.5, 10), fin) == DynasorGang().priority(
+        ProgramView(2, 0.5, 10), fin)  # no estimate of its own: the finished programs'
+    assert own.priority(ProgramView(3, 11.0, 10, 5), fin) < own.priority(short, fin)  # escalated
+    with pytest.raises(ValueError, match="estimate must be finished or program"):
+        make_scheduler({"type": "dynasor", "estimate": "oracle"})
+
+
+def test_programs_estimate_their_remaining_tokens_from_their_knob_and_history():
+    from policies.search import SearchBudget
+    from programs.base import Outcome
+    from programs.reasoning import ReasoningProgram, ReasoningSetup
+    from programs.search import SearchProgram, SearchSettings
+
+    setup = ReasoningSetup(16, 64, 8, 0.7, 8, 0.6, 0.95, ())
+    sc = ReasoningProgram("sc", SelfConsistency(samples=4, per_round=2), setup, 20,
+                          (0, 1, 2, 3))
+    sc.start()  # two paths launched, none advanced
+    assert sc.remaining_tokens() == 4 * 64
+    search = SearchProgram("p", "mcts", SearchBudget(8), None, 0,
+                           SearchSettings(budget_tokens=96))
+    first = search.start()[0]
+    assert search.remaining_tokens() == 96 * 7  # no history: the budget per request
+    nxt = search.on_done(first, Outcome(30, ended=False, reward=0.5))  # the next iteration
+    assert len(nxt) == 1 and search.remaining_tokens() == 30 * (8 - 2)  # its own 30 per request
+
+
 def test_abort_frees_the_request_at_an_iteration_boundary():
     cal = load_calibration(CALIB)
     env = simpy.Environment()

@@ -12,7 +12,7 @@ import math
 from array import array
 
 from policies.routing import RequestView
-from policies.scheduling import FinishedLengths, ProgramView
+from policies.scheduling import FinishedLengths, ProgramView, program_estimate
 from programs.base import Abort, Outcome, RequestSpec
 from programs.traced import Trajectory
 from sim.engine.request_state import Sent
@@ -179,6 +179,8 @@ class ProgramDriver:
         self._groups = 0  # prefix-cache groups numbered so far, one per (program, path)
         self._pools: dict[str, str] = {}  # role -> its pool
         self._costs = [_costs(cal) for cal, _ in cluster.specs]
+        # Dynasor's approximate SJF asks each program for its own estimate (else never asked)
+        self._own_estimate = getattr(scheduler, "wants_program_estimate", False)
 
     def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
         """The replica of a pool a program runs on (its prefix cache lives there): routed once,
@@ -259,7 +261,9 @@ class ProgramDriver:
         scored = s.prompt_logprobs
         # named tuples made as tuples (a named tuple's own constructor costs twice as much)
         priority = self.scheduler.priority(
-            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.program.tokens)),
+            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.program.tokens,
+                               program_estimate(self.scheduler, run.program)
+                               if self._own_estimate else None)),
             self.finished_tokens)
         sent = _new(Sent, (idx, prompt, output, priority, group, prefix,
                            prompt - scored if scored else 0,
