@@ -67,7 +67,7 @@ class TorchLiveEngine:
         for t in res.tokens:
             if t.request_id not in self._stops:
                 continue
-            seq = self.engine._running(t.request_id)
+            seq = self.engine.running_seq(t.request_id)
             text, stopped = self._cut(t.request_id, self._text(seq.output_ids))
             if stopped:
                 self.rows.end(t.request_id, "stop")

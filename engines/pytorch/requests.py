@@ -83,6 +83,13 @@ class RequestQueue:
                 return seq.output_ids
         raise KeyError(f"request {request_id!r} is neither waiting nor running")
 
+    def running_seq(self, request_id: str) -> Seq:
+        """A running request's sequence (KeyError when it is not running)."""
+        for seq in self.running.values():
+            if seq.request_id == request_id:
+                return seq
+        raise KeyError(f"request {request_id!r} is not running")
+
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
         return bool(self.waiting or self.running)

@@ -20,7 +20,7 @@ class VerifySteps:
         speculative verify step does: per request the greedy token after each fed position,
         and the forward's wall ms. The tokens' KV stays; `set_context` rolls back the rejected."""
         with sdpa_kernel(SDPA_BACKENDS), torch.inference_mode():
-            seqs = [self._running(rid) for rid in tokens]
+            seqs = [self.running_seq(rid) for rid in tokens]
             counts = {len(t) for t in tokens.values()}
             if not seqs or len(counts) != 1 or 0 in counts:
                 raise ValueError(f"extend: needs one or more tokens, as many for every sequence "
@@ -46,7 +46,7 @@ class VerifySteps:
     def set_context(self, request_id: str, output_ids: list[int], kv_tokens: int) -> None:
         """Replace a running sequence's output and keep the KV of its first `kv_tokens` tokens
         (a rollback after verification: the rest is overwritten as it is fed again)."""
-        seq = self._running(request_id)
+        seq = self.running_seq(request_id)
         if not 0 < kv_tokens <= min(seq.length, len(seq.prompt_ids) + len(output_ids)):
             raise ValueError(f"set_context({request_id!r}): kv_tokens {kv_tokens} must be in "
                              f"1..{min(seq.length, len(seq.prompt_ids) + len(output_ids))}")
@@ -55,16 +55,10 @@ class VerifySteps:
 
     def release(self, request_id: str) -> list[int]:
         """Drop a running sequence (its slot frees); its output ids."""
-        seq = self._running(request_id)
+        seq = self.running_seq(request_id)
         del self.running[seq.slot]
         return seq.output_ids
 
     def running_output_ids(self, request_id: str) -> list[int]:
         """The output so far of a running sequence (a draft's proposals are its last ones)."""
-        return self._running(request_id).output_ids
-
-    def _running(self, request_id: str):
-        for seq in self.running.values():
-            if seq.request_id == request_id:
-                return seq
-        raise KeyError(f"request {request_id!r} is not running")
+        return self.running_seq(request_id).output_ids
