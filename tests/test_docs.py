@@ -1,6 +1,6 @@
 """The README and the docs pages: every relative link resolves (its file, and its heading where
-it names one), every image exists, the README stays one screen per job, and the commands it
-asks a user to paste exist."""
+it names one), every image exists, the README stays one screen per job, the commands it asks a
+user to paste run `--help`, and every command any page names is one the CLI has."""
 
 from __future__ import annotations
 
@@ -58,3 +58,29 @@ def test_the_readme_commands_exist():
         if proc.returncode != 0:  # a subcommand's first word only (`reasonsim demo` in prose)
             proc = run_cli(words[0], "--help")
         assert "usage: reasonsim" in proc.stdout, command
+
+
+def _subcommands(parser) -> dict:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_a_page_names_exists(page):
+    """Each `reasonsim COMMAND [SUBCOMMAND]` a page asks a user to run (in backticks or at the
+    start of a line) is one the parser has."""
+    from reasonsim.cli import build_parser
+
+    top = _subcommands(build_parser())
+    stale = []
+    for command in re.findall(r"(?:`|^\s*)reasonsim ([a-z0-9_]+)(?: ([a-z0-9_]+))?",
+                              page.read_text(), flags=re.M):
+        name, sub = command
+        group = top.get(name)
+        if group is None or (sub and _subcommands(group) and sub not in _subcommands(group)):
+            stale.append(" ".join(command).strip())
+    assert not stale, f"{page.relative_to(REPO)}: commands the CLI does not have: {stale}"
