@@ -79,6 +79,8 @@ class SearchParams(Params):
     length_tokens: Annotated[float, Field(gt=0, le=MAX_TOKENS)] | None = None
     """length (baseline-length): stop at the `detect`-th solution if the solving requests' mean
     output length is this short"""
+    every: Annotated[int, Field(ge=0, le=MAX_PATHS)] = 0
+    """certaindex: check only where a checkpoint crosses a multiple of this many solutions"""
 
 
 class A1Params(Params):

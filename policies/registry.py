@@ -41,9 +41,11 @@ def _search(kind: str) -> Callable:
     def make(method: str, cap: int, per_round: int = 0, detect: int | None = None,
              entropy_threshold: float | None = None, reward_threshold: float | None = None,
              signal: str | None = None, rules: list | None = None,
-             length_tokens: float | None = None) -> SearchBudget:
+             length_tokens: float | None = None, every: int = 0) -> SearchBudget:
         agg = REWARD_AGGREGATE[method]
         per_round = per_round if method == "sc" else 0
+        if kind != "certaindex":
+            _none_of(kind, every=every or None)
         if kind == "even":
             _none_of(kind, detect=detect, entropy_threshold=entropy_threshold,
                      reward_threshold=reward_threshold, rules=rules, signal=signal,
@@ -61,13 +63,14 @@ def _search(kind: str) -> Callable:
         if kind == "certaindex":
             _none_of(kind, rules=rules, signal=signal)
             cx = certaindex_for(method, entropy_threshold, reward_threshold)
-            return SearchBudget(cap, cx, detect, reward_aggregate=agg, per_round=per_round)
-        _none_of(kind, detect=detect, entropy_threshold=entropy_threshold,
-                 reward_threshold=reward_threshold)
+            return SearchBudget(cap, cx, detect, reward_aggregate=agg, per_round=per_round,
+                                every=every)
+        _none_of(kind, entropy_threshold=entropy_threshold, reward_threshold=reward_threshold)
         if rules is None:
             raise ValueError("frontier: expected {rules: [[certaindex, solutions], ...], "
                              "signal: entropy|reward}")
-        return SearchBudget(cap, frontier=ParetoFrontier(tuple(rules), signal or "entropy"),
+        return SearchBudget(cap, detect=detect,
+                            frontier=ParetoFrontier(tuple(rules), signal or "entropy"),
                             reward_aggregate=agg, per_round=per_round)
     return make
 

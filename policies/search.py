@@ -150,10 +150,13 @@ class ParetoFrontier:
 class SearchBudget:
     """Allocation for a multi-path program: up to `cap` solutions, stopped early by certaindex.
 
-    - `certaindex` alone: checked at every checkpoint from two solutions on;
+    - `certaindex` alone: checked at every checkpoint from two solutions on (with `every`: only
+      at the checkpoints that cross a multiple of `every` solutions, Dynasor's k-step threshold);
     - with `detect`: checked once, at the first checkpoint with at least `detect` solutions
       (detect@knob); an uncertain program then runs to the cap;
-    - `frontier`: a Pareto-frontier curve instead of one threshold, checked at every checkpoint;
+    - `frontier`: a Pareto-frontier curve instead of one threshold, checked at every checkpoint
+      (dynamic curve fitting); with `detect`, read once on the first `detect` solutions' signal,
+      which then sets the solutions the program may use (initial-step curve fitting);
     - `length_tokens` with `detect` (baseline-length): checked once, at the detection
       checkpoint, stop if the solving requests' mean output length is this short (short
       reasoning = an easy question), in place of certaindex.
@@ -170,6 +173,9 @@ class SearchBudget:
     length_tokens: float | None = None
     """baseline-length: at the detection checkpoint, stop if the solutions' mean output
     length is this short"""
+    every: int = 0
+    """certaindex: check only where a checkpoint crosses a multiple of this many solutions
+    (0: at every checkpoint)"""
 
     def __post_init__(self) -> None:
         if self.cap < 1 or self.per_round < 0:
@@ -179,6 +185,9 @@ class SearchBudget:
             raise ValueError(f"SearchBudget.detect must be in 1..cap={self.cap}, got {self.detect}")
         if self.certaindex is not None and self.frontier is not None:
             raise ValueError("SearchBudget: choose certaindex or frontier, not both")
+        if self.every < 0 or (self.every and (self.certaindex is None or self.detect is not None)):
+            raise ValueError(f"SearchBudget.every {self.every}: a cadence (>= 1) for certaindex "
+                             "checked at every checkpoint (no detect)")
         if self.length_tokens is not None and (self.detect is None or self.certaindex is not None
                                                or self.frontier is not None):
             raise ValueError("SearchBudget: length_tokens (baseline-length) needs detect and "
@@ -203,6 +212,10 @@ class SearchBudget:
                 f"{t:g}->{n}" for t, n in self.frontier.rules) + ")")
         if self.length_tokens is not None:
             parts.append(f"len<={self.length_tokens:g}@{self.detect}")
+        elif self.frontier is not None and self.detect is not None:
+            parts[-1] += f"@{self.detect}"
+        if self.every:
+            parts.append(f"every={self.every}")
         return "search(" + ",".join(parts) + ")"
 
     def should_stop(self, answers: Sequence[str | None], rewards: Sequence[float],
@@ -215,7 +228,11 @@ class SearchBudget:
         if self.length_tokens is not None:  # checked once, at the detection checkpoint
             return previous < self.detect <= n and sum(lengths) / n <= self.length_tokens
         if self.frontier is not None:
-            if n < 2 and self.frontier.signal == "entropy":
+            if self.detect is not None:  # the first `detect` solutions' signal sets the budget
+                if n < self.detect:
+                    return False
+                answers, rewards = answers[:self.detect], rewards[:self.detect]
+            if len(answers) < 2 and self.frontier.signal == "entropy":
                 return False  # entropy over one answer says nothing
             return self.frontier.allows_stop(
                 self.signal_value(self.frontier.signal, answers, rewards), n)
@@ -227,6 +244,8 @@ class SearchBudget:
                 return False
         elif n < 2:
             return False  # entropy over one answer says nothing
+        elif self.every and previous // self.every == n // self.every:
+            return False  # no multiple of `every` crossed at this checkpoint
         return self.certaindex.is_certain(answers, rewards)
 
     def signal_value(self, signal: str, answers: Sequence[str | None],

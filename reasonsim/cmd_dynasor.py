@@ -239,10 +239,12 @@ def add_dynasor_parser(sub) -> None:
     _add_calibrate_parser(dysub)
     _add_online_parser(dysub)
     _add_replay_parser(dysub)
-    from reasonsim.cmd_dynasor_analysis import add_correlate_parser, add_fairness_parser
+    from reasonsim.cmd_dynasor_analysis import (add_allocation_parser, add_correlate_parser,
+                                                add_fairness_parser)
 
     add_correlate_parser(dysub)
     add_fairness_parser(dysub)
+    add_allocation_parser(dysub)
 
 
 def _add_offline_parser(dysub) -> None:

@@ -142,3 +142,57 @@ def add_fairness_parser(dysub) -> None:
     fa.add_argument("--count", type=int, default=None, help="override the number of programs")
     fa.add_argument("--json", action="store_true")
     fa.set_defaults(func=cmd_dynasor_fairness)
+
+
+def cmd_dynasor_allocation(args: argparse.Namespace) -> int:
+    """`reasonsim dynasor allocation`."""
+    from sim.families.dynasor.allocation import allocation_table
+
+    if not 1 <= args.detect <= args.cap or args.every < 1:
+        raise UserError(f"--detect {args.detect} must be in 1..--cap {args.cap} and --every "
+                        f"{args.every} >= 1")
+    try:
+        result = allocation_table(args.trace, args.method, args.cap, args.detect, args.every,
+                                  args.split_seed)
+    except (OSError, ValueError) as e:
+        raise UserError(str(e)) from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "allocation_variants.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"allocation variants, {args.method} cap {args.cap}: held-out "
+                  f"{result['held_out_questions']} questions, chosen on "
+                  f"{result['calibration_questions']}")
+    for col in ("variant", "tokens", "savings", "accuracy", "policy"):
+        table.add_column(col, justify="left" if col in ("variant", "policy") else "right")
+    for r in result["rows"]:
+        if "tokens_mean" not in r:
+            table.add_row(r["variant"], "", "", "", "no candidate keeps the cap's accuracy")
+            continue
+        table.add_row(r["variant"], f"{r['tokens_mean']:.1f}", f"{r['token_savings']:+.1%}",
+                      f"{r['accuracy']:.3f}", r["policy"])
+    Console().print(table)
+    return 0
+
+
+def add_allocation_parser(dysub) -> None:
+    """`reasonsim dynasor allocation`."""
+    al = dysub.add_parser("allocation", help="fine-grained allocation variants (Table 4)",
+                          description="Static threshold, initial-step curve fit, k-step and "
+                          "single-step thresholds and dynamic curve fit on a branches trace: "
+                          "each chosen on half the questions to keep the cap's accuracy, its "
+                          "tokens and savings reported on the other half (Dynasor's Table 4).")
+    al.add_argument("trace", help="branches trace directory")
+    al.add_argument("--method", choices=["sc", "mcts", "rebase"], required=True)
+    al.add_argument("--cap", type=int, required=True, help="solutions per program at most")
+    al.add_argument("--detect", type=int, default=4, help="static reads: at this solution")
+    al.add_argument("--every", type=int, default=5, help="k-step threshold: every k solutions")
+    al.add_argument("--split-seed", type=int, default=0)
+    al.add_argument("-o", "--out", default="reports/dynasor", help="directory for the JSON")
+    al.add_argument("--json", action="store_true")
+    al.set_defaults(func=cmd_dynasor_allocation)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import REPO
@@ -73,7 +75,18 @@ def test_search_budget_stops_at_cap_by_certaindex_at_detection_or_by_frontier():
     assert not length.should_stop(["1", "1"], [1, 1], previous=1, lengths=[40, 61])
     assert not length.should_stop(["1"] * 3, [1] * 3, previous=2, lengths=[1, 1, 1])  # once
     assert length.should_stop(["1"] * 8, [1] * 8, previous=7, lengths=[99] * 8)  # the cap
+    every = SearchBudget(16, Certaindex(entropy_threshold=0.5), every=5)  # 5-step threshold
+    assert not every.should_stop(["1"] * 4, [1] * 4, previous=3)  # no multiple of 5 crossed
+    assert every.should_stop(["1"] * 5, [1] * 5, previous=4)
+    assert every.should_stop(["1"] * 11, [1] * 11, previous=8)   # a round crossing 10
+    initial = SearchBudget(16, frontier=ParetoFrontier(((0.9, 6),)), detect=3)  # curve fit
+    assert not initial.should_stop(["1", "1"], [1, 1], previous=1)  # before detection
+    assert not initial.should_stop(["1"] * 5, [1] * 5, previous=4)  # certain, allowed 6
+    assert initial.should_stop(["1", "1", "1", "2", "3", "4"], [1] * 6, previous=5)  # the
+    # first three agreed: later answers do not change the budget they set
+    assert not initial.should_stop(["1", "2", "1"] + ["1"] * 5, [1] * 8, previous=7)
     for bad in (dict(cap=0), dict(cap=4, detect=5), dict(cap=4, per_round=-1),
+                dict(cap=4, every=2), dict(cap=4, certaindex=Certaindex(0.5), detect=2, every=2),
                 dict(cap=4, certaindex=Certaindex(0.5), frontier=ParetoFrontier(((0.5, 2),))),
                 dict(cap=4, length_tokens=50),
                 dict(cap=4, detect=2, length_tokens=50, certaindex=Certaindex(0.5))):
@@ -140,16 +153,21 @@ def test_calibrate_cli_prints_json(tmp_path):
 
 
 # ------------------------------------------------------------------ the simulator
-@pytest.mark.parametrize("method", ["mcts", "rebase", "sc", "mcts-length"])
+@pytest.mark.parametrize("method", ["mcts", "rebase", "sc", "mcts-length", "mcts-every",
+                                    "mcts-initial-fit"])
 def test_simulated_programs_decide_as_the_offline_replay(method):
     if method == "sc":  # self-consistency on the branches trace, two paths per round
         d = _config("dynasor-mcts-certaindex.yaml", count=48, method="sc",
                     policy={"type": "certaindex", "cap": 16, "per_round": 2,
                             "entropy_threshold": 0.6})
-    elif method == "mcts-length":  # baseline-length: short solutions at the second stop it
+    elif method.startswith("mcts-"):  # baseline-length; a 3-step threshold; a curve read once
+        policy = {"mcts-length": {"type": "length", "cap": 16, "detect": 2, "length_tokens": 60},
+                  "mcts-every": {"type": "certaindex", "cap": 16, "entropy_threshold": 0.6,
+                                 "every": 3},
+                  "mcts-initial-fit": {"type": "frontier", "cap": 16, "detect": 3,
+                                       "rules": [[0.6, 3], [0.3, 8]]}}[method]
         method = "mcts"
-        d = _config("dynasor-mcts-certaindex.yaml", count=48,
-                    policy={"type": "length", "cap": 16, "detect": 2, "length_tokens": 60})
+        d = _config("dynasor-mcts-certaindex.yaml", count=48, policy=policy)
     else:
         d = _config(f"dynasor-{method}-certaindex.yaml", count=48)
     res = simulate(parse_config(d, REPO / "examples"))
@@ -186,6 +204,8 @@ def test_certaindex_beats_baseline_even_in_the_simulated_cluster(method, tmp_pat
     ({"type": "even"}, "programs.policy.cap: required"),
     ({"type": "length", "cap": 8, "length_tokens": 40}, "length: expected {cap, detect"),
     ({"type": "even", "cap": 8, "length_tokens": 40}, "even: unknown keys \\['length_tokens'\\]"),
+    ({"type": "frontier", "cap": 8, "rules": [[0.5, 2]], "every": 2},
+     "frontier: unknown keys \\['every'\\]"),
 ])
 def test_bad_search_configs_fail_clearly(policy, error):
     d = _config("dynasor-rebase-even.yaml", policy=policy)
@@ -197,3 +217,25 @@ def test_mcts_cap_beyond_the_trace_fails_clearly():
     d = _config("dynasor-mcts-even.yaml", policy={"type": "even", "cap": 32})
     with pytest.raises(ValueError, match="exceeds the traced 16"):
         simulate(parse_config(d, REPO / "examples"))
+
+
+def test_allocation_variants_are_chosen_on_one_half_and_reported_on_the_other(tmp_path):
+    from sim.families.dynasor.allocation import allocation_table
+
+    result = allocation_table(TRACE, "sc", 16, detect=4, every=5)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == ["baseline (cap)", "static threshold", "initial-step curve fit",
+                          "5-step threshold", "single-step threshold", "dynamic curve fit"]
+    assert rows["baseline (cap)"]["token_savings"] == 0
+    assert "@4" in rows["static threshold"]["policy"] and "every=5" in rows[
+        "5-step threshold"]["policy"]
+    # the shipped trace: every variant saves tokens at the cap's held-out accuracy, and reading
+    # certaindex at every solution saves the most, as in the paper's Table 4
+    base = rows["baseline (cap)"]["accuracy"]
+    assert all(r["token_savings"] > 0 and r["accuracy"] >= base
+               for name, r in rows.items() if name != "baseline (cap)")
+    assert rows["dynamic curve fit"]["tokens_mean"] <= rows["static threshold"]["tokens_mean"]
+    proc = run_cli("dynasor", "allocation", str(TRACE), "--method", "mcts", "--cap", "16",
+                   "--json", "-o", str(tmp_path))
+    assert json.loads(proc.stdout)["method"] == "mcts"
+    assert (tmp_path / "allocation_variants.json").exists()

@@ -89,7 +89,7 @@ def split_questions(bank: SearchBank, seed: int = 0, calibration_share: float = 
 
 
 def calibrate_threshold(bank: SearchBank, signal: str, thresholds, calibration,
-                        detect: int | None = None, per_round: int = 0) -> dict:
+                        detect: int | None = None, per_round: int = 0, every: int = 0) -> dict:
     """Profiler-guided calibration: the most aggressive threshold losing no calibration accuracy.
 
     Candidates are tried from the most aggressive (lowest) up; the first whose accuracy on the
@@ -99,7 +99,8 @@ def calibrate_threshold(bank: SearchBank, signal: str, thresholds, calibration,
     tried = []
     for t in sorted(thresholds):
         cx = certaindex_for(bank.method, **{f"{signal}_threshold": t})
-        s = evaluate(bank, SearchBudget(bank.cap, cx, detect, per_round=per_round), calibration)
+        s = evaluate(bank, SearchBudget(bank.cap, cx, detect, per_round=per_round, every=every),
+                     calibration)
         tried.append({"threshold": t} | s)
         if s["accuracy"] >= base["accuracy"]:
             return {"threshold": t, "calibration": s, "baseline": base, "tried": tried}
@@ -107,12 +108,14 @@ def calibrate_threshold(bank: SearchBank, signal: str, thresholds, calibration,
 
 
 def fit_frontier(bank: SearchBank, signal: str, thresholds, calibration,
-                 per_round: int = 0) -> ParetoFrontier | None:
+                 per_round: int = 0, detect: int | None = None) -> ParetoFrontier | None:
     """A Pareto-frontier curve fitted on calibration questions: certaindex -> solutions allowed.
 
     Greedy skyline: for each solution count n from the fewest up, add the rule (lowest
     threshold t, n) that keeps calibration accuracy at the cap's and lowers tokens, given the
     rules so far. A high certaindex may stop a program early; a low one lets it run longer.
+    With `detect`, the frontier reads the first `detect` solutions' signal only (initial-step
+    curve fitting).
     """
     base = evaluate(bank, SearchBudget(bank.cap, per_round=per_round), calibration)
     rules: list[tuple[float, int]] = []
@@ -123,7 +126,7 @@ def fit_frontier(bank: SearchBank, signal: str, thresholds, calibration,
             if rules and t >= rules[-1][0]:
                 break  # a rule at n allowing only what an earlier rule allows adds nothing
             cand = ParetoFrontier(tuple(rules + [(float(t), n)]), signal)
-            s = evaluate(bank, _with_frontier(bank, cand, per_round), calibration)
+            s = evaluate(bank, with_frontier(bank, cand, per_round, detect), calibration)
             if s["accuracy"] >= base["accuracy"] and s["tokens_mean"] < best_tokens:
                 rules.append((float(t), n))
                 best_tokens = s["tokens_mean"]
@@ -131,9 +134,11 @@ def fit_frontier(bank: SearchBank, signal: str, thresholds, calibration,
     return ParetoFrontier(tuple(rules), signal) if rules else None
 
 
-def _with_frontier(bank: SearchBank, frontier: ParetoFrontier, per_round: int) -> SearchBudget:
+def with_frontier(bank: SearchBank, frontier: ParetoFrontier, per_round: int,
+                  detect: int | None = None) -> SearchBudget:
+    """The bank's cap with a frontier (read once at `detect` where given)."""
     return SearchBudget(bank.cap, frontier=frontier, reward_aggregate=REWARD_AGGREGATE[bank.method],
-                        per_round=per_round)
+                        per_round=per_round, detect=detect)
 
 
 # ------------------------------------------------------------------ offline experiments
@@ -234,8 +239,8 @@ def calibrate(trace_dir: str | Path, method: str, cap: int, signal: str = "entro
         held_rows["threshold"] = evaluate(bank, SearchBudget(cap, cx, detect, per_round=per_round,
                                                              reward_aggregate=agg), held)
     if frontier is not None:
-        held_rows["frontier"] = evaluate(bank, _with_frontier(bank, frontier, per_round), held)
-        out["calibration"]["frontier"] = evaluate(bank, _with_frontier(bank, frontier, per_round),
+        held_rows["frontier"] = evaluate(bank, with_frontier(bank, frontier, per_round), held)
+        out["calibration"]["frontier"] = evaluate(bank, with_frontier(bank, frontier, per_round),
                                                   calib)
     out["held_out"] = held_rows
     return out
