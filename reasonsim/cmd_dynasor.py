@@ -239,12 +239,13 @@ def add_dynasor_parser(sub) -> None:
     _add_calibrate_parser(dysub)
     _add_online_parser(dysub)
     _add_replay_parser(dysub)
-    from reasonsim.cmd_dynasor_analysis import (add_allocation_parser, add_correlate_parser,
-                                                add_fairness_parser)
+    from reasonsim.cmd_dynasor_analysis import (add_ablation_parser, add_allocation_parser,
+                                                add_correlate_parser, add_fairness_parser)
 
     add_correlate_parser(dysub)
     add_fairness_parser(dysub)
     add_allocation_parser(dysub)
+    add_ablation_parser(dysub)
 
 
 def _add_offline_parser(dysub) -> None:

@@ -196,3 +196,57 @@ def add_allocation_parser(dysub) -> None:
     al.add_argument("-o", "--out", default="reports/dynasor", help="directory for the JSON")
     al.add_argument("--json", action="store_true")
     al.set_defaults(func=cmd_dynasor_allocation)
+
+
+def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
+    """`reasonsim dynasor ablation`."""
+    from sim.families.dynasor.online import ABLATION_SCHEDULERS, ablation, sweep
+    from sim.sweep import Backend
+
+    out = Path(args.out)
+    try:
+        with Backend(args.workers) as backend:
+            rows = sweep([args.even, args.certaindex], list(ABLATION_SCHEDULERS), args.rates, [],
+                         out / "sweep", backend, progress=not args.json)
+        steps = ablation(rows, args.target)
+    except (OSError, ValueError) as e:
+        raise UserError(str(e)) from None
+    (out / "ablation.json").write_text(json.dumps(steps, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(steps))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"component ablation: mean program latency (x the first row) and the "
+                  f"max rate at {args.target:.0%} attainment")
+    for col in ("allocation", "scheduler", "max rate (1/s)", "x",
+                *(f"latency s @{r:g}/s" for r in args.rates)):
+        table.add_column(col, justify="right")
+    for s in steps:
+        rate = "-" if s["max_rate_per_s"] is None else f"{s['max_rate_per_s']:.2f}"
+        vs = "-" if s["max_rate_vs_baseline"] is None else f"{s['max_rate_vs_baseline']:.2f}"
+        table.add_row(s["policy"], s["scheduler"], rate, vs, *(
+            f"{s['mean_latency_s'][r]:.2f} ({s['mean_latency_vs_baseline'].get(r, 1):.2f})"
+            for r in args.rates))
+    Console().print(table)
+    return 0
+
+
+def add_ablation_parser(dysub) -> None:
+    """`reasonsim dynasor ablation`."""
+    from reasonsim.common import floats
+
+    ab = dysub.add_parser("ablation", help="gang, SJF and certaindex contributions (Fig 19)",
+                          description="Simulate an even and a certaindex program config over "
+                          "arrival rates under LPM (the baseline), + gang (app_fifo) and + gang "
+                          "and SJF (dynasor); mean program latency and max sustainable rate per "
+                          "step, each against the even allocation under LPM (Dynasor's Fig 19).")
+    ab.add_argument("even", help="a program config with an even (fixed) allocation")
+    ab.add_argument("certaindex", help="the same workload with a certaindex allocation")
+    ab.add_argument("--rates", type=floats, default=[1, 2, 3, 4])
+    ab.add_argument("--target", type=float, default=0.9, help="attainment target")
+    ab.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
+    ab.add_argument("-o", "--out", default="reports/dynasor", help="directory for JSON")
+    ab.add_argument("--json", action="store_true")
+    ab.set_defaults(func=cmd_dynasor_ablation)

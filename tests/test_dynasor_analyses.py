@@ -107,3 +107,18 @@ def test_fairness_command_writes_its_cdf_and_refuses_a_request_workload(tmp_path
     bad = run_cli("dynasor", "fairness", str(REPO / "examples" / "replay-small.yaml"), "-o",
                   str(tmp_path / "x"), check=False)
     assert bad.returncode == 2 and "not a program workload" in bad.stderr
+
+
+def test_ablation_steps_from_lpm_through_gang_and_sjf_on_each_allocation(tmp_path):
+    proc = run_cli("dynasor", "ablation", str(REPO / "examples" / "dynasor-baseline-even.yaml"),
+                   str(REPO / "examples" / "dynasor-certaindex.yaml"), "--rates", "1,3",
+                   "--workers", "1", "-o", str(tmp_path), "--json")
+    steps = json.loads(proc.stdout)
+    assert [s["scheduler"] for s in steps] == ["lpm", "app_fifo", "dynasor"] * 2
+    assert len({s["policy"] for s in steps}) == 2
+    first = steps[0]
+    assert first["max_rate_vs_baseline"] in (None, 1.0)
+    assert first["mean_latency_vs_baseline"] == {"1.0": 1.0, "3.0": 1.0}
+    # certaindex's shorter programs: lower latency than the even allocation at 3 programs/s
+    assert all(s["mean_latency_vs_baseline"]["3.0"] < 1 for s in steps[3:])
+    assert (tmp_path / "ablation.json").exists()

@@ -49,6 +49,7 @@ def sweep(configs: list[str | Path], schedulers: list[str], rates: list[float],
                          "slo_attainment": s["slo_attainment"], "accuracy": s["accuracy"],
                          "tokens_per_program": s["tokens_per_program"],
                          "program_latency_p90_s": s["program_latency_s.p90"],
+                         "program_latency_mean_s": s["program_latency_s.mean"],
                          "ftf_max": s["finish_time_fairness.max"]})
     return rows
 
@@ -72,6 +73,38 @@ def max_sustainable_rate(rows: list[dict], target: float = 0.9) -> list[dict]:
                 break
         out.append({"policy": policy, "scheduler": sched, "max_rate_per_s": best,
                     "target": target})
+    return out
+
+
+ABLATION_SCHEDULERS = ("lpm", "app_fifo", "dynasor")
+"""the ablation's steps on each allocation: LPM (the baseline), + gang, + gang and SJF"""
+
+
+def ablation(rows: list[dict], target: float = 0.9) -> list[dict]:
+    """Dynasor's component ablation (its Fig 19) from `sweep` rows over rate of an even and a
+    certaindex config under `ABLATION_SCHEDULERS`: per allocation x scheduler, in that order,
+    the mean program latency at each swept rate and the max sustainable rate at `target`
+    attainment, each against the first step (the even allocation under LPM)."""
+    best = {(b["policy"], b["scheduler"]): b["max_rate_per_s"]
+            for b in max_sustainable_rate(rows, target)}
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    steps = [(p, s) for p in policies for s in ABLATION_SCHEDULERS if (p, s) in best]
+    if not steps:
+        raise ValueError(f"ablation: no rows under the schedulers {list(ABLATION_SCHEDULERS)}")
+    latency = {(r["policy"], r["scheduler"], r["rate_per_s"]): r["program_latency_mean_s"]
+               for r in rows if r["axis"] == "rate_per_s"}
+    rates = sorted({r["rate_per_s"] for r in rows if r["axis"] == "rate_per_s"})
+    base = steps[0]
+    out = []
+    for p, sched in steps:
+        lat = {rate: latency.get((p, sched, rate)) for rate in rates}
+        rate_vs = None if best[p, sched] is None or not best[base] else \
+            best[p, sched] / best[base]
+        out.append({"policy": p, "scheduler": sched, "max_rate_per_s": best[p, sched],
+                    "max_rate_vs_baseline": rate_vs, "mean_latency_s": lat,
+                    "mean_latency_vs_baseline": {
+                        rate: lat[rate] / latency[(*base, rate)] for rate in rates
+                        if lat[rate] is not None and latency.get((*base, rate))}})
     return out
 
 
