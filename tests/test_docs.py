@@ -84,3 +84,28 @@ def test_every_command_a_page_names_exists(page):
         if group is None or (sub and _subcommands(group) and sub not in _subcommands(group)):
             stale.append(" ".join(command).strip())
     assert not stale, f"{page.relative_to(REPO)}: commands the CLI does not have: {stale}"
+
+
+def _pasted_commands() -> list[list[str]]:
+    """The README's simulator-only commands as a user pastes them: its code blocks' `reasonsim`
+    lines (continuations joined) and the family table's commands; none needs an engine."""
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    lines = [ln for b in blocks for ln in b.replace("\\\n", " ").splitlines()]
+    table = re.findall(r"\| `(reasonsim [^`]+)` \|", text)
+    return [shlex.split(c)[1:] for c in [*lines, *table] if c.startswith("reasonsim ")
+            and "fidelity" not in c]  # the fidelity loop drives vLLM: tests/test_fidelity.py
+
+
+def test_the_readme_commands_run_as_pasted(tmp_path):
+    """Each simulator-only command the README asks a user to paste runs on this checkout (its
+    output directory moved under tmp_path)."""
+    commands = _pasted_commands()
+    assert {c[0] for c in commands} >= {"capacity", "sweep", "dynasor", "a1", "seed", "helios"}
+    for i, args in enumerate(commands):
+        if "-o" in args:
+            args = args[:args.index("-o")] + args[args.index("-o") + 2:]
+        proc = run_cli(*args, "-o", str(tmp_path / str(i)), check=False)
+        assert proc.returncode == 0, f"reasonsim {' '.join(args)}: {proc.stderr[-600:]}"
