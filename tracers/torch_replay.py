@@ -11,18 +11,16 @@ requested length whatever the model samples (greedy, end of sequence ignored).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from engines.pytorch.engine import TorchEngine
+from engines.pytorch.rows import TorchStepWriter
 from engines.pytorch.spec import TorchSpec
-from engines.vllm_engine import device_info
+from engines.torch_live import torch_params, torch_run_row
 from tracers.step_profile import FIRST_TOKEN_ID
-from engines.pytorch.rows import BLOCK_SIZE, TorchStepWriter, kv_blocks_total
 from traces import ids
-from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
 
 
@@ -37,8 +35,6 @@ def replay_live_torch(model: str, out_dir: str | Path, arrival_s, prompt_tokens,
     graphs, `TorchSpec.graphs`). `max_model_len` (default: the longest
     request, at least 256) sizes the slot cache, so the KV blocks reported are the calibrated
     engine's."""
-    import torch
-
     out_dir = check_out_dir(out_dir, resume=False, can_resume=False)
     arrival_s = np.asarray(arrival_s, float)
     longest = int(np.max(np.asarray(prompt_tokens) + np.asarray(output_tokens))) \
@@ -53,13 +49,9 @@ def replay_live_torch(model: str, out_dir: str | Path, arrival_s, prompt_tokens,
     vocab = int(engine.config.vocab_size)
     rng = np.random.default_rng(seed)
     prompts = _prompts(rng, vocab, prompt_tokens, prefix_group, prefix_tokens)
-    eng = {**asdict(spec), "block_size": BLOCK_SIZE, "kv_blocks_total": kv_blocks_total(engine),
-           "enable_prefix_caching": False, "resolved_device": str(engine.device)}
-    dev, count = device_info()
-    run = run_row("replay", "torch", torch.__version__, dev, count, model, config_hash(model),
-                  str(engine.dtype).removeprefix("torch."), load_format, seed,
-                  {**params, "engine": eng, "prompt_text": "random",
-                   "sampling": {"temperature": 0.0, "logprobs": None, "ignore_eos": True}})
+    run = torch_run_row(engine, "replay", seed, {
+        **params, "engine": torch_params(engine), "prompt_text": "random",
+        "sampling": {"temperature": 0.0, "logprobs": None, "ignore_eos": True}})
     writer = TraceWriter(out_dir, run)
     _warm_up(engine, rng, vocab, [len(p) for p in prompts[:warmup_requests]])
     rows = TorchStepWriter(engine, writer, time.perf_counter(), record_tokens=True)

@@ -116,11 +116,9 @@ def _mean(values) -> float | None:
 def plot_correlation(rows: list[dict], path: str | Path, title: str) -> Path:
     """Certaindex against remaining tokens per detection point, solvable queries (and the
     unsolvable ones at the top edge)."""
-    import matplotlib
+    from sim.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     points = sorted({r["detect"] for r in rows})
     fig, axes = plt.subplots(1, len(points), figsize=(3.4 * len(points), 3.2), squeeze=False)
     top = max([r["remaining_tokens"] for r in rows if r["solvable"]] or [1])
@@ -138,8 +136,4 @@ def plot_correlation(rows: list[dict], path: str | Path, title: str) -> Path:
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
