@@ -30,9 +30,30 @@ from validation.fidelity_programs import judge_programs  # noqa: E402
 from validation.fidelity_report import report  # noqa: E402
 
 
+def recorded(run: Path) -> dict:
+    """RUN's fidelity.json, or, for a run stopped after its live runs and before its table,
+    what its directory holds: each workload with its config and live runs, in suite order."""
+    if (run / "fidelity.json").is_file():
+        return json.loads((run / "fidelity.json").read_text())
+    from sim.step_time.calibration import load_calibration
+
+    cal = load_calibration(run / "calibration.json")
+    names = [p.parent.name for p in sorted(run.glob("*/config.yaml"),
+                                           key=lambda p: p.stat().st_mtime)
+             if list(p.parent.glob("live[0-9]*"))]
+    kinds = ["programs" if "programs" in yaml.safe_load((run / n / "config.yaml").read_text())
+             ["workload"] else "requests" for n in names]
+    return {"quick": False, "calibration": str(run / "calibration.json"), "engine": "vllm",
+            "device": cal.provenance["device"], "skipped": {},
+            "calibration_heldout": {k: v for k, v in cal.heldout.items()
+                                    if k in ("mape", "p90_ape", "rows")},
+            "workloads": [{"workload": n, "kind": k} for n, k in zip(names, kinds)],
+            "wall_s": None}
+
+
 def rejudge(run: Path, out: Path, calibration: Path) -> dict:
     """RUN's result with every simulation redone under `calibration` (written under out)."""
-    old = json.loads((run / "fidelity.json").read_text())
+    old = recorded(run)
     rows = []
     for w in old["workloads"]:
         name = w["workload"]

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from engines.live_engine import VllmEngine
 from live.runner import LiveRun, run_programs
 from policies.a1 import (COVERAGES, A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly,
-                        calibration_sets)
+                        Threshold, calibration_sets)
 from policies.certaindex import extract_boxed
 from programs.a1 import A1Program, a1_program_seed
 from engines.vllm_engine import check_model, reasoning_engine
@@ -50,12 +50,22 @@ class ConformityWorkload:
     alphas: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
     settings: A1Settings = A1Settings()
     seed: int = 0
+    calib_draft_tokens: int | None = None
+    """Kd of the calibration phase's draft steps (None: the sampling Kd); another length than
+    sampling's is A1's calibration-sampling mismatch (Fig 6)"""
+    thresholds: tuple[float, ...] = ()
+    """fixed-threshold baselines (SpecReason-style) in the evaluation grid: their paths traced"""
 
     def __post_init__(self) -> None:
         if self.questions_per_cell < 1 or self.samples < 1 or self.calib_samples < 1:
             raise ValueError("trace conformity: questions, samples and calib_samples must be >= 1")
         if not self.alphas or not all(0 < a < 1 for a in self.alphas):
             raise ValueError(f"trace conformity: alphas must lie in (0, 1), got {self.alphas}")
+        if self.calib_draft_tokens is not None and self.calib_draft_tokens < 1:
+            raise ValueError("trace conformity: calib_draft_tokens must be >= 1, got "
+                             f"{self.calib_draft_tokens}")
+        for t in self.thresholds:
+            Threshold(t)  # a bad threshold fails here, before any engine starts
 
 
 def split_questions(wl: ConformityWorkload) -> tuple[list, list]:
@@ -70,10 +80,11 @@ def split_questions(wl: ConformityWorkload) -> tuple[list, list]:
 
 
 def eval_policies(wl: ConformityWorkload, marginal: ConformalSet, by_question: dict) -> tuple:
-    """The policy grid of the evaluation phase: baselines, then conformal per coverage x alpha."""
+    """The policy grid of the evaluation phase: baselines, conformal per coverage x alpha, then
+    the fixed thresholds."""
     conformal = tuple(Conformal(a, c).calibrated(marginal, by_question)
                       for c in COVERAGES for a in wl.alphas)
-    return (DraftOnly(), TargetOnly()) + conformal
+    return (DraftOnly(), TargetOnly()) + conformal + tuple(Threshold(t) for t in wl.thresholds)
 
 
 def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
@@ -125,7 +136,8 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
         return rows
 
     calib_settings = A1Settings(samples=workload.calib_samples, turns=s.turns,
-                                draft_tokens=s.draft_tokens, target_tokens=s.target_tokens,
+                                draft_tokens=workload.calib_draft_tokens or s.draft_tokens,
+                                target_tokens=s.target_tokens,
                                 temperature=s.temperature)
     jobs = [(q, it, "calibration", (DraftOnly(),), calib_settings, True) for q, it in calib_q]
     jobs += [(q, it, "evaluation", (DraftOnly(),), calib_settings, True) for q, it in eval_q]

@@ -11,8 +11,9 @@ exchangeability P(p <= alpha) <= alpha (and ~alpha for continuous scores): alpha
 intervention (rejection) rate, which is what A1 holds. Marginal coverage pools one calibration
 set; conditional coverage calibrates per question (its own pre-sampled draft steps).
 
-Baselines, with the same interface: `DraftOnly` (every step accepted, never scored) and
-`TargetOnly` (every step the target's, never drafted).
+Baselines, with the same interface: `Threshold` (SpecReason-style: a fixed score threshold, no
+calibration), `DraftOnly` (every step accepted, never scored) and `TargetOnly` (every step the
+target's, never drafted).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 COVERAGES = ("marginal", "conditional")
+A1_KINDS = ("conformal", "threshold", "draft_only", "target_only")
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,37 @@ class Conformal:
 
 
 @dataclass(frozen=True)
+class Threshold:
+    """SpecReason-style baseline: accept a draft step when the target's score of it is at most a
+    fixed threshold. No calibration: the rejection rate is whatever the questions make it.
+
+    SpecReason has the target rate a step's utility by a prompt; the testbed's analog is the
+    same nonconformity score A1 uses (the step's mean NLL under the target), with a threshold
+    fixed in advance instead of a calibrated quantile."""
+
+    max_score: float
+
+    needs_draft = True
+    needs_score = True
+
+    def __post_init__(self):
+        if not math.isfinite(self.max_score) or self.max_score < 0:
+            raise ValueError(f"a1 threshold max_score must be a finite score >= 0 (a mean NLL), "
+                             f"got {self.max_score}")
+
+    @property
+    def name(self) -> str:
+        """Label of the policy in tables and figures."""
+        return f"threshold-{self.max_score:g}"
+
+    def decide(self, question_id: str, score: float | None) -> StepDecision:
+        """Accept when the score is at most the threshold."""
+        if score is None:
+            raise ValueError(f"{self.name} needs the target's score of the step")
+        return StepDecision(score <= self.max_score)
+
+
+@dataclass(frozen=True)
 class DraftOnly:
     """Baseline: the draft writes every step (draft-only sampling)."""
 
@@ -167,31 +200,42 @@ class A1Policy:
     """How an A1 program runs: the step policy, its paths, and whether turns synchronise."""
 
     step: object
-    """Conformal, DraftOnly or TargetOnly"""
+    """Conformal, Threshold, DraftOnly or TargetOnly"""
     samples: int = 4
     sync: bool = False
+    turns: int | None = None
+    """T: most steps a path takes (the per-sample token budget, T x Kt at most); None: the
+    trace's"""
 
     def __post_init__(self):
         if self.samples < 1:
             raise ValueError(f"a1 samples must be >= 1, got {self.samples}")
+        if self.turns is not None and self.turns < 1:
+            raise ValueError(f"a1 turns must be >= 1, got {self.turns}")
 
     @property
     def name(self) -> str:
         """Label in tables and figures."""
-        return f"{self.step.name},m={self.samples}{',sync' if self.sync else ''}"
+        turns = f",T={self.turns}" if self.turns else ""
+        return f"{self.step.name},m={self.samples}{',sync' if self.sync else ''}{turns}"
 
 
-def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, **args) -> A1Policy:
-    """An `A1Policy` from a config's `{type: conformal|draft_only|target_only, ...}`."""
+def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, turns: int | None = None,
+                   **args) -> A1Policy:
+    """An `A1Policy` from a config's `{type: conformal|threshold|draft_only|target_only, ...}`."""
     if kind == "conformal":
         step = Conformal(args.pop("alpha", 0.4), args.pop("coverage", "marginal"))
+    elif kind == "threshold":
+        if "max_score" not in args:
+            raise ValueError("a1 threshold: needs max_score (the highest mean NLL accepted)")
+        step = Threshold(float(args.pop("max_score")))
     elif kind in ("draft_only", "target_only"):
         step = DraftOnly() if kind == "draft_only" else TargetOnly()
     else:
         raise ValueError(f"unknown a1 policy {kind!r}")
     if args:
         raise ValueError(f"{kind}: unknown keys {sorted(args)}")
-    return A1Policy(step, samples, sync)
+    return A1Policy(step, samples, sync, turns)
 
 
 def mean_nll(logprobs) -> float:

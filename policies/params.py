@@ -84,12 +84,17 @@ class SearchParams(Params):
 
 
 class A1Params(Params):
-    """a1 `conformal`, `draft_only`, `target_only`: draft-and-verify reasoning steps."""
+    """a1 `conformal`, `threshold`, `draft_only`, `target_only`: draft-and-verify reasoning
+    steps."""
 
     samples: Paths = 4
     sync: bool = False
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.4
     coverage: Literal["marginal", "conditional"] = "marginal"
+    turns: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    """most steps a path takes (default: the trace's)"""
+    max_score: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    """threshold: the highest mean NLL of a draft step the target accepts"""
 
 
 class ToTParams(Params):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from policies.a1 import make_a1_policy
+from policies.a1 import A1_KINDS, make_a1_policy
 from policies.allocation import FullReasoning, SelfConsistency, TokenBudget
 from policies.certaindex import Certaindex, ProbeConsistency
 from policies.params import (A1Params, FullReasoningParams, Params, ProbeConsistencyParams,
@@ -95,7 +95,7 @@ POLICIES: dict[str, dict[str, Callable]] = {
     "rebase": {},
 }
 POLICIES["a1"] = {k: (lambda kind: lambda method, **a: make_a1_policy(kind, **a))(k)
-                  for k in ("conformal", "draft_only", "target_only")}
+                  for k in A1_KINDS}
 POLICIES["tot"] = {k: (lambda kind: lambda method, **a: make_seed_policy(kind, **a))(k)
                    for k in TOT_MODES}
 for _method in ("sc", "mcts", "rebase"):
@@ -108,7 +108,7 @@ PARAMS: dict[str, dict[str, type[Params]]] = {
     "cot": {"certaindex": ProbeConsistencyParams, "budget": TokenBudgetParams,
             "full": FullReasoningParams},
     "sc": {"sc": SelfConsistencyParams},
-    "a1": {k: A1Params for k in ("conformal", "draft_only", "target_only")},
+    "a1": {k: A1Params for k in A1_KINDS},
     "tot": {k: ToTParams for k in TOT_MODES},
 }
 for _method in ("sc", "mcts", "rebase"):

@@ -48,8 +48,13 @@ class A1Bank:
     seed: int
 
     def settings_for(self, policy) -> A1Settings:
-        """The trace's generation settings with a policy's paths and synchronisation."""
-        return replace(self.settings, samples=policy.samples, sync=policy.sync)
+        """The trace's generation settings with a policy's paths, synchronisation and turns (at
+        most the trace's: a longer path than it traced has no steps to answer from)."""
+        turns = policy.turns or self.settings.turns
+        if turns > self.settings.turns:
+            raise ValueError(f"programs.policy.turns: {turns} turns; the conformity trace "
+                             f"traced at most {self.settings.turns}")
+        return replace(self.settings, samples=policy.samples, sync=policy.sync, turns=turns)
 
     def calibrate(self, policy):
         """An A1 policy with this trace's calibration sets (baselines unchanged)."""

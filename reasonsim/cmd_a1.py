@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from reasonsim.cmd_a1_analysis import add_analysis_parsers
+from reasonsim.cmd_a1_scaling import add_scaling_parsers
 from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
                               print_summary, program_config)
 
@@ -20,6 +22,7 @@ def cmd_trace_conformity(args: argparse.Namespace) -> int:
         wl = ConformityWorkload(
             questions_per_cell=args.questions, samples=args.samples,
             calib_samples=args.calib_samples, alphas=tuple(args.alphas), seed=args.seed,
+            calib_draft_tokens=args.calib_draft_tokens, thresholds=tuple(args.thresholds or ()),
             settings=A1Settings(samples=args.samples, turns=args.turns,
                                 draft_tokens=args.draft_tokens, target_tokens=args.target_tokens,
                                 temperature=args.temperature))
@@ -54,6 +57,11 @@ def add_trace_parser(tsub) -> None:
     c.add_argument("--alphas", type=floats, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     c.add_argument("--turns", type=int, default=16, help="T: most steps a path takes")
     c.add_argument("--draft-tokens", type=int, default=32, help="Kd: longest draft step")
+    c.add_argument("--calib-draft-tokens", type=int, default=None,
+                   help="Kd of the calibration phase (default: --draft-tokens; another length "
+                   "is A1's calibration-sampling mismatch)")
+    c.add_argument("--thresholds", type=floats, default=None,
+                   help="fixed-threshold baselines (mean NLL) traced beside the conformal grid")
     c.add_argument("--target-tokens", type=int, default=32, help="Kt: longest target step")
     c.add_argument("--temperature", type=float, default=0.8)
     c.add_argument("--kv-cache-gb", type=float, default=0.5, help="KV cache per engine")
@@ -63,69 +71,11 @@ def add_trace_parser(tsub) -> None:
     c.set_defaults(func=cmd_trace_conformity)
 
 
-def cmd_a1_offline(args: argparse.Namespace) -> int:
-    """`reasonsim a1 offline`: rejection rate vs alpha, accuracy and tokens per policy."""
-    from sim.families.a1.offline import offline_grid
-    from sim.families.a1.report import plot_rates, plot_tokens_accuracy
-
-    try:
-        rows = offline_grid(args.trace, args.alphas, args.samples, args.calib_samples)
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(str(e)) from None
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        plot_rates(rows, out / "rejection_vs_alpha.png")
-        plot_tokens_accuracy(rows, out / "tokens_to_accuracy.png")
-        (out / "a1_offline.json").write_text(json.dumps(rows, indent=1))
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"A1 offline on {args.trace}: {rows[0]['questions']} held-out questions")
-    cols = ("policy", "samples", "rejection", "|rate - alpha|", "per question", "vote acc",
-            "best-of-n", "path acc", "draft tok", "target tok", "score tok", "uncovered")
-    for c in cols:
-        t.add_column(c, justify="left" if c == "policy" else "right")
-
-    def f(x, fmt):
-        return "-" if x is None or x != x else format(x, fmt)
-
-    for r in rows:
-        t.add_row(r["policy"], str(r["samples"]), f(r["rejection_rate"], ".3f"),
-                  f(r["rate_error"], ".3f"), f(r["question_rate_error"], ".3f"),
-                  f(r["accuracy_vote"], ".3f"), f(r["accuracy_best_of_n"], ".3f"),
-                  f(r["accuracy_path"], ".3f"), str(r["draft_tokens"]),
-                  str(r["target_tokens"]), str(r["score_prefill_tokens"]),
-                  str(r["uncovered_paths"]))
-    Console(width=200).print(t)
-    return 0
-
-
 def add_a1_parser(sub) -> None:
     """The `a1` command group."""
-    from reasonsim.common import floats, ints
-
     a1 = sub.add_parser("a1", help="A1 (conformal draft/target test-time scaling) experiments")
     asub = a1.add_subparsers(dest="a1_command", required=True, metavar="EXPERIMENT")
-    o = asub.add_parser("offline", help="rejection rate vs alpha, accuracy, tokens by model",
-                        description="Replay every policy of a conformity trace counterfactually: "
-                        "realised target rejection rate vs alpha (marginal and conditional "
-                        "coverage), majority-vote / best-of-n / per-path accuracy against the "
-                        "gold answer, and tokens by model, per sample count.")
-    o.add_argument("trace", help="conformity trace directory (reasonsim trace conformity)")
-    o.add_argument("--alphas", type=floats, default=None,
-                   help="alphas to replay (default: the trace's grid; others may leave it)")
-    o.add_argument("--samples", type=ints, default=None,
-                   help="sample counts (default: 1, 2, 4, ... up to the trace's)")
-    o.add_argument("--calib-samples", type=int, default=None,
-                   help="calibrate on each question's first N calibration samples only")
-    o.add_argument("-o", "--out", help="write a1_offline.json, rejection_vs_alpha.png and "
-                   "tokens_to_accuracy.png here")
-    o.add_argument("--json", action="store_true")
-    o.set_defaults(func=cmd_a1_offline)
+    add_analysis_parsers(asub)
     r = asub.add_parser("replay", help="an A1 config live on two vLLM engines vs simulated",
                         description="Run the config's A1 programs live on two in-process vLLM "
                         "engines (draft, target) with the simulator's program and policy "
@@ -143,15 +93,7 @@ def add_a1_parser(sub) -> None:
                    "calibrations fitted on that run's steps (this machine, now)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_a1_replay)
-    sa = asub.add_parser("samples", help="simulated latency vs samples: async, sync, target-only",
-                         description="Simulate an A1 config at each sample count with its "
-                         "policy asynchronous, synchronous, and the target-only baseline (same "
-                         "workload and seed); a table and latency_vs_samples.png.")
-    sa.add_argument("config", help="an A1 program config")
-    sa.add_argument("--samples", type=ints, default=[1, 2, 4, 8, 16])
-    sa.add_argument("-o", "--out", help="write latency_vs_samples.{png,json} here")
-    sa.add_argument("--json", action="store_true")
-    sa.set_defaults(func=cmd_a1_samples)
+    add_scaling_parsers(asub)
 
 
 def _config(path: Path, count: int | None, seed: int | None = None,
@@ -177,10 +119,13 @@ def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> 
                           read_table(out / "draft", "requests").to_pandas()])
     progs = read_table(out, "programs").to_pandas()
     makespan = float(progs.finish_s.max() - progs.arrival_s.min())
-    busy = {role: float(read_table(d, "steps").to_pandas().duration_ms.sum()) / 1e3
-            for role, d in (("target", out), ("draft", out / "draft"))}
+    steps = {role: read_table(d, "steps").to_pandas()
+             for role, d in (("target", out), ("draft", out / "draft"))}
+    busy = {role: float(s.duration_ms.sum()) / 1e3 for role, s in steps.items()}
     log = request_log({r.key: r.program for r in runs}, requests)
     summary = a1_summary([r.program for r in runs], log, busy, makespan)
+    summary.update({f"{role}_kv_peak_blocks": int(s.kv_blocks_used.max())
+                    for role, s in sorted(steps.items())})
     summary["rescored_scores"] = res["rescored"]
     (out / "a1.json").write_text(json.dumps(summary, indent=1) + "\n")
 
@@ -245,41 +190,4 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
               *[f"{lv['rejection_rate'] or 0:.3f}" for lv in result["live"]], "", "")
     Console(width=160).print(t)
     print(f"details: {out / 'compare.json'}")
-    return 0
-
-
-def cmd_a1_samples(args: argparse.Namespace) -> int:
-    """`reasonsim a1 samples`: simulated latency vs samples, async vs sync vs target-only."""
-    from sim.config import read_yaml
-    from sim.families.a1.report import latency_vs_samples, plot_latency_vs_samples
-
-    path = Path(args.config)
-    d = read_yaml(path)
-    policy = {k: v for k, v in d["workload"]["programs"]["policy"].items()
-              if k not in ("samples", "sync")}
-    variants = {"A1 async": policy, "A1 sync": {**policy, "sync": True},
-                "target-only": {"type": "target_only"}}
-    try:
-        rows = latency_vs_samples(d, path.parent, args.samples, variants)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: {e}") from None
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        plot_latency_vs_samples(rows, out / "latency_vs_samples.png")
-        (out / "latency_vs_samples.json").write_text(json.dumps(rows, indent=1))
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"Simulated A1 latency vs samples: {path.name}")
-    for c in ("variant", "samples", "P50 s", "P90 s", "accuracy", "rejection", "r"):
-        t.add_column(c, justify="left" if c == "variant" else "right")
-    for r in rows:
-        t.add_row(r["variant"], str(r["samples"]), f"{r['p50_s']:.3f}", f"{r['p90_s']:.3f}",
-                  f"{r['accuracy']:.3f}", "-" if r["rejection_rate"] is None else
-                  f"{r['rejection_rate']:.3f}", f"{r['async_arithmetic_intensity']:.1f}")
-    Console(width=160).print(t)
     return 0

@@ -111,7 +111,8 @@ def test_sync_scores_after_every_draft_of_the_turn():
 def small_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("a1") / "conformity"
     run_cli("trace", "conformity", "-o", str(out), "--questions", "1", "--samples", "2",
-            "--calib-samples", "2", "--alphas", "0.3,0.5", "--turns", "8", "-q", "--json")
+            "--calib-samples", "2", "--alphas", "0.3,0.5", "--turns", "8", "-q", "--json",
+            "--calib-draft-tokens", "16", "--thresholds", "1.5")
     return out
 
 
@@ -123,8 +124,10 @@ def test_conformity_trace_on_two_engines_validates_and_replays(small_trace):
 
     rows = offline_grid(small_trace)
     assert {r["policy"] for r in rows} >= {"draft-only", "target-only", "conformal-marginal-0.3",
-                                           "conformal-conditional-0.5"}
+                                           "conformal-conditional-0.5", "threshold-1.5"}
     assert all(r["uncovered_paths"] == 0 for r in rows)  # the grid's paths are all traced
+    # calibrated on 16-token draft steps, sampling 32-token ones (A1's Kd mismatch)
+    assert {(r["draft_tokens"], r["calib_draft_tokens"]) for r in rows} == {(32, 16)}
     # the trace's decisions are the live program's: recomputed p-values agree with the tree
     trace = load_trace(small_trace)
     table = read_table(small_trace, "conformity").to_pandas()
@@ -135,6 +138,8 @@ def test_conformity_trace_on_two_engines_validates_and_replays(small_trace):
                 accepted = r["p_value_marginal"] > float(name.rsplit("-", 1)[1])
                 assert accepted == (name in r["accepted_by"])
     assert trace.samples == 2 and len(trace.questions) == 8
+    cal = table[table.program_id.str.endswith("cal") & table.draft_tokens.notna()]
+    assert len(cal) and cal.draft_tokens.max() <= 16
     # both engines wrote their own steps and requests
     for role in ("draft", "target"):
         assert len(read_table(small_trace / role, "steps")) > 0

@@ -186,6 +186,27 @@ def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path):
     assert proc.returncode == 2 and "not empty" in proc.stderr
 
 
+def test_held_out_suites_take_the_base_suites_grids_and_vary_its_programs(tmp_path):
+    from validation.fidelity import SUITE, load_suite
+    from validation.fidelity_programs import program_config
+
+    base = load_suite(SUITE)
+    for name in ("heldout", "sealed"):
+        suite = load_suite(REPO / "examples" / "fidelity" / f"{name}.yaml")
+        for key in ("grid", "quick_grid", "sampling_grid", "calibration_traffic"):
+            assert suite[key] == base[key], (name, key)
+        assert not set(suite["workloads"]) & set(base["workloads"])   # workloads of its own
+    spec = load_suite(REPO / "examples" / "fidelity" / "sealed.yaml")["workloads"][
+        "sc_programs_slow"]
+    d = program_config(spec, tmp_path / "cal.json", quick=False)
+    assert d["workload"]["programs"]["rate_per_s"] == 1 and d["seed"] == 35
+    assert d["workload"]["programs"]["count"] == 12
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: nowhere.yaml\nworkloads: {a: {program: x.yaml}}\n")
+    proc = run_cli("fidelity", "--suite", str(bad), "-o", str(tmp_path / "o"), check=False)
+    assert proc.returncode == 2 and "is not a suite file beside it" in proc.stderr
+
+
 def test_block_size_override_keeps_kv_tokens(tmp_path):
     from sim.step_time.calibration import load_calibration
     from sim.engine.cluster import build_replicas
@@ -216,6 +237,16 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
         for m, v in a["metrics"].items():
             assert again_equal(v, b["metrics"][m]), (a["workload"], m)
     assert summary(again)["in_band"] == result["band_coverage"]["inside"]
+    # a run stopped after its live runs and before its table is judged from its directory
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    for p in out.iterdir():
+        if p.name != "fidelity.json":
+            (stopped / p.name).symlink_to(p)
+    from fidelity_offline import recorded
+
+    assert [w["workload"] for w in recorded(stopped)["workloads"]] == \
+        [w["workload"] for w in result["workloads"]]
 
 
 def again_equal(a: dict, b: dict) -> bool:

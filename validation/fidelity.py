@@ -41,6 +41,7 @@ def load_suite(path: Path) -> dict:
     if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
             not suite["workloads"]:
         raise ValueError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
+    suite = with_base(Path(path), suite)
     for key in ("grid", "quick_grid", "sampling_grid"):
         if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
             raise ValueError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
@@ -53,7 +54,24 @@ def load_suite(path: Path) -> dict:
         if not isinstance(spec, dict) or ("workload" in spec) == ("program" in spec):
             raise ValueError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
                             "(requests) or `program:` (an example program config)")
+        if not isinstance(spec.get("programs", {}), dict):
+            raise ValueError(f"{path}: workloads.{name}.programs: expected a mapping of the "
+                            "example's workload.programs settings")
     return suite
+
+
+def with_base(path: Path, suite: dict) -> dict:
+    """A suite whose `base:` names another suite file (relative to it) takes that suite's grids,
+    calibration traffic and engine settings, and its own workloads only: held-out workloads
+    judged on the calibration the base suite's runs have."""
+    if "base" not in suite:
+        return suite
+    base = suite["base"]
+    if not isinstance(base, str) or not (path.parent / base).is_file():
+        raise ValueError(f"{path}: base: {base!r} is not a suite file beside it")
+    parent = load_suite(path.parent / base)
+    own = {k: v for k, v in suite.items() if k != "base"}
+    return {**{k: v for k, v in parent.items() if k != "workloads"}, **own}
 
 
 def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,

@@ -27,8 +27,12 @@ def program_config(spec: dict, cal: Path, quick: bool, trace: Path | None = None
 
     example = REPO / "examples" / spec["program"]
     d = read_yaml(example)
+    # A suite entry's `programs:` settles the example's workload settings it names (a rate,
+    # a policy, a deadline): held-out variants of a shipped example.
+    d["workload"]["programs"].update(spec.get("programs", {}))
     d["workload"]["programs"]["count"] = spec.get("quick_count" if quick else "count",
                                                   spec.get("count", 16))
+    d["seed"] = spec.get("seed", d.get("seed", 0))
     d["cluster"]["replicas"][0]["calibration"] = str(cal)
     if trace is not None:
         d["workload"]["programs"]["trace"] = str(trace)

@@ -187,7 +187,11 @@ def probe_level(model, live_dir: str | Path, reference: dict | None = None) -> d
     out["level"] = float(np.mean(list(out.values())))
     if prefill:
         prefill["level"] = float(np.mean(list(prefill.values())))
-        prefill["factor"] = float(np.mean(factors)) if factors else None
+        factor = float(np.mean(factors)) if factors else None
+        # A prefill whose own terms are a sliver of its time (short prompts) leaves them in the
+        # noise of the rest: a factor at or below zero says the probe could not tell them apart,
+        # and the prefill terms then move with the decode level.
+        prefill["factor"] = factor if factor is not None and factor > 0 else None
         out["prefill"] = prefill
     return out
 

@@ -76,8 +76,22 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
     summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
+    summary.update(kv_peaks(cluster))
     keys = dict.fromkeys(k for row in rows for k in row)
     return {"conformity": {k: [row.get(k) for row in rows] for k in keys}}, summary
+
+
+def kv_peaks(cluster) -> dict:
+    """Each pool's most KV blocks in use at once (at the start of a run of iterations, as vLLM
+    counts them: cached blocks no request holds are free): A1's memory figure."""
+    import numpy as np
+
+    seg = cluster.res.seg
+    out = {}
+    for pool, members in sorted(cluster.pools.items()):
+        used = seg["kv_blocks_used"][np.isin(seg["replica_id"], list(members))]
+        out[f"{pool}_kv_peak_blocks"] = int(used.max()) if len(used) else 0
+    return out
 
 
 register_sim_family(SimFamily("a1", build_a1_runs, a1_results))

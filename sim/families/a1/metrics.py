@@ -32,8 +32,7 @@ def path_times(log: pd.DataFrame) -> dict:
 def a1_summary(programs: list[A1Program], log: pd.DataFrame, busy_s: dict, makespan_s: float,
                ) -> dict:
     """Rejection rate, tokens by role, pool utilisation and path times of A1 programs."""
-    decisions = [d for p in programs for d in p.decisions[0]]
-    scored = [d for d in decisions if d.p_value is not None]
+    scored = [d for p in programs if p.policies[0].needs_score for d in p.decisions[0]]
     tokens = {k: sum(p.tokens_by_role[k] for p in programs) for k in ("draft", "target", "score")}
     out = {"rejection_rate": (sum(not d.accepted for d in scored) / len(scored)
                               if scored else None),
@@ -41,7 +40,20 @@ def a1_summary(programs: list[A1Program], log: pd.DataFrame, busy_s: dict, makes
            "score_prefill_tokens": tokens["score"],
            **{f"{pool}_utilisation": s / makespan_s for pool, s in busy_s.items()}}
     out.update(path_times(log))
+    out["takeovers_by_turn"] = takeovers_by_turn(programs)
     return out
+
+
+def takeovers_by_turn(programs: list[A1Program]) -> list[int]:
+    """The target's take-overs of scored draft steps at each turn (the workload's policy)."""
+    counts: dict[int, int] = {}
+    for p in programs:
+        name = p.policies[0].name
+        for row in p.rows:
+            if row.get("score") is not None and name in row["policies"] and \
+                    name not in row["accepted_by"]:
+                counts[row["turn"]] = counts.get(row["turn"], 0) + 1
+    return [counts.get(t, 0) for t in range(max(counts, default=-1) + 1)]
 
 
 def request_log(programs: dict, requests: pd.DataFrame) -> pd.DataFrame:
@@ -59,3 +71,29 @@ def request_log(programs: dict, requests: pd.DataFrame) -> pd.DataFrame:
             rows.append((key, sample, r.arrival_s, r.scheduled_s, finish))
     return pd.DataFrame(rows, columns=["program_id", "sample", "arrival_s", "scheduled_s",
                                        "finish_s"])
+
+
+def pool_intensity(cfg, steps, pool: str = "target") -> float | None:
+    """Mean arithmetic intensity (FLOP per byte, a roofline estimate from the model's shape:
+    `sim.model_shape.step_intensity`) of a pool's steps (A1 Fig 4a); None where the pool's
+    model config is not found (`model_config`, or the calibration's model in this checkout)."""
+    import numpy as np
+
+    from sim.model_shape import DTYPE_BYTES, model_config_of, step_intensity
+    from sim.step_time.calibration import load_calibration
+
+    first, ids = 0, []
+    config = dtype = None
+    for g in cfg.replicas:
+        if g.pool == pool:
+            ids += range(first, first + g.count)
+            prov = load_calibration(g.calibration).provenance
+            config = g.model_config or model_config_of(str(prov.get("model_id", "")))
+            dtype = DTYPE_BYTES.get(str(prov.get("dtype")), 2)
+        first += g.count
+    if config is None or steps is None:
+        return None
+    s = steps.to_pandas()
+    s = s[np.isin(s.replica_id, ids)]
+    tokens = s.prefill_tokens + s.decode_seqs
+    return float(np.mean(step_intensity(config, dtype, tokens, s.context_tokens)))

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies.a1 import COVERAGES, Conformal, DraftOnly, TargetOnly, calibration_sets
+from policies.a1 import COVERAGES, Conformal, DraftOnly, TargetOnly, Threshold, calibration_sets
 from policies.search import majority_vote
 from traces.store import read_run, read_table
 
@@ -34,6 +34,12 @@ class Trace:
     alphas: tuple
     calibration: list
     """calibration rows: (question_split, question_id, sample, score)"""
+    draft_tokens: int = 0
+    """Kd of the evaluated (sampled) steps"""
+    calib_draft_tokens: int = 0
+    """Kd of the calibration steps (another than draft_tokens: the A1 Fig 6 mismatch)"""
+    thresholds: tuple = ()
+    """fixed-threshold baselines the tracer ran (their paths all traced)"""
 
 
 def load_trace(trace_dir: str | Path) -> Trace:
@@ -56,8 +62,10 @@ def load_trace(trace_dir: str | Path) -> Trace:
         nodes[(r["program_id"], r["sample"], r["path"])] = r
         questions[r["program_id"]] = (r["question_id"], r["gold_answer"], r["difficulty"],
                                       r["family"])
+    kd = int(wl["settings"]["draft_tokens"])
     return Trace(nodes, questions, int(wl["samples"]), int(wl["settings"]["turns"]),
-                 tuple(wl["alphas"]), calibration)
+                 tuple(wl["alphas"]), calibration, kd, int(wl.get("calib_draft_tokens") or kd),
+                 tuple(wl.get("thresholds", ())))
 
 
 def calibrated(trace: Trace, policy, calib_samples: int | None = None):
@@ -82,6 +90,8 @@ class PathResult:
     target_tokens: int = 0
     score_tokens: int = 0
     covered: bool = True
+    trail: list = field(default_factory=list)
+    """(turn, score, accepted) of each scored step: the per-turn statistics"""
 
 
 def walk(trace: Trace, program_id: str, sample: int, policy) -> PathResult:
@@ -106,6 +116,7 @@ def walk(trace: Trace, program_id: str, sample: int, policy) -> PathResult:
         if policy.needs_score:
             out.scored += 1
             out.rejected += not accepted
+            out.trail.append((len(path), score, accepted))
         kind = "draft" if accepted else "target"
         if node[f"{kind}_tokens"] is None:  # the tracer never asked this step
             out.covered = False
@@ -149,6 +160,11 @@ def evaluate(trace: Trace, policy, samples: int) -> dict:
         "rate_error": abs(rate - alpha) if alpha is not None else None,
         "question_rate_error": (sum(abs(r - alpha) for r in per_q_rates) / len(per_q_rates)
                                 if alpha is not None and per_q_rates else None),
+        # how far each question's rate strays from the policy's own: what a fixed threshold
+        # (no alpha to hold) is judged by beside the conformal policies
+        "question_rate_spread": (sum(abs(r - rate) for r in per_q_rates) / len(per_q_rates)
+                                 if per_q_rates else None),
+        "max_score": getattr(policy, "max_score", None),
         "accuracy_vote": vote_ok / questions, "accuracy_best_of_n": best_ok / questions,
         "accuracy_path": path_ok / (questions * samples),
         "draft_tokens": n["draft_tokens"], "target_tokens": n["target_tokens"],
@@ -158,14 +174,43 @@ def evaluate(trace: Trace, policy, samples: int) -> dict:
 
 
 def offline_grid(trace_dir: str | Path, alphas=None, samples=None,
-                 calib_samples: int | None = None) -> list[dict]:
-    """Every policy (baselines, conformal per coverage x alpha) at every sample count."""
+                 calib_samples: int | None = None, thresholds=()) -> list[dict]:
+    """Every policy (baselines, conformal per coverage x alpha, the fixed-threshold baseline at
+    each threshold: the trace's where none are given) at every sample count, with the trace's
+    sampling and calibration Kd."""
     trace = load_trace(trace_dir)
     alphas = tuple(alphas or trace.alphas)
     counts = sorted(set(samples or _powers(trace.samples)))
     policies = [DraftOnly(), TargetOnly()] + [
         calibrated(trace, Conformal(a, c), calib_samples) for c in COVERAGES for a in alphas]
-    return [evaluate(trace, p, m) for p in policies for m in counts]
+    policies += [Threshold(t) for t in thresholds or trace.thresholds]
+    kd = {"draft_tokens": trace.draft_tokens, "calib_draft_tokens": trace.calib_draft_tokens}
+    return [{**evaluate(trace, p, m), **kd} for p in policies for m in counts]
+
+
+def equal_accuracy(rows: list[dict]) -> list[dict]:
+    """Each conformal row beside the fixed-threshold baseline that reaches at least its vote
+    accuracy at the same sample count with the fewest target-side tokens (thresholds whose
+    paths all stay in the traced tree only): SpecReason against A1 at equal accuracy."""
+    out = []
+    for r in rows:
+        if r["coverage"] is None:
+            continue
+        rivals = [t for t in rows if t["max_score"] is not None and t["samples"] == r["samples"]
+                  and not t["uncovered_paths"] and t["accuracy_vote"] >= r["accuracy_vote"]]
+        best = min(rivals, key=_target_side, default=None)
+        out.append({"policy": r["policy"], "samples": r["samples"],
+                    "accuracy_vote": r["accuracy_vote"], "target_side_tokens": _target_side(r),
+                    "question_rate_spread": r["question_rate_spread"],
+                    "threshold": best and best["policy"],
+                    "threshold_accuracy_vote": best and best["accuracy_vote"],
+                    "threshold_target_side_tokens": best and _target_side(best),
+                    "threshold_question_rate_spread": best and best["question_rate_spread"]})
+    return out
+
+
+def _target_side(row: dict) -> int:
+    return row["target_tokens"] + row["score_prefill_tokens"]
 
 
 def _powers(n: int) -> list[int]:

@@ -46,6 +46,11 @@ def plot_tokens_accuracy(rows: list[dict], path: str | Path) -> None:
                      if r["coverage"] == cov and r["samples"] == m)
         ax.plot([p[1] for p in pts], [p[2] for p in pts], marker=marker,
                 label=f"A1 {cov} (alpha {pts[0][0]:g}..{pts[-1][0]:g})")
+    pts = sorted(((r["target_tokens"] + r["score_prefill_tokens"]) / r["questions"],
+                  r["accuracy_vote"]) for r in rows
+                 if r.get("max_score") is not None and r["samples"] == m)
+    if pts:
+        ax.plot(*zip(*pts), marker="d", ls=":", label="fixed threshold (SpecReason-style)")
     for name, marker in (("draft-only", "v"), ("target-only", "^")):
         r = next(r for r in rows if r["policy"] == name and r["samples"] == m)
         ax.plot([(r["target_tokens"] + r["score_prefill_tokens"]) / r["questions"]],
@@ -83,24 +88,51 @@ def plot_latency_vs_samples(rows: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
-def latency_vs_samples(config: dict, base_dir, samples, variants: dict) -> list[dict]:
-    """Simulate an A1 config at each sample count under each policy variant (name -> policy
-    mapping replacing the config's), same workload and seed."""
+def simulate_variants(config: dict, base_dir, variants: dict, points: list[dict],
+                      rate_per_s: float | None = None) -> list[dict]:
+    """Simulate an A1 config under each policy variant (name -> policy mapping replacing the
+    config's) at each point (policy settings over it: samples, turns), same workload and seed;
+    one row each."""
     import copy
 
     from sim.config import parse_config
+    from sim.families.a1.metrics import pool_intensity
     from sim.simulate import simulate
 
     rows = []
     for name, policy in variants.items():
-        for m in samples:
+        for point in points:
             d = copy.deepcopy(config)
-            d["workload"]["programs"]["policy"] = {**policy, "samples": int(m)}
-            d["output"] = {"steps": False}
-            s = simulate(parse_config(d, base_dir)).summary
-            rows.append({"variant": name, "samples": int(m),
+            d["workload"]["programs"]["policy"] = {**policy, **point}
+            if rate_per_s is not None:
+                d["workload"]["programs"]["rate_per_s"] = rate_per_s
+            d["output"] = {"steps": True}
+            cfg = parse_config(d, base_dir)
+            result = simulate(cfg)
+            s = result.summary
+            rows.append({"variant": name, **point,
                          "p50_s": s["program_latency_s"]["p50"],
                          "p90_s": s["program_latency_s"]["p90"], "accuracy": s["accuracy"],
                          "rejection_rate": s["rejection_rate"],
-                         "async_arithmetic_intensity": s["async_arithmetic_intensity"]})
+                         "async_arithmetic_intensity": s["async_arithmetic_intensity"],
+                         "throughput_tok_s": s["throughput_tok_s"],
+                         "programs_per_s": s["programs"] / s["makespan_s"],
+                         "target_kv_peak_blocks": s["target_kv_peak_blocks"],
+                         "target_flop_per_byte": pool_intensity(cfg, result.steps)})
     return rows
+
+
+def plot_budget(rows: list[dict], path: str | Path) -> None:
+    """Simulated throughput against the per-sample step budget (turns), one line per variant."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        pts = sorted((r["budget_tokens"], r["throughput_tok_s"]) for r in rows
+                     if r["variant"] == variant)
+        ax.plot(*zip(*pts), marker="o", label=variant)
+    ax.set(xscale="log", xlabel="per-sample token budget (turns x step tokens)",
+           ylabel="generated tokens / s", title="Simulated A1 throughput vs budget")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -19,13 +19,13 @@ what-if cannot know how a shallower model's tokens would differ).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sim.families.helios.profile import ModelProfile
+from sim.model_shape import layer_shape
 from sim.step_time.layered import LayeredModel
 
 CONFIDENT, UNSURE = 0.95, 0.3
@@ -50,24 +50,6 @@ class Phase:
     prompts: int
     prompt_tokens: int
     output_tokens: int
-
-
-def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int, int, int, int]:
-    """(layers, weight bytes per layer, matmul parameters per layer, KV bytes per token-layer,
-    embedding and head bytes)."""
-    cfg = json.loads(Path(config_path).read_text())
-    h = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
-    head_dim = int(cfg.get("head_dim") or h // heads)
-    ffn = int(cfg.get("ffn_dim") or cfg.get("intermediate_size") or 4 * h)
-    mlp_mats = 3 if cfg.get("model_type") in ("llama", "qwen2", "mistral") else 2
-    attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q, o; k, v
-    params = attn + mlp_mats * h * ffn
-    tied = cfg.get("tie_word_embeddings", cfg.get("model_type") == "opt")
-    embed = int(cfg["vocab_size"]) * h * dtype_bytes * (1 if tied else 2)
-    return (int(cfg["num_hidden_layers"]), params * dtype_bytes, params,
-            2 * kv_heads * head_dim * dtype_bytes, embed)
 
 
 def roofline(device: Device, weight_bytes: int, params: int, kv_bytes: int,

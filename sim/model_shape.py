@@ -1,0 +1,57 @@
+"""A model's shape from its Hugging Face `config.json`: what a step's weights, KV and FLOPs come
+to (HELIOS's what-if rooflines, A1's arithmetic intensity per step)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int, int, int, int]:
+    """(layers, weight bytes per layer, matmul parameters per layer, KV bytes per token-layer,
+    embedding and head bytes)."""
+    cfg = json.loads(Path(config_path).read_text())
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or h // heads)
+    ffn = int(cfg.get("ffn_dim") or cfg.get("intermediate_size") or 4 * h)
+    mlp_mats = 3 if cfg.get("model_type") in ("llama", "qwen2", "mistral") else 2
+    attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q, o; k, v
+    params = attn + mlp_mats * h * ffn
+    tied = cfg.get("tie_word_embeddings", cfg.get("model_type") == "opt")
+    embed = int(cfg["vocab_size"]) * h * dtype_bytes * (1 if tied else 2)
+    return (int(cfg["num_hidden_layers"]), params * dtype_bytes, params,
+            2 * kv_heads * head_dim * dtype_bytes, embed)
+
+
+def model_config_of(model_id: str) -> Path | None:
+    """The config.json of a calibration's model: at its path, or found again under this
+    checkout's `models/` if it was traced in another; None where neither has it."""
+    cut = model_id.find("models/")
+    for d in (Path(model_id), REPO / model_id[cut:] if cut >= 0 else None):
+        if d is not None and (d / "config.json").is_file():
+            return d / "config.json"
+    return None
+
+
+def step_intensity(config_path: str | Path, dtype_bytes: int, tokens: np.ndarray,
+                   context_tokens: np.ndarray) -> np.ndarray:
+    """Arithmetic intensity (FLOP per byte moved) of steps computing `tokens` tokens over
+    `context_tokens` summed context: matmul FLOPs 2 x params per token plus attention 4 x
+    layers x width per context token (each sequence's context read once), over the weights and
+    the KV read and written. A roofline estimate from the shape, not a measurement."""
+    layers, weight_bytes, params, kv_bytes, embed_bytes = layer_shape(config_path, dtype_bytes)
+    cfg = json.loads(Path(config_path).read_text())
+    width = int(cfg["num_attention_heads"]) * int(
+        cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    tokens = np.asarray(tokens, dtype=float)
+    context = np.asarray(context_tokens, dtype=float)
+    flops = layers * (2.0 * params * tokens + 4.0 * width * context)
+    moved = layers * (weight_bytes + kv_bytes * (context + tokens)) + embed_bytes
+    return flops / moved

@@ -1,0 +1,126 @@
+"""A1's analyses (issue 52): the fixed-threshold (SpecReason-style) baseline at equal accuracy,
+statistics by turn, the target's peak KV against samples, throughput against the per-sample
+token budget; on the shipped conformity trace, offline and simulated."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from conftest import REPO, run_cli
+from policies.a1 import Conformal, ConformalSet, Threshold, make_a1_policy
+from sim.families.a1.offline import calibrated, evaluate, load_trace
+
+SHIPPED = REPO / "traces" / "data" / "testbed-conformity-cpu"
+EXAMPLE = REPO / "examples" / "a1-async.yaml"
+
+
+def test_a_threshold_at_the_conformal_boundary_decides_as_marginal_conformal():
+    rng = random.Random(3)
+    cal = ConformalSet(tuple(rng.expovariate(1.0) for _ in range(200)))
+    alpha = 0.3
+    n = len(cal.scores)
+    # accept iff #{c >= s} + 1 > alpha (N + 1): at most the k-th largest calibration score
+    k = next(k for k in range(n + 1) if k + 1 > alpha * (n + 1))
+    boundary = Threshold(cal.scores[n - k])
+    conformal = Conformal(alpha).calibrated(cal, {})
+    for s in [rng.expovariate(1.0) for _ in range(2000)] + list(cal.scores):
+        assert boundary.decide("q", s).accepted == conformal.decide("q", s).accepted, s
+    with pytest.raises(ValueError, match="max_score"):
+        make_a1_policy("threshold")
+    with pytest.raises(ValueError, match="finite score"):
+        Threshold(float("nan"))
+    with pytest.raises(ValueError, match="needs the target's score"):
+        boundary.decide("q", None)
+
+
+def test_offline_thresholds_beside_conformal_at_equal_accuracy(tmp_path):
+    proc = run_cli("a1", "offline", str(SHIPPED), "--samples", "8", "--thresholds", "1,1.6,2.5",
+                   "--json", "-o", str(tmp_path))
+    out = json.loads(proc.stdout)
+    rows = {r["policy"]: r for r in out["rows"]}
+    assert {"threshold-1", "threshold-1.6", "threshold-2.5"} <= set(rows)
+    assert (tmp_path / "equal_accuracy.json").is_file()
+    for name in ("threshold-1", "threshold-1.6"):
+        assert rows[name]["uncovered_paths"] == 0 and rows[name]["rate_error"] is None
+    # a higher threshold accepts more: fewer take-overs, fewer target tokens
+    assert rows["threshold-1"]["rejection_rate"] > rows["threshold-1.6"]["rejection_rate"]
+    assert rows["threshold-1"]["target_tokens"] > rows["threshold-1.6"]["target_tokens"]
+    matched = {m["policy"]: m for m in out["equal_accuracy"]}
+    assert len(matched) == 12
+    for m in matched.values():
+        if m["threshold"] is not None:
+            assert m["threshold_accuracy_vote"] >= m["accuracy_vote"]
+    # conditional coverage holds each question's rate near alpha; a fixed threshold cannot
+    cond = matched["conformal-conditional-0.4"]
+    assert cond["question_rate_spread"] < cond["threshold_question_rate_spread"]
+
+
+def test_per_turn_takeovers_add_up_to_the_policys_rejections(tmp_path):
+    proc = run_cli("a1", "turns", str(SHIPPED), "--alphas", "0.4", "--samples", "8", "--json",
+                   "-o", str(tmp_path))
+    rows = json.loads(proc.stdout)
+    assert (tmp_path / "per_turn.png").stat().st_size > 0
+    trace = load_trace(SHIPPED)
+    for coverage in ("marginal", "conditional"):
+        policy = calibrated(trace, Conformal(0.4, coverage))
+        mine = [r for r in rows if r["policy"] == policy.name]
+        whole = evaluate(trace, policy, 8)
+        assert [r["turn"] for r in mine] == list(range(len(mine)))
+        assert sum(r["takeovers"] for r in mine) == round(whole["rejection_rate"] *
+                                                          sum(r["scored"] for r in mine))
+        assert mine[0]["scored"] == whole["paths"]            # every path scores its first step
+        assert all(r["draft_step_ppl"] >= 1 for r in mine if r["draft_step_ppl"] is not None)
+
+
+def _config(tmp_path, name: str, policy: dict) -> str:
+    import yaml
+
+    d = yaml.safe_load(EXAMPLE.read_text())
+    d["workload"]["programs"].update(trace=str(SHIPPED), policy=policy, count=16)
+    for group in d["cluster"]["replicas"]:
+        group["calibration"] = str((EXAMPLE.parent / group["calibration"]).resolve())
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def test_simulated_threshold_policy_turns_and_kv_peaks(tmp_path):
+    policy = {"type": "threshold", "max_score": 1.6, "samples": 8, "turns": 4}
+    s = json.loads(run_cli("simulate", _config(tmp_path, "thr", policy), "-o",
+                           str(tmp_path / "thr"), "--json").stdout.strip().splitlines()[-1])
+    from traces.store import read_table
+
+    nodes = read_table(tmp_path / "thr", "conformity").to_pandas()
+    assert nodes.turn.max() <= 3                               # paths cut at four turns
+    assert len(s["takeovers_by_turn"]) <= 4
+    assert 0 < s["rejection_rate"] < 1
+    scored = nodes[nodes.score.notna()]
+    assert sum(s["takeovers_by_turn"]) == int((scored.score > 1.6).sum())
+    assert 0 < s["target_kv_peak_blocks"] and 0 < s["draft_kv_peak_blocks"]
+    for bad_policy, why in (({**policy, "turns": 17}, "traced at most 16"),
+                            ({**policy, "alpha": 0.4}, "unknown keys")):
+        bad = run_cli("simulate", _config(tmp_path, "bad", bad_policy), "-o",
+                      str(tmp_path / "bad"), check=False)
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr
+
+
+def test_budget_and_samples_sweeps_report_throughput_and_kv(tmp_path):
+    config = _config(tmp_path, "base", {"type": "conformal", "alpha": 0.4, "samples": 8})
+    proc = run_cli("a1", "budget", config, "--turns", "2,16", "--rate", "8", "--json",
+                   "-o", str(tmp_path))
+    rows = {(r["variant"], r["turns"]): r for r in json.loads(proc.stdout)}
+    assert (tmp_path / "throughput_vs_budget.png").stat().st_size > 0
+    assert len(rows) == 6
+    for (variant, turns), r in rows.items():
+        assert r["budget_tokens"] == 32 * turns
+    # a longer budget lets paths reason further: more tokens each, more accurate
+    for variant in ("A1 async", "target-only"):
+        assert rows[variant, 16]["accuracy"] > rows[variant, 2]["accuracy"]
+    proc = run_cli("a1", "samples", config, "--samples", "1,8", "--json")
+    rows = {(r["variant"], r["samples"]): r for r in json.loads(proc.stdout)}
+    # more samples hold more of the target's KV at once
+    for variant in ("A1 async", "target-only"):
+        assert rows[variant, 8]["target_kv_peak_blocks"] > rows[variant, 1]["target_kv_peak_blocks"]
