@@ -186,11 +186,16 @@ class A1Settings:
     sync: bool = False
     """synchronous baseline: every turn waits for all paths (scores after all drafts, next turn
     after all steps); asynchronous (A1): each path goes on by itself"""
+    target_cap: int = 0
+    """most target requests (scores and target steps) a program has in flight at once; the
+    rest wait in the program, in the order they were asked (0: no cap)"""
 
     def __post_init__(self):
         for name in ("samples", "turns", "draft_tokens", "target_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"a1 {name} must be >= 1, got {getattr(self, name)}")
+        if self.target_cap < 0:
+            raise ValueError(f"a1 target_cap must be >= 0 (0: no cap), got {self.target_cap}")
         if self.temperature < 0:
             raise ValueError(f"a1 temperature must be >= 0, got {self.temperature}")
 
@@ -206,22 +211,27 @@ class A1Policy:
     turns: int | None = None
     """T: most steps a path takes (the per-sample token budget, T x Kt at most); None: the
     trace's"""
+    target_cap: int = 0
+    """most target requests in flight per program (0: no cap; `A1Settings.target_cap`)"""
 
     def __post_init__(self):
         if self.samples < 1:
             raise ValueError(f"a1 samples must be >= 1, got {self.samples}")
         if self.turns is not None and self.turns < 1:
             raise ValueError(f"a1 turns must be >= 1, got {self.turns}")
+        if self.target_cap < 0:
+            raise ValueError(f"a1 target_cap must be >= 0 (0: no cap), got {self.target_cap}")
 
     @property
     def name(self) -> str:
         """Label in tables and figures."""
         turns = f",T={self.turns}" if self.turns else ""
-        return f"{self.step.name},m={self.samples}{',sync' if self.sync else ''}{turns}"
+        cap = f",cap={self.target_cap}" if self.target_cap else ""
+        return f"{self.step.name},m={self.samples}{',sync' if self.sync else ''}{turns}{cap}"
 
 
 def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, turns: int | None = None,
-                   **args) -> A1Policy:
+                   target_cap: int = 0, **args) -> A1Policy:
     """An `A1Policy` from a config's `{type: conformal|threshold|draft_only|target_only, ...}`."""
     if kind == "conformal":
         step = Conformal(args.pop("alpha", 0.4), args.pop("coverage", "marginal"))
@@ -235,7 +245,7 @@ def make_a1_policy(kind: str, samples: int = 4, sync: bool = False, turns: int |
         raise ValueError(f"unknown a1 policy {kind!r}")
     if args:
         raise ValueError(f"{kind}: unknown keys {sorted(args)}")
-    return A1Policy(step, samples, sync, turns)
+    return A1Policy(step, samples, sync, turns, target_cap)
 
 
 def mean_nll(logprobs) -> float:

@@ -93,6 +93,8 @@ class A1Params(Params):
     coverage: Literal["marginal", "conditional"] = "marginal"
     turns: Annotated[int, Field(ge=1, le=10_000)] | None = None
     """most steps a path takes (default: the trace's)"""
+    target_cap: Annotated[int, Field(ge=0, le=100_000)] = 0
+    """most target requests (scores, target steps) a program has in flight (0: no cap)"""
     max_score: Annotated[float, Field(ge=0, le=1e6)] | None = None
     """threshold: the highest mean NLL of a draft step the target accepts"""
 

@@ -21,6 +21,7 @@ scoring until all of the turn's drafts are back, and every next turn until all s
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from policies.a1 import A1Settings, mean_nll
@@ -107,6 +108,8 @@ class A1Program:
         self._flight: dict[RequestSpec, Node] = {}
         self._held: list = []      # sync: score specs and next-turn nodes held at the barrier
         self._open = 0             # sync: nodes of this turn not yet at the barrier
+        self._capped: deque = deque()  # target requests past `settings.target_cap`, in order
+        self._target_out = 0       # target requests sent and not yet done
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -151,7 +154,7 @@ class A1Program:
                  for k in range(self.settings.samples)]
         self._open = len(nodes)
         self._started = True
-        return [a for n in nodes for a in self._begin(n)]
+        return self._gate([a for n in nodes for a in self._begin(n)])
 
     @property
     def done(self) -> bool:
@@ -159,7 +162,25 @@ class A1Program:
         return self._started and not self._flight and not self._held
 
     def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
-        """Advance the node the request belonged to."""
+        """Advance the node the request belonged to; the requests to send next."""
+        if spec.role == "target" and self.settings.target_cap:
+            self._target_out -= 1
+        return self._gate(self._advance_node(spec, outcome))
+
+    def _gate(self, specs: list) -> list:
+        """Hold target requests past the cap (`A1Settings.target_cap`) in the program, and let
+        held ones go, oldest first, as the target's requests finish."""
+        cap = self.settings.target_cap
+        if not cap:
+            return specs
+        self._capped.extend(s for s in specs if s.role == "target")
+        out = [s for s in specs if s.role != "target"]
+        while self._capped and self._target_out < cap:
+            out.append(self._capped.popleft())
+            self._target_out += 1
+        return out
+
+    def _advance_node(self, spec: RequestSpec, outcome: Outcome) -> list:
         node = self._flight.pop(spec)
         if spec.kind == "score":
             step_tokens = spec.sampling.prompt_logprobs

@@ -54,7 +54,8 @@ class A1Bank:
         if turns > self.settings.turns:
             raise ValueError(f"programs.policy.turns: {turns} turns; the conformity trace "
                              f"traced at most {self.settings.turns}")
-        return replace(self.settings, samples=policy.samples, sync=policy.sync, turns=turns)
+        return replace(self.settings, samples=policy.samples, sync=policy.sync, turns=turns,
+                       target_cap=policy.target_cap)
 
     def calibrate(self, policy):
         """An A1 policy with this trace's calibration sets (baselines unchanged)."""

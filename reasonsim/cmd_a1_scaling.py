@@ -61,21 +61,27 @@ def _step_tokens(path: Path) -> int:
     return max(int(s["draft_tokens"]), int(s["target_tokens"]))
 
 
+def _emit(args, rows: list[dict], name: str, plot, title: str, first: tuple[str, str]) -> int:
+    """Write name.{png,json} under --out, then print the rows (or their JSON)."""
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot(rows, out / f"{name}.png")
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _table(title, rows, first)
+    return 0
+
+
 def cmd_a1_samples(args: argparse.Namespace) -> int:
     """`reasonsim a1 samples`: simulated latency and target KV vs samples per variant."""
     from sim.families.a1.report import plot_latency_vs_samples
 
     path, rows = _sweep(args, [{"samples": int(m)} for m in args.samples])
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        plot_latency_vs_samples(rows, out / "latency_vs_samples.png")
-        (out / "latency_vs_samples.json").write_text(json.dumps(rows, indent=1))
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    _table(f"Simulated A1 latency vs samples: {path.name}", rows, ("samples", "samples"))
-    return 0
+    return _emit(args, rows, "latency_vs_samples", plot_latency_vs_samples,
+                 f"Simulated A1 latency vs samples: {path.name}", ("samples", "samples"))
 
 
 def cmd_a1_budget(args: argparse.Namespace) -> int:
@@ -86,17 +92,9 @@ def cmd_a1_budget(args: argparse.Namespace) -> int:
     per_turn = _step_tokens(path)
     for r in rows:
         r["budget_tokens"] = r["turns"] * per_turn
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        plot_budget(rows, out / "throughput_vs_budget.png")
-        (out / "throughput_vs_budget.json").write_text(json.dumps(rows, indent=1))
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    _table(f"Simulated A1 throughput vs per-sample budget ({per_turn} tokens a turn): "
-           f"{path.name}", rows, ("budget_tokens", "budget tokens"))
-    return 0
+    return _emit(args, rows, "throughput_vs_budget", plot_budget,
+                 f"Simulated A1 throughput vs per-sample budget ({per_turn} tokens a turn): "
+                 f"{path.name}", ("budget_tokens", "budget tokens"))
 
 
 def add_scaling_parsers(asub) -> None:

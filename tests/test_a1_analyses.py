@@ -124,3 +124,45 @@ def test_budget_and_samples_sweeps_report_throughput_and_kv(tmp_path):
     # more samples hold more of the target's KV at once
     for variant in ("A1 async", "target-only"):
         assert rows[variant, 8]["target_kv_peak_blocks"] > rows[variant, 1]["target_kv_peak_blocks"]
+
+
+def test_the_target_cap_holds_a_programs_target_requests_in_order():
+    from policies.a1 import A1Settings, TargetOnly
+    from programs.a1 import A1Program
+    from programs.base import Outcome
+
+    prog = A1Program("q", (TargetOnly(),), A1Settings(samples=3, turns=2, target_cap=2), 5, 0)
+    first = prog.start()
+    assert [(s.kind, s.path) for s in first] == [("target", 0), ("target", 1)]   # one held
+    step = Outcome(4, text="step\n", token_ids=[7, 7, 7, 7])
+    after = prog.on_done(first[0], step)
+    # sample 2's first step was asked first: it goes before sample 0's second
+    assert [(s.path, prog.node_of(s)[1]) for s in after] == [(2, "")]
+    after = prog.on_done(first[1], step)
+    assert [(s.path, prog.node_of(s)[1]) for s in after] == [(0, "R")]
+    with pytest.raises(ValueError, match="target_cap"):
+        A1Settings(target_cap=-1)
+
+
+def test_a_capped_program_decides_as_uncapped_with_fewer_target_requests_at_once(tmp_path):
+    policy = {"type": "conformal", "alpha": 0.4, "samples": 8}
+    out = {}
+    for cap in (0, 2):
+        config = _config(tmp_path, f"cap{cap}", {**policy, "target_cap": cap})
+        out[cap] = json.loads(run_cli("simulate", config, "-o", str(tmp_path / f"o{cap}"),
+                                      "--json").stdout.strip().splitlines()[-1])
+    assert out[2]["takeovers_by_turn"] == out[0]["takeovers_by_turn"]
+    assert out[2]["accuracy"] == out[0]["accuracy"]
+    from traces.store import read_table
+
+    req = read_table(tmp_path / "o2", "requests").to_pandas()
+    target = req[req.replica_id == 1]                        # the target pool's replica
+    for _, g in target.groupby("program_id"):
+        events = sorted([(t, 1) for t in g.arrival_s] + [(t, -1) for t in g.finish_s],
+                        key=lambda e: (e[0], e[1]))
+        level = peak = 0
+        for _, d in events:
+            level += d
+            peak = max(peak, level)
+        assert peak <= 2
+    assert out[2]["program_latency_s"]["p50"] >= out[0]["program_latency_s"]["p50"]

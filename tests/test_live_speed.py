@@ -76,6 +76,13 @@ def test_the_probe_prefill_factor_recovers_how_much_slower_prefills_ran(tmp_path
     assert 1.1 < pre["before"] < 1.5 and 0.9 < pre["after"] < 1.3
     # the factor on the prefill terms that, with the rest at the decode level, gives their time
     assert pre["factor"] == pytest.approx(1.4)
+    # prefills faster than their fixed part allows (noise under short prompts' own terms): no
+    # factor, not a negative one (a calibration scaled by it would price prefills below zero)
+    noisy = _timed(model, steps, 1.1, 1.0)
+    one = noisy.prefill_tokens.gt(0) & noisy.decode_seqs.eq(0)
+    _write_probe(tmp_path / "noisy", {"before": noisy.assign(
+        duration_ms=noisy.duration_ms.where(~one, noisy.duration_ms * 0.1))})
+    assert probe_level(model, tmp_path / "noisy")["prefill"]["factor"] is None
 
 
 def test_a_serving_calibration_scales_its_prefill_terms_apart(tmp_path):

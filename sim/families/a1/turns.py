@@ -45,7 +45,8 @@ def plot_turns(rows: list[dict], path) -> None:
         turns = [r["turn"] + 1 for r in mine]
         ax.plot(turns, [r["draft_step_ppl"] for r in mine], marker="o", ms=3, label=name)
         bx.plot(turns, [r["takeovers"] for r in mine], marker="o", ms=3, label=name)
-    ax.set(xlabel="turn", ylabel="draft step perplexity (under the target)",
+    # late turns hold few scored steps: one wild step there would flatten the rest linearly
+    ax.set(xlabel="turn", ylabel="draft step perplexity (under the target)", yscale="log",
            title="draft steps' perplexity by turn")
     bx.set(xlabel="turn", ylabel="target take-overs", title="take-overs by turn")
     bx.legend(fontsize=7)
