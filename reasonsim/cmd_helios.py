@@ -114,7 +114,7 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
     """`reasonsim simulate` of a config with a `helios:` section: every policy, one stream."""
     from rich.table import Table
 
-    from sim.families.helios.report import plot_policies, plot_timeline
+    from sim.families.helios.report import plot_exit_shares, plot_policies, plot_timeline
 
     exp = _experiment(config)
     if out:
@@ -129,6 +129,7 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
         d.mkdir(parents=True, exist_ok=True)
         plot_policies(results, d / "helios_policies.png")
         plot_timeline(results, d / "helios_timeline.png")
+        plot_exit_shares(results, d / "helios_exit_shares.png")
         (d / "summary.json").write_text(json.dumps({"devices": devices, "policies": summary},
                                                    indent=1))
     if as_json:
@@ -149,7 +150,23 @@ def run_helios_simulate(config: str, out: str | None, as_json: bool) -> int:
                   f"{s['perplexity']:.3f}", f"{s['layer_token_executions']}",
                   " ".join(e for e in s["events"] if ":load:" in e or ":switch:" in e) or "-")
     _console().print(t)
+    _console().print(exit_table(summary))
     return 0
+
+
+def exit_table(summary: dict):
+    """HELIOS's Table 5: the share of output tokens by model and exit layer, per policy."""
+    from rich.table import Table
+
+    keys = sorted({k for s in summary.values() for k in s["exit_shares"]})
+    t = Table(title="tokens by model @ exit layer (HELIOS Table 5), % of each policy's")
+    t.add_column("policy", no_wrap=True)
+    for k in keys:
+        t.add_column(k, justify="right")
+    for name, s in summary.items():
+        t.add_row(name, *[f"{100 * s['exit_shares'][k]:.1f}" if k in s["exit_shares"] else "-"
+                          for k in keys])
+    return t
 
 
 def cmd_helios_replay(args: argparse.Namespace) -> int:

@@ -48,7 +48,9 @@ counted as used as the engine reports it), found by the conformance harness
 `llama-8b-h100`'s `simulator` became `compiled` when the plain kernel learned the serving
 step-time model (`sim.kernels.serving`), every figure unchanged. The A1 goldens gained
 `takeovers_by_turn` and each pool's `*_kv_peak_blocks` when A1 runs began reporting them (A1's
-Figs 9 and 1), every other figure unchanged.
+Figs 9 and 1), every other figure unchanged; every HELIOS policy's summary gained
+`exit_shares` (its tokens by model and exit layer, HELIOS's Table 5), every other figure
+unchanged.
 """
 
 from __future__ import annotations

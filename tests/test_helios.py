@@ -112,8 +112,16 @@ def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
     assert pol["helios:throughput"]["throughput_tok_s"] > \
         pol["static:target-large"]["throughput_tok_s"]
     assert any(":switch:" in e or ":load:" in e for e in pol["helios:throughput:cbc20"]["events"])
-    for name in ("helios_policies.png", "helios_timeline.png", "summary.json"):
+    for name in ("helios_policies.png", "helios_timeline.png", "helios_exit_shares.png",
+                 "summary.json"):
         assert (out / name).stat().st_size > 0
+    # Table 5: every policy's tokens by model and exit layer; a static model never exits early
+    for name, s in pol.items():
+        assert sum(s["exit_shares"].values()) == pytest.approx(1.0), name
+    assert pol["static:target-large"]["exit_shares"] == {"target-large@4": 1.0}
+    assert set(pol["helios:accuracy"]["exit_shares"]) > {"target-small@1"}
+    assert set(pol["ee_full:target-large"]["exit_shares"]) >= {"target-large@1",
+                                                               "target-large@2"}
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -304,3 +312,8 @@ def test_a_sweep_takes_a_helios_config(tmp_path):
     assert two.to_dict() == pytest.approx(want)
     table = by_point(df, ["throughput_tok_s"])
     assert len(table) == 6 and set(table.policy) == set(want)
+    # every policy keeps its own exit shares, columns the first policy's row lacks included
+    shares = {k: r.summary()["exit_shares"] for k, r in exp.simulate().items()}
+    for policy, got in shares.items():
+        row = df[(df["helios.replicas"] == 2) & (df.policy == policy)].iloc[0]
+        assert {k: row[f"exit_shares.{k}"] for k in got} == pytest.approx(got), policy

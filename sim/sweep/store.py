@@ -50,7 +50,10 @@ def write_point(path: Path, rows: list[dict]) -> None:
     """Write a point's rows atomically (temporary name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    # every key of any row (a family section's policies may report keys of their own):
+    # pyarrow takes its columns from the first row and would drop the others' silently
+    keys = dict.fromkeys(k for r in rows for k in r)
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), tmp)
     os.replace(tmp, path)
 
 

@@ -48,3 +48,23 @@ def plot_timeline(results: dict[str, HeliosResult], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+
+
+def plot_exit_shares(results: dict[str, HeliosResult], path: str | Path) -> Path:
+    """Per policy, its output tokens stacked by model and exit layer (HELIOS Table 5)."""
+    import numpy as np
+
+    plt = pyplot()
+    shares = {name: r.summary()["exit_shares"] for name, r in results.items()}
+    keys = sorted({k for s in shares.values() for k in s})
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    bottom = np.zeros(len(shares))
+    for k in keys:
+        part = np.array([s.get(k, 0.0) for s in shares.values()])
+        ax.bar(list(shares), part, bottom=bottom, label=k)
+        bottom += part
+    ax.set_ylabel("share of output tokens")
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="model@exit layer")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -55,7 +55,20 @@ def summarise(requests: pd.DataFrame, rounds: pd.DataFrame, events: list) -> dic
             "mean_batch": float(np.average(rounds.batch, weights=rounds.steps)),
             "perplexity": float(math.exp(r.nll_sum.sum() / max(tokens, 1))),
             "layer_token_executions": int(rounds.layer_tokens.sum()),
+            "exit_shares": exit_shares(r),
             "events": [f"{i}:{s.event}:{s.model}@{s.depth}" for i, s in events]}
+
+
+def exit_shares(requests: pd.DataFrame) -> dict[str, float]:
+    """Share of the output tokens by model and exit layer, `model@layer` (HELIOS's Table 5: the
+    models used and the exits taken)."""
+    counts: dict[str, int] = {}
+    for model, exits in zip(requests.model, requests.exit_layers):
+        for layer in exits:
+            key = f"{model}@{int(layer)}"
+            counts[key] = counts.get(key, 0) + 1
+    total = sum(counts.values())
+    return {k: counts[k] / total for k in sorted(counts)} if total else {}
 
 
 def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile]) -> HeliosResult:
