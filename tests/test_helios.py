@@ -317,3 +317,16 @@ def test_a_sweep_takes_a_helios_config(tmp_path):
     for policy, got in shares.items():
         row = df[(df["helios.replicas"] == 2) & (df.policy == policy)].iloc[0]
         assert {k: row[f"exit_shares.{k}"] for k in got} == pytest.approx(got), policy
+
+
+def test_reassessment_interval_sensitivity_is_a_sweep(tmp_path):
+    """HELIOS Fig 17(a): the re-assessment interval of one policy swept; the others stay."""
+    from sim.sweep import load_sweep, run_sweep
+
+    key = "helios.policies.2.reassess_every"
+    df = run_sweep(load_sweep(EXAMPLE, grid={key: [30, 120]}), tmp_path / "ri")
+    tput = df.pivot_table(index=key, columns="policy", values="throughput_tok_s")
+    # fewer re-evaluations at full depth: more of the stream at the selected depth
+    assert tput.loc[120, "helios:throughput"] > tput.loc[30, "helios:throughput"]
+    for static in ("static:target-large", "static:target-small", "helios:accuracy"):
+        assert tput.loc[120, static] == tput.loc[30, static]
