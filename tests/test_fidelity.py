@@ -205,6 +205,12 @@ def test_held_out_suites_take_the_base_suites_grids_and_vary_its_programs(tmp_pa
     bad.write_text("base: nowhere.yaml\nworkloads: {a: {program: x.yaml}}\n")
     proc = run_cli("fidelity", "--suite", str(bad), "-o", str(tmp_path / "o"), check=False)
     assert proc.returncode == 2 and "is not a suite file beside it" in proc.stderr
+    for entry, why in (("{program: nothere.yaml}", "no example config nothere.yaml"),
+                       ("{program: dynasor-mcts-certaindex.yaml, programs: {rate: 2}}",
+                        "workloads.a: workload.programs: unknown key 'rate'")):
+        bad.write_text(f"base: {SUITE}\nworkloads: {{a: {entry}}}\n")
+        proc = run_cli("fidelity", "--suite", str(bad), "-o", str(tmp_path / "o"), check=False)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
 
 
 def test_block_size_override_keeps_kv_tokens(tmp_path):

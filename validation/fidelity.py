@@ -22,7 +22,7 @@ import yaml
 from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
                                          probe_levels, sampled_medians, scaled_config,
                                          simulate_with_band)
-from validation.fidelity_programs import program_workload
+from validation.fidelity_programs import check_program_spec, program_workload
 from validation.replay import REPO, fresh_process
 
 SUITE = REPO / "examples" / "fidelity" / "suite.yaml"
@@ -57,6 +57,11 @@ def load_suite(path: Path) -> dict:
         if not isinstance(spec.get("programs", {}), dict):
             raise ValueError(f"{path}: workloads.{name}.programs: expected a mapping of the "
                             "example's workload.programs settings")
+        if "program" in spec:
+            try:
+                check_program_spec(spec)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: workloads.{name}: {e}") from None
     return suite
 
 

@@ -46,6 +46,19 @@ def program_config(spec: dict, cal: Path, quick: bool, trace: Path | None = None
     return d
 
 
+def check_program_spec(spec: dict) -> None:
+    """Fail before any engine starts on a program entry whose example is missing, or whose
+    `programs:` / `seed:` settings the example's config does not take."""
+    from sim.config import parse_config, read_yaml
+
+    example = REPO / "examples" / str(spec["program"])
+    if not example.is_file():
+        raise ValueError(f"program: no example config {example.name} in examples/")
+    if "programs" in spec or "seed" in spec:
+        cal = example.parent / read_yaml(example)["cluster"]["replicas"][0]["calibration"]
+        parse_config(program_config(spec, cal, False), example.parent)
+
+
 def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
                      engine: str = "vllm", device: str = "auto") -> Planned:
     """One program workload (an example config with this machine's calibration) set up under

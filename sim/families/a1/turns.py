@@ -16,6 +16,8 @@ from sim.families.a1.offline import Trace, walk
 
 def per_turn(trace: Trace, policy, samples: int) -> list[dict]:
     """One row per turn: scored steps, take-overs, rejection rate, draft-step perplexity."""
+    if not 1 <= samples <= trace.samples:
+        raise ValueError(f"samples must be in 1..{trace.samples} (the trace's), got {samples}")
     scores, rejected = defaultdict(list), defaultdict(int)
     for pid in sorted(trace.questions):
         for k in range(samples):
