@@ -148,3 +148,11 @@ class VllmEngine:
     def has_unfinished(self) -> bool:
         """True while any request is in flight."""
         return self.engine.has_unfinished()
+
+    def hint_idle_programs(self) -> None:
+        """From now on `idle` moves a program's cached blocks first in the eviction order."""
+        self.engine.hint_idle_programs()
+
+    def idle(self, program_id: str) -> None:
+        """The program has no request in flight here: its cached blocks are evicted first."""
+        self.engine.demote(program_id)

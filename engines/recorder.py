@@ -55,7 +55,8 @@ class StepRecorder:
         arrival = now if arrival_s is None else min(arrival_s, now)
         self.reqs[request_id] = _Req(arrival, len(prompt_token_ids), priority, cell_id,
                                      program_id, role)
-        self.engine.add(request_id, prompt_token_ids, params, priority=priority)
+        self.engine.add(request_id, prompt_token_ids, params, priority=priority,
+                        program_id=program_id)
 
     def step(self, cell_id: str | None = None, warmup=None) -> list:
         """Run one iteration, record it, and return the engine's request outputs.

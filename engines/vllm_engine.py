@@ -191,6 +191,8 @@ class Engine:
         self.last_spec_tokens: dict[str, int] = {}
         """draft tokens the last iteration verified, per request (speculative decoding)"""
         self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
+        self.programs = None
+        """per program, the cached blocks its requests freed (`hint_idle_programs`)"""
         original = self.scheduler.schedule
 
         def observed_schedule(*args, **kwargs):
@@ -268,16 +270,36 @@ class Engine:
         """KV blocks in use now."""
         return self.kv_blocks_total - int(self.block_pool.get_num_free_blocks())
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params, priority: int = 0) -> None:
-        """Add a request given as token ids."""
+    def add(self, request_id: str, prompt_token_ids: list[int], params, priority: int = 0,
+            program_id: str | None = None) -> None:
+        """Add a request given as token ids (of `program_id`, which `demote` may name)."""
         internal = self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids},
                                            params, priority=priority)
         self._external[internal] = request_id
+        if self.programs is not None and program_id is not None:
+            self.programs.add(internal, program_id)
 
     def forget(self, request_id: str) -> None:
         """Drop the id mapping of a finished request."""
         for k in [k for k, v in self._external.items() if v == request_id]:
             del self._external[k]
+            if self.programs is not None:
+                self.programs.finished(k)
+
+    def hint_idle_programs(self) -> None:
+        """Record which cached blocks each program's requests free, so `demote` can find them
+        (Dynasor's eviction hint: `engines.kv_hints`)."""
+        from engines.kv_hints import ProgramBlocks
+
+        if not self.spec.enable_prefix_caching:
+            raise ValueError("idle-program eviction orders cached blocks: the engine runs "
+                             "without prefix caching")
+        self.programs = ProgramBlocks(self.scheduler)
+
+    def demote(self, program_id: str) -> int:
+        """The program has no request in flight: its free cached blocks are evicted first; how
+        many moved."""
+        return self.programs.demote(program_id)
 
     def warm_up(self, prompt_lengths=(16, 64, 128, 16, 64, 128, 32, 32), seed: int = 0) -> None:
         """Run a batch of throw-away requests (random tokens: no prefix-cache hits later).
@@ -355,12 +377,17 @@ class Engine:
 def reasoning_engine(model_dir: str | Path, seed: int, kv_cache_gb: float,
                      max_num_seqs: int | None = None, scheduling_policy: str = "fcfs",
                      max_model_len: int = 1024, block_size: int = 32,
-                     max_logprobs: int | None = None) -> Engine:
+                     max_logprobs: int | None = None, kv_blocks: int | None = None) -> Engine:
     """The engine reasoning programs run on (probes, branches, live replays): prefix caching;
-    `max_logprobs` raises vLLM's cap on top-k log-probabilities (whole distributions)."""
+    `max_logprobs` raises vLLM's cap on top-k log-probabilities (whole distributions);
+    `kv_blocks` sets the pool's blocks (vLLM's `num_gpu_blocks`, its null block included)."""
+    extra: dict[str, Any] = {"block_size": block_size}
+    if max_logprobs:
+        extra["max_logprobs"] = max_logprobs
+    if kv_blocks:
+        extra["num_gpu_blocks_override"] = kv_blocks
     # Small blocks so short reasoning prefixes are cached (CPU attention takes multiples of 32).
     return Engine(EngineSpec(model=str(model_dir), seed=seed, kv_cache_gb=kv_cache_gb,
                              max_model_len=max_model_len, enable_prefix_caching=True,
                              max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
-                             extra={"block_size": block_size,
-                                    **({"max_logprobs": max_logprobs} if max_logprobs else {})}))
+                             extra=extra))

@@ -29,13 +29,23 @@ from testbed import tasks
 from traces.store import TraceWriter, read_run, read_table
 
 
+def engine_args(cfg) -> dict:
+    """What a simulate config (`sim.config.SimConfig`) sets of a replay's engine: its one
+    replica's sequence slots and KV pool, and the cluster's eviction order."""
+    group = cfg.replicas[0]
+    return {"max_num_seqs": group.max_num_seqs, "kv_blocks": group.kv_blocks,
+            "kv_eviction": cfg.kv_eviction}
+
+
 def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, seed: int = 0,
                     max_num_seqs: int | None = None, model: str | None = None,
                     config_json: str = "{}", url: str | None = None,
-                    device: str = "auto") -> list[dict]:
+                    device: str = "auto", kv_blocks: int | None = None,
+                    kv_eviction: str = "free_order") -> list[dict]:
     """Run a program workload live on one engine: the one its trace was recorded on (vLLM
     in-process or the OpenAI-compatible server at `url`; the PyTorch engine's serving mode on
-    `device`); write requests/steps/programs; the programs rows."""
+    `device`); write requests/steps/programs; the programs rows. `kv_blocks` sizes the
+    in-process vLLM engine's pool; `kv_eviction` as the config's `cluster.kv_eviction`."""
     family = live_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
     plans = plan_programs(wl, bank, draw_seed(seed, 1))  # one replica: the simulator's draw
@@ -47,6 +57,10 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     out_dir = Path(out_dir)
     policy = "fcfs" if scheduler_spec == "fcfs" else "priority"
     on_torch = trace_run["engine"] == "torch"
+    if kv_blocks is not None and (on_torch or url is not None):
+        raise ValueError("kv_blocks: only the in-process vLLM engine takes a pool size; the "
+                         f"{'PyTorch engine' if on_torch else 'server'} sizes its own")
+    teng = dict(teng, kv_blocks=kv_blocks)
     engine, writer, tok, served = _open_engine(trace_run["engine"], model_dir, url, twl, teng,
                                                max_num_seqs, policy, seed, config, out_dir,
                                                device)
@@ -58,7 +72,8 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     live = _start(engine, on_torch, url, served, writer, tok,
                   encode(tasks.items(0, 1)[0].prompt), seed)
     try:
-        run_programs({"target": live}, runs, make_scheduler(scheduler_spec), extract_boxed)
+        run_programs({"target": live}, runs, make_scheduler(scheduler_spec), extract_boxed,
+                     kv_eviction=kv_eviction)
     finally:
         if engine is None:
             live.close()
@@ -109,7 +124,7 @@ def _open_engine(traced: str, model_dir, url: str | None, twl: dict, teng: dict,
             str(model_dir)), served
     engine = reasoning_engine(model_dir, int(twl["seed"]), float(teng["kv_cache_gb"]),
                               max_num_seqs, policy, int(teng.get("max_model_len", 1024)),
-                              int(teng.get("block_size", 32)))
+                              int(teng.get("block_size", 32)), kv_blocks=teng["kv_blocks"])
     writer = TraceWriter(out_dir, engine.run_row("program_replay", seed,
                                                  config | {"engine": engine.params()}))
     return engine, writer, engine.engine.get_tokenizer(), None

@@ -39,9 +39,20 @@ def _request_id(run: LiveRun, spec: RequestSpec, n: int) -> str:
 
 def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
                  answer_of: Callable | None = None,
-                 on_done: Callable[[LiveRun], None] | None = None) -> None:
-    """Run every program from its plan's arrival until it is done, on `engines[spec.role]`."""
+                 on_done: Callable[[LiveRun], None] | None = None,
+                 kv_eviction: str = "free_order") -> None:
+    """Run every program from its plan's arrival until it is done, on `engines[spec.role]`;
+    `kv_eviction: idle_programs_first` tells the engines which programs have nothing in flight
+    (Dynasor's eviction hint, `engines.kv_hints`)."""
     clock = next(iter(engines.values()))
+    idle_first = kv_eviction == "idle_programs_first"
+    if idle_first:
+        for engine in dict.fromkeys(engines.values()):
+            if not hasattr(engine, "hint_idle_programs"):
+                raise ValueError(f"kv_eviction: idle_programs_first: the {type(engine).__name__} "
+                                 "takes no eviction hints (the in-process vLLM engine does)")
+            engine.hint_idle_programs()
+    in_flight: dict[int, int] = {}  # id(run) -> its requests pending
     pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
     rid_of: dict[RequestSpec, str] = {}
     counter = itertools.count()
@@ -58,6 +69,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
         rid = _request_id(run, spec, next(counter))
         pending[rid] = (run, spec)
         rid_of[spec] = rid
+        in_flight[id(run)] = in_flight.get(id(run), 0) + 1
         engines[spec.role].add(rid, spec.prompt_ids, spec.sampling, prio, run.key,
                                spec.table_role)
 
@@ -67,6 +79,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
             if isinstance(a, Abort):
                 rid = rid_of.pop(a.spec)
                 pending.pop(rid)
+                in_flight[id(run)] -= 1
                 engines[a.spec.role].abort(rid)  # its tokens are counted from the requests table
             else:
                 submit(run, a)
@@ -98,7 +111,11 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
                     continue
                 run, spec = pending.pop(rid)
                 rid_of.pop(spec, None)
+                in_flight[id(run)] -= 1
                 outcome = run.program.interpret(spec, raw, answer_of)
                 act(run, run.program.on_done(spec, outcome))
+                if idle_first and in_flight[id(run)] == 0:
+                    for engine in dict.fromkeys(engines.values()):
+                        engine.idle(run.key)
         if not stepped:
             raise RuntimeError(f"live run: {len(pending)} requests pending on idle engines (a bug)")

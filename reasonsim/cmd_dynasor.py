@@ -144,7 +144,7 @@ def cmd_dynasor_online(args: argparse.Namespace) -> int:
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     """`reasonsim dynasor replay`."""
-    from live.replay import replay_workload
+    from live.replay import engine_args, replay_workload
     from programs.workload import load_bank
     from sim.config import parse_config, read_yaml
     from sim.program_metrics import compare
@@ -175,7 +175,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # The live runner draws the same programs from the same workload and seed as the simulator.
     replay_workload(wl, cfg.scheduler, out / "live", seed=cfg.seed,
-                    max_num_seqs=cfg.replicas[0].max_num_seqs, model=args.model, url=args.url,
+                    **engine_args(cfg), model=args.model, url=args.url,
                     config_json=cfg.to_json(), device=args.device)
     live_wall_s = time.perf_counter() - t0
     sim = simulate(cfg)
@@ -216,14 +216,14 @@ def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
     """`--calibrate-here`: the config's programs of another seed served live first, the replica
     calibrated on that run's steps (with the loop's host time); the config with it, and its
     path."""
-    from live.replay import replay_workload
+    from live.replay import engine_args, replay_workload
     from sim.config import parse_config
 
     if args.url:
         raise UserError("--calibrate-here needs the in-process engine (its steps), not --url")
     replay_workload(cfg.programs, cfg.scheduler, cal_dir / "live",
                     seed=cfg.seed + CALIBRATION_SEED_OFFSET,
-                    max_num_seqs=cfg.replicas[0].max_num_seqs, model=args.model,
+                    **engine_args(cfg), model=args.model,
                     config_json=cfg.to_json(), device=args.device)
     pool = cfg.replicas[0].pool
     path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]

@@ -65,6 +65,10 @@ class SimConfig:
     """round_robin, least_outstanding, or module:Class of a policies-style router"""
     scheduler: str | dict = "fcfs"
     """inter-program scheduler (program workloads): fcfs, lpm, app_fifo, dynasor or a mapping"""
+    kv_eviction: str = "free_order"
+    """which cached KV blocks a replica evicts first under memory pressure: `free_order` (vLLM's:
+    least recently freed first) or `idle_programs_first` (Dynasor's: the blocks of programs with
+    no request in flight first; `sim.engine.prefix_cache.PrefixCache.demote`)"""
     seed: int = 0
     """run seed (workload and latency noise)"""
     latency: str = "mean"
@@ -92,6 +96,32 @@ class SimConfig:
         d["replicas"] = [{k: (str(v) if isinstance(v, Path) else v)
                           for k, v in r.__dict__.items()} for r in self.replicas]
         return json.dumps(d, sort_keys=True, default=str)
+
+
+DYNASOR_FAMILIES = ("reasoning", "search")
+"""the program families whose live replay (`live.replay`) passes Dynasor's eviction hint"""
+
+
+def _check_eviction(spec, programs) -> None:
+    """`idle_programs_first` needs Dynasor's programs to be idle and cached blocks to evict."""
+    if spec.cluster.kv_eviction == "free_order":
+        return
+    if programs is None:
+        raise ValueError("cluster.kv_eviction: idle_programs_first needs a program workload "
+                         "(workload.programs): plain requests belong to no program")
+    from programs.families import family_of
+
+    family = family_of(programs.method, programs.policy).name
+    if family not in DYNASOR_FAMILIES:
+        raise ValueError(f"cluster.kv_eviction: idle_programs_first is Dynasor's (programs of "
+                         f"the {' and '.join(DYNASOR_FAMILIES)} families); method "
+                         f"{programs.method!r} is the {family} family's")
+    if not any(g.enable_prefix_caching for g in spec.cluster.replicas):
+        raise ValueError("cluster.kv_eviction: idle_programs_first orders cached blocks; no "
+                         "replica group sets enable_prefix_caching")
+    if any(g.scheduler != "reasonsim" for g in spec.cluster.replicas):
+        raise ValueError("cluster.kv_eviction: idle_programs_first runs on the simulator's own "
+                         "replicas only (a group sets scheduler: vllm)")
 
 
 def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
@@ -132,9 +162,11 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
             raise ValueError("workload: a program workload has only the 'programs' key")
         programs = program_workload(spec.workload["programs"], base)
         make_scheduler(scheduler)
+    _check_eviction(spec, programs)
     slo = spec.slo
     return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,
-                     scheduler=scheduler, seed=spec.seed, latency=spec.latency,
+                     scheduler=scheduler, kv_eviction=spec.cluster.kv_eviction,
+                     seed=spec.seed, latency=spec.latency,
                      noise_seed=spec.noise_seed,
                      slo_ttft_s=slo.ttft_s if slo else None,
                      slo_tpot_s=slo.tpot_s if slo else None,

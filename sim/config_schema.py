@@ -61,6 +61,7 @@ class ClusterSpec(Strict):
     replicas: Annotated[list[GroupSpec], Field(min_length=1)]
     router: str = "least_outstanding"
     scheduler: str | dict = "fcfs"
+    kv_eviction: Literal["free_order", "idle_programs_first"] = "free_order"
 
 
 class SloSpec(Strict):

@@ -64,7 +64,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     """One program workload (an example config with this machine's calibration) set up under
     out/name: its LIVE_RUNS live replays and its judging (decision agreement too). On the
     PyTorch engine its trace is recorded again there first."""
-    from live.replay import replay_workload
+    from live.replay import engine_args, replay_workload
     from sim.config import parse_config
 
     example = REPO / "examples" / spec["program"]
@@ -81,7 +81,7 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     return Planned(lives, lambda live: fresh_process(
         replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
-        max_num_seqs=cfg.replicas[0].max_num_seqs, config_json=cfg.to_json(), device=device),
+        **engine_args(cfg), config_json=cfg.to_json(), device=device),
         lambda: judge_programs(name, d, out / name, lives))
 
 

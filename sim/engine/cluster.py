@@ -153,6 +153,7 @@ class Cluster:
                     np.random.SeedSequence([cfg.seed, 1, i])) if rc.spec else None)
             for i, (cal, rc) in enumerate(specs)]
         self._routing(cfg, specs)
+        self.kv_eviction = cfg.kv_eviction
         self.loop_s = 0.0
 
     def _finished(self, on_finish, rid: int, r: Req) -> None:
@@ -217,6 +218,10 @@ class Cluster:
     def cancel(self, rid: int, handle: Req) -> None:
         """Abort a request `send` returned (at the replica's next iteration boundary)."""
         self.replicas[rid].abort(handle)
+
+    def demote(self, rid: int, owned) -> None:
+        """Replica `rid` evicts the cached blocks `owned(key)` picks before the others."""
+        self.replicas[rid].prefix_cache.demote(owned)
 
     def run(self, process) -> None:
         """Run the environment with the arrival process until no event is left."""

@@ -127,6 +127,17 @@ class PrefixCache:
         self.evictable -= got
         return got
 
+    def demote(self, owned) -> int:
+        """Queue the unreferenced blocks `owned(key)` picks first for eviction, keeping their
+        order (Dynasor's idle-program hint: `engines.vllm_engine.VllmEngine.demote` does the
+        same to vLLM's free queue); how many entries moved. Costs a pass over the cache."""
+        first = [b for b, ref in self.refs.items() if ref == 0 and owned(b)]
+        if first:
+            order = dict.fromkeys(first, 0)
+            order.update(self.refs)  # the rest after them, in their order
+            self.refs = order
+        return len(first)
+
     def release(self, r: Req) -> None:
         """A request frees its blocks: its full blocks stay cached by content (its own ones as
         one run, queued before its shared ones: vLLM frees a request's last block first); the

@@ -49,6 +49,8 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
         return "a program kind whose family does not compile (A1, SEED, HELIOS)"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
+    if cfg.kv_eviction != "free_order":
+        return f"KV eviction {cfg.kv_eviction!r} (the kernel evicts in free order)"
     why = _replicas_why_not(cfg, specs)
     if why is not None:
         return why

@@ -15,6 +15,7 @@ from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView, program_estimate
 from programs.base import Abort, Outcome, RequestSpec
 from programs.traced import Trajectory
+from sim.engine.prefix_cache import OWN
 from sim.engine.request_state import Sent
 
 
@@ -181,6 +182,8 @@ class ProgramDriver:
         self._costs = [_costs(cal) for cal, _ in cluster.specs]
         # Dynasor's approximate SJF asks each program for its own estimate (else never asked)
         self._own_estimate = getattr(scheduler, "wants_program_estimate", False)
+        # Dynasor's eviction hint: a program with no request in flight has its blocks evicted first
+        self._demote = getattr(cluster, "kv_eviction", "free_order") == "idle_programs_first"
 
     def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
         """The replica of a pool a program runs on (its prefix cache lives there): routed once,
@@ -210,6 +213,20 @@ class ProgramDriver:
             self._act(run, actions)
         elif run.open == 0 and not math.isnan(run.finish_s):  # the last abort of a finished one
             self._closed(run)
+        if self._demote and run.open == 0:
+            self._idle(run)
+
+    def _idle(self, run: SimProgram) -> None:
+        """The program has no request in flight: its cached blocks (its prefix groups' and its
+        requests' own) go first when its replicas evict. Blocks named by prefix chains (SEED's
+        tree states), which programs may share, keep their place."""
+        groups, program, p = set(run.groups.values()), self.owner.program, run.idx
+
+        def owned(key: tuple) -> bool:
+            return program[key[1]] == p if key[0] == OWN else key[0] in groups
+
+        for rid in run.replicas.values():
+            self.cluster.demote(rid, owned)
 
     def _act(self, run: SimProgram, actions: list) -> None:
         program = run.program  # an abort's callback may close it before this returns
