@@ -147,6 +147,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     from live.replay import engine_args, replay_workload
     from programs.workload import load_bank
     from sim.config import parse_config, read_yaml
+    from sim.engine.tables import cached_share
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import read_table
@@ -164,7 +165,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         if wl is None:
             raise ValueError("dynasor replay needs a program workload (workload.programs)")
         load_bank(wl)
-        _check_engine(args, wl.trace)
+        _check_engine(args, wl.trace, cfg)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     out = Path(args.out)
@@ -182,6 +183,9 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     write_sim(cfg, sim, out / "sim")
     result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
     result["live_wall_s"] = round(live_wall_s, 2)
+    # the prefix cache's share of prompt tokens (the eviction order moves it): a count, not a time
+    result["cached_prompt_share"] = {"sim": sim.summary["cached_prompt_share"],
+                                     "live": cached_share(read_table(out / "live", "requests"))}
     if calibration is not None:
         result["calibration"] = calibration
     result["machine_speed"] = machine_speed(out / "sim", [out / "live"])
@@ -193,17 +197,25 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         return 0
     print(f"decision agreement {result['decision_agreement']:.3f}, answer agreement "
           f"{result['answer_agreement']:.3f} over {result['programs']} programs")
+    share = result["cached_prompt_share"]
+    print(f"prompt tokens found cached: {share['sim']:.1%} simulated, {share['live']:.1%} live")
     print_summary(result["error"], False)
     print(f"details: {out / 'compare.json'}")
     return 0
 
 
-def _check_engine(args, trace) -> None:
+def _check_engine(args, trace, cfg) -> None:
     """`--engine` must name the engine the program trace was recorded on: only that engine's
-    sampling reproduces its trajectories."""
+    sampling reproduces its trajectories; only the in-process vLLM engine takes a pool size
+    and eviction hints."""
     from traces.store import read_run
 
     traced = read_run(trace)["engine"]
+    if (args.url or traced == "torch") and (cfg.kv_eviction != "free_order"
+                                            or cfg.replicas[0].kv_blocks is not None):
+        where = "--url's server" if args.url else "the PyTorch engine (the trace's)"
+        raise ValueError(f"kv_blocks / kv_eviction: {where} takes neither; the in-process vLLM "
+                         "engine does")
     if args.engine is not None and args.engine != traced:
         raise ValueError(f"--engine {args.engine}: {trace} was recorded on {traced}, whose "
                          f"sampling the replay must reproduce; trace it on {args.engine}")

@@ -50,7 +50,9 @@ step-time model (`sim.kernels.serving`), every figure unchanged. The A1 goldens 
 `takeovers_by_turn` and each pool's `*_kv_peak_blocks` when A1 runs began reporting them (A1's
 Figs 9 and 1), every other figure unchanged; every HELIOS policy's summary gained
 `exit_shares` (its tokens by model and exit layer, HELIOS's Table 5), every other figure
-unchanged.
+unchanged. Every program workload's golden gained `cached_prompt_share` (the prompt tokens
+found in the prefix cache) when program runs began reporting it, every other figure unchanged.
+`dynasor-kv-pressure` (Dynasor's idle-programs-first eviction) was added with its first output.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 import pytest
 import simpy
 
-from conftest import REPO, TARGET_MODEL
+from conftest import REPO, TARGET_MODEL, run_cli
 from sim.config import parse_config, read_yaml
 from sim.engine.cluster import Device
 from sim.engine.prefix_cache import OWN, PrefixCache
@@ -102,11 +102,9 @@ def test_vllm_evicts_an_idle_programs_blocks_first_as_the_simulator_does():
     assert {mode: _sim_scenario(mode) for mode in EXPECTED} == EXPECTED
 
 
-def _pressured(eviction: str, seed: int = 0):
-    d = read_yaml(REPO / "examples" / "dynasor-certaindex.yaml")
-    d["seed"] = seed
-    d["workload"]["programs"].update(count=48, rate_per_s=4)
-    d["cluster"]["replicas"][0]["kv_blocks"] = 40
+def _pressured(eviction: str):
+    d = read_yaml(REPO / "examples" / "dynasor-kv-pressure.yaml")
+    d["workload"]["programs"]["count"] = 48
     d["cluster"]["kv_eviction"] = eviction
     return parse_config(d, REPO / "examples")
 
@@ -140,3 +138,9 @@ def test_bad_eviction_settings_are_refused(change, error):
     d["cluster"]["replicas"][0].update(change)
     with pytest.raises(ValueError, match=error):
         parse_config(d, REPO / "examples")
+
+
+def test_a_replay_refuses_a_pool_or_eviction_order_its_engine_cannot_take(tmp_path):
+    bad = run_cli("dynasor", "replay", "examples/dynasor-kv-pressure.yaml", "--url",
+                  "http://127.0.0.1:9", "-o", str(tmp_path / "x"), check=False)
+    assert bad.returncode == 2 and "--url's server takes neither" in bad.stderr

@@ -36,6 +36,21 @@ def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
         assert (req.finish_reason == "abort").any() or config == "dynasor-certaindex.yaml"
 
 
+def test_a_replay_under_kv_pressure_hints_idle_programs_to_vllm(tmp_path):
+    # the config's pool (kv_blocks) and eviction order reach the live engine
+    out = tmp_path / "rp"
+    proc = run_cli("dynasor", "replay", "examples/dynasor-kv-pressure.yaml", "--count", "8",
+                   "-o", str(out), "--json", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert check_trace(out / "live") == []
+    assert read_run(out / "live")["params"]["config"]["kv_eviction"] == "idle_programs_first"
+    steps = read_table(out / "live", "steps").to_pandas()
+    assert (steps.kv_blocks_total == 40).all() and steps.kv_blocks_used.max() <= 40
+    assert result["decision_agreement"] >= 7 / 8
+    share = result["cached_prompt_share"]
+    assert 0 < share["sim"] < 1 and 0 < share["live"] < 1
+
+
 def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     # --calibrate-here: other programs (seed + 1000) live first, the replica calibrated on them
     out = tmp_path / "rp"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sim.engine.request_state import Results
 
@@ -39,6 +40,12 @@ def kv_usage(res: Results) -> float:
     """Iteration-weighted mean KV usage over the run."""
     iterations, kv_iterations = res.run_totals()
     return kv_iterations / iterations if iterations else 0.0
+
+
+def cached_share(requests: pa.Table) -> float:
+    """Share of the requests' prompt tokens found in the prefix cache."""
+    prompt = pc.sum(requests["prompt_tokens"]).as_py() or 0
+    return (pc.sum(requests["cached_prompt_tokens"]).as_py() or 0) / prompt if prompt else 0.0
 
 
 def steps_table(res: Results) -> pa.Table:

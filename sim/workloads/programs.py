@@ -28,7 +28,7 @@ from sim.metrics import summarize
 from sim.workloads.program_driver import ProgramDriver
 from sim.program_metrics import program_summary
 from sim.engine.request_state import Req, Results
-from sim.engine.tables import SimResult, finish_reasons, kv_usage, steps_table
+from sim.engine.tables import SimResult, cached_share, finish_reasons, kv_usage, steps_table
 from traces import ids
 
 
@@ -109,6 +109,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
     summary["kv_usage_mean"] = kv_usage(cluster.res)
+    summary["cached_prompt_share"] = cached_share(requests)
     summary["simulator"] = "compiled" if on_kernel else "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
