@@ -30,14 +30,20 @@ def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int
             2 * kv_heads * head_dim * dtype_bytes, embed)
 
 
-def model_config_of(model_id: str) -> Path | None:
-    """The config.json of a calibration's model: at its path, or found again under this
-    checkout's `models/` if it was traced in another; None where neither has it."""
+def model_dir_of(model_id: str, has: str = "") -> Path | None:
+    """A calibration's model directory (holding `has`, where given): at its path, or found
+    again under this checkout's `models/` if it was traced in another; None where neither is."""
     cut = model_id.find("models/")
     for d in (Path(model_id), REPO / model_id[cut:] if cut >= 0 else None):
-        if d is not None and (d / "config.json").is_file():
-            return d / "config.json"
+        if d is not None and d.is_dir() and (not has or (d / has).is_file()):
+            return d
     return None
+
+
+def model_config_of(model_id: str) -> Path | None:
+    """The config.json of a calibration's model (`model_dir_of`); None where it is not here."""
+    d = model_dir_of(model_id, "config.json")
+    return None if d is None else d / "config.json"
 
 
 def step_intensity(config_path: str | Path, dtype_bytes: int, tokens: np.ndarray,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sim.model_shape import model_dir_of
+
 REPO = Path(__file__).resolve().parent.parent
 """the checkout: `models/` and `examples/` under it"""
 DEFAULT_MODEL = REPO / "models" / "testbed" / "target-large"
@@ -27,11 +29,9 @@ def fresh_process(fn, *args, **kwargs) -> None:
 
 def resolve_model(model_id: str) -> str:
     """A calibration's model path, found again in this checkout if it was traced in another."""
-    if Path(model_id).is_dir():
-        return model_id
-    cut = model_id.find("models/")
-    if cut >= 0 and (REPO / model_id[cut:]).is_dir():
-        return str(REPO / model_id[cut:])
+    found = model_dir_of(model_id)
+    if found is not None:
+        return model_id if found == Path(model_id) else str(found)
     raise ValueError(f"model {model_id} of the calibration is not here; pass --model DIR")
 
 
