@@ -19,6 +19,9 @@ evaluation prompts a Performance History Table (PHT). The steps (HELIOS, Algorit
    greedy depth, by estimated overhead (load time + serving cost over `horizon_tokens`), and take
    the cheaper. The counter is reset after a decision. Decisions apply at the next prompt.
 4. **Re-assess** every `reassess_every` prompts: evaluate the candidates again, select again.
+   `reassess_every="auto"` sets each interval at its selection (HELIOS's "simple algorithm" over
+   the candidates' token latency and loading cost): the fewest prompts that keep the
+   evaluation's estimated cost within `overhead_share` of the time serving the rest takes.
 
 Baselines are policies too: `Static` (one model, full depth) and `EarlyExitFull` (one model, full
 depth loaded, tokens exit at the threshold: EE-LLM style).
@@ -35,6 +38,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
+MAX_AUTO_INTERVAL = 1 << 20
+"""the longest automatic re-assessment interval, in prompts past the evaluation"""
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,8 @@ class Helios:
 
     def __init__(self, candidates: list[Candidate], threshold: float = 0.9,
                  strategy: str = "throughput", eval_prompts: int = 5, cbc_max: int = 50,
-                 window: int = 100, reassess_every: int = 150, coverage: float = 0.5,
-                 horizon_tokens: int = 1000):
+                 window: int = 100, reassess_every: int | str = 150, coverage: float = 0.5,
+                 horizon_tokens: int = 1000, overhead_share: float = 0.05):
         if not candidates:
             raise ValueError("helios: needs at least one candidate model")
         if strategy not in STRATEGIES:
@@ -140,15 +145,25 @@ class Helios:
         if min(eval_prompts, window, horizon_tokens) < 1 or not 0 <= cbc_max < window:
             raise ValueError("helios: eval_prompts, window and horizon_tokens must be >= 1, and "
                              "0 <= cbc_max < window")
-        if reassess_every <= eval_prompts * len(candidates):
+        self.auto = reassess_every == "auto"
+        if not self.auto and (isinstance(reassess_every, str)
+                              or reassess_every <= eval_prompts * len(candidates)):
             raise ValueError(f"helios: reassess_every ({reassess_every}) must exceed the "
                              f"evaluation phase ({eval_prompts} prompts x {len(candidates)} "
-                             "candidates)")
+                             "candidates) or be 'auto'")
+        if not 0 < overhead_share <= 1:
+            raise ValueError("helios: overhead_share must be in (0, 1]")
         self.candidates = {c.name: c for c in candidates}
         self.order = [c.name for c in candidates]
         self.threshold, self.strategy, self.eval_prompts = threshold, strategy, eval_prompts
         self.cbc_max, self.window, self.reassess_every = cbc_max, window, reassess_every
         self.coverage, self.horizon_tokens = coverage, horizon_tokens
+        self.overhead_share = overhead_share
+        self.interval = None if self.auto else reassess_every
+        """prompts in the current re-assessment interval (auto: set at its selection)"""
+        self.interval_start = 0
+        self.intervals: list[int] = []
+        """every interval's length, as decided (auto) or fixed"""
         self.pht: dict[str, PHTRow] = {}
         self.prompt_index = 0
         self.current: Serve | None = None
@@ -162,8 +177,11 @@ class Helios:
         """The model and depth that serve the next prompt (call once per prompt, in order)."""
         i = self.prompt_index
         self.prompt_index += 1
-        j = i % self.reassess_every  # every interval starts with an evaluation phase
-        if j < self.eval_prompts * len(self.order):
+        j = i - self.interval_start
+        if self.interval is not None and j >= self.interval:  # the next interval starts
+            self.interval_start, j = i, 0
+            self.interval = None if self.auto else self.interval
+        if j < self.eval_prompts * len(self.order):  # every interval starts evaluating
             if j == 0:
                 self.pht = {}
             name = self.order[j // self.eval_prompts]
@@ -173,6 +191,9 @@ class Helios:
             serve = self._select("select")
             self.breaches.clear()
             self.pending = None
+            if self.auto:
+                self.interval = self.auto_interval(serve)
+            self.intervals.append(self.interval)
         elif self.pending is not None:
             serve, self.pending = self.pending, None
         else:
@@ -184,11 +205,10 @@ class Helios:
 
     def same_after(self) -> int:
         """Prompts after the last one that get the same decision unless tokens change it."""
-        i = self.prompt_index - 1
-        j = i % self.reassess_every
+        j = self.prompt_index - 1 - self.interval_start
         if j < self.eval_prompts * len(self.order):
             return self.eval_prompts - 1 - j % self.eval_prompts
-        return self.reassess_every - 1 - j
+        return self.interval - 1 - j
 
     def observe(self, serve: Serve, max_probs: list[float]) -> None:
         """One token generated under `serve`: its max probability at each loaded exit."""
@@ -229,6 +249,30 @@ class Helios:
             row = self.pht.get(model)
             return row.perplexity(depth) if row else math.inf
         return depth * c.energy_per_layer_token
+
+    def auto_interval(self, chosen: Serve) -> int:
+        """Prompts in an interval whose evaluation (each candidate loaded whole and serving its
+        prompts at full depth, then the choice loaded again) costs at most `overhead_share` of
+        the time its other prompts take at the choice, by the evaluated tokens per prompt."""
+        phase = self.eval_prompts * len(self.order)
+        tokens = sum(r.tokens for r in self.pht.values()) / phase
+        per_prompt_ms = tokens * self._per_token_ms(chosen.model, chosen.depth)
+        chosen_c = self.candidates[chosen.model]
+        cost_ms = chosen.depth * chosen_c.load_ms_per_layer
+        for name in self.order:
+            c = self.candidates[name]
+            cost_ms += c.layers * c.load_ms_per_layer + self.eval_prompts * tokens * max(
+                self._per_token_ms(name, c.layers) - self._per_token_ms(chosen.model,
+                                                                        chosen.depth), 0.0)
+        if per_prompt_ms <= 0:
+            return phase + 1
+        return phase + max(1, min(MAX_AUTO_INTERVAL,
+                                  math.ceil(cost_ms / (self.overhead_share * per_prompt_ms))))
+
+    def _per_token_ms(self, model: str, depth: int) -> float:
+        """Serving time per token at `depth`, at the batch that depth allows."""
+        c = self.candidates[model]
+        return (c.fixed_ms + depth * c.layer_ms) / c.batch_at_depth[depth - 1]
 
     def _select(self, event: str) -> Serve:
         best = min(self.order, key=lambda m: (self.cost(m, self.greedy_depth(m)),

@@ -12,8 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from hypothesis import settings
+# Waiting OpenMP threads sleep instead of spinning: the suite's two workers (and anything else
+# on the machine) share the cores, and spinning threads of one engine starve the other's
+# working ones (two PyTorch-engine test files side by side run several times slower).
+# Set before any engine (torch, vLLM) starts here or in a subprocess; thread counts, and so the
+# engines' numerics, are unchanged.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # Deterministic property tests: CI reruns the same examples (explore with --hypothesis-seed=N or
 # HYPOTHESIS_PROFILE=explore).

@@ -127,3 +127,32 @@ def test_shortlist_takes_the_top_models_that_fit_and_are_accurate_enough():
     assert shortlist(repo, "throughput", 9, memory_mb=100) == ["a", "b", "c", "d", "e"]
     with pytest.raises(ValueError, match=r"repository\[0\] \(a\): no energy_per_token"):
         shortlist(repo, "energy", 1, memory_mb=50)
+
+
+def test_an_automatic_interval_keeps_the_evaluation_within_its_share_of_serving():
+    h = Helios([BIG, SMALL], eval_prompts=2, reassess_every="auto", overhead_share=0.5)
+    _evaluate(h, {"big": [1, 1, 1, 4], "small": [2, 2, 2, 2]})
+    s = h.next_prompt()
+    assert (s.model, s.depth, s.event) == ("big", 1, "select")
+    # 4 tokens a prompt; big@1 serves a token in 1.5 / 32 ms. The evaluation: big loaded whole
+    # (40 ms) and small (10), their 2 prompts each at full depth over big@1 ((4.5 / 8 - 1.5 / 32)
+    # and (2.6 / 12 - 1.5 / 32) ms a token), big@1 loaded back (10): 65.48 ms, at most half of
+    # the other prompts' 0.1875 ms each: 699 prompts after the 4 evaluated.
+    assert h.interval == 4 + 699 and h.intervals == [703]
+    assert h.same_after() == 703 - 1 - 4
+    for _ in range(703 - 5):
+        assert not h.next_prompt().evaluating
+    again = h.next_prompt()
+    assert again.evaluating and again.event == "evaluate" and h.interval is None
+    # Loading costs more: the same share allows a longer interval.
+    slow = Candidate("small", 2, 1.2, 0.2, load_ms_per_layer=500.0, batch_at_depth=(16, 12))
+    h2 = Helios([BIG, slow], eval_prompts=2, reassess_every="auto", overhead_share=0.5)
+    _evaluate(h2, {"big": [1, 1, 1, 4], "small": [2, 2, 2, 2]})
+    h2.next_prompt()
+    assert h2.interval > h.intervals[0]
+
+
+@pytest.mark.parametrize("kwargs", [{"reassess_every": "often"}, {"overhead_share": 0.0}])
+def test_bad_automatic_interval_settings_are_refused(kwargs):
+    with pytest.raises(ValueError, match="reassess_every|overhead_share"):
+        Helios([BIG, SMALL], **kwargs)

@@ -63,7 +63,9 @@ def test_replay_then_validate(tmp_path, local_calibration):
     # out): the machine's prefill speed, which moves apart from its decode speed
     one = probe[(probe.decode_seqs == 0) & (probe.prefill_seqs == 1)]
     assert (one.groupby("phase").prefill_tokens.value_counts() >= 4).sum() >= 2 * 2
-    assert _speed(level["prefill"]["level"]) and level["prefill"]["factor"] > 0
+    # the prefill factor is a fit of the moment's probe: None where it came out non-positive
+    factor = level["prefill"]["factor"]
+    assert _speed(level["prefill"]["level"]) and (factor is None or factor > 0)
     assert "speed probe" in run_cli("validate", str(sim), str(live), "-o",
                                     str(tmp_path / "v1")).stdout
 

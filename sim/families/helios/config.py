@@ -118,9 +118,12 @@ class HeliosSpec(Strict):
     eval_prompts: Count = 5
     cbc_max: Annotated[int, Field(ge=0)] = 50
     window: Count = 100
-    reassess_every: Count = 150
+    reassess_every: Count | Literal["auto"] = 150
+    """prompts between re-assessments, or `auto`: set at each selection so the evaluation costs
+    at most `overhead_share` of the serving time (`policies.helios.Helios.auto_interval`)"""
     coverage: Share = 0.5
     horizon_tokens: Count = 1000
+    overhead_share: Share = 0.05
 
 
 class HeliosSection(Strict):
