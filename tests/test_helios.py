@@ -149,6 +149,8 @@ def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
     (lambda h: h["policies"].append({"type": "static", "model": "target-small"}),
      "two policies with one name"),
     (lambda h: h["models"].append({"exits": "missing-dir"}), "helios.models[2].exits"),
+    (lambda h: h["policies"].append({"type": "helios", "reassess_every": "often"}),
+     "helios.policies[8].helios.reassess_every"),
 ])
 def test_config_errors_name_the_key(edit, message):
     d = read_yaml(EXAMPLE)
@@ -324,9 +326,15 @@ def test_reassessment_interval_sensitivity_is_a_sweep(tmp_path):
     from sim.sweep import load_sweep, run_sweep
 
     key = "helios.policies.2.reassess_every"
-    df = run_sweep(load_sweep(EXAMPLE, grid={key: [30, 120]}), tmp_path / "ri")
+    df = run_sweep(load_sweep(EXAMPLE, grid={key: [30, 120, "auto"]}), tmp_path / "ri")
+    df[key] = df[key].astype(str)
     tput = df.pivot_table(index=key, columns="policy", values="throughput_tok_s")
     # fewer re-evaluations at full depth: more of the stream at the selected depth
-    assert tput.loc[120, "helios:throughput"] > tput.loc[30, "helios:throughput"]
+    assert tput.loc["120", "helios:throughput"] > tput.loc["30", "helios:throughput"]
     for static in ("static:target-large", "static:target-small", "helios:accuracy"):
-        assert tput.loc[120, static] == tput.loc[30, static]
+        assert tput.loc["120", static] == tput.loc["30", static]
+    # auto: the testbed's loads are cheap against serving its evaluation prompts at full depth,
+    # so the interval outlasts the 120-prompt stream: no re-assessment, as at 120
+    events = df[(df[key] == "auto") & (df.policy == "helios:throughput")].events.iloc[0]
+    assert sum(":evaluate:" in e for e in json.loads(events)) == 2  # one phase, two models
+    assert tput.loc["auto", "helios:throughput"] == tput.loc["120", "helios:throughput"]
