@@ -29,6 +29,35 @@ class LiveRun:
     finish_s: float = math.nan
 
 
+class IdleHints:
+    """Dynasor's eviction hint (`cluster.kv_eviction: idle_programs_first`): the engines learn
+    when a program has no request in flight (`engines.kv_hints`); nothing under `free_order`."""
+
+    def __init__(self, engines: dict, kv_eviction: str):
+        self.on = kv_eviction == "idle_programs_first"
+        self.engines = list(dict.fromkeys(engines.values()))
+        self.open: dict[int, int] = {}  # id(run) -> its requests in flight
+        for engine in self.engines if self.on else ():
+            if not hasattr(engine, "hint_idle_programs"):
+                raise ValueError(f"kv_eviction: idle_programs_first: the {type(engine).__name__} "
+                                 "takes no eviction hints (the in-process vLLM engine does)")
+            engine.hint_idle_programs()
+
+    def sent(self, run: LiveRun) -> None:
+        """A request of the program went to an engine."""
+        self.open[id(run)] = self.open.get(id(run), 0) + 1
+
+    def ended(self, run: LiveRun) -> None:
+        """A request of the program finished or was aborted."""
+        self.open[id(run)] -= 1
+
+    def settled(self, run: LiveRun) -> None:
+        """The program acted on an outcome: with nothing in flight, its blocks go first."""
+        if self.on and self.open[id(run)] == 0:
+            for engine in self.engines:
+                engine.idle(run.key)
+
+
 def _request_id(run: LiveRun, spec: RequestSpec, n: int) -> str:
     if spec.kind == "chunk":
         return ids.chunk_id(run.key, n)
@@ -45,14 +74,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
     `kv_eviction: idle_programs_first` tells the engines which programs have nothing in flight
     (Dynasor's eviction hint, `engines.kv_hints`)."""
     clock = next(iter(engines.values()))
-    idle_first = kv_eviction == "idle_programs_first"
-    if idle_first:
-        for engine in dict.fromkeys(engines.values()):
-            if not hasattr(engine, "hint_idle_programs"):
-                raise ValueError(f"kv_eviction: idle_programs_first: the {type(engine).__name__} "
-                                 "takes no eviction hints (the in-process vLLM engine does)")
-            engine.hint_idle_programs()
-    in_flight: dict[int, int] = {}  # id(run) -> its requests pending
+    hints = IdleHints(engines, kv_eviction)
     pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
     rid_of: dict[RequestSpec, str] = {}
     counter = itertools.count()
@@ -69,7 +91,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
         rid = _request_id(run, spec, next(counter))
         pending[rid] = (run, spec)
         rid_of[spec] = rid
-        in_flight[id(run)] = in_flight.get(id(run), 0) + 1
+        hints.sent(run)
         engines[spec.role].add(rid, spec.prompt_ids, spec.sampling, prio, run.key,
                                spec.table_role)
 
@@ -79,7 +101,7 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
             if isinstance(a, Abort):
                 rid = rid_of.pop(a.spec)
                 pending.pop(rid)
-                in_flight[id(run)] -= 1
+                hints.ended(run)
                 engines[a.spec.role].abort(rid)  # its tokens are counted from the requests table
             else:
                 submit(run, a)
@@ -111,11 +133,9 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
                     continue
                 run, spec = pending.pop(rid)
                 rid_of.pop(spec, None)
-                in_flight[id(run)] -= 1
+                hints.ended(run)
                 outcome = run.program.interpret(spec, raw, answer_of)
                 act(run, run.program.on_done(spec, outcome))
-                if idle_first and in_flight[id(run)] == 0:
-                    for engine in dict.fromkeys(engines.values()):
-                        engine.idle(run.key)
+                hints.settled(run)
         if not stepped:
             raise RuntimeError(f"live run: {len(pending)} requests pending on idle engines (a bug)")
