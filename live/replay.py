@@ -60,10 +60,9 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     if kv_blocks is not None and (on_torch or url is not None):
         raise ValueError("kv_blocks: only the in-process vLLM engine takes a pool size; the "
                          f"{'PyTorch engine' if on_torch else 'server'} sizes its own")
-    teng = dict(teng, kv_blocks=kv_blocks)
     engine, writer, tok, served = _open_engine(trace_run["engine"], model_dir, url, twl, teng,
                                                max_num_seqs, policy, seed, config, out_dir,
-                                               device)
+                                               device, kv_blocks)
 
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False)
@@ -97,7 +96,7 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
 
 def _open_engine(traced: str, model_dir, url: str | None, twl: dict, teng: dict,
                  max_num_seqs: int | None, policy: str, seed: int, config: dict, out_dir: Path,
-                 device: str) -> tuple:
+                 device: str, kv_blocks: int | None = None) -> tuple:
     """The engine a program replay runs on (None: the server at `url`), its writer, its
     tokenizer, and the server's model name (None in-process)."""
     from transformers import AutoTokenizer
@@ -124,7 +123,7 @@ def _open_engine(traced: str, model_dir, url: str | None, twl: dict, teng: dict,
             str(model_dir)), served
     engine = reasoning_engine(model_dir, int(twl["seed"]), float(teng["kv_cache_gb"]),
                               max_num_seqs, policy, int(teng.get("max_model_len", 1024)),
-                              int(teng.get("block_size", 32)), kv_blocks=teng["kv_blocks"])
+                              int(teng.get("block_size", 32)), kv_blocks=kv_blocks)
     writer = TraceWriter(out_dir, engine.run_row("program_replay", seed,
                                                  config | {"engine": engine.params()}))
     return engine, writer, engine.engine.get_tokenizer(), None

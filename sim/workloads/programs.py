@@ -104,12 +104,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                            "please report with the config)")
     requests = _requests_table(driver, cluster.res)
     progs = programs_table([rows[r.idx] if r.idx in rows else row(r) for r in runs])
-    # the timing columns only: pandas would make a Python string of every id
-    summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
-    summary.update(program_summary(progs.to_pandas()))
-    summary.update(cluster.summary(cluster.res.events + wl.count, summary["makespan_s"]))
-    summary["kv_usage_mean"] = kv_usage(cluster.res)
-    summary["cached_prompt_share"] = cached_share(requests)
+    summary = _summary(cfg, cluster, requests, progs)
     summary["simulator"] = "compiled" if on_kernel else "simpy"
     steps = steps_table(cluster.res) if cfg.write_steps else None
     tables = {}
@@ -122,6 +117,18 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
 
 _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
 """the requests table's columns `summarize` reads"""
+
+
+def _summary(cfg, cluster, requests, progs) -> dict:
+    """A program run's figures: request latencies, programs, the cluster's load and cache."""
+    # the timing columns only: pandas would make a Python string of every id
+    summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
+    summary.update(program_summary(progs.to_pandas()))
+    summary.update(cluster.summary(cluster.res.events + cfg.programs.count,
+                                   summary["makespan_s"]))
+    summary["kv_usage_mean"] = kv_usage(cluster.res)
+    summary["cached_prompt_share"] = cached_share(requests)
+    return summary
 
 
 def _requests_table(driver, res: Results) -> pa.Table:
