@@ -84,7 +84,10 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     for r in result["workloads"]:
         assert _speed(r["probe_level"]), r["workload"]
         # ... and its one-prompt prefills, whose level scales the model's prefill terms apart
-        assert _speed(r["probe_prefill_level"]) and _speed(r["probe_prefill_factor"]), r
+        # (the factor is a fit of the moment's probes: None where one came out non-positive,
+        # as a busy machine's noise under short prompts' own terms can make it)
+        factor = r["probe_prefill_factor"]
+        assert _speed(r["probe_prefill_level"]) and (factor is None or _speed(factor)), r
         # against the same probe at the end of the calibration's grid: the machine's speed
         # then, not the model's error at the probe's shapes
         assert r["probe_against"] == "reference", r
