@@ -3,8 +3,9 @@ of a program workload table for table.
 
 Same requests, programs and steps tables and the same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
-replica), on Dynasor CoT with probes and self-consistency and on SC, MCTS and Rebase search
-programs from a branches trace, under every inter-program scheduler
+replica), on Dynasor CoT with probes and self-consistency, on SC, MCTS and Rebase search
+programs from a branches trace and on A1's two pools (scoring prefills re-run uncached),
+under every inter-program scheduler
 (priority queues, the lowest-priority victim), KV pressure (preemption, prefix-cache eviction),
 chunked prefill, few sequence slots, several replicas, the loop's host time with the seeded
 sampling term, and the linear and the serving step-time model (every term of the latter on); and
@@ -126,6 +127,66 @@ def test_search_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv,
     _equal(fast, simulate(cfg, compiled=False))
 
 
+def _a1_config(example: str, programs: int, rate_per_s: float, seed: int = 0,
+               scheduler: str | None = None, **group):
+    """An A1 example with each pool on a device of its own (the kernel runs no shared device),
+    `group` set on both pools."""
+    d = read_yaml(EXAMPLES / example)
+    d["seed"] = seed
+    d["workload"]["programs"].update(count=programs, rate_per_s=rate_per_s)
+    for g in d["cluster"]["replicas"]:
+        g.pop("device", None)
+        g.update(group)
+    if scheduler:
+        d["cluster"]["scheduler"] = scheduler
+    return parse_config(d, EXAMPLES)
+
+
+@settings(max_examples=12, deadline=None)
+@given(example=st.sampled_from(["a1-async.yaml", "a1-sync.yaml", "a1-conditional.yaml",
+                                "a1-target-only.yaml"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "app_fifo"]),
+       kv=st.sampled_from([None, 24, 80]), seqs=st.sampled_from([None, 4]),
+       caching=st.booleans(), host=st.booleans(), count=st.sampled_from([1, 2]),
+       model=st.sampled_from(["linear", "serving"]), seed=st.integers(0, 3))
+def test_a1_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seqs, caching,
+                                               host, count, model, seed):
+    """A1's two pools (draft steps; target steps and one-token scoring prefills that re-run
+    uncached where their cache hit covered the scored positions) run compiled, equal to SimPy,
+    the conformity table and A1's summary included."""
+    group = {"enable_prefix_caching": caching, "count": count}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    if host or model == "serving":  # one model on both pools: the tables still must agree
+        group["calibration"] = str(cals[model, host])
+    cfg = _a1_config(example, 10, 4.0, seed, scheduler, **group)
+    fast = simulate(cfg)
+    ref = simulate(cfg, compiled=False)
+    _equal(fast, ref)
+    assert fast.tables == ref.tables
+    assert {k: v for k, v in fast.summary.items() if k not in ("simulator", "wall_s",
+                                                             "event_loop_s")} == \
+        {k: v for k, v in ref.summary.items() if k not in ("simulator", "wall_s", "event_loop_s")}
+
+
+def test_a1_scoring_requests_rerun_uncached_on_the_kernel():
+    """Scoring prefills whose cache hit covers the scored positions run twice on both paths
+    (their prompts prefilled more than once in all), and a run that keeps no steps table
+    reports the same pools' KV peaks from its folded totals."""
+    cfg = _a1_config("a1-async-separate.yaml", 24, 2.0)
+    fast = simulate(cfg)
+    _equal(fast, simulate(cfg, compiled=False))
+    req, steps = fast.requests.to_pandas(), fast.steps.to_pandas()
+    assert fast.summary["preemptions"] == 0
+    assert steps.prefill_tokens.sum() > (req.prompt_tokens - req.cached_prompt_tokens).sum()
+    folded = simulate(dataclasses.replace(cfg, write_steps=False))
+    assert folded.steps is None and folded.summary["simulator"] == "compiled"
+    for pool in ("draft", "target"):
+        key = f"{pool}_kv_peak_blocks"
+        assert folded.summary[key] == fast.summary[key] > 0, key
+
+
 def test_program_kernel_under_pressure_preempts_evicts_and_aborts():
     """KV pressure on one replica: recompute preemptions of the lowest-priority request and
     cached blocks evicted, with certaindex aborting chunks and probes in flight."""
@@ -177,8 +238,8 @@ def test_program_kernel_without_steps_keeps_the_run_totals():
 
 
 def test_what_stays_under_simpy():
-    """Sampled step time, the families that do not compile (A1 here) and the reference paths
-    stay under SimPy."""
+    """Sampled step time, the families that do not compile, a shared device (A1's CPU testbed
+    here) and the reference paths stay under SimPy."""
     cfg = _config("dynasor-cot-certaindex.yaml", 5, 2.0)
     specs = build_replicas(cfg)
     assert why_not_compiled_programs(cfg, specs, True, 100) is None
@@ -189,6 +250,7 @@ def test_what_stays_under_simpy():
     assert simulate(cfg, compiled=False).summary["simulator"] == "simpy"
     assert simulate(cfg, lazy=False).summary["simulator"] == "simpy"
     a1 = parse_config(read_yaml(EXAMPLES / "a1-async.yaml"), EXAMPLES)
+    assert why_not_compiled_programs(a1, build_replicas(a1), True, 100) == "a shared device"
     assert simulate(a1).summary["simulator"] == "simpy"
 
 

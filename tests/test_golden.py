@@ -53,6 +53,8 @@ Figs 9 and 1), every other figure unchanged; every HELIOS policy's summary gaine
 unchanged. Every program workload's golden gained `cached_prompt_share` (the prompt tokens
 found in the prefix cache) when program runs began reporting it, every other figure unchanged.
 `dynasor-kv-pressure` (Dynasor's idle-programs-first eviction) was added with its first output.
+`a1-async-separate`'s `simulator` became `compiled` when the program kernel learned A1's
+scoring re-runs, every figure unchanged.
 """
 
 from __future__ import annotations

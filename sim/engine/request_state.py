@@ -163,7 +163,7 @@ class Results:
         self._blocks: list[np.ndarray] = []  # full blocks, _BLOCK rows each
         self._packed = 0                     # rows in them
         self._seg: tuple[int, dict] | None = None  # (rows when built, columns)
-        self._totals: tuple[np.ndarray, np.ndarray] | None = None  # `load_totals`
+        self._totals: tuple[np.ndarray, ...] | None = None  # `load_totals`
         self.events = 0
 
     def grow(self, index: int) -> None:
@@ -203,17 +203,29 @@ class Results:
         self._rows, self._blocks, self._packed = [], [], 0
         self._seg = (0, dict(zip(SEG_COLUMNS, table.T)))  # `seg` keeps it while no row is added
 
-    def load_totals(self, k_iters: np.ndarray, kv_iters: np.ndarray) -> None:
+    def load_totals(self, k_iters: np.ndarray, kv_iters: np.ndarray,
+                    kv_peak_blocks: np.ndarray) -> None:
         """Take only the runs' totals per replica (a compiled run that writes no steps table
-        keeps no record per run): iterations, and iterations x the fraction of KV in use."""
+        keeps no record per run): iterations, iterations x the fraction of KV in use, and the
+        most KV blocks in use at a run's start."""
         self._rows, self._blocks, self._packed, self._seg = [], [], 0, None
-        self._totals = (k_iters, kv_iters)
+        self._totals = (k_iters, kv_iters, kv_peak_blocks)
+
+    def kv_peak_blocks(self, replicas) -> int:
+        """The most KV blocks in use at the start of a run of iterations on any of `replicas`
+        (replica ids); 0 where they ran none."""
+        if self._totals is not None:
+            peaks = self._totals[2][list(replicas)]
+            return int(peaks.max()) if len(peaks) else 0
+        seg = self.seg
+        used = seg["kv_blocks_used"][np.isin(seg["replica_id"], list(replicas))]
+        return int(used.max()) if len(used) else 0
 
     def run_totals(self) -> tuple[int, float]:
         """(iterations, iterations x the fraction of KV blocks in use at their run's start) over
         every run."""
         if self._totals is not None:
-            k_iters, kv_iters = self._totals
+            k_iters, kv_iters = self._totals[:2]
             return int(k_iters.astype(np.int64).sum()), float(kv_iters.sum())
         seg = self.seg
         k = seg["k_iters"]

@@ -30,8 +30,8 @@ from sim.kernels.program_state import (
     FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
     CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP,
     SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
-    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, DONE_J,
-    FOLD, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
+    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, RUNS_KV_PEAK, DONE_J,
+    FOLD, RERUNS, SCORING, RESCORE, UNCACHED, RESCORED_R, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
 
 
@@ -177,6 +177,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
         if seg[j, 2] > 0:
             rf[j, RUNS_K] += seg[j, 2]
             rf[j, RUNS_KV] += seg[j, 12] / seg[j, 13] * seg[j, 2]  # `sim.engine.tables.kv_usage`'s
+            rf[j, RUNS_KV_PEAK] = max(rf[j, RUNS_KV_PEAK], seg[j, 12])
         ctr[SEG_N] = j
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
                prefill_seqs, decode_seqs, context, preempted, lru[j, 2])
@@ -201,6 +202,15 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     rt[SCHEDULED_S, idx] = rt[FIRST_TOKEN_S, idx] = rt[FINISH_S, idx] = np.nan
     ri[PROMPT_R, idx], ri[REPLICA_R, idx] = prompt, j
     ri[PRIORITY_R, idx] = min(max(priority, -2**31), 2**31 - 1)
+    arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru, free,
+           j, r)
+
+
+@njit(cache=True)
+def arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+           free, j, r):
+    """The request in slot r joins replica j's queue (`Replica.submit` past the request's
+    making): its arrival number, the loop's host time, and the loop woken if idle."""
     rq[r, SEQ] = rp[j, ARRIVALS]
     rp[j, ARRIVALS] += 1
     # the first request added since the last step costs the loop most (`sim.step_time.host_time`)
@@ -248,6 +258,24 @@ def finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r):
     rt[FINISH_S, rq[r, IDX]] = clock[0]
     ri[OUT_TOKENS, rq[r, IDX]] = rq[r, GENERATED]
     return 2 * rq[r, GENERATED] + rq[r, ABORTED]
+
+
+@njit(cache=True)
+def retire(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
+           free, j, r):
+    """`finish` of a request its step ended, then `Cluster._finished`: a scoring request that
+    read cached positions it needs log-probabilities of runs again from the start, reading no
+    cache, and only that run's end is its callback (-1 until then)."""
+    out = finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r)
+    if rq[r, SCORING] != RESCORE or rq[r, ABORTED]:
+        return out
+    rq[r, DONE] = rq[r, COMPUTED] = rq[r, GENERATED] = 0  # `Req.rerun_uncached`
+    rq[r, TARGET], rq[r, SCORING] = rq[r, PROMPT], UNCACHED
+    ri[RESCORED_R, rq[r, IDX]] = 1
+    ctr[RERUNS] += 1
+    arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru, free,
+           j, r)
+    return -1
 
 
 @njit(cache=True)
@@ -314,7 +342,7 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
     """Submit the pending sends, finish replica `pending`'s step end (>= 0: its callbacks ran),
     then process events until one retires requests, the arrival process is due, room runs
     short or none is left: (END, ARRIVAL, ROOM or RETIRED; the replica; n retired, in
-    `done[:n]`; the clock; the first one's slot and its `finish`, done here, as nothing comes
+    `done[:n]`; the clock; the first one's slot and its `retire`, done here, as nothing comes
     between a step's end and its first callback)."""
     drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
           free, pend_i, pend_f, npend)
@@ -339,8 +367,9 @@ def advance(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, p
         _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, int(ev[4]),
                 ev[5])
         if ctr[DONE_N] > 0:
-            return RETIRED, j, ctr[DONE_N], clock[0], done[0], finish(
-                rq, rp, rt, ri, clock, pc, tab, lru, free, j, done[0])
+            return RETIRED, j, ctr[DONE_N], clock[0], done[0], retire(
+                rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
+                lru, free, j, done[0])
         end_step(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab,
                  lru, free, j)
     return END, 0, 0, clock[0], 0, 0
@@ -384,10 +413,11 @@ def arrival_st(st, npend, gap):
 
 
 @njit(cache=True)
-def finish_st(st, npend, j, r):
-    """The pending sends, then `finish` of slot r on replica j, on the packed state."""
+def retire_st(st, npend, j, r):
+    """The pending sends, then `retire` of slot r on replica j, on the packed state."""
     drain_st(st, npend)
-    return finish(st.rq, st.rp, st.rt, st.ri, st.clock, st.pc, st.tab, st.lru, st.free, j, r)
+    return retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
+                  st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, j, r)
 
 
 @njit(cache=True)

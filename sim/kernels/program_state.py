@@ -24,7 +24,10 @@ from sim.kernels.state import (  # the shared columns too, for the kernel to imp
 
 # per request slot (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
-    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, RQ_COLS = range(19)
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, RQ_COLS = range(20)
+# `SCORING` of a scoring request (`Req.rescore` / `reads_cache`): its cache hit covered positions
+# it needs log-probabilities of (it runs again, uncached, once it ends), or it is that re-run
+RESCORE, UNCACHED = 1, 2
 # per request slot (float64)
 LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
 # per replica: the plain kernel's columns (`sim.kernels.state`, so its run recording and
@@ -32,20 +35,22 @@ LP_PROMPT, LP_SAMPLE, RQF_COLS = range(3)
 ENDING, NSCHED, ARRIVALS, CACHING, PRIO, RP_COLS = range(_RP_COLS, _RP_COLS + 6)
 LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
 # with `FOLD` on: the totals of the replica's runs folded so far (iterations; iterations x the
-# fraction of KV blocks in use at the run's start)
-RUNS_K, RUNS_KV, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2
+# fraction of KV blocks in use at the run's start; the most blocks in use at a run's start)
+RUNS_K, RUNS_KV, RUNS_KV_PEAK, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2, RF_COLS + 3
 # the serving step-time model's columns and engine state (`sim.kernels.serving`, from SV0), then
 # from SEEN0 a flag per token count where a replica's model is `serving` (`programs._state`)
 SV0 = RF_COLS
 SEEN0 = RF_COLS = SV0 + SV_COLS
 # results, a row per column, indexed by request (float64 / int32)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, RT_ROWS = range(5)
-OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RI_ROWS = range(8)
+OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RESCORED_R, \
+    RI_ROWS = range(9)
 # counters (int64) and the clock
 # after the plain kernel's EID, EVENTS, SEG_N, HEAP_N; FOLD: 1 when no steps table is written,
 # so that a replica keeps one step row (its current run's), folded into RUNS_K / RUNS_KV when
-# the next run replaces it: rows for every run would take gigabytes at a million programs
-DONE_N, DONE_J, FOLD, CTR_COLS = range(4, 8)
+# the next run replaces it: rows for every run would take gigabytes at a million programs;
+# the run of iterations it replaces; RERUNS: scoring requests sent again (`RESCORE`)
+DONE_N, DONE_J, FOLD, RERUNS, CTR_COLS = range(4, 9)
 # what `advance` stopped for
 END, ARRIVAL, RETIRED, ROOM = range(4)
 
@@ -113,14 +118,15 @@ def alloc(rq, rp, pc, tab, lru, free, j, r, tokens_after):
 @njit(cache=True)
 def take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
     """`KvPool._take_hit`: a waiting request's cache hit and first chunk where its whole prompt
-    fits; False, nothing changed, where not. A request that scores prompt positions the hit
-    covers reads nothing cached (the kernel runs no re-scoring: `why_not_compiled_programs`)."""
+    fits; False, nothing changed, where not. A scoring request whose hit covers positions it
+    needs log-probabilities of is marked `RESCORE` (`PrefixCache.take`); its re-run reads no
+    cache."""
     bs = rp[j, BS]
-    shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
-    n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
-                              rq[r, IDX], rp.shape[0])
-    if rq[r, SCORE_FROM] and (n + own) * bs >= rq[r, SCORE_FROM]:
-        n = own = unheld = 0
+    n = own = unheld = 0
+    if rq[r, SCORING] != UNCACHED:
+        shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
+        n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
+                                  rq[r, IDX], rp.shape[0])
     held = n + own
     need = cdiv(rq[r, TARGET], bs) - held - rq[r, BLOCKS]
     computed = held * bs
@@ -129,6 +135,8 @@ def take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
         return False
     rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], n, own, rq[r, IDX], rp.shape[0])
     rq[r, SHARED], rq[r, BLOCKS], rq[r, COMPUTED] = n, rq[r, BLOCKS] + own, computed
+    if rq[r, SCORING] != UNCACHED:
+        rq[r, SCORING] = RESCORE if rq[r, SCORE_FROM] and computed >= rq[r, SCORE_FROM] else 0
     return alloc(rq, rp, pc, tab, lru, free, j, r, computed + min(rq[r, TARGET] - computed,
                                                                    budget))
 

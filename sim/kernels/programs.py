@@ -134,7 +134,7 @@ class CompiledCluster(Cluster):
     def run(self, process) -> None:
         """Run the arrival process and every event it leads to."""
         loop0 = time.perf_counter()
-        st, env, finish, advance = self.st, self.env, K.finish_st, K.advance_st
+        st, env, retire, advance = self.st, self.env, K.retire_st, K.advance_st
         retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
         with gc_paused():
             self._resume(process)
@@ -146,14 +146,17 @@ class CompiledCluster(Cluster):
                 pending = -1
                 if code == retired:
                     rest = st.done[1:n].tolist() if n > 1 else ()
-                    # the callback of each, then its slot is free (`_retired`, inlined)
-                    self.on_done(self._idx[s], out >> 1, out & 1 == 1)
-                    self._free.append(s)
-                    for s in rest:
-                        out = finish(self._st, self._npend, j, s)
-                        self._npend = 0
+                    # the callback of each, then its slot is free (`_retired`, inlined); none
+                    # for a scoring request sent again (`program_kernel.retire`: -1)
+                    if out >= 0:
                         self.on_done(self._idx[s], out >> 1, out & 1 == 1)
                         self._free.append(s)
+                    for s in rest:
+                        out = retire(self._st, self._npend, j, s)
+                        self._npend = 0
+                        if out >= 0:
+                            self.on_done(self._idx[s], out >> 1, out & 1 == 1)
+                            self._free.append(s)
                     self._calls -= 1
                     if self._calls <= 0:
                         self._room()
@@ -234,20 +237,23 @@ class CompiledCluster(Cluster):
 
     def _results(self) -> None:
         st, res = self.st, self.res
-        n = int(st.rp[:, S.ARRIVALS].sum())  # the requests sent, idx 0..n-1 (beyond: unset)
+        # the requests sent, idx 0..n-1 (beyond: unset); a re-run scoring request arrived twice
+        n = int(st.rp[:, S.ARRIVALS].sum() - st.ctr[S.RERUNS])
         rt, ri = st.rt[:, :n], st.ri[:, :n]
         res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = rt
         res.prompt_tokens, res.priority, res.replica_id = \
             ri[S.PROMPT_R], ri[S.PRIORITY_R], ri[S.REPLICA_R]
         res.output_tokens, res.cached_tokens = ri[S.OUT_TOKENS], ri[S.CACHED]
         res.aborted, res.preemptions = ri[S.ABORTED_R].astype(bool), ri[S.PREEMPTS]
+        res.rescored = ri[S.RESCORED_R].astype(bool)
         if st.ctr[S.FOLD]:
             k, rows = st.rf[:, S.RUNS_K].copy(), st.seg[:len(st.rf)]
-            kv = st.rf[:, S.RUNS_KV].copy()
+            kv, peak = st.rf[:, S.RUNS_KV].copy(), st.rf[:, S.RUNS_KV_PEAK].copy()
             ran = rows[:, 2] > 0
             k[ran] += rows[ran, 2]
             kv[ran] += rows[ran, 12] / rows[ran, 13] * rows[ran, 2]
-            res.load_totals(k, kv)
+            peak[ran] = np.maximum(peak[ran], rows[ran, 12])
+            res.load_totals(k, kv, peak.astype(np.int64))
         else:
             res.load_segments(st.seg[:st.ctr[S.SEG_N]])
         res.events = int(st.ctr[S.EVENTS])

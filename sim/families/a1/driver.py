@@ -84,14 +84,8 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
 def kv_peaks(cluster) -> dict:
     """Each pool's most KV blocks in use at once (at the start of a run of iterations, as vLLM
     counts them: cached blocks no request holds are free): A1's memory figure."""
-    import numpy as np
-
-    seg = cluster.res.seg
-    out = {}
-    for pool, members in sorted(cluster.pools.items()):
-        used = seg["kv_blocks_used"][np.isin(seg["replica_id"], list(members))]
-        out[f"{pool}_kv_peak_blocks"] = int(used.max()) if len(used) else 0
-    return out
+    return {f"{pool}_kv_peak_blocks": cluster.res.kv_peak_blocks(members)
+            for pool, members in sorted(cluster.pools.items())}
 
 
-register_sim_family(SimFamily("a1", build_a1_runs, a1_results))
+register_sim_family(SimFamily("a1", build_a1_runs, a1_results, compiles=True))
