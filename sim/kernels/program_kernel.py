@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sim.kernels import prefix as P
 from sim.kernels import serving as V
 from sim.kernels.state import cdiv, pop_event, push_event, record_run, truncate_run
 from sim.kernels.program_state import (
@@ -383,46 +382,3 @@ def schedule_arrival(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock
     drain(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
           free, pend_i, pend_f, npend)
     push_event(h, ctr, clock[0] + gap, -1, 0, 0, 0.0)
-
-
-# ------------------------------------------------------------------ the driver's calls
-# on the packed state (`program_state.State.packed`): one argument where the arrays are 19
-
-
-@njit(cache=True)
-def advance_st(st, npend, node_room, pending):
-    """`advance` on the packed state."""
-    return advance(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h,
-                   st.seg, st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free,
-                   st.pend_i, st.pend_f, npend, node_room, pending)
-
-
-@njit(cache=True)
-def drain_st(st, npend):
-    """`drain` on the packed state."""
-    drain(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
-          st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, st.pend_i, st.pend_f, npend)
-
-
-@njit(cache=True)
-def arrival_st(st, npend, gap):
-    """`schedule_arrival` on the packed state."""
-    schedule_arrival(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h,
-                     st.seg, st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free,
-                     st.pend_i, st.pend_f, npend, gap)
-
-
-@njit(cache=True)
-def retire_st(st, npend, j, r):
-    """The pending sends, then `retire` of slot r on replica j, on the packed state."""
-    drain_st(st, npend)
-    return retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
-                  st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, j, r)
-
-
-@njit(cache=True)
-def abort_st(st, npend, j, r):
-    """The pending sends, then `abort` of slot r on replica j, on the packed state."""
-    drain_st(st, npend)
-    return abort(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
-                 st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, j, r)

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from sim.kernels import prefix as P
+from sim.kernels import program_calls as C
 from sim.kernels import program_kernel as K
 from sim.kernels import program_state as S
 from sim.kernels.serving import serving_state
@@ -125,7 +126,7 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        generated = K.abort_st(self._st, self._npend, j, s)
+        generated = C.abort_st(self._st, self._npend, j, s)
         self._npend = 0
         if generated >= 0:
             self._retired(j, s, generated, True)
@@ -134,7 +135,7 @@ class CompiledCluster(Cluster):
     def run(self, process) -> None:
         """Run the arrival process and every event it leads to."""
         loop0 = time.perf_counter()
-        st, env, retire, advance = self.st, self.env, K.retire_st, K.advance_st
+        st, env, retire, advance = self.st, self.env, C.retire_st, C.advance_st
         retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
         with gc_paused():
             self._resume(process)
@@ -178,7 +179,7 @@ class CompiledCluster(Cluster):
         self._calls -= 1
         if self._calls <= 0:
             self._room()
-        K.arrival_st(self._st, self._npend, gap)
+        C.arrival_st(self._st, self._npend, gap)
         self._npend = 0
 
     def _grow_pend(self) -> None:
