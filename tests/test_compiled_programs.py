@@ -4,8 +4,8 @@ of a program workload table for table.
 Same requests, programs and steps tables and the same events, iterations and preemptions as
 `simulate(cfg, compiled=False)` (the lazy replica under SimPy, itself equal to the reference
 replica), on Dynasor CoT with probes and self-consistency, on SC, MCTS and Rebase search
-programs from a branches trace and on A1's two pools (scoring prefills re-run uncached),
-under every inter-program scheduler
+programs from a branches trace, on A1's two pools (scoring prefills re-run uncached) and on
+SEED's trees (prompts named by prefix chains), under every inter-program scheduler
 (priority queues, the lowest-priority victim), KV pressure (preemption, prefix-cache eviction),
 chunked prefill, few sequence slots, several replicas, the loop's host time with the seeded
 sampling term, and the linear and the serving step-time model (every term of the latter on); and
@@ -127,10 +127,10 @@ def test_search_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv,
     _equal(fast, simulate(cfg, compiled=False))
 
 
-def _a1_config(example: str, programs: int, rate_per_s: float, seed: int = 0,
-               scheduler: str | None = None, **group):
-    """An A1 example with each pool on a device of its own (the kernel runs no shared device),
-    `group` set on both pools."""
+def _pools_config(example: str, programs: int, rate_per_s: float, seed: int = 0,
+                  scheduler: str | None = None, **group):
+    """An example of two pools (A1, SEED) with each on a device of its own (the kernel runs no
+    shared device), `group` set on both."""
     d = read_yaml(EXAMPLES / example)
     d["seed"] = seed
     d["workload"]["programs"].update(count=programs, rate_per_s=rate_per_s)
@@ -160,7 +160,7 @@ def test_a1_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seq
             group[key] = v
     if host or model == "serving":  # one model on both pools: the tables still must agree
         group["calibration"] = str(cals[model, host])
-    cfg = _a1_config(example, 10, 4.0, seed, scheduler, **group)
+    cfg = _pools_config(example, 10, 4.0, seed, scheduler, **group)
     fast = simulate(cfg)
     ref = simulate(cfg, compiled=False)
     _equal(fast, ref)
@@ -170,11 +170,36 @@ def test_a1_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seq
         {k: v for k, v in ref.summary.items() if k not in ("simulator", "wall_s", "event_loop_s")}
 
 
+@settings(max_examples=10, deadline=None)
+@given(example=st.sampled_from(["seed-greedy-small.yaml", "seed-greedy.yaml", "seed-mcsd.yaml",
+                                "seed-sampled.yaml", "seed-separate.yaml"]),
+       scheduler=st.sampled_from(["fcfs", "app_fifo"]),
+       kv=st.sampled_from([None, 16, 40]), seqs=st.sampled_from([None, 3]),
+       caching=st.booleans(), host=st.booleans(), count=st.sampled_from([1, 2]),
+       model=st.sampled_from(["linear", "serving"]), seed=st.integers(0, 3))
+def test_seed_trees_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seqs, caching, host,
+                                              count, model, seed):
+    """SEED's Tree-of-Thoughts programs (prompts named by prefix chains of their content:
+    sibling thoughts share blocks across programs; verifications re-run uncached where their
+    drafted tail was cached) run compiled, equal to SimPy, the tot_requests table included."""
+    group = {"enable_prefix_caching": caching, "count": count}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    if host or model == "serving":
+        group["calibration"] = str(cals[model, host])
+    cfg = _pools_config(example, 4, 2.0, seed, scheduler, **group)
+    fast = simulate(cfg)
+    ref = simulate(cfg, compiled=False)
+    _equal(fast, ref)
+    assert fast.tables == ref.tables
+
+
 def test_a1_scoring_requests_rerun_uncached_on_the_kernel():
     """Scoring prefills whose cache hit covers the scored positions run twice on both paths
     (their prompts prefilled more than once in all), and a run that keeps no steps table
     reports the same pools' KV peaks from its folded totals."""
-    cfg = _a1_config("a1-async-separate.yaml", 24, 2.0)
+    cfg = _pools_config("a1-async-separate.yaml", 24, 2.0)
     fast = simulate(cfg)
     _equal(fast, simulate(cfg, compiled=False))
     req, steps = fast.requests.to_pandas(), fast.steps.to_pandas()

@@ -162,7 +162,7 @@ def test_a_toy_family_registered_from_its_own_module_runs_in_simulate(toy_family
     assert progs.sort_values("program_id").tokens_generated.tolist() == want
     req = result.requests.to_pandas()
     assert len(req) == 24 and req.output_tokens.sum() == sum(want)
-    assert result.summary["simulator"] == "simpy"  # the kernel is the reasoning family's
+    assert result.summary["simulator"] == "simpy"  # a plug-in family compiles only if it says so
 
 
 def test_methods_and_families_come_from_the_registries(toy_family):

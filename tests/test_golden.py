@@ -54,7 +54,8 @@ unchanged. Every program workload's golden gained `cached_prompt_share` (the pro
 found in the prefix cache) when program runs began reporting it, every other figure unchanged.
 `dynasor-kv-pressure` (Dynasor's idle-programs-first eviction) was added with its first output.
 `a1-async-separate`'s `simulator` became `compiled` when the program kernel learned A1's
-scoring re-runs, every figure unchanged.
+scoring re-runs, and `seed-separate`'s and `seed-separate-h200`'s when it learned prefix chains,
+every figure unchanged.
 """
 
 from __future__ import annotations

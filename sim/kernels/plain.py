@@ -46,7 +46,7 @@ def why_not_compiled_programs(cfg: SimConfig, specs: list[tuple[Calibration, Rep
     `capacity` requests (`compiles`: its family's `SimFamily.compiles`); else what keeps it
     under SimPy."""
     if not compiles:
-        return "a program kind whose family does not compile (SEED, HELIOS)"
+        return "a program kind whose family does not compile"
     if cfg.latency != "mean":
         return f"{cfg.latency} step time"
     if cfg.kv_eviction != "free_order":

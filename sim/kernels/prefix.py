@@ -10,8 +10,10 @@ side by side: a probe reads one cache line, not the node's too. A request holds 
 `store` appends the next ones), so its block identities are computed, not stored: block i of
 group g on replica j is `(g * MAX_BLOCKS + i + 1) * replicas + j`. A request's own blocks,
 freed, are one node (the reference's `(OWN, idx)` run) of identity
-`-(idx * replicas + j) - 2`. Requests with a prefix chain (nested prefixes) are not covered:
-`sim.kernels.programs` keeps those under SimPy.
+`-(idx * replicas + j) - 2`. A request whose prompt names a prefix chain (nested prefixes, the
+reference's `Req.chain`) passes its links, `links = [n, group_1, end_1, ..., group_n, end_n]`
+(`link_group`): block i is then the block of the first link's group ending at or after the
+block's end, as the reference's `block_ids` names it; `links[0] == 0` where it has none.
 """
 
 from __future__ import annotations
@@ -174,11 +176,24 @@ def block_key(group, i, replicas, j):
 
 
 @njit(cache=True)
-def unref(tab, pc, lru, j, group, shared, replicas):
+def link_group(links, group, i, bs):
+    """The group whose block i (0-based, `bs` tokens a block) a request's prompt holds: its
+    prefix group, or, where it names a chain, the first link ending at or after the block."""
+    n = links[0]
+    if n == 0:
+        return group
+    end, k = (i + 1) * bs, 0
+    while k < n - 1 and links[2 + 2 * k] < end:
+        k += 1
+    return links[1 + 2 * k]
+
+
+@njit(cache=True)
+def unref(tab, pc, lru, j, group, links, bs, shared, replicas):
     """`PrefixCache.unref`: a request stops holding its first `shared` blocks; each re-enters
     the order at its end (the last block first); unreferenced ones become evictable."""
     for i in range(shared - 1, -1, -1):
-        node = find(tab, pc, block_key(group, i, replicas, j))
+        node = find(tab, pc, block_key(link_group(links, group, i, bs), i, replicas, j))
         pc[node, REF] -= 1
         _unlink(pc, lru, j, node)
         _link_tail(pc, lru, j, node)
@@ -187,13 +202,13 @@ def unref(tab, pc, lru, j, group, shared, replicas):
 
 
 @njit(cache=True)
-def lookup(tab, pc, j, group, shared, limit, idx, replicas):
+def lookup(tab, pc, j, group, links, bs, shared, limit, idx, replicas):
     """`PrefixCache.lookup`: of a request's `shared` group blocks (its first `limit` blocks at
     most), how many lead cached; how many of its own blocks follow them; how many of those
     blocks no request holds."""
     n = unheld = 0
     while n < min(shared, limit):
-        node = find(tab, pc, block_key(group, n, replicas, j))
+        node = find(tab, pc, block_key(link_group(links, group, n, bs), n, replicas, j))
         if node < 0:
             return n, 0, unheld
         unheld += pc[node, REF] == 0
@@ -207,11 +222,11 @@ def lookup(tab, pc, j, group, shared, limit, idx, replicas):
 
 
 @njit(cache=True)
-def take(tab, pc, lru, free, j, group, n, own, idx, replicas):
+def take(tab, pc, lru, free, j, group, links, bs, n, own, idx, replicas):
     """`PrefixCache.take`: hold the first n group blocks and the request's first `own` own
     blocks; the own blocks it did not take leave the cache: the number freed."""
     for i in range(n):
-        node = find(tab, pc, block_key(group, i, replicas, j))
+        node = find(tab, pc, block_key(link_group(links, group, i, bs), i, replicas, j))
         if pc[node, REF] == 0:
             lru[j, 2] -= 1
         pc[node, REF] += 1
@@ -221,12 +236,12 @@ def take(tab, pc, lru, free, j, group, n, own, idx, replicas):
 
 
 @njit(cache=True)
-def store(tab, pc, lru, free, j, group, shared, full, replicas):
+def store(tab, pc, lru, free, j, group, links, bs, shared, full, replicas):
     """`PrefixCache.store`: blocks shared..full-1 join the cache, held by the request, up to the
     first that is cached already; the number that joined."""
     added = 0
     for i in range(shared, full):
-        key = block_key(group, i, replicas, j)
+        key = block_key(link_group(links, group, i, bs), i, replicas, j)
         if find(tab, pc, key) >= 0:
             break
         insert(tab, pc, lru, free, j, key)

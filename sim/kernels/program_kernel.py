@@ -29,8 +29,9 @@ from sim.kernels.program_state import (
     FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
     CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP,
     SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
-    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV, RUNS_KV_PEAK, DONE_J,
-    FOLD, RERUNS, SCORING, RESCORE, UNCACHED, RESCORED_R, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
+    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
+    RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, SCORING, RESCORE, UNCACHED, RESCORED_R, RQ_COLS, LINKS,
+    CHAINED, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
 
 
@@ -190,7 +191,11 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
            lp_prompt_ms, lp_sample_ms):
     """`Replica.submit` to replica j of request `idx` (`sim.engine.request_state.Req`'s fields),
     kept in slot r while in flight."""
-    rq[r, :] = 0
+    rq[r, :RQ_COLS] = 0
+    if group == CHAINED:  # its links in place (`programs.CompiledCluster.send`), its group any
+        group = 0
+    else:
+        rq[r, LINKS] = 0
     rq[r, PROMPT], rq[r, OUTPUT], rq[r, TARGET], rq[r, PRIORITY] = prompt, output, prompt, \
         priority
     rq[r, GROUP], rq[r, PREFIX], rq[r, SCORE_FROM], rq[r, SEEDED], rq[r, IDX] = \

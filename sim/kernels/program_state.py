@@ -24,7 +24,13 @@ from sim.kernels.state import (  # the shared columns too, for the kernel to imp
 
 # per request slot (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
-    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, RQ_COLS = range(20)
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, LINKS = range(20)
+# from LINKS: the request's prefix chain, `prefix.link_group`'s `links` (a count, then a group and
+# an end per link: as many columns as the longest chain sent needs), written by the driver's
+# `send`; the columns before it are the request's state, set by the kernel's `submit`
+RQ_COLS = LINKS
+CHAINED = -2
+"""a send's group where the request names a prefix chain (its links written in its slot)"""
 # `SCORING` of a scoring request (`Req.rescore` / `reads_cache`): its cache hit covered positions
 # it needs log-probabilities of (it runs again, uncached, once it ends), or it is that re-run
 RESCORE, UNCACHED = 1, 2
@@ -125,15 +131,16 @@ def take_hit(rq, rp, pc, tab, lru, free, j, r, budget):
     n = own = unheld = 0
     if rq[r, SCORING] != UNCACHED:
         shared = rq[r, PREFIX] // bs if rq[r, GROUP] >= 0 else 0
-        n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], shared, (rq[r, TARGET] - 1) // bs,
-                                  rq[r, IDX], rp.shape[0])
+        n, own, unheld = P.lookup(tab, pc, j, rq[r, GROUP], rq[r, LINKS:], bs, shared,
+                                  (rq[r, TARGET] - 1) // bs, rq[r, IDX], rp.shape[0])
     held = n + own
     need = cdiv(rq[r, TARGET], bs) - held - rq[r, BLOCKS]
     computed = held * bs
     first = cdiv(computed + min(rq[r, TARGET] - computed, budget), bs) - held - rq[r, BLOCKS]
     if max(need, first) + unheld > rp[j, FREE] + lru[j, 2]:
         return False
-    rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], n, own, rq[r, IDX], rp.shape[0])
+    rp[j, FREE] += P.take(tab, pc, lru, free, j, rq[r, GROUP], rq[r, LINKS:], bs, n, own,
+                          rq[r, IDX], rp.shape[0])
     rq[r, SHARED], rq[r, BLOCKS], rq[r, COMPUTED] = n, rq[r, BLOCKS] + own, computed
     if rq[r, SCORING] != UNCACHED:
         rq[r, SCORING] = RESCORE if rq[r, SCORE_FROM] and computed >= rq[r, SCORE_FROM] else 0
@@ -154,7 +161,8 @@ def release(rq, rp, pc, tab, lru, free, j, r):
             rq[r, BLOCKS] += freed - (full - shared)
             P.put_run(tab, pc, lru, free, j, rq[r, IDX], shared, full, rp.shape[0])
         if rq[r, SHARED]:
-            P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, SHARED], rp.shape[0])
+            P.unref(tab, pc, lru, j, rq[r, GROUP], rq[r, LINKS:], rp[j, BS], rq[r, SHARED],
+                    rp.shape[0])
             rq[r, SHARED] = 0
     rp[j, FREE] += rq[r, BLOCKS]
     rq[r, BLOCKS] = 0
@@ -273,7 +281,8 @@ def store(rq, rp, pc, tab, lru, free, j, r, computed_tokens):
     """`PrefixCache.store` of the request's newly full group blocks."""
     full = min(rq[r, PREFIX], computed_tokens) // rp[j, BS]
     if rq[r, GROUP] >= 0 and full > rq[r, SHARED]:
-        added = P.store(tab, pc, lru, free, j, rq[r, GROUP], rq[r, SHARED], full, rp.shape[0])
+        added = P.store(tab, pc, lru, free, j, rq[r, GROUP], rq[r, LINKS:], rp[j, BS],
+                        rq[r, SHARED], full, rp.shape[0])
         rq[r, BLOCKS] -= added
         rq[r, SHARED] += added
 

@@ -92,6 +92,11 @@ class CompiledCluster(Cluster):
         self._npend = 0
         self._pend = np.zeros(64 * _PACKED, dtype=np.uint8)
         self._pend_room = 64  # sends it holds
+        # prefix-chain keys -> groups past every group the driver numbers (fewer than
+        # `capacity`), below the block identities' int64 bound (`prefix.block_key`)
+        self._link_ids: dict = {}
+        self._link0 = capacity
+        self._link_cap = (1 << 62) // (P.MAX_BLOCKS * len(specs))
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
         self._st = self.st.packed()  # packed again whenever an array is replaced
         self.loop_s = 0.0
@@ -100,10 +105,6 @@ class CompiledCluster(Cluster):
     def send(self, j: int, sent: Sent, chain: tuple | None = None) -> int:
         """`Cluster.send`: the request arrives at replica j; its slot is the handle, valid until
         the request's callback (the driver never cancels a request it was told is done)."""
-        if chain is not None:  # the kernel's block identities are a group's prefix only
-            raise ValueError(f"request {sent.idx} names its prompt as a prefix chain, which the "
-                             "program kernel does not cover (why_not_compiled_programs let a "
-                             "program kind through that it should not have)")
         if not self._free:
             self._grow_slots()
         self._calls -= 1
@@ -114,12 +115,37 @@ class CompiledCluster(Cluster):
             self._grow_results(idx)
         s = self._free.pop()
         self._idx[s] = idx
+        if chain is not None:
+            sent = self._chained(s, sent, chain)
         n = self._npend
         if n == self._pend_room:
             self._grow_pend()
         _PACK.pack_into(self._pend, n * _PACKED, j, s, *sent)
         self._npend = n + 1
         return s
+
+    def _chained(self, s: int, sent: Sent, chain: tuple) -> tuple:
+        """Write a prefix chain's links into slot s (`program_state.LINKS`: each link's key as
+        a group of its own, numbered past the driver's groups); the send as the kernel takes
+        it: group `CHAINED`, its shared content the chain's."""
+        ids = self._link_ids
+        links = [len(chain)]
+        for key, end in chain:
+            g = ids.get(key)
+            if g is None:
+                g = ids[key] = self._link0 + len(ids)
+                if g >= self._link_cap:
+                    raise ValueError(f"more prefix-chain links ({len(ids)}) than the kernel's "
+                                     "block identities hold: simulate with compiled=False")
+            links += (g, end)
+        st = self.st
+        if len(links) > st.rq.shape[1] - S.LINKS:  # a longer chain than any before: room
+            wider = np.zeros((st.rq.shape[0], S.LINKS + len(links)), dtype=np.int64)
+            wider[:, :st.rq.shape[1]] = st.rq
+            st.rq = wider
+            self._st = st.packed()
+        st.rq[s, S.LINKS:S.LINKS + len(links)] = links
+        return sent[:4] + (S.CHAINED, chain[-1][1]) + sent[6:]
 
     def cancel(self, j: int, s: int) -> None:
         """`Cluster.cancel` of the request in slot `s` on replica j (a no-op once it ended)."""
@@ -281,7 +307,7 @@ def _state(specs: list, capacity: int, fold: bool) -> S.State:
     nrep = len(specs)
     st = S.State()
     slots = 64 * nrep
-    st.rq = np.zeros((slots, S.RQ_COLS), dtype=np.int64)
+    st.rq = np.zeros((slots, S.LINKS + 1), dtype=np.int64)  # no chain's links yet
     st.rqf = np.zeros((slots, S.RQF_COLS))
     st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
     serving = any(getattr(cal.latency, "engine_state", False) for cal, _ in specs)

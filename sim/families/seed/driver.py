@@ -103,4 +103,4 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
     return {"tot_requests": {k: [r[k] for r in rows] for k in rows[0]}}, summary
 
 
-register_sim_family(SimFamily("seed", build_tot_runs, tot_results))
+register_sim_family(SimFamily("seed", build_tot_runs, tot_results, compiles=True))
