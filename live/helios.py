@@ -66,10 +66,12 @@ class LiveModels:
 
 
 def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[list[int]],
-             seq_tokens: int, max_tokens: int, seed: int = 0
+             seq_tokens: int, max_tokens: int, seed: int = 0,
+             references: dict[str, list[list[int]]] | None = None
              ) -> tuple[pd.DataFrame, pd.DataFrame, list]:
     """Serve the program's rounds on real engines: (requests, rounds, events), the same rows as
-    the simulator's `simulate_stream`."""
+    the simulator's `simulate_stream` (`references`: per model, each prompt's full-model greedy
+    tokens as traced, which the served tokens are counted against; None: not counted)."""
     models = LiveModels(model_dirs, seq_tokens, seed)
     req_rows: list[dict] = []
     round_rows: list[dict] = []
@@ -83,6 +85,7 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
             eng.add(rid, prompts[i], max_tokens=max_tokens)
         probs: dict[int, list] = {i: [] for i in rnd.prompts}
         exits: dict[int, list] = {i: [] for i in rnd.prompts}
+        ids: dict[int, list] = {i: [] for i in rnd.prompts}
         first: dict[int, float] = {}
         finish: dict[int, float] = {}
         steps, busy_ms, layer_tokens = 0, 0.0, 0
@@ -96,6 +99,7 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
                 i = index[t.request_id]
                 probs[i].append(t.max_probs)
                 exits[i].append((t.exit_layer, t.exit_prob))
+                ids[i].append(t.token_id)
                 first.setdefault(i, now)
             for rid in res.finished:
                 finish[index[rid]] = now
@@ -107,7 +111,9 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
                              "finish_s": finish[i], "prompt_tokens": len(prompts[i]),
                              "output_tokens": len(toks[k]),
                              "exit_layers": [e for e, _ in exits[i]],
-                             "nll_sum": float(-sum(_log(p) for _, p in exits[i]))})
+                             "nll_sum": float(-sum(_log(p) for _, p in exits[i])),
+                             "reference_agree_tokens": None if references is None else sum(
+                                 a == b for a, b in zip(ids[i], references[s.model][i]))})
         round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                            "batch": len(rnd.prompts), "steps": steps, "load_ms": load_ms,
                            "busy_ms": busy_ms, "event": s.event or "",

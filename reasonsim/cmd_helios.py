@@ -198,6 +198,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(f"{args.config}: {e}") from None
     dirs = {name: p.model_dir for name, p in exp.profiles.items()}
+    references = {name: p.reference for name, p in exp.profiles.items()}
     max_tokens = int(first.workload.get("max_tokens", 96))
     report = {}
     for p in specs:
@@ -206,7 +207,8 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         for _ in range(args.repeats):
             program = exp.program(p)
             lives.append(HeliosResult(*run_live(program, dirs, prompts, exp.memory.seq_tokens,
-                                                max_tokens, seed=exp.spec.seed),
+                                                max_tokens, seed=exp.spec.seed,
+                                                references=references),
                                       candidates_of(program.policy)))
         report[exp.policy_name(p)] = compare(sim, lives)
         if report[exp.policy_name(p)]["speed_warning"]:

@@ -55,7 +55,9 @@ found in the prefix cache) when program runs began reporting it, every other fig
 `dynasor-kv-pressure` (Dynasor's idle-programs-first eviction) was added with its first output.
 `a1-async-separate`'s `simulator` became `compiled` when the program kernel learned A1's
 scoring re-runs, and `seed-separate`'s and `seed-separate-h200`'s when it learned prefix chains,
-every figure unchanged.
+every figure unchanged. Every HELIOS policy's summary on traced profiles gained
+`full_model_agreement` (its served tokens equal to the full model's at the same position, a
+reference-free quality proxy), every other figure unchanged.
 """
 
 from __future__ import annotations

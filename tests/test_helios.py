@@ -178,6 +178,9 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
         assert d["same_output_tokens"] >= 0.95 and d["same_exit_layers"] >= 0.95, (name, d)
         m = r["metrics"]
         assert m["mean_batch"]["error"] == 0 and abs(m["perplexity"]["error"]) < 0.01
+        # the live tokens counted against the traced full-model stream, as the simulator counts
+        assert 0 < m["full_model_agreement"]["live"] <= 1.0, (name, m["full_model_agreement"])
+        assert abs(m["full_model_agreement"]["error"]) < 0.05, (name, m["full_model_agreement"])
         # Timing errors, even at the live run's own step speed, move with whatever else the
         # machine runs (beside a CPU-bound process TPOT P50 of helios:throughput:cbc20 came out
         # +66% at live speed, +23% to +40% on a quiet 2-core VM): figures for `reasonsim helios
@@ -247,6 +250,28 @@ def test_the_ee_full_baseline_simulates_layer_skipping():
                          lambda s: 1)
     with pytest.raises(ValueError, match="needs an exits trace with layer-skipping steps"):
         simulate_stream(prog, untraced)
+
+
+def test_agreement_with_the_full_model_is_counted_per_token():
+    """The reference-free quality proxy: the served tokens equal to the full model's greedy
+    token at the same position. The full-depth static baseline serves the reference itself;
+    EE-full's early tokens agree exactly as often as the exits trace's own count says; a
+    truncated model agrees less; a what-if profile (no tokens) reports none."""
+    from sim.families.helios.exits import exit_summary, load_exits
+
+    d = read_yaml(EXAMPLE)
+    exp = Experiment(d, EXAMPLE.parent)
+    res = {k: r.summary() for k, r in exp.simulate().items()}
+    assert res["static:target-large"]["full_model_agreement"] == 1.0
+    m = load_exits(EXAMPLE.parent / d["helios"]["models"][0]["exits"])  # target-large's
+    (ee,) = [p for p in d["helios"]["policies"] if p.get("type") == "ee_full"]
+    want = exit_summary(m, [ee["threshold"]])[0]["agree_with_final"]
+    assert res["ee_full:target-large"]["full_model_agreement"] == pytest.approx(want)
+    assert 0.0 < res["helios:throughput:cbc20"]["full_model_agreement"] < 1.0
+    whatif = read_yaml(REPO / "examples" / "helios-opt-whatif.yaml")
+    whatif["helios"]["policies"] = whatif["helios"]["policies"][:1]
+    (only,) = Experiment(whatif, REPO / "examples").simulate().values()
+    assert "full_model_agreement" not in only.summary()
 
 
 CLUSTER = REPO / "examples" / "helios-cluster.yaml"

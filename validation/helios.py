@@ -10,7 +10,8 @@ import numpy as np
 from sim.families.helios.serving import HeliosResult
 from validation.judge import speed_warning
 
-METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "mean_batch", "perplexity")
+METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "mean_batch", "perplexity",
+           "full_model_agreement")
 """the figures a replay compares"""
 # How a metric scales with step time: throughput inversely, latencies along, the rest not at all
 _TIME_POWER = {"throughput_tok_s": -1, "ttft_p50_s": 1, "tpot_p50_s": 1}

@@ -1,7 +1,8 @@
 """An early-exit model as the HELIOS simulator knows it, all from its exits trace.
 
 A model's profile comes from its exits trace (`reasonsim trace exits`): the token stream the
-engine generated at every loaded depth (each token's max probability at every loaded exit), the
+engine generated at every loaded depth (each token's max probability and token at every loaded
+exit), the
 per-layer step-time model fitted on the same run's steps, and the measured weight, KV and load
 figures per layer. Memory sets the batch a depth allows: the weights of the loaded layers plus,
 per sequence, the KV of the loaded layers for its longest length.
@@ -45,6 +46,20 @@ class ModelProfile:
     """weights outside the decoder layers (embedding, head): always in memory"""
     ee_step: LayeredModel | None = None
     """step time with layer skipping (EE-full), from the trace's `ee<t>` steps; None: untraced"""
+    tokens: dict[int, list[list[list[int]]]] = field(default_factory=dict)
+    """loaded depth -> per prompt -> per token -> the token (argmax) at exits 1..depth"""
+    reference: list[list[int]] = field(default_factory=list)
+    """per prompt, the full model's greedy tokens (the full-depth stream's last exit): what the
+    served tokens are checked against, position by position (a reference-free quality proxy)"""
+
+    def agreeing(self, depth: int, prompt: int, exits: list[int]) -> int | None:
+        """Of a prompt's tokens served at `depth` leaving at `exits` (1-based, per token), how
+        many equal the full model's token at the same position (None: a profile without
+        traced tokens, as a what-if one)."""
+        if not self.reference:
+            return None
+        ref = self.reference[prompt]
+        return sum(t[e - 1] == r for t, e, r in zip(self.tokens[depth][prompt], exits, ref))
 
 
 def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile:
@@ -55,15 +70,18 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
     params = json.loads(run["params_json"])
     layers_df = read_table(trace_dir, "layers").to_pandas().sort_values("layer")
     layers = int(layers_df.layer.max())
-    streams, prompt_tokens = {}, None
+    streams, tokens, prompt_tokens = {}, {}, None
     reqs = read_table(trace_dir, "requests").to_pandas()
     for depth in range(1, layers + 1):
         m = load_exits(trace_dir, depth)
         order = list(dict.fromkeys(m.request_ids))  # stream order
         per_req: dict[str, list] = {r: [] for r in order}
-        for rid, probs in zip(m.request_ids, m.max_prob):
+        ids: dict[str, list] = {r: [] for r in order}
+        for rid, probs, argmax in zip(m.request_ids, m.max_prob, m.argmax):
             per_req[rid].append(probs.tolist())
+            ids[rid].append(argmax.tolist())
         streams[depth] = [per_req[r] for r in order]
+        tokens[depth] = [ids[r] for r in order]
         lengths = reqs.set_index("request_id").loc[order, "prompt_tokens"].astype(int).tolist()
         if prompt_tokens is None:
             prompt_tokens = lengths
@@ -78,7 +96,8 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
                         kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
                         load_ms_per_layer=float(layers_df.load_ms.median()),
                         device=str(run["device"]), workload=params.get("workload", {}),
-                        ee_step=ee_step)
+                        ee_step=ee_step, tokens=tokens,
+                        reference=[[t[-1] for t in toks] for toks in tokens[layers]])
 
 
 

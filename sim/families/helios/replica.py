@@ -84,6 +84,7 @@ class HeliosReplica:
                 "exit_layers": exits[k],
                 "nll_sum": float(-sum(math.log(max(t[e - 1], 1e-12))
                                       for t, e in zip(toks[k], exits[k]))),
+                "reference_agree_tokens": p.agreeing(s.depth, i, exits[k]),
                 "replica_id": self.replica_id})
         self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                 "batch": len(rnd.prompts), "steps": times["steps"],

@@ -37,7 +37,8 @@ class HeliosResult:
     """the models the policy chose among"""
 
     def summary(self) -> dict:
-        """Throughput, latencies, batch, perplexity, energy proxy, events, candidates."""
+        """Throughput, latencies, batch, perplexity, agreement with the full model, energy
+        proxy, events, candidates."""
         return {**summarise(self.requests, self.rounds, self.events),
                 "candidates": list(self.candidates)}
 
@@ -56,7 +57,19 @@ def summarise(requests: pd.DataFrame, rounds: pd.DataFrame, events: list) -> dic
             "perplexity": float(math.exp(r.nll_sum.sum() / max(tokens, 1))),
             "layer_token_executions": int(rounds.layer_tokens.sum()),
             "exit_shares": exit_shares(r),
-            "events": [f"{i}:{s.event}:{s.model}@{s.depth}" for i, s in events]}
+            "events": [f"{i}:{s.event}:{s.model}@{s.depth}" for i, s in events],
+            **full_model_agreement(r, tokens)}
+
+
+def full_model_agreement(requests: pd.DataFrame, tokens: int) -> dict:
+    """{"full_model_agreement": share of the output tokens equal to the full model's greedy
+    token at the same position (the traced full-depth stream)}; {} where the rows have no
+    such count (a what-if profile). A reference-free quality proxy, not accuracy: a token that
+    differs may be as good, and tokens after a divergence are compared all the same."""
+    agree = requests.get("reference_agree_tokens")
+    if agree is None or not len(agree) or agree.isna().any():
+        return {}
+    return {"full_model_agreement": float(agree.sum() / max(tokens, 1))}
 
 
 def exit_shares(requests: pd.DataFrame) -> dict[str, float]:
