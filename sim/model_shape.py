@@ -15,7 +15,11 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int, int, int, int]:
     """(layers, weight bytes per layer, matmul parameters per layer, KV bytes per token-layer,
     embedding and head bytes)."""
-    cfg = json.loads(Path(config_path).read_text())
+    return _shape(json.loads(Path(config_path).read_text()), dtype_bytes)
+
+
+def _shape(cfg: dict, dtype_bytes: int) -> tuple[int, int, int, int, int]:
+    """`layer_shape` of a config already read."""
     h = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads", heads))
@@ -52,8 +56,8 @@ def step_intensity(config_path: str | Path, dtype_bytes: int, tokens: np.ndarray
     `context_tokens` summed context: matmul FLOPs 2 x params per token plus attention 4 x
     layers x width per context token (each sequence's context read once), over the weights and
     the KV read and written. A roofline estimate from the shape, not a measurement."""
-    layers, weight_bytes, params, kv_bytes, embed_bytes = layer_shape(config_path, dtype_bytes)
     cfg = json.loads(Path(config_path).read_text())
+    layers, weight_bytes, params, kv_bytes, embed_bytes = _shape(cfg, dtype_bytes)
     width = int(cfg["num_attention_heads"]) * int(
         cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
     tokens = np.asarray(tokens, dtype=float)
