@@ -142,6 +142,23 @@ def _pools_config(example: str, programs: int, rate_per_s: float, seed: int = 0,
     return parse_config(d, EXAMPLES)
 
 
+def _both_pools(cals, example, programs, rate_per_s, seed, scheduler, kv, seqs, caching, host,
+                count, model):
+    """A two-pool example simulated compiled and under SimPy, checked equal table for table
+    (the family's own tables too): (compiled, SimPy)."""
+    group = {"enable_prefix_caching": caching, "count": count}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    if host or model == "serving":  # one model on both pools: the tables still must agree
+        group["calibration"] = str(cals[model, host])
+    cfg = _pools_config(example, programs, rate_per_s, seed, scheduler, **group)
+    fast, ref = simulate(cfg), simulate(cfg, compiled=False)
+    _equal(fast, ref)
+    assert fast.tables == ref.tables
+    return fast, ref
+
+
 @settings(max_examples=12, deadline=None)
 @given(example=st.sampled_from(["a1-async.yaml", "a1-sync.yaml", "a1-conditional.yaml",
                                 "a1-target-only.yaml"]),
@@ -154,17 +171,8 @@ def test_a1_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seq
     """A1's two pools (draft steps; target steps and one-token scoring prefills that re-run
     uncached where their cache hit covered the scored positions) run compiled, equal to SimPy,
     the conformity table and A1's summary included."""
-    group = {"enable_prefix_caching": caching, "count": count}
-    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
-        if v:
-            group[key] = v
-    if host or model == "serving":  # one model on both pools: the tables still must agree
-        group["calibration"] = str(cals[model, host])
-    cfg = _pools_config(example, 10, 4.0, seed, scheduler, **group)
-    fast = simulate(cfg)
-    ref = simulate(cfg, compiled=False)
-    _equal(fast, ref)
-    assert fast.tables == ref.tables
+    fast, ref = _both_pools(cals, example, 10, 4.0, seed, scheduler, kv, seqs, caching, host,
+                            count, model)
     assert {k: v for k, v in fast.summary.items() if k not in ("simulator", "wall_s",
                                                              "event_loop_s")} == \
         {k: v for k, v in ref.summary.items() if k not in ("simulator", "wall_s", "event_loop_s")}
@@ -182,17 +190,7 @@ def test_seed_trees_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seqs
     """SEED's Tree-of-Thoughts programs (prompts named by prefix chains of their content:
     sibling thoughts share blocks across programs; verifications re-run uncached where their
     drafted tail was cached) run compiled, equal to SimPy, the tot_requests table included."""
-    group = {"enable_prefix_caching": caching, "count": count}
-    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
-        if v:
-            group[key] = v
-    if host or model == "serving":
-        group["calibration"] = str(cals[model, host])
-    cfg = _pools_config(example, 4, 2.0, seed, scheduler, **group)
-    fast = simulate(cfg)
-    ref = simulate(cfg, compiled=False)
-    _equal(fast, ref)
-    assert fast.tables == ref.tables
+    _both_pools(cals, example, 4, 2.0, seed, scheduler, kv, seqs, caching, host, count, model)
 
 
 def test_a1_scoring_requests_rerun_uncached_on_the_kernel():

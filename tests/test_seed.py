@@ -371,6 +371,25 @@ def test_seed_modes_on_the_shipped_trace(tmp_path):
     assert bad.returncode == 2 and "not in the trace" in bad.stderr
 
 
+@pytest.mark.parametrize("k", [3, 5])
+def test_draft_length_variants_are_traced_and_simulate(k):
+    """Table 1's K = 3 and K = 5 rows: the shipped traces hold their draft length, base and
+    tree drafts, and validate; each mode simulates on them, greedy acceptance keeping the
+    target's own tree (the same thought tokens under ar as under seed)."""
+    from programs.seed_traced import load_tot
+    from traces.store import check_trace
+
+    trace = REPO / "traces" / "data" / f"testbed-tot-k{k}-cpu"
+    assert check_trace(trace) == []
+    bank = load_tot(trace)
+    assert bank.settings.draft_tokens == k
+    proc = run_cli("seed", "modes", str(REPO / "examples" / f"seed-k{k}.yaml"), "--modes",
+                   "ar,sd,seed", "--count", "4", "--json")
+    by = {r["mode"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert by["ar"]["speedup_vs_ar"] == 1.0 and 0.0 < by["sd"]["acceptance_rate"] < 1.0
+    assert by["sd"]["acceptance_rate"] == by["seed"]["acceptance_rate"]
+
+
 def test_speedups_are_judged_against_each_repeats_own_ratio():
     """A simulated speedup passes within 10% of live, or within the spread of the live repeats'
     own speedups (each repeat's modes ran minutes apart on a drifting machine); else it fails."""
