@@ -43,13 +43,16 @@ class TotSession:
     eos_id: int
     vocab: int
     probe_ids: list
+    close_id: int
+    """the token that closes a value prompt's box"""
 
     def program(self, question_id: str, prompt: str, policy, seed: int) -> ToTProgram:
         """A ToT program on a question, wired to these engines' tokenizer."""
         ids_ = self.encode(prompt)
         return ToTProgram(question_id, policy, len(ids_), seed, len(self.probe_ids),
                           prompt_ids=ids_, probe_ids=self.probe_ids, decode=self.decode,
-                          newline_id=self.newline_id, eos_id=self.eos_id, vocab=self.vocab)
+                          newline_id=self.newline_id, eos_id=self.eos_id, vocab=self.vocab,
+                          close_id=self.close_id)
 
     def flush(self, unit: str) -> None:
         """Write every engine's steps and requests of a unit of work."""
@@ -95,7 +98,7 @@ def open_session(draft_model: str, target_model: str, out_dir: str | Path, kind:
     t0 = time.perf_counter()
     return TotSession({r: VllmEngine(e, writers[r], t0) for r, e in engines.items()}, writer,
                       writers, out_dir, encode, decode, encode("\n")[0], int(tok.eos_token_id),
-                      vocab, probe_ids)
+                      vocab, probe_ids, encode("}")[-1])
 
 
 def run_tot(session: TotSession, runs: list[LiveRun], unit: str, meta: dict) -> list[dict]:

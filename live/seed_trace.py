@@ -3,8 +3,9 @@
 Each held-out testbed question's tree is grown twice through the live runner (`live.seed`): by
 the target alone (`ar`, the tree its own sampling builds) and in speculative rounds (`sd`:
 draft, then the target verifies; every speculative mode, SEED's included, builds this same tree,
-whatever the schedule), and once more per `k_config` in multi-candidate rounds (tree `sd-k2`
-for (2, 1, 1, 1): their accepted lengths are their own). Every request's outcome goes to the
+whatever the schedule), once more per `k_config` in multi-candidate rounds (tree `sd-k2`
+for (2, 1, 1, 1): their accepted lengths are their own), and with `speculative_eval` once
+more with the value prompts' answers drafted and verified too (tree `sd-se`). Every request's outcome goes to the
 `tot_requests` table keyed by (program, thought, kind, round): what the simulator answers a ToT
 program's requests from.
 Programs of a tree run at once (timing here is not the measurement: the steps are).
@@ -35,18 +36,24 @@ class TotWorkload:
     seed: int = 0
     k_configs: tuple = ()
     """multi-candidate rounds' k_configs: a tree each, beside ar and sd"""
+    speculative_eval: bool = False
+    """also the tree of speculative evaluations (`sd-se`: thoughts and value prompts drafted
+    and verified)"""
 
     def __post_init__(self) -> None:
         if self.questions_per_cell < 1:
             raise ValueError("trace tot: questions must be >= 1")
-        if self.settings.k_config:
-            raise ValueError("trace tot: the settings' k_config must be empty (k_configs lists "
-                             "the multi-candidate trees)")
+        if self.settings.k_config or self.settings.speculative_eval:
+            raise ValueError("trace tot: the settings' k_config must be empty and "
+                             "speculative_eval false (k_configs and speculative_eval name the "
+                             "trees traced beside ar and sd)")
 
     def policies(self) -> list[SeedPolicy]:
-        """The policies whose trees are traced: ar, sd, then sd per k_config."""
+        """The policies whose trees are traced: ar, sd, sd per k_config, then sd-se."""
         return [SeedPolicy("ar", self.settings), SeedPolicy("sd", self.settings)] + \
-            [SeedPolicy("sd", replace(self.settings, k_config=tuple(k))) for k in self.k_configs]
+            [SeedPolicy("sd", replace(self.settings, k_config=tuple(k))) for k in self.k_configs] \
+            + [SeedPolicy("sd", replace(self.settings, speculative_eval=True))
+               for _ in range(self.speculative_eval)]
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,10 @@ class ToTParams(Params):
     draft_tokens: TreeSize = 4
     k_config: Annotated[list[Annotated[int, Field(ge=1, le=8)]],
                         Field(max_length=MAX_TREE)] = []
+    eval_tokens: Annotated[int, Field(ge=1, le=1_000)] = 1
+    """tokens a value prompt writes (the state's answer)"""
+    speculative_eval: bool = False
+    """the value prompts' answers drafted and verified in rounds (speculative modes)"""
 
 
 def validate_params(model: type[Params], args: dict) -> dict:

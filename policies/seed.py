@@ -206,9 +206,15 @@ class ToTSettings:
     k_config: tuple[int, ...] = ()
     """multi-candidate drafts (MCSD; SEED's tree drafts): candidates per drafted position,
     e.g. (2, 1, 1, 1); () or all ones: one candidate"""
+    eval_tokens: int = 1
+    """tokens a value prompt writes (the state's answer; its value: the first's probability)"""
+    speculative_eval: bool = False
+    """SEED's State Evaluator under speculative execution: each value prompt's answer drafted
+    and verified in rounds, scheduled as the mode schedules thoughts (speculative modes)"""
 
     def __post_init__(self):
-        for k in ("breadth", "thoughts", "depth", "thought_tokens", "draft_tokens"):
+        for k in ("breadth", "thoughts", "depth", "thought_tokens", "draft_tokens",
+                  "eval_tokens"):
             if int(getattr(self, k)) < 1:
                 raise ValueError(f"tot: {k} must be >= 1, got {getattr(self, k)!r}")
         if not 0.0 <= self.temperature <= 2.0:
@@ -243,6 +249,9 @@ class SeedPolicy:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"tot: mode {self.mode!r}; expected one of {MODES}")
+        if self.settings.speculative_eval and not self.speculative:
+            raise ValueError(f"tot: speculative_eval needs a speculative mode "
+                             f"({sorted(_SPECULATIVE)}); {self.mode} evaluates with the target")
 
     @property
     def speculative(self) -> bool:
@@ -263,11 +272,13 @@ class SeedPolicy:
     def tree(self) -> str:
         """Whose outputs build the tree: the target's own sampling (ar) or the speculative
         rounds' (sd, seed): the same for every speculative mode, whatever the schedule; with
-        multi-candidate drafts, their own rounds (`sd-k2.1`: k_config (2, 1))."""
+        multi-candidate drafts, their own rounds (`sd-k2.1`: k_config (2, 1)); with
+        speculative evaluations, `-se` after it."""
         if not self.speculative:
             return "ar"
         k = self.settings.k_config
-        return "sd" + ("-k" + ".".join(map(str, k)) if k else "")
+        return "sd" + ("-k" + ".".join(map(str, k)) if k else "") + \
+            ("-se" if self.settings.speculative_eval else "")
 
     @property
     def samples(self) -> int:

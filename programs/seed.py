@@ -1,9 +1,10 @@
 """Tree-of-Thoughts BFS on one question, served as AR, serial SD or SEED, engine-free.
 
 Level by level, each kept state gets `thoughts` next reasoning lines; each new state is
-evaluated by the target with a value prompt (the testbed's probe suffix after the state, one
-greedy token: its probability is the state's value, the token its answer); the `breadth` best
-states go on. A thought that ends the sequence (a boxed answer) ends its path as a candidate.
+evaluated by the target with a value prompt (the testbed's probe suffix after the state: the
+probability of its first greedy token is the state's value, its `eval_tokens` tokens the answer;
+with `speculative_eval` drafted and verified in rounds, `programs.seed_eval`); the `breadth`
+best states go on. A thought that ends the sequence (a boxed answer) ends its path as a candidate.
 After `depth` levels the answer is the best candidate's, else the best state's probe answer.
 
 A thought is written by the target (`ar*`: one request up to the thought cap, ending at a
@@ -31,11 +32,8 @@ from policies.seed import SeedPolicy, VerifyQueue, select, verify
 from programs.base import Outcome, RequestSpec, Sampling
 from programs.seed_branch import BranchRound, DraftPath, MultiCandidateRounds, content_link, \
     tot_seed
+from programs.seed_eval import EVAL_KINDS, Evaluation, SpeculativeEvaluation
 from traces import ids
-
-
-PROBE_TEXT = "\x00value prompt"
-"""the value prompt's content key (its text is the testbed's probe suffix)"""
 
 
 @dataclass(eq=False)
@@ -76,16 +74,18 @@ class Thought:
     branch: BranchRound | None = None
     """the round's draft tree (multi-candidate drafts)"""
     child: State | None = None
+    eval: Evaluation | None = None
+    """the child's evaluation in speculative rounds"""
 
 
-class ToTProgram(MultiCandidateRounds):
+class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
     """ToT BFS under one mode, written once for the simulator and the live runner."""
 
     def __init__(self, question_id: str, policy: SeedPolicy, prompt_tokens: int, seed: int,
                  probe_tokens: int, *, prompt_ids: list | None = None,
                  probe_ids: list | None = None,
                  decode=None, newline_id: int | None = None, eos_id: int | None = None,
-                 vocab: int = 0):
+                 vocab: int = 0, close_id: int | None = None):
         self.question_id = question_id
         self.policy = policy
         self.settings = policy.settings
@@ -99,6 +99,8 @@ class ToTProgram(MultiCandidateRounds):
         self.newline_id = newline_id
         self.eos_id = eos_id
         """a thought ends at a newline or the end of sequence (live)"""
+        self.close_id = close_id
+        """a value prompt's answer ends at the close of its box (live)"""
         self.vocab = vocab
         """top-k that covers the vocabulary (live sampled acceptance)"""
         self.tokens = 0
@@ -183,11 +185,6 @@ class ToTProgram(MultiCandidateRounds):
             seed=tot_seed(self.seed, t.key, t.rounds, "target"),
             top_logprobs=self.vocab if s.temperature > 0 else 1), extra_text=d.text)
 
-    def _evaluate(self, t: Thought) -> RequestSpec:
-        c = t.child
-        return self._spec(t, "eval", "target", list(self.probe_ids or ()), self.probe_prompt_tokens,
-                          Sampling(max_tokens=1, logprobs=True), state=c, extra_text=PROBE_TEXT)
-
     # -- the protocol -----------------------------------------------------------------------
 
     def start(self) -> list:
@@ -222,20 +219,14 @@ class ToTProgram(MultiCandidateRounds):
         if t.branch is not None and spec in t.branch.of:
             return self._on_branch(t, spec, outcome)
         self._log(spec, t, outcome)
+        if spec.kind in EVAL_KINDS:
+            return self._on_eval(t, spec, outcome)
         if spec.kind == "draft":
             t.drafted = outcome
             self.drafted_tokens += outcome.tokens
             return self._to_target(self._verify(t))
         self._queue.done()
-        out = self._ready()
-        if spec.kind == "eval":
-            t.child.value, t.child.answer = float(outcome.score), outcome.answer
-            self.probe_tokens_used += outcome.tokens
-            self.tokens += outcome.tokens
-            self._active -= 1
-            self._left -= 1
-            return out + (self._pump() if self._left else self._next_level())
-        return out + self._extend(t, spec.kind, outcome)
+        return self._ready() + self._extend(t, spec.kind, outcome)
 
     def _extend(self, t: Thought, kind: str, outcome: Outcome) -> list:
         """The thought grows by what a request kept; then its next round, or its evaluation."""
@@ -256,7 +247,7 @@ class ToTProgram(MultiCandidateRounds):
         final = t.eos or extract_boxed(t.text) is not None
         t.child = State(t.key, p.level + 1, p.tokens + t.tokens, p.ids + t.ids, p.text + t.text,
                         t.links, final=final)
-        return self._to_target(self._evaluate(t))
+        return self._evaluate_state(t)
 
     def _next_level(self) -> list:
         children = [t.child for t in self._level]
@@ -271,22 +262,28 @@ class ToTProgram(MultiCandidateRounds):
         return self._begin_level(keep)
 
     def _log(self, spec: RequestSpec, t: Thought, o: Outcome) -> None:
-        row = dict(node=t.key, level=t.parent.level + 1, round=t.rounds, kind=spec.kind,
+        row = dict(node=t.key, level=t.parent.level + 1, round=self._round(t, spec.kind),
+                   kind=spec.kind,
                    role=spec.role, request_index=spec.index, prompt_tokens=spec.prompt_tokens,
                    output_tokens=o.tokens, text=o.text, ended=o.ended, eos=o.eos,
                    drafted_tokens=None, accepted_tokens=None, accepted_positions=None,
                    value=o.score, answer=o.answer)
-        if spec.kind == "verify":
+        if spec.kind in ("verify", "eval-verify"):
             row.update(drafted_tokens=o.step[1], accepted_tokens=o.step[0],
                        accepted_positions=list(o.step[2]))
-        elif spec.kind.startswith("draft"):
+        elif spec.kind.startswith("draft") or spec.kind == "eval-draft":
             row.update(drafted_tokens=o.tokens)
         self.rows.append(row)
 
     def key_of(self, spec: RequestSpec) -> tuple[str, str, int]:
         """(thought key, request kind, round) of a request in flight: its identity in a trace."""
         t = self._flight[spec]
-        return t.key, spec.kind, t.rounds
+        return t.key, spec.kind, self._round(t, spec.kind)
+
+    @staticmethod
+    def _round(t: Thought, kind: str) -> int:
+        """A request's round: its evaluation's for speculative evaluations, else its thought's."""
+        return t.eval.rounds if kind in ("eval-draft", "eval-verify") else t.rounds
 
     # -- the accounting `program_row` reads ----------------------------------------------------
 
@@ -318,10 +315,8 @@ class ToTProgram(MultiCandidateRounds):
         t = self._flight[spec]
         if t.branch is not None and spec in t.branch.of:
             return self._interpret_branch(t, spec, raw)
-        if spec.kind == "eval":
-            # 4 decimals: batching changes the last bits, and equal states must tie exactly
-            return Outcome(raw.tokens, score=round(math.exp(raw.logprobs[0]), 4),
-                           answer=raw.text.strip() or None)
+        if spec.kind in EVAL_KINDS:
+            return self._interpret_eval(t, spec, raw)
         if spec.kind == "draft":
             return Outcome(raw.tokens, token_ids=raw.token_ids, text=raw.text, eos=raw.eos,
                            top_logprobs=raw.top_logprobs)

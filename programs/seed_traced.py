@@ -50,17 +50,20 @@ class ToTBank:
     def check(self, policy) -> None:
         """Raise unless a policy's tree is in the trace: the same settings, depth at most the
         traced depth (BFS never looks ahead, so a shallower tree is the deeper one's top)."""
-        if replace(policy.settings, depth=self.settings.depth, k_config=()) != self.settings or \
+        if replace(policy.settings, depth=self.settings.depth, k_config=(),
+                   speculative_eval=False) != self.settings or \
                 policy.settings.depth > self.settings.depth:
             raise ValueError(f"programs.policy: tot settings {policy.settings} are not in the "
                              f"trace ({self.settings}; any depth up to its own): trace them "
                              "with reasonsim trace tot")
         trees = set(self.questions[0].requests) if self.questions else set()
         if policy.tree not in trees:
-            raise ValueError(f"programs.policy.k_config: tot policy {policy.mode} with k_config "
-                             f"{policy.settings.k_config}: its tree {policy.tree!r} is not in "
-                             f"the trace (trees: "
-                             f"{sorted(trees)}): trace it with reasonsim trace tot --k-config")
+            how = "--speculative-eval" if policy.settings.speculative_eval else "--k-config"
+            raise ValueError(f"programs.policy: tot policy {policy.mode} with k_config "
+                             f"{policy.settings.k_config}, speculative_eval "
+                             f"{policy.settings.speculative_eval}: its tree {policy.tree!r} is "
+                             f"not in the trace (trees: {sorted(trees)}): trace it with "
+                             f"reasonsim trace tot {how}")
 
 
 def load_tot(trace_dir: str | Path) -> ToTBank:

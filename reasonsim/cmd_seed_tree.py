@@ -22,10 +22,10 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
         settings = ToTSettings(
             breadth=args.breadth, thoughts=args.thoughts, depth=args.depth,
             thought_tokens=args.thought_tokens, temperature=args.temperature,
-            draft_tokens=args.draft_tokens)
+            draft_tokens=args.draft_tokens, eval_tokens=args.eval_tokens)
         k_configs = tuple(ToTSettings(draft_tokens=args.draft_tokens, k_config=tuple(
             int(x) for x in k.split(","))).k_config for k in args.k_config)
-        wl = TotWorkload(args.questions, settings, args.seed, k_configs)
+        wl = TotWorkload(args.questions, settings, args.seed, k_configs, args.speculative_eval)
     except ValueError as e:
         raise UserError(str(e)) from None
     print_summary(trace_tot(args.draft, args.target, args.out, wl, args.kv_cache_gb,
@@ -36,8 +36,11 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
 def _config(path: Path, mode: str | None = None, count: int | None = None, depth=None,
             seed: int | None = None, calibrations: dict[str, str] | None = None):
     """A ToT config with its policy's mode (and count, depth, seed, pool calibrations)
-    overridden; its workload."""
+    overridden; its workload. The target evaluates states in the ar modes (a config's
+    speculative_eval is the speculative modes')."""
     policy = {k: v for k, v in (("type", mode), ("depth", depth)) if v is not None}
+    if mode is not None and not mode.startswith(("sd", "seed")):
+        policy["speculative_eval"] = False
     return program_config(path, "tot", count, seed, policy, calibrations)
 
 
@@ -195,7 +198,7 @@ def cmd_seed_modes(args: argparse.Namespace) -> int:
 
     t = Table(title=f"ToT modes (simulated): {path.name}")
     for c in ("depth", "mode", "mean s", "P90 s", "vs ar", "vs sd", "acceptance",
-              "target busy", "verify wait P90 ms"):
+              "target busy", "verify wait P90 ms", "TG vs ar", "SE vs ar", "SE acceptance"):
         t.add_column(c, justify="right")
     f = lambda x, p: "-" if x is None or pd.isna(x) else p.format(x)
     for r in rows:
@@ -204,8 +207,11 @@ def cmd_seed_modes(args: argparse.Namespace) -> int:
                   f(r["speedup_vs_sd"], "{:.2f}x"), f(r["acceptance_rate"], "{:.3f}"),
                   f(r["target_busy_fraction"], "{:.2f}"),
                   f(r["verify_queue_wait_p90_s"] and r["verify_queue_wait_p90_s"] * 1e3,
-                    "{:.1f}"))
-    Console(width=140).print(t)
+                    "{:.1f}"), f(r["generator_speedup_vs_ar"], "{:.2f}x"),
+                  f(r["evaluator_speedup_vs_ar"], "{:.2f}x"), f(r["eval_acceptance_rate"], "{:.3f}"))
+    Console(width=170).print(t)
+    print("TG / SE: the Thought Generator's / State Evaluator's time in flight (mean per tree) "
+          "over ar's")
     return 0
 
 
@@ -270,6 +276,12 @@ def add_tot_trace_parser(tsub) -> None:
                    help="also grow the tree of multi-candidate rounds (MCSD; SEED's tree "
                    "drafts) with this many candidates per drafted position, e.g. 2,1,1,1 "
                    "(repeatable)")
+    s.add_argument("--eval-tokens", type=int, default=1,
+                   help="tokens a value prompt writes (the state's answer; its value is the "
+                   "probability of the first)")
+    s.add_argument("--speculative-eval", action="store_true",
+                   help="also grow the tree whose value prompts' answers are drafted and "
+                   "verified too (sd-se: SEED's State Evaluator under speculative execution)")
     s.add_argument("--kv-cache-gb", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")

@@ -180,7 +180,8 @@ def test_a1_programs_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seq
 
 @settings(max_examples=10, deadline=None)
 @given(example=st.sampled_from(["seed-greedy-small.yaml", "seed-greedy.yaml", "seed-mcsd.yaml",
-                                "seed-sampled.yaml", "seed-separate.yaml"]),
+                                "seed-sampled.yaml", "seed-separate.yaml",
+                                "seed-evaluator.yaml"]),
        scheduler=st.sampled_from(["fcfs", "app_fifo"]),
        kv=st.sampled_from([None, 16, 40]), seqs=st.sampled_from([None, 3]),
        caching=st.booleans(), host=st.booleans(), count=st.sampled_from([1, 2]),
@@ -189,7 +190,8 @@ def test_seed_trees_on_the_kernel_equal_simpy(cals, example, scheduler, kv, seqs
                                               count, model, seed):
     """SEED's Tree-of-Thoughts programs (prompts named by prefix chains of their content:
     sibling thoughts share blocks across programs; verifications re-run uncached where their
-    drafted tail was cached) run compiled, equal to SimPy, the tot_requests table included."""
+    drafted tail was cached; value prompts written in speculative rounds) run compiled, equal
+    to SimPy, the tot_requests table included."""
     _both_pools(cals, example, 4, 2.0, seed, scheduler, kv, seqs, caching, host, count, model)
 
 

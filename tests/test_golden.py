@@ -57,7 +57,10 @@ found in the prefix cache) when program runs began reporting it, every other fig
 scoring re-runs, and `seed-separate`'s and `seed-separate-h200`'s when it learned prefix chains,
 every figure unchanged. Every HELIOS policy's summary on traced profiles gained
 `full_model_agreement` (its served tokens equal to the full model's at the same position, a
-reference-free quality proxy), every other figure unchanged.
+reference-free quality proxy), every other figure unchanged. Every ToT golden gained
+`generator_mean_s` and `evaluator_mean_s` (each component's time, SEED's Table 2) when ToT runs
+began reporting them, every other figure unchanged; `seed-evaluator` (value prompts written in
+speculative rounds) was added with its first output.
 """
 
 from __future__ import annotations

@@ -168,14 +168,16 @@ def test_selection_queue_and_config_errors():
 def greedy_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("tot") / "tot"
     run_cli("trace", "tot", "-o", str(out), "--questions", "1", "--depth", "2",
-            "--temperature", "0", "--k-config", "1,2", "-q", "--json")
+            "--temperature", "0", "--k-config", "1,2", "--eval-tokens", "4",
+            "--speculative-eval", "-q", "--json")
     return out
 
 
 def _trees(table):
     """question -> {thought key: its text} per tree (ar: one request; sd: its verifications)."""
     out = {}
-    for tree, kind in (("totar", "ar"), ("totsd", "verify"), ("totsd-k1.2", "verify")):
+    for tree, kind in (("totar", "ar"), ("totsd", "verify"), ("totsd-k1.2", "verify"),
+                       ("totsd-se", "verify")):
         t = table[table.program_id.str.endswith(tree) & (table.kind == kind)]
         t = t.sort_values("round").groupby(["question_id", "node"]).text.apply("".join)
         out[tree] = t.to_dict()
@@ -204,15 +206,27 @@ def test_greedy_speculative_tree_equals_the_targets_own(greedy_trace):
     assert (v.output_tokens <= v.accepted_tokens + 1).all()
     ev = t[t.kind == "eval"]
     assert ev.value.between(0, 1).all() and ev.answer.notna().all()
+    # speculative evaluations (sd-se): the same thoughts, and each state's value and answer
+    # the target's own evaluation's (greedy acceptance keeps its tokens)
+    assert trees["totsd-se"] == trees["totar"]
+    from programs.seed_eval import answer_of
+
+    se = t[t.program_id.str.endswith("totsd-se") & (t.kind == "eval-verify")].sort_values("round")
+    own = ev[ev.program_id.str.endswith("totar")].set_index(["question_id", "node"])
+    got = se.groupby(["question_id", "node"]).agg(value=("value", "first"), text=("text", "sum"))
+    assert len(got) == len(own) and (got.value == own.value.reindex(got.index)).all()
+    assert (got.text.map(lambda x: answer_of(x, 4)) == own.answer.reindex(got.index)).all()
+    assert 0.0 < se.accepted_tokens.sum() / se.drafted_tokens.sum() <= 1.0
     for role in ("draft", "target"):
         assert len(read_table(greedy_trace / role, "steps")) > 0
 
 
-def _config(tmp_path, trace, mode: str, count: int = 4) -> str:
+def _config(tmp_path, trace, mode: str, count: int = 4, speculative_eval: bool = False) -> str:
     cfg = yaml.safe_load((REPO / "examples" / "seed-greedy.yaml").read_text())
     progs = cfg["workload"]["programs"]
     progs.update(trace=str(trace), count=count)
-    progs["policy"] = {"type": mode, "depth": 2, "temperature": 0.0}
+    progs["policy"] = {"type": mode, "depth": 2, "temperature": 0.0, "eval_tokens": 4,
+                       "speculative_eval": speculative_eval}
     for g in cfg["cluster"]["replicas"]:
         g["calibration"] = str((REPO / "examples" / g["calibration"]).resolve())
     path = tmp_path / f"{mode}.yaml"
@@ -250,7 +264,9 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(mcsd))
     bad = run_cli("simulate", str(tmp_path / "bad.yaml"), "-o", str(tmp_path / "bad"), check=False)
     assert bad.returncode != 0 and "trace tot --k-config" in bad.stderr
-    proc = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
+    # live: SEED with the State Evaluator speculative too (value prompts drafted and verified)
+    se = _config(tmp_path, greedy_trace, "seed", speculative_eval=True)
+    proc = run_cli("seed", "replay", se, "--modes", "seed",
                    "--repeats", "1", "-o", str(tmp_path / "rep"), "--calibrate-here", "--json")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     result = report["modes"]["seed"]
@@ -277,14 +293,16 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
         read_table(tmp_path / "rep" / "seed" / run, "tot_requests").to_pandas()
         for run in ("sim", "live0"))]
     assert rescored[0] and rescored[0] == rescored[1]
+    live = read_table(tmp_path / "rep" / "seed" / "live0", "tot_requests").to_pandas()
+    assert {"eval-draft", "eval-verify"} <= set(live.kind) and "eval" not in set(live.kind)
     # --rejudge: the same live run judged again (after a simulator change), nothing run live
-    again = json.loads(run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"),
+    again = json.loads(run_cli("seed", "replay", se,
                                "--modes", "seed", "--repeats", "1", "-o", str(tmp_path / "rep"),
                                "--calibrate-here", "--rejudge", "--json").stdout.strip()
                        .splitlines()[-1])
     assert again["modes"]["seed"]["live_mean_s"] == result["live_mean_s"]
     assert again["modes"]["seed"]["sim_mean_s"] == pytest.approx(result["sim_mean_s"])
-    missing = run_cli("seed", "replay", _config(tmp_path, greedy_trace, "seed"), "--modes", "seed",
+    missing = run_cli("seed", "replay", se, "--modes", "seed",
                       "--repeats", "2", "-o", str(tmp_path / "rep"), "--rejudge", check=False)
     assert missing.returncode != 0 and "holds no live run" in missing.stderr
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
@@ -388,6 +406,45 @@ def test_draft_length_variants_are_traced_and_simulate(k):
     by = {r["mode"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert by["ar"]["speedup_vs_ar"] == 1.0 and 0.0 < by["sd"]["acceptance_rate"] < 1.0
     assert by["sd"]["acceptance_rate"] == by["seed"]["acceptance_rate"]
+
+
+def test_the_state_evaluator_under_speculative_execution(tmp_path):
+    """SEED's Table 2: with speculative_eval the value prompts' answers are drafted and verified
+    too (the shipped trace's sd-se tree); `seed modes` gives each component's time over ar's
+    and the evaluator's acceptance; the ar modes evaluate with the target. A policy asking for
+    it in an ar mode, or on a trace without that tree, is refused."""
+    from programs.seed_traced import load_tot
+    from traces.store import check_trace
+
+    trace = REPO / "traces" / "data" / "testbed-tot-se-cpu"
+    assert check_trace(trace) == []
+    bank = load_tot(trace)
+    assert bank.settings.eval_tokens == 8 and set(bank.questions[0].requests) == \
+        {"ar", "sd", "sd-se"}
+    example = REPO / "examples" / "seed-evaluator.yaml"
+    proc = run_cli("seed", "modes", str(example), "--modes", "ar,sd,seed", "--count", "4",
+                   "--json")
+    by = {r["mode"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    assert by["ar"]["evaluator_speedup_vs_ar"] == by["ar"]["generator_speedup_vs_ar"] == 1.0
+    assert by["ar"]["eval_acceptance_rate"] is None
+    for mode in ("sd", "seed"):
+        assert 0.0 < by[mode]["eval_acceptance_rate"] < 1.0
+        assert by[mode]["evaluator_mean_s"] > 0 and by[mode]["generator_mean_s"] > 0
+        assert by[mode]["accuracy"] == by["ar"]["accuracy"]  # greedy: the target's own tree
+    assert by["sd"]["eval_acceptance_rate"] == by["seed"]["eval_acceptance_rate"]
+    cfg = yaml.safe_load(example.read_text())
+    cfg["workload"]["programs"]["trace"] = str(trace)
+    for g in cfg["cluster"]["replicas"]:
+        g["calibration"] = str((example.parent / g["calibration"]).resolve())
+    cfg["workload"]["programs"]["policy"]["type"] = "ar"
+    (tmp_path / "ar.yaml").write_text(yaml.safe_dump(cfg))
+    bad = run_cli("simulate", str(tmp_path / "ar.yaml"), check=False)
+    assert bad.returncode != 0 and "speculative_eval needs a speculative mode" in bad.stderr
+    cfg["workload"]["programs"]["policy"].update(type="seed", eval_tokens=1)
+    cfg["workload"]["programs"]["trace"] = str(REPO / "traces" / "data" / "testbed-tot-cpu")
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(cfg))
+    bad = run_cli("simulate", str(tmp_path / "other.yaml"), check=False)
+    assert bad.returncode != 0 and "trace tot --speculative-eval" in bad.stderr
 
 
 def test_speedups_are_judged_against_each_repeats_own_ratio():

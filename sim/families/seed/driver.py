@@ -38,10 +38,11 @@ class TracedToT:
 
     def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
         """(prompt tokens, prefix-cacheable tokens: all of it, prefix-cache key: one per
-        program, tokens the engine generates: the drafted or written thought tokens, else one);
+        program, tokens the engine generates: the drafted or written thought or answer tokens,
+        else one);
         the spec's content chain says which blocks other prompts share."""
         output = 1
-        if spec.kind == "ar" or spec.kind.startswith("draft"):
+        if spec.kind in ("ar", "eval", "eval-draft") or spec.kind.startswith("draft"):
             output = int(self._row(run, spec)["output_tokens"])
         return spec.prompt_tokens, spec.prompt_tokens, 0, output
 
@@ -56,12 +57,14 @@ class TracedToT:
             tree = run.question.requests[run.program.policy.tree]
             return Outcome(int(r["output_tokens"]), text=r["text"],
                            step=tuple((node, k, rnd) in tree for k in kids))
-        step = None
-        if spec.kind == "verify":
+        step = score = None
+        if spec.kind in ("verify", "eval-verify"):
             step = (int(r["accepted_tokens"]), int(r["drafted_tokens"]),
                     tuple(r["accepted_positions"]))
+        if spec.kind == "eval-verify":
+            score = float(r["value"])
         return Outcome(int(r["output_tokens"]), ended=bool(r["ended"]), eos=bool(r["eos"]),
-                       text=r["text"], step=step)
+                       text=r["text"], step=step, score=score)
 
 
 def build_tot_runs(wl, bank: ToTBank, plans) -> tuple[list[SimProgram], int, TracedToT]:

@@ -1,4 +1,5 @@
-"""ToT metrics: acceptance, verify queue waits, target idle time (sim-vs-live: `validation.seed`).
+"""ToT metrics: acceptance, verify queue waits, each component's time, target idle time
+(sim-vs-live: `validation.seed`).
 
 Both read `tot_requests` tables, which the simulator and the live runner write alike.
 """
@@ -18,13 +19,42 @@ def queue_waits_s(t: pd.DataFrame) -> np.ndarray:
     return np.maximum(w, 0.0)
 
 
+EVALUATOR = ("eval", "eval-draft", "eval-verify")
+"""request kinds of the State Evaluator (the rest are the Thought Generator's)"""
+
+
+def component_s(t: pd.DataFrame, evaluator: bool) -> float:
+    """Mean over programs of the seconds the Thought Generator (or the State Evaluator) had a
+    request in flight: the union of its requests' [sent, finish] intervals (a serial mode's
+    time in that component; under parallel modes the two overlap)."""
+    t = t[t.kind.isin(EVALUATOR) == evaluator]
+    spans = []
+    for _, g in t.groupby("program_id", sort=False):
+        total, end = 0.0, -np.inf
+        for a, b in sorted(zip(g.sent_s.to_numpy(float), g.finish_s.to_numpy(float))):
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        spans.append(total)
+    return float(np.mean(spans)) if spans else 0.0
+
+
+def _acceptance(v: pd.DataFrame) -> float:
+    return float(v.accepted_tokens.sum() / max(1, v.drafted_tokens.sum()))
+
+
 def tot_summary(t: pd.DataFrame, busy_s: dict, makespan_s: float) -> dict:
-    """Acceptance, tokens per round, verify queue waits and pool busy fractions."""
+    """Acceptance (thoughts', evaluations'), tokens per round, verify queue waits, the time
+    each component takes and pool busy fractions."""
     v = t[t.kind == "verify"]
-    out = {"tot_requests": int(len(t)), "tot_thoughts": int((t.kind == "eval").sum())}
+    ev = t[t.kind == "eval-verify"]
+    states = (t.kind == "eval") | ((t.kind == "eval-verify") & (t["round"] == 0))
+    out = {"tot_requests": int(len(t)), "tot_thoughts": int(states.sum()),
+           "generator_mean_s": component_s(t, False), "evaluator_mean_s": component_s(t, True)}
+    if len(ev):
+        out["eval_acceptance_rate"] = _acceptance(ev)
     if len(v):
         waits = queue_waits_s(t)
-        out.update(acceptance_rate=float(v.accepted_tokens.sum() / max(1, v.drafted_tokens.sum())),
+        out.update(acceptance_rate=_acceptance(v),
                    tokens_per_round=float(v.output_tokens.mean()),
                    verify_queue_wait_p50_s=float(np.median(waits)) if len(waits) else 0.0,
                    verify_queue_wait_p90_s=float(np.quantile(waits, 0.9)) if len(waits) else 0.0)

@@ -19,7 +19,8 @@ def _plt():
 def mode_sweep(load, modes: list[str], depths: list[int]) -> list[dict]:
     """Simulate every mode at every depth; `load(mode, depth)` gives the config. One row per
     point: mean and P90 program latency, speedup over ar and sd at that depth, acceptance,
-    target busy fraction and verify queue wait."""
+    target busy fraction and verify queue wait; per component (Thought Generator, State
+    Evaluator: SEED's Table 2) its mean time, speedup over ar's and acceptance."""
     from sim.simulate import simulate
 
     rows = []
@@ -32,11 +33,18 @@ def mode_sweep(load, modes: list[str], depths: list[int]) -> list[dict]:
                         "latency_p90_s": lat["p90"], "accuracy": s.get("accuracy"),
                         "acceptance_rate": s.get("acceptance_rate"),
                         "target_busy_fraction": s.get("target_busy_fraction"),
-                        "verify_queue_wait_p90_s": s.get("verify_queue_wait_p90_s")}
+                        "verify_queue_wait_p90_s": s.get("verify_queue_wait_p90_s"),
+                        "generator_mean_s": s.get("generator_mean_s"),
+                        "evaluator_mean_s": s.get("evaluator_mean_s"),
+                        "eval_acceptance_rate": s.get("eval_acceptance_rate")}
         for r in at.values():
             for base in ("ar", "sd"):
                 b = at.get(base)
                 r[f"speedup_vs_{base}"] = b["latency_mean_s"] / r["latency_mean_s"] if b else None
+            b = at.get("ar")
+            for part in ("generator", "evaluator"):
+                r[f"{part}_speedup_vs_ar"] = b[f"{part}_mean_s"] / r[f"{part}_mean_s"] \
+                    if b and r[f"{part}_mean_s"] else None
             rows.append(r)
     return rows
 
