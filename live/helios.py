@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -80,46 +81,63 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
         s = rnd.serve
         eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts), s.exit_threshold)
         start = time.perf_counter() - t0
-        index = {f"q{i}": i for i in rnd.prompts}
-        for rid, i in index.items():
-            eng.add(rid, prompts[i], max_tokens=max_tokens)
-        probs: dict[int, list] = {i: [] for i in rnd.prompts}
-        exits: dict[int, list] = {i: [] for i in rnd.prompts}
-        ids: dict[int, list] = {i: [] for i in rnd.prompts}
-        first: dict[int, float] = {}
-        finish: dict[int, float] = {}
-        steps, busy_ms, layer_tokens = 0, 0.0, 0
-        while eng.has_unfinished():
-            res = eng.step()
-            now = time.perf_counter() - t0
-            steps += 1
-            busy_ms += res.duration_ms
-            layer_tokens += len(res.layer_ms) * (res.prefill_tokens + res.decode_seqs)
-            for t in res.tokens:
-                i = index[t.request_id]
-                probs[i].append(t.max_probs)
-                exits[i].append((t.exit_layer, t.exit_prob))
-                ids[i].append(t.token_id)
-                first.setdefault(i, now)
-            for rid in res.finished:
-                finish[index[rid]] = now
-                eng.output_ids(rid)
-        toks = [probs[i] for i in rnd.prompts]
-        for k, i in enumerate(rnd.prompts):
+        r = _serve_round(eng, rnd.prompts, prompts, max_tokens, t0)
+        for i in rnd.prompts:
             req_rows.append({"prompt": i, "model": s.model, "depth": s.depth,
-                             "arrival_s": start, "first_token_s": first[i],
-                             "finish_s": finish[i], "prompt_tokens": len(prompts[i]),
-                             "output_tokens": len(toks[k]),
-                             "exit_layers": [e for e, _ in exits[i]],
-                             "nll_sum": float(-sum(_log(p) for _, p in exits[i])),
+                             "arrival_s": start, "first_token_s": r.first[i],
+                             "finish_s": r.finish[i], "prompt_tokens": len(prompts[i]),
+                             "output_tokens": len(r.probs[i]),
+                             "exit_layers": [e for e, _ in r.exits[i]],
+                             "nll_sum": float(-sum(_log(q) for _, q in r.exits[i])),
                              "reference_agree_tokens": None if references is None else sum(
-                                 a == b for a, b in zip(ids[i], references[s.model][i]))})
+                                 a == b for a, b in zip(r.ids[i], references[s.model][i]))})
         round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
-                           "batch": len(rnd.prompts), "steps": steps, "load_ms": load_ms,
-                           "busy_ms": busy_ms, "event": s.event or "",
-                           "layer_tokens": layer_tokens})
-        program.finish_round(toks)
+                           "batch": len(rnd.prompts), "steps": r.steps, "load_ms": load_ms,
+                           "busy_ms": r.busy_ms, "event": s.event or "",
+                           "layer_tokens": r.layer_tokens})
+        program.finish_round([r.probs[i] for i in rnd.prompts])
     return pd.DataFrame(req_rows), pd.DataFrame(round_rows), list(program.policy.events)
+
+
+@dataclass
+class _Round:
+    """What one round's prompts produced (per stream index) and what its steps cost."""
+
+    probs: dict
+    """per token, the max probability at each loaded exit"""
+    exits: dict
+    """per token, (exit layer, its probability)"""
+    ids: dict
+    first: dict
+    finish: dict
+    steps: int = 0
+    busy_ms: float = 0.0
+    layer_tokens: int = 0
+
+
+def _serve_round(eng: TorchEngine, served: tuple, prompts: list[list[int]], max_tokens: int,
+                 t0: float) -> _Round:
+    """Admit a round's prompts together and step the engine until they finish."""
+    index = {f"q{i}": i for i in served}
+    for rid, i in index.items():
+        eng.add(rid, prompts[i], max_tokens=max_tokens)
+    r = _Round(*({i: [] for i in served} for _ in range(3)), {}, {})
+    while eng.has_unfinished():
+        res = eng.step()
+        now = time.perf_counter() - t0
+        r.steps += 1
+        r.busy_ms += res.duration_ms
+        r.layer_tokens += len(res.layer_ms) * (res.prefill_tokens + res.decode_seqs)
+        for t in res.tokens:
+            i = index[t.request_id]
+            r.probs[i].append(t.max_probs)
+            r.exits[i].append((t.exit_layer, t.exit_prob))
+            r.ids[i].append(t.token_id)
+            r.first.setdefault(i, now)
+        for rid in res.finished:
+            r.finish[index[rid]] = now
+            eng.output_ids(rid)
+    return r
 
 
 def _warm_up(engine: TorchEngine) -> None:

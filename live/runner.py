@@ -73,69 +73,89 @@ def run_programs(engines: dict, runs: list[LiveRun], scheduler=None,
     """Run every program from its plan's arrival until it is done, on `engines[spec.role]`;
     `kv_eviction: idle_programs_first` tells the engines which programs have nothing in flight
     (Dynasor's eviction hint, `engines.kv_hints`)."""
-    clock = next(iter(engines.values()))
-    hints = IdleHints(engines, kv_eviction)
-    pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
-    rid_of: dict[RequestSpec, str] = {}
-    counter = itertools.count()
-    finished_tokens = FinishedLengths()
-    index = {id(r): i for i, r in enumerate(runs)}
-    done = 0
+    _ProgramLoop(engines, runs, scheduler, answer_of, on_done, kv_eviction).run()
 
-    def submit(run: LiveRun, spec: RequestSpec) -> None:
-        prio = 0
-        if scheduler is not None:
-            view = ProgramView(index[id(run)], clock.now_s() - run.plan.arrival_s,
-                               run.program.tokens, program_estimate(scheduler, run.program))
-            prio = scheduler.priority(view, finished_tokens)
-        rid = _request_id(run, spec, next(counter))
-        pending[rid] = (run, spec)
-        rid_of[spec] = rid
-        hints.sent(run)
-        engines[spec.role].add(rid, spec.prompt_ids, spec.sampling, prio, run.key,
-                               spec.table_role)
 
-    def act(run: LiveRun, actions: list) -> None:
-        nonlocal done
-        for a in actions:
-            if isinstance(a, Abort):
-                rid = rid_of.pop(a.spec)
-                pending.pop(rid)
-                hints.ended(run)
-                engines[a.spec.role].abort(rid)  # its tokens are counted from the requests table
-            else:
-                submit(run, a)
-        if run.program.done and math.isnan(run.finish_s):
-            run.finish_s = clock.now_s()
-            finished_tokens.add(run.program.tokens)
-            done += 1
-            if on_done is not None:
-                on_done(run)
+class _ProgramLoop:
+    """`run_programs`' state: requests in flight by id, the programs finished so far."""
 
-    next_arrival = 0
-    while done < len(runs):
-        while next_arrival < len(runs) and runs[next_arrival].plan.arrival_s <= clock.now_s():
-            run = runs[next_arrival]
-            act(run, run.program.start())
-            next_arrival += 1
-        if not pending:  # idle until the next arrival
-            if next_arrival == len(runs):
-                raise RuntimeError("live run: programs unfinished with nothing in flight (a bug)")
-            time.sleep(max(0.0, runs[next_arrival].plan.arrival_s - clock.now_s()))
-            continue
+    def __init__(self, engines: dict, runs: list[LiveRun], scheduler, answer_of, on_done,
+                 kv_eviction: str):
+        self.engines, self.runs, self.scheduler = engines, runs, scheduler
+        self.answer_of, self.on_done = answer_of, on_done
+        self.clock = next(iter(engines.values()))
+        self.hints = IdleHints(engines, kv_eviction)
+        self.pending: dict[str, tuple[LiveRun, RequestSpec]] = {}
+        self.rid_of: dict[RequestSpec, str] = {}
+        self.counter = itertools.count()
+        self.finished_tokens = FinishedLengths()
+        self.index = {id(r): i for i, r in enumerate(runs)}
+        self.done = 0
+
+    def run(self) -> None:
+        """Admit programs as they arrive and step the engines until every program is done."""
+        runs, clock = self.runs, self.clock
+        next_arrival = 0
+        while self.done < len(runs):
+            while next_arrival < len(runs) and runs[next_arrival].plan.arrival_s <= clock.now_s():
+                run = runs[next_arrival]
+                self._act(run, run.program.start())
+                next_arrival += 1
+            if not self.pending:  # idle until the next arrival
+                if next_arrival == len(runs):
+                    raise RuntimeError("live run: programs unfinished with nothing in flight "
+                                       "(a bug)")
+                time.sleep(max(0.0, runs[next_arrival].plan.arrival_s - clock.now_s()))
+                continue
+            if not self._step_engines():
+                raise RuntimeError(f"live run: {len(self.pending)} requests pending on idle "
+                                   "engines (a bug)")
+
+    def _step_engines(self) -> bool:
+        """One step of every engine with work; each finished request's program acts on it.
+        False when no engine had work."""
         stepped = False
-        for engine in engines.values():
+        for engine in self.engines.values():
             if not engine.has_unfinished():
                 continue
             stepped = True
             for rid, raw in engine.step():
-                if rid not in pending:
+                if rid not in self.pending:
                     continue
-                run, spec = pending.pop(rid)
-                rid_of.pop(spec, None)
-                hints.ended(run)
-                outcome = run.program.interpret(spec, raw, answer_of)
-                act(run, run.program.on_done(spec, outcome))
-                hints.settled(run)
-        if not stepped:
-            raise RuntimeError(f"live run: {len(pending)} requests pending on idle engines (a bug)")
+                run, spec = self.pending.pop(rid)
+                self.rid_of.pop(spec, None)
+                self.hints.ended(run)
+                outcome = run.program.interpret(spec, raw, self.answer_of)
+                self._act(run, run.program.on_done(spec, outcome))
+                self.hints.settled(run)
+        return stepped
+
+    def _submit(self, run: LiveRun, spec: RequestSpec) -> None:
+        prio = 0
+        if self.scheduler is not None:
+            view = ProgramView(self.index[id(run)], self.clock.now_s() - run.plan.arrival_s,
+                               run.program.tokens, program_estimate(self.scheduler, run.program))
+            prio = self.scheduler.priority(view, self.finished_tokens)
+        rid = _request_id(run, spec, next(self.counter))
+        self.pending[rid] = (run, spec)
+        self.rid_of[spec] = rid
+        self.hints.sent(run)
+        self.engines[spec.role].add(rid, spec.prompt_ids, spec.sampling, prio, run.key,
+                                    spec.table_role)
+
+    def _act(self, run: LiveRun, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Abort):
+                rid = self.rid_of.pop(a.spec)
+                self.pending.pop(rid)
+                self.hints.ended(run)
+                # its tokens are counted from the requests table
+                self.engines[a.spec.role].abort(rid)
+            else:
+                self._submit(run, a)
+        if run.program.done and math.isnan(run.finish_s):
+            run.finish_s = self.clock.now_s()
+            self.finished_tokens.add(run.program.tokens)
+            self.done += 1
+            if self.on_done is not None:
+                self.on_done(run)
