@@ -203,6 +203,19 @@ class Helios:
         self.current = serve
         return serve
 
+    def planned_next(self) -> Serve | None:
+        """The model and depth the next prompt gets unless tokens change it (a standby server
+        may load it early); None where tokens decide it (the selection after an evaluation)."""
+        j = self.prompt_index - self.interval_start
+        if self.interval is not None and j >= self.interval:
+            j = 0
+        if j < self.eval_prompts * len(self.order):
+            name = self.order[j // self.eval_prompts]
+            return Serve(name, self.candidates[name].layers, evaluating=True)
+        if self.current is None or self.current.evaluating:
+            return None
+        return Serve(self.current.model, self.current.depth)
+
     def same_after(self) -> int:
         """Prompts after the last one that get the same decision unless tokens change it."""
         j = self.prompt_index - 1 - self.interval_start
@@ -315,6 +328,10 @@ class Static:
     def same_after(self) -> int:
         """Every later prompt gets the same decision."""
         return 1 << 30
+
+    def planned_next(self) -> Serve:
+        """The same decision."""
+        return self.next_prompt()
 
     def observe(self, serve: Serve, max_probs: list[float]) -> None:
         """Static selection learns nothing."""

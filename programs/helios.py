@@ -24,6 +24,8 @@ class StreamPolicy(Protocol):
 
     def same_after(self) -> int: ...
 
+    def planned_next(self) -> Serve | None: ...
+
     def observe(self, serve: Serve, max_probs: list[float]) -> None: ...
 
 
@@ -66,6 +68,13 @@ class HeliosProgram:
         self._next += n
         self.rounds.append(r)
         return r
+
+    def lookahead(self) -> Serve | None:
+        """The decision the next round starts with unless the last round's tokens change it;
+        None at the stream's end or where tokens decide it."""
+        if self._next >= self.num_prompts:
+            return None
+        return self.policy.planned_next()
 
     def stream_events(self) -> list[tuple[int, Serve]]:
         """The policy's events, each at the stream index of the prompt it applies to."""

@@ -185,6 +185,9 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     if exp.spec.helios.replicas > 1:
         raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
                         "replay serves the stream on one device (set replicas: 1)")
+    if exp.spec.helios.overlap_loading:
+        raise UserError(f"{args.config}: helios.overlap_loading is simulated only (live replay "
+                        "serves on one engine with no standby server; set it false)")
     specs = exp.spec.helios.policies
     if args.policies:
         known = {exp.policy_name(p): p for p in specs}

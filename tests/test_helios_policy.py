@@ -156,3 +156,24 @@ def test_an_automatic_interval_keeps_the_evaluation_within_its_share_of_serving(
 def test_bad_automatic_interval_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="reassess_every|overhead_share"):
         Helios([BIG, SMALL], **kwargs)
+
+
+def test_the_next_decision_is_known_early_where_tokens_cannot_change_it():
+    """`planned_next` (what a standby server may load early) is the decision the next prompt
+    gets whenever it names one: the evaluation's candidates and the next interval's first; the
+    selection after an evaluation is the tokens' (None)."""
+    h = Helios([BIG, SMALL], eval_prompts=2, reassess_every=10)
+    exits = {"big": [1, 1, 1, 4], "small": [2, 2, 2, 2]}
+    known = 0
+    for _ in range(30):
+        planned = h.planned_next()
+        s = h.next_prompt()
+        if planned is None:
+            assert s.event == "select"
+        else:
+            known += 1
+            assert (planned.model, planned.depth) == (s.model, s.depth)
+        for first in exits[s.model]:
+            h.observe(s, [0.95 if d + 1 >= first else 0.2 for d in range(s.depth)])
+    assert known == 27  # 3 selections in 30 prompts
+    assert Static(SMALL).planned_next() == Static(SMALL).next_prompt()

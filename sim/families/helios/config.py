@@ -137,6 +137,10 @@ class HeliosSection(Strict):
     """devices, each with memory_mb, its own loaded model and its own policy"""
     router: Annotated[str, Field(min_length=1)] = "least_outstanding"
     """how the stream's prompts are assigned to replicas (`policies.routing`)"""
+    overlap_loading: bool = False
+    """a standby server per replica loads the next round's model while the current round serves,
+    where the decision is known early (HELIOS's loading "concurrently on another server");
+    simulated only"""
     repository: list[RepositorySpec] | None = None
     policies: Annotated[list[Annotated[Union[StaticSpec, EarlyExitSpec, HeliosSpec],
                                        Field(discriminator="type")]], Field(min_length=1)]
@@ -286,7 +290,7 @@ class Experiment:
         h = self.spec.helios
         return {self.policy_name(p): simulate_cluster(
                     lambda prompts, p=p: self.program(p, prompts), self.profiles,
-                    self.num_prompts, h.replicas, h.router, self.max_tokens)
+                    self.num_prompts, h.replicas, h.router, self.max_tokens, h.overlap_loading)
                 for p in h.policies}
 
 

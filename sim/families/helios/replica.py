@@ -6,6 +6,12 @@ routed to it. A layer load or model switch is a timed event (layers x measured l
 the round's prefill step and its decode steps, fast-forwarded between sequence finishes with the
 step-time model's closed form (events grow with rounds and finishes, not tokens).
 
+With `overlap_loading` a standby server beside the replica loads the next round's model while
+the current round serves, where the program knows that round's decision before this one ends
+(`HeliosProgram.lookahead`: the evaluation's next candidate, the next interval's first), as the
+paper's "model loading concurrently on another server"; at the switch the two servers trade
+places, and the round waits only for what of the load is left.
+
 The EE-full baseline (whole model loaded, one sequence, per-token exits at a threshold, EE-LLM's
 layer skipping with KV recomputation as `engines/pytorch/engine.py` runs it) serves each prompt
 alone: the tokens are the full-depth stream's, each exits at the first layer whose max
@@ -31,9 +37,14 @@ class HeliosReplica:
     """One device: serves its program's rounds in SimPy time and appends their rows."""
 
     def __init__(self, env: simpy.Environment, replica_id: int, program: HeliosProgram,
-                 profiles: dict[str, ModelProfile]):
+                 profiles: dict[str, ModelProfile], overlap_loading: bool = False):
         self.env, self.replica_id, self.program, self.profiles = env, replica_id, program, profiles
+        self.overlap_loading = overlap_loading
         self.loaded: tuple[str, int] | None = None
+        self.standby: tuple[str, int] | None = None
+        """what the standby server holds (overlap_loading)"""
+        self.prefetch: tuple[tuple[str, int], float] | None = None
+        """(what the standby server is loading, when it is ready)"""
         self.request_rows: list[dict] = []
         self.round_rows: list[dict] = []
 
@@ -41,15 +52,37 @@ class HeliosReplica:
         """The SimPy process: every round of the program, in turn."""
         while (rnd := self.program.next_round()) is not None:
             s = rnd.serve
-            load_ms = reload_ms(self.loaded, (s.model, s.depth), self.profiles)
-            if load_ms:
-                yield self.env.timeout(load_ms / 1e3)
-            self.loaded = (s.model, s.depth)
+            wait_ms = self._switch((s.model, s.depth))
+            if wait_ms:
+                yield self.env.timeout(wait_ms / 1e3)
             start = self.env.now
+            if self.overlap_loading:
+                self._prefetch(self.program.lookahead(), start)
             toks, exits, times, layer_tokens = self._timing(rnd)
             yield self.env.timeout(times["end_s"])
-            self._record(rnd, start, toks, exits, times, load_ms, layer_tokens)
+            self._record(rnd, start, toks, exits, times, wait_ms, layer_tokens)
             self.program.finish_round(toks)
+
+    def _switch(self, want: tuple[str, int]) -> float:
+        """Serve `want` next: the milliseconds the round waits for its layers (what is left of
+        the standby server's load, or the serving server's own)."""
+        if want == self.loaded:
+            return 0.0
+        if self.prefetch is not None and self.prefetch[0] == want:
+            wait_ms = max(0.0, (self.prefetch[1] - self.env.now) * 1e3)
+            self.standby, self.loaded, self.prefetch = self.loaded, want, None
+            return wait_ms
+        wait_ms = reload_ms(self.loaded, want, self.profiles)
+        self.loaded = want
+        return wait_ms
+
+    def _prefetch(self, nxt, now_s: float) -> None:
+        """The standby server starts loading the next round's layers (nothing to load: none)."""
+        self.prefetch = None
+        if nxt is None or (nxt.model, nxt.depth) == self.loaded:
+            return
+        want = (nxt.model, nxt.depth)
+        self.prefetch = (want, now_s + reload_ms(self.standby, want, self.profiles) / 1e3)
 
     def _timing(self, rnd: Round) -> tuple[list, list, dict, int]:
         """The round's tokens, exits, timing and layer-token executions."""

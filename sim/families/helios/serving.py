@@ -91,13 +91,14 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile]) -
 
 def simulate_cluster(make_program: Callable[[list[int]], HeliosProgram],
                      profiles: dict[str, ModelProfile], num_prompts: int, replicas: int = 1,
-                     router: str = "least_outstanding", budget_tokens: int = 0) -> HeliosResult:
+                     router: str = "least_outstanding", budget_tokens: int = 0,
+                     overlap_loading: bool = False) -> HeliosResult:
     """Route the stream over `replicas` HELIOS replicas, each serving its share with the program
     `make_program(its stream indices)` builds; the rows of all, the events at stream indices."""
     shares = route_stream(profiles, num_prompts, replicas, router, budget_tokens) \
         if replicas > 1 else [list(range(num_prompts))]
     env = simpy.Environment()
-    servers = [HeliosReplica(env, k, make_program(share), profiles)
+    servers = [HeliosReplica(env, k, make_program(share), profiles, overlap_loading)
                for k, share in enumerate(shares)]
     for s in servers:
         env.process(s.run())
