@@ -121,7 +121,8 @@ def _serve_round(eng: TorchEngine, served: tuple, prompts: list[list[int]], max_
     index = {f"q{i}": i for i in served}
     for rid, i in index.items():
         eng.add(rid, prompts[i], max_tokens=max_tokens)
-    r = _Round(*({i: [] for i in served} for _ in range(3)), {}, {})
+    r = _Round(probs={i: [] for i in served}, exits={i: [] for i in served},
+               ids={i: [] for i in served}, first={}, finish={})
     while eng.has_unfinished():
         res = eng.step()
         now = time.perf_counter() - t0

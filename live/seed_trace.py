@@ -5,7 +5,8 @@ the target alone (`ar`, the tree its own sampling builds) and in speculative rou
 draft, then the target verifies; every speculative mode, SEED's included, builds this same tree,
 whatever the schedule), once more per `k_config` in multi-candidate rounds (tree `sd-k2`
 for (2, 1, 1, 1): their accepted lengths are their own), and with `speculative_eval` once
-more with the value prompts' answers drafted and verified too (tree `sd-se`). Every request's outcome goes to the
+more with the value prompts' answers drafted and verified too (tree `sd-se`). Every request's
+outcome goes to the
 `tot_requests` table keyed by (program, thought, kind, round): what the simulator answers a ToT
 program's requests from.
 Programs of a tree run at once (timing here is not the measurement: the steps are).
@@ -52,8 +53,8 @@ class TotWorkload:
         """The policies whose trees are traced: ar, sd, sd per k_config, then sd-se."""
         return [SeedPolicy("ar", self.settings), SeedPolicy("sd", self.settings)] + \
             [SeedPolicy("sd", replace(self.settings, k_config=tuple(k))) for k in self.k_configs] \
-            + [SeedPolicy("sd", replace(self.settings, speculative_eval=True))
-               for _ in range(self.speculative_eval)]
+            + ([SeedPolicy("sd", replace(self.settings, speculative_eval=True))]
+               if self.speculative_eval else [])
 
 
 @dataclass(frozen=True)

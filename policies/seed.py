@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 
 MODES = ("ar", "ar_batched", "sd", "seed", "seed_batched")
-_SPECULATIVE = {"sd", "seed", "seed_batched"}
+SPECULATIVE = {"sd", "seed", "seed_batched"}
+"""the modes that draft and verify"""
 _PARALLEL_THOUGHTS = {"ar_batched", "seed", "seed_batched"}
 _BATCHED_TARGET = {"ar_batched", "seed_batched"}
 
@@ -251,12 +252,12 @@ class SeedPolicy:
             raise ValueError(f"tot: mode {self.mode!r}; expected one of {MODES}")
         if self.settings.speculative_eval and not self.speculative:
             raise ValueError(f"tot: speculative_eval needs a speculative mode "
-                             f"({sorted(_SPECULATIVE)}); {self.mode} evaluates with the target")
+                             f"({sorted(SPECULATIVE)}); {self.mode} evaluates with the target")
 
     @property
     def speculative(self) -> bool:
         """Thoughts are drafted and verified (sd, seed, seed_batched)."""
-        return self.mode in _SPECULATIVE
+        return self.mode in SPECULATIVE
 
     @property
     def thought_limit(self) -> int:

@@ -334,14 +334,18 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         return self._kept(t, drafted[:v.accepted] + [v.token], (v.accepted, k, v.positions))
 
     def _kept(self, t: Thought, new: list, step: tuple) -> Outcome:
-        """What a round adds to the thought: `new` cut at its end or cap."""
-        room = self.settings.thought_tokens - t.tokens
-        stop = next((i + 1 for i, x in enumerate(new) if x in (self.newline_id, self.eos_id)),
-                    len(new))
+        """What a round adds to the thought: `new` cut at its end (a newline) or cap."""
+        return self._cut(new, self.settings.thought_tokens - t.tokens, self.newline_id, step)
+
+    def _cut(self, new: list, room: int, end_id: int | None, step: tuple,
+             score: float | None = None) -> Outcome:
+        """A round's kept tokens up to the first `end_id` or end of sequence, at most `room`."""
+        ends = (end_id, self.eos_id)
+        stop = next((i + 1 for i, x in enumerate(new) if x in ends), len(new))
         new = new[:min(room, stop)]
-        ended = new[-1] in (self.newline_id, self.eos_id) or len(new) >= room
-        return Outcome(len(new), token_ids=tuple(new), text=self.decode(new), ended=ended,
-                       eos=self.eos_id in new, step=step)
+        return Outcome(len(new), token_ids=tuple(new), text=self.decode(new),
+                       ended=new[-1] in ends or len(new) >= room, eos=self.eos_id in new,
+                       step=step, score=score)
 
 
 def tot_program_seed(seed: int, question_id: str) -> int:

@@ -133,12 +133,7 @@ class SpeculativeEvaluation:
             raise RuntimeError(f"eval-verify request {spec.index}: {len(rows)} rows for "
                                f"{len(drafted)} drafted tokens")
         v = verify(drafted, [], rows, 0.0, [])
-        new = drafted[:v.accepted] + [v.token]
-        room = self.settings.eval_tokens - t.eval.tokens
-        stop = next((i + 1 for i, x in enumerate(new) if x in (self.close_id, self.eos_id)),
-                    len(new))
-        new = new[:min(room, stop)]
-        return Outcome(len(new), token_ids=tuple(new), text=self.decode(new),
-                       ended=new[-1] in (self.close_id, self.eos_id) or len(new) >= room,
-                       eos=self.eos_id in new, step=(v.accepted, len(drafted), v.positions),
-                       score=round(math.exp(max(rows[0].values())), 4))
+        return self._cut(drafted[:v.accepted] + [v.token],
+                         self.settings.eval_tokens - t.eval.tokens, self.close_id,
+                         (v.accepted, len(drafted), v.positions),
+                         score=round(math.exp(max(rows[0].values())), 4))

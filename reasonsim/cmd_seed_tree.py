@@ -39,7 +39,9 @@ def _config(path: Path, mode: str | None = None, count: int | None = None, depth
     overridden; its workload. The target evaluates states in the ar modes (a config's
     speculative_eval is the speculative modes')."""
     policy = {k: v for k, v in (("type", mode), ("depth", depth)) if v is not None}
-    if mode is not None and not mode.startswith(("sd", "seed")):
+    from policies.seed import SPECULATIVE
+
+    if mode is not None and mode not in SPECULATIVE:
         policy["speculative_eval"] = False
     return program_config(path, "tot", count, seed, policy, calibrations)
 
@@ -208,7 +210,8 @@ def cmd_seed_modes(args: argparse.Namespace) -> int:
                   f(r["target_busy_fraction"], "{:.2f}"),
                   f(r["verify_queue_wait_p90_s"] and r["verify_queue_wait_p90_s"] * 1e3,
                     "{:.1f}"), f(r["generator_speedup_vs_ar"], "{:.2f}x"),
-                  f(r["evaluator_speedup_vs_ar"], "{:.2f}x"), f(r["eval_acceptance_rate"], "{:.3f}"))
+                  f(r["evaluator_speedup_vs_ar"], "{:.2f}x"),
+                  f(r["eval_acceptance_rate"], "{:.3f}"))
     Console(width=170).print(t)
     print("TG / SE: the Thought Generator's / State Evaluator's time in flight (mean per tree) "
           "over ar's")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from programs.seed_eval import EVAL_KINDS
+
 
 def queue_waits_s(t: pd.DataFrame) -> np.ndarray:
     """Per verification: seconds from its draft's finish to reaching the target."""
@@ -19,15 +21,11 @@ def queue_waits_s(t: pd.DataFrame) -> np.ndarray:
     return np.maximum(w, 0.0)
 
 
-EVALUATOR = ("eval", "eval-draft", "eval-verify")
-"""request kinds of the State Evaluator (the rest are the Thought Generator's)"""
-
-
 def component_s(t: pd.DataFrame, evaluator: bool) -> float:
     """Mean over programs of the seconds the Thought Generator (or the State Evaluator) had a
     request in flight: the union of its requests' [sent, finish] intervals (a serial mode's
     time in that component; under parallel modes the two overlap)."""
-    t = t[t.kind.isin(EVALUATOR) == evaluator]
+    t = t[t.kind.isin(EVAL_KINDS) == evaluator]
     spans = []
     for _, g in t.groupby("program_id", sort=False):
         total, end = 0.0, -np.inf
