@@ -139,6 +139,35 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert "PROBE MISMATCH" in run_cli(*args).stdout
 
 
+def _report(path: str) -> None:
+    import os
+    import sys
+
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps({"pid": os.getpid(), "var": os.environ.get("RS_JOB_VAR"),
+                                      "preloaded": "vllm.entrypoints.llm" in sys.modules}))
+
+
+def _exit_3() -> None:
+    raise SystemExit(3)
+
+
+def test_engine_jobs_fork_from_a_preloaded_server_in_the_callers_environment(tmp_path,
+                                                                               monkeypatch):
+    from validation.replay import fresh_process
+
+    seen = []
+    for value in ("1", "2"):  # the server started with the first; the second job sees "2"
+        monkeypatch.setenv("RS_JOB_VAR", value)
+        fresh_process(_report, str(tmp_path / f"{value}.json"))
+        seen.append(json.loads((tmp_path / f"{value}.json").read_text()))
+    assert [s["var"] for s in seen] == ["1", "2"]
+    assert all(s["preloaded"] for s in seen) and seen[0]["pid"] != seen[1]["pid"]
+    with pytest.raises(RuntimeError, match="_exit_3 failed in its own process"):
+        fresh_process(_exit_3)
+
+
 def test_replay_refuses_multi_replica_config(tmp_path):
     proc = run_cli("replay", str(REPO / "examples" / "demo.yaml"), "-o", str(tmp_path / "x"),
                    check=False)
