@@ -163,10 +163,12 @@ def test_config_errors_name_the_key(edit, message):
 @pytest.mark.engine
 def test_live_replay_makes_the_simulated_decisions(tmp_path):
     # --retrace: profiles traced on this machine first (a CI machine may be another CPU: the
-    # shipped profiles' machine and one session's VM differed 3.5x in speed).
+    # shipped profiles' machine and one session's VM differed 3.5x in speed); a stream of half
+    # the trace's length (60 prompts, a minute less of the suite) still re-assesses and switches.
     proc = run_cli("helios", "replay", str(EXAMPLE), "--policies",
                    "static:target-small,helios:throughput:cbc20,ee_full:target-large",
-                   "--repeats", "1", "--retrace", str(tmp_path / "exits"), "--json")
+                   "--repeats", "1", "--retrace", str(tmp_path / "exits"),
+                   "--prompts-per-phase", "15", "--json")
     report = json.loads(proc.stdout)
     for name in ("target-large", "target-small"):
         assert check_trace(tmp_path / "exits" / name) == []
@@ -187,7 +189,7 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
         # replay` and the benchmark to show, never bounds here.
         for key in ("throughput_tok_s", "tpot_p50_s"):
             assert math.isfinite(m[key]["error_at_live_speed"]), (name, key, m[key])
-    assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 7
+    assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 3
     proc = run_cli("helios", "replay", str(REPO / "examples" / "helios-opt-whatif.yaml"),
                    "--retrace", str(tmp_path / "x"), check=False)
     assert proc.returncode == 2 and "--retrace needs a model with an exits trace" in proc.stderr
