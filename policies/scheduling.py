@@ -13,7 +13,7 @@ lowest first and breaks ties by arrival (vLLM's `scheduling_policy="priority"`):
   program, oldest first. The remaining work is estimated from the lengths of programs that
   already finished (`estimate: finished`), or, as the paper's approximate SJF, by the program
   itself from its own history times what its knob leaves (`estimate: program`; programs
-  without their own estimate fall back to the finished ones').
+  without their own estimate fall back to the finished ones'); `dynasor_sjf` names the latter.
 """
 
 from __future__ import annotations
@@ -183,6 +183,16 @@ class DynasorGang:
         return (self.default_remaining_tokens if median is None else median) * _RANKS + rank
 
 
+@dataclass(frozen=True)
+class DynasorOwnSjf(DynasorGang):
+    """Dynasor's gang scheduling ordered by the paper's approximate SJF: each program's own
+    remaining-work estimate (`dynasor` with `estimate: program`, by a name of its own so that
+    sweeps and the ablation can list it beside the finished-programs estimate)."""
+
+    estimate: str = "program"
+    name = "dynasor_sjf"
+
+
 def program_estimate(scheduler, program) -> int | None:
     """The program's own remaining-work estimate where the scheduler wants it and the program
     has one (`remaining_tokens`); else None."""
@@ -193,7 +203,7 @@ def program_estimate(scheduler, program) -> int | None:
 
 
 SCHEDULERS = {"fcfs": Fcfs, "lpm": LongestPrefixMatch, "app_fifo": AppFifo,
-              "dynasor": DynasorGang}
+              "dynasor": DynasorGang, "dynasor_sjf": DynasorOwnSjf}
 
 
 def make_scheduler(spec: str | dict):

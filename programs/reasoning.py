@@ -102,10 +102,13 @@ class ReasoningProgram:
     def remaining_tokens(self) -> int:
         """The program's own estimate of the reasoning tokens it may still generate (Dynasor's
         approximate SJF: its chunk length times the chunks its knob leaves): each open path's
-        tokens to its limit, and each path not launched yet at the budget."""
+        tokens to its limit, and each path not launched yet at the mean length of its own ended
+        paths (at the budget before any has ended)."""
         left = sum(p.limit - p.pos for p in self.paths if not p.ended)
         if isinstance(self.policy, SelfConsistency):
-            left += (self.policy.samples - len(self.paths)) * self.setup.budget_tokens
+            ended = [p.pos for p in self.paths if p.ended]
+            per_path = sum(ended) // len(ended) if ended else self.setup.budget_tokens
+            left += (self.policy.samples - len(self.paths)) * per_path
         return max(left, 0)
 
     # ------------------------------------------------------------------ protocol

@@ -137,7 +137,7 @@ def add_fairness_parser(dysub) -> None:
     fa.add_argument("config", help="a program workload config")
     fa.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
     fa.add_argument("--schedulers", type=lambda t: t.split(","),
-                    default=["fcfs", "app_fifo", "dynasor"],
+                    default=["fcfs", "lpm", "app_fifo", "dynasor", "dynasor_sjf"],
                     help="inter-program schedulers, comma-separated")
     fa.add_argument("--count", type=int, default=None, help="override the number of programs")
     fa.add_argument("--json", action="store_true")
@@ -200,7 +200,7 @@ def add_allocation_parser(dysub) -> None:
 
 def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
     """`reasonsim dynasor ablation`."""
-    from sim.families.dynasor.online import ABLATION_SCHEDULERS, ablation, sweep
+    from sim.families.dynasor.online import ABLATION_SCHEDULERS, ablation, plot_ablation, sweep
     from sim.sweep import Backend
 
     out = Path(args.out)
@@ -212,6 +212,7 @@ def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise UserError(str(e)) from None
     (out / "ablation.json").write_text(json.dumps(steps, indent=1) + "\n")
+    png = plot_ablation(steps, out / "ablation.png")
     if args.json:
         print(json.dumps(steps))
         return 0
@@ -230,6 +231,7 @@ def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
             f"{s['mean_latency_s'][r]:.2f} ({s['mean_latency_vs_baseline'].get(r, 1):.2f})"
             for r in args.rates))
     Console().print(table)
+    print(f"plot: {png}")
     return 0
 
 
@@ -239,9 +241,11 @@ def add_ablation_parser(dysub) -> None:
 
     ab = dysub.add_parser("ablation", help="gang, SJF and certaindex contributions (Fig 19)",
                           description="Simulate an even and a certaindex program config over "
-                          "arrival rates under LPM (the baseline), + gang (app_fifo) and + gang "
-                          "and SJF (dynasor); mean program latency and max sustainable rate per "
-                          "step, each against the even allocation under LPM (Dynasor's Fig 19).")
+                          "arrival rates under LPM (the baseline), + gang (app_fifo), + gang "
+                          "and SJF by finished programs' lengths (dynasor) and by each "
+                          "program's own estimate (dynasor_sjf, the paper's); mean program "
+                          "latency and max sustainable rate per step, each against the even "
+                          "allocation under LPM (Dynasor's Fig 19), and their plot.")
     ab.add_argument("even", help="a program config with an even (fixed) allocation")
     ab.add_argument("certaindex", help="the same workload with a certaindex allocation")
     ab.add_argument("--rates", type=floats, default=[1, 2, 3, 4])

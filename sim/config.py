@@ -64,7 +64,8 @@ class SimConfig:
     router: str = "least_outstanding"
     """round_robin, least_outstanding, or module:Class of a policies-style router"""
     scheduler: str | dict = "fcfs"
-    """inter-program scheduler (program workloads): fcfs, lpm, app_fifo, dynasor or a mapping"""
+    """inter-program scheduler (program workloads): fcfs, lpm, app_fifo, dynasor, dynasor_sjf or a
+    mapping"""
     kv_eviction: str = "free_order"
     """which cached KV blocks a replica evicts first under memory pressure: `free_order` (vLLM's:
     least recently freed first) or `idle_programs_first` (Dynasor's: the blocks of programs with

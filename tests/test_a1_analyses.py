@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 from conftest import REPO, run_cli
@@ -123,9 +124,31 @@ def test_budget_and_samples_sweeps_report_throughput_and_kv(tmp_path):
         assert rows[variant, 16]["accuracy"] > rows[variant, 2]["accuracy"]
     proc = run_cli("a1", "samples", config, "--samples", "1,8", "--json")
     rows = {(r["variant"], r["samples"]): r for r in json.loads(proc.stdout)}
-    # more samples hold more of the target's KV at once
+    # more samples hold more of the target's KV at once, and batch more tokens per weight read
     for variant in ("A1 async", "target-only"):
         assert rows[variant, 8]["target_kv_peak_blocks"] > rows[variant, 1]["target_kv_peak_blocks"]
+        assert rows[variant, 8]["target_flop_per_byte"] > rows[variant, 1]["target_flop_per_byte"]
+
+
+def test_arithmetic_intensity_is_the_shapes_flops_over_its_bytes(tmp_path):
+    from sim.model_shape import step_intensity
+
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
+           "model_type": "llama", "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # by hand: head_dim 16; q and o 2 x 64 x 64, k and v 2 x 64 x 32, three MLP matrices 64 x 128
+    params = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
+    kv_bytes, embed_bytes = 2 * 2 * 16 * 2, 2 * 100 * 64 * 2  # per token-layer; embed + head
+
+    def by_hand(tokens: int, context: int) -> float:
+        flops = 2 * (2 * params * tokens + 4 * 64 * context)
+        return flops / (2 * (2 * params + kv_bytes * (context + tokens)) + embed_bytes)
+
+    got = step_intensity(tmp_path / "config.json", 2, np.array([1, 8, 8]),
+                         np.array([0, 0, 800]))
+    assert got == pytest.approx([by_hand(1, 0), by_hand(8, 0), by_hand(8, 800)])
+    assert got[0] < got[1]  # a batch reads the weights once for all its tokens
 
 
 def test_the_target_cap_holds_a_programs_target_requests_in_order():

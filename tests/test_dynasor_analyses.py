@@ -114,11 +114,15 @@ def test_ablation_steps_from_lpm_through_gang_and_sjf_on_each_allocation(tmp_pat
                    str(REPO / "examples" / "dynasor-certaindex.yaml"), "--rates", "1,3",
                    "--workers", "1", "-o", str(tmp_path), "--json")
     steps = json.loads(proc.stdout)
-    assert [s["scheduler"] for s in steps] == ["lpm", "app_fifo", "dynasor"] * 2
+    assert [s["scheduler"] for s in steps] == ["lpm", "app_fifo", "dynasor", "dynasor_sjf"] * 2
     assert len({s["policy"] for s in steps}) == 2
     first = steps[0]
     assert first["max_rate_vs_baseline"] in (None, 1.0)
     assert first["mean_latency_vs_baseline"] == {"1.0": 1.0, "3.0": 1.0}
     # certaindex's shorter programs: lower latency than the even allocation at 3 programs/s
-    assert all(s["mean_latency_vs_baseline"]["3.0"] < 1 for s in steps[3:])
-    assert (tmp_path / "ablation.json").exists()
+    assert all(s["mean_latency_vs_baseline"]["3.0"] < 1 for s in steps[4:])
+    assert (tmp_path / "ablation.json").exists() and (tmp_path / "ablation.png").stat().st_size
+    # the paper's SJF (each program's own estimate) orders programs apart from the finished
+    # programs' estimate: the two steps differ somewhere
+    own, finished = steps[3]["mean_latency_s"], steps[2]["mean_latency_s"]
+    assert own != finished

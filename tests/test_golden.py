@@ -60,7 +60,9 @@ every figure unchanged. Every HELIOS policy's summary on traced profiles gained
 reference-free quality proxy), every other figure unchanged. Every ToT golden gained
 `generator_mean_s` and `evaluator_mean_s` (each component's time, SEED's Table 2) when ToT runs
 began reporting them, every other figure unchanged; `seed-evaluator` (value prompts written in
-speculative rounds) was added with its first output.
+speculative rounds) was added with its first output. Every program workload's
+`finish_time_fairness` was renamed `latency_over_deadline` (what it is; Dynasor's finish-time
+fairness is `reasonsim dynasor fairness`), its figures unchanged.
 """
 
 from __future__ import annotations

@@ -98,8 +98,11 @@ def test_programs_estimate_their_remaining_tokens_from_their_knob_and_history():
     setup = ReasoningSetup(16, 64, 8, 0.7, 8, 0.6, 0.95, ())
     sc = ReasoningProgram("sc", SelfConsistency(samples=4, per_round=2), setup, 20,
                           (0, 1, 2, 3))
-    sc.start()  # two paths launched, none advanced
+    first = sc.start()  # two paths launched, none advanced
     assert sc.remaining_tokens() == 4 * 64
+    sc.on_done(first[0], Outcome(16, ended=True, text="\\boxed{3}"))
+    # path 1 open to its limit; the two paths not launched at path 0's own length, not the budget
+    assert sc.remaining_tokens() == 64 + 2 * 16
     search = SearchProgram("p", "mcts", SearchBudget(8), None, 0,
                            SearchSettings(budget_tokens=96))
     first = search.start()[0]
