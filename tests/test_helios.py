@@ -367,6 +367,45 @@ def test_reassessment_interval_sensitivity_is_a_sweep(tmp_path):
     assert tput.loc["auto", "helios:throughput"] == tput.loc["120", "helios:throughput"]
 
 
+def test_a_threshold_past_the_testbeds_confidence_deepens_exits_and_slows_the_stream(tmp_path):
+    """HELIOS Fig 17(b): the exit threshold of one policy swept. Up to 0.99 most of the
+    testbed's tokens clear it at the first exit and nothing moves; at 0.9999 the greedy depth
+    deepens: slower, closer to the full model."""
+    from sim.sweep import load_sweep, run_sweep
+
+    key = "helios.policies.2.threshold"
+    df = run_sweep(load_sweep(EXAMPLE, grid={key: [0.9, 0.9999]}), tmp_path / "t")
+    h = df[df.policy == "helios:throughput"].set_index(key)
+    assert h.loc[0.9999, "throughput_tok_s"] < 0.9 * h.loc[0.9, "throughput_tok_s"]
+    assert h.loc[0.9999, "full_model_agreement"] > h.loc[0.9, "full_model_agreement"]
+    assert h.loc[0.9, "exit_shares.target-large@1"] > 0.5
+    assert not h.loc[0.9999, "exit_shares.target-large@1"] > 0  # NaN: nothing exits there
+    other = df[df.policy == "static:target-large"].set_index(key)
+    assert other.loc[0.9, "throughput_tok_s"] == other.loc[0.9999, "throughput_tok_s"]
+
+
+def test_an_automatic_interval_on_the_what_if_trades_quality_for_fewer_evaluations():
+    """`reassess_every: auto` where loads and full-depth serving are costly (the OPT what-if):
+    an interval longer than the stream (one evaluation; the CBC alone answers the phase shift)
+    against RI 1200's second evaluation at the shift: more throughput, worse perplexity."""
+    from sim.families.helios.serving import simulate_stream
+
+    d = read_yaml(REPO / "examples" / "helios-opt-whatif.yaml")
+    fixed = d["helios"]["policies"][2]
+    d["helios"]["policies"] = [dict(fixed, reassess_every="auto", label="auto"), fixed]
+    exp = Experiment(d, REPO / "examples")
+    runs = {}
+    for spec in exp.spec.helios.policies:
+        program = exp.program(spec)
+        result = simulate_stream(program, exp.profiles)
+        evaluations = sum(serve.event == "evaluate" for _, serve in result.events)
+        runs[spec.label or "fixed"] = (program.policy.intervals, evaluations, result.summary())
+    (auto_iv, auto_evals, auto), (_, fixed_evals, ri) = runs["auto"], runs["fixed"]
+    assert auto_iv[0] > 2400 and auto_evals == 2 and fixed_evals == 4
+    assert auto["throughput_tok_s"] > 1.5 * ri["throughput_tok_s"]
+    assert auto["perplexity"] > ri["perplexity"]
+
+
 def test_overlapped_loading_hides_loads_and_keeps_every_decision(tmp_path):
     """`overlap_loading`: a standby server loads the next round's model while the current one
     serves, where the decision is known early; the same decisions and tokens, less time
