@@ -15,19 +15,24 @@ def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
     """`reasonsim dynasor correlate`."""
     from programs.traced import load_search, load_trajectories, traced_caps
     from sim.families.dynasor.correlation import (correlations, cot_points, plot_correlation,
-                                                  sc_points)
+                                                  sc_points, search_points)
     from traces.store import read_run
 
     try:
         kind = read_run(args.trace)["kind"]
         if kind == "branches":
-            caps = traced_caps(args.trace)
-            if "sc" not in caps:
-                raise ValueError(f"{args.trace}: no SC programs (traced: {sorted(caps)})")
-            bank = load_search(args.trace, "sc", caps["sc"][0])
-            detect = args.detect or [2, 4, 8]
-            rows = [r for d in detect for r in sc_points(bank, d)]
-            what, unit = f"self-consistency, cap {caps['sc'][0]}", "samples"
+            caps = traced_caps(args.trace).get(args.method)
+            if not caps or (args.cap is not None and args.cap not in caps):
+                raise ValueError(f"{args.trace}: no {args.method} programs"
+                                 f"{'' if args.cap is None else f' of cap {args.cap}'} (traced: "
+                                 f"{traced_caps(args.trace)})")
+            cap = caps[-1] if args.cap is None else args.cap
+            bank = load_search(args.trace, args.method, cap)
+            points = sc_points if args.method == "sc" else search_points
+            detect = args.detect or ([2, 4, 8] if args.method == "sc" else [1, 2, 3])
+            rows = [r for d in detect for r in points(bank, d)]
+            what = {"sc": "self-consistency", "mcts": "MCTS", "rebase": "Rebase"}[args.method]
+            what, unit = f"{what}, cap {cap}", "samples" if args.method == "sc" else "solutions"
         else:
             trajs, _ = load_trajectories(args.trace)
             detect = args.detect or [32, 64, 128]
@@ -59,13 +64,14 @@ def _print(result: dict, what: str) -> None:
 
     table = Table(title=f"certaindex and other signals vs remaining tokens ({what}; solvable "
                   "queries; negative: more certain, fewer tokens left)")
-    for col in (f"detect ({result['detect_unit']})", "queries", "solvable", "signal",
-                "Pearson r", "Kendall tau"):
+    for col in (f"detect ({result['detect_unit']})", "queries", "solvable",
+                "still needing tokens", "signal", "Pearson r", "Kendall tau"):
         table.add_column(col, justify="right")
     for d, c in result["by_detect"].items():
         for name, v in c["signals"].items():
-            table.add_row(d, str(c["queries"]), str(c["solvable"]), name,
-                          f"{v['pearson']:+.2f}", f"{v['kendall']:+.2f}")
+            table.add_row(d, str(c["queries"]), str(c["solvable"]),
+                          str(c["solvable_needing_tokens"]), name, f"{v['pearson']:+.2f}",
+                          f"{v['kendall']:+.2f}")
     Console().print(table)
 
 
@@ -78,13 +84,19 @@ def add_correlate_parser(dysub) -> None:
                           "beside the oracle's remaining tokens to its correct, stable answer; "
                           "Pearson and Kendall correlations on solvable queries, for certaindex "
                           "and the signals the paper compares it with (mean output length, mean "
-                          "normalised log-probability, their linear combination). SC programs "
-                          "of a branches trace, or chain of thought of a probes trace.")
+                          "normalised log-probability, their linear combination). SC, MCTS or "
+                          "Rebase programs of a branches trace, or chain of thought of a probes "
+                          "trace.")
     co.add_argument("trace", help="branches or probes trace directory")
     co.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
+    co.add_argument("--method", choices=("sc", "mcts", "rebase"), default="sc",
+                    help="a branches trace's programs to read (certaindex: answer entropy for "
+                    "sc; the reward model's mean (mcts) or max (rebase) score)")
+    co.add_argument("--cap", type=int, default=None,
+                    help="a branches trace's cap (default: the largest traced)")
     co.add_argument("--detect", type=ints, default=None,
-                    help="detection points: samples seen (SC; default 2,4,8) or reasoning "
-                    "tokens (CoT; default 32,64,128)")
+                    help="detection points: samples seen (SC; default 2,4,8), solutions found "
+                    "(MCTS, Rebase; default 1,2,3) or reasoning tokens (CoT; default 32,64,128)")
     co.add_argument("--window", type=int, default=3, help="CoT: probe answers certaindex reads")
     co.add_argument("--json", action="store_true")
     co.set_defaults(func=cmd_dynasor_correlate)

@@ -82,6 +82,37 @@ def test_correlate_on_the_shipped_traces_writes_its_table_and_figure(tmp_path):
     bad = run_cli("dynasor", "correlate", str(REPO / "traces/data/testbed-probes-cpu"), "-o",
                   str(tmp_path / "x"), "--detect", "100000", check=False)
     assert bad.returncode == 2 and "no query is still running" in bad.stderr
+    # MCTS: the reward model's mean score after the first solution; the testbed's answers
+    # settle early, so few solvable queries still need tokens and the figure rests on them
+    branches = str(REPO / "traces/data/testbed-branches-cpu")
+    mcts = json.loads(run_cli("dynasor", "correlate", branches, "--method", "mcts", "-o",
+                              str(tmp_path / "m"), "--json").stdout)
+    first = mcts["by_detect"]["1"]
+    assert set(mcts["by_detect"]) == {"1", "2", "3"} and first["queries"] == 48
+    assert 0 < first["solvable_needing_tokens"] < first["solvable"]
+    assert first["signals"]["certaindex"]["pearson"] < 0
+    bad = run_cli("dynasor", "correlate", branches, "--method", "rebase", "--cap", "5", "-o",
+                  str(tmp_path / "x"), check=False)
+    assert bad.returncode == 2 and "no rebase programs of cap 5" in bad.stderr
+
+
+def test_search_certaindex_is_the_reward_aggregate_and_the_oracle_the_first_stable_answer():
+    from programs.traced import load_search
+    from sim.families.dynasor.correlation import search_points
+
+    bank = load_search(REPO / "traces/data/testbed-branches-cpu", "rebase", 4)
+    rows = {r["query"]: r for r in search_points(bank, 2)}
+    for q in bank.questions:
+        if q.question_id not in rows:
+            continue
+        row = rows[q.question_id]
+        levels = sorted({r.group for r in q.requests})
+        leaves, k = [], 0
+        while len(leaves) < 2:  # the level that brings the second solution
+            leaves += [r for r in q.requests if r.group == levels[k] and r.is_leaf]
+            k += 1
+        assert row["certaindex"] == pytest.approx(max(r.reward for r in leaves))  # Rebase: max
+        assert row["remaining_tokens"] is None or row["remaining_tokens"] >= 0
 
 
 def test_programs_alone_have_finish_time_fairness_one_and_sharing_raises_it():

@@ -9,6 +9,11 @@ combination).
   from which the majority vote is correct through the trace's cap, and the remaining compute
   the output tokens of the samples until then. A query whose vote at the cap is wrong is
   unsolvable (at this cap).
+- **MCTS and Rebase** (a branches trace's search programs): after the checkpoint (an MCTS
+  iteration, a Rebase level) that brings the `k`-th solution, certaindex is the reward
+  model's score aggregated over the solutions so far (mean for MCTS, max for Rebase, as the
+  policies read it); the oracle is the first checkpoint from which the program's answer is
+  correct through the trace's cap, and the remaining compute the output tokens until then.
 - **Chain of thought with probes** (a probes trace): at `d` reasoning tokens, certaindex is the
   answer-entropy measure over the last `window` probe answers; the oracle is the first probe
   position from which the probed answer is correct through the trajectory's end, and the
@@ -26,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.certaindex import answer_certainty
-from policies.search import majority_vote
+from policies.certaindex import answer_certainty, reward_certainty
+from policies.search import REWARD_AGGREGATE, majority_vote, program_answer
+from programs.traced import checkpoint_groups
 
 SIGNALS = ("certaindex", "output_tokens_mean", "logprob_mean")
 """the signals the paper compares (Fig 13): certaindex, mean output length, mean normalised
@@ -65,6 +71,35 @@ def sc_points(bank, detect_samples: int) -> list[dict]:
     return rows
 
 
+def search_points(bank, detect_solutions: int) -> list[dict]:
+    """One row per MCTS or Rebase question of a branches trace still searching after the
+    checkpoint that brings its `detect_solutions`-th solution."""
+    rows = []
+    for q in bank.questions:
+        groups = checkpoint_groups(q, bank.method, bank.cap)
+        solved, correct, spent, at, signals = [], [], [], None, None
+        for k, group in enumerate(groups):
+            spent.append((spent[-1] if spent else 0) + sum(r.output_tokens for r in group))
+            solved = sorted(solved + [(r.index, r.answer, r.reward) for r in group if r.is_leaf])
+            answers, rewards = [a for _, a, _ in solved], [w for _, _, w in solved]
+            correct.append(bool(solved) and
+                           program_answer(bank.method, answers, rewards) == q.gold_answer)
+            if at is None and len(solved) >= detect_solutions:
+                at, seen = k, [r for g in groups[:k + 1] for r in g]
+                signals = (reward_certainty(rewards, REWARD_AGGREGATE[bank.method]),
+                           float(np.mean([r.output_tokens for r in seen])),
+                           float(np.mean([math.log(w) for w in rewards])))
+        if at is None or at == len(groups) - 1:
+            continue
+        stable = _stable_from(correct)
+        left = None if stable is None else spent[max(stable, at)] - spent[at]
+        rows.append({"query": q.question_id, "detect": detect_solutions,
+                     "certaindex": signals[0], "output_tokens_mean": signals[1],
+                     "logprob_mean": signals[2], "solvable": stable is not None,
+                     "remaining_tokens": left})
+    return rows
+
+
 def cot_points(trajs: list, detect_tokens: int, window: int) -> list[dict]:
     """One row per trajectory of a probes trace still reasoning at `detect_tokens`."""
     rows = []
@@ -85,11 +120,13 @@ def cot_points(trajs: list, detect_tokens: int, window: int) -> list[dict]:
 
 def correlations(rows: list[dict]) -> dict:
     """Per signal, Pearson r and Kendall tau against remaining tokens on solvable queries (and
-    the least-squares combination of the signals that vary), with the query counts."""
+    the least-squares combination of the signals that vary), with the query counts (and how
+    many solvable ones still needed tokens: the correlation rests on those)."""
     from scipy import stats
 
     solvable = [r for r in rows if r["solvable"]]
     out = {"queries": len(rows), "solvable": len(solvable),
+           "solvable_needing_tokens": sum(r["remaining_tokens"] > 0 for r in solvable),
            "certaindex_mean_solvable": _mean(r["certaindex"] for r in solvable),
            "certaindex_mean_unsolvable": _mean(r["certaindex"] for r in rows
                                                if not r["solvable"]), "signals": {}}
