@@ -129,11 +129,11 @@ def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
     (lambda h: h.update(memory_mb=-1), "helios.memory_mb: Input should be greater than 0"),
     (lambda h: h.update(memory_mb=0.5), "cannot hold one layer"),
     (lambda h: h["policies"].append({"type": "static", "model": "gpt"}),
-     "helios.policies[8].model: 'gpt' is not one of target-large, target-small"),
+     "helios.policies[10].model: 'gpt' is not one of target-large, target-small"),
     (lambda h: h["policies"].append({"type": "helios", "strategy": "speed"}),
-     "helios.policies[8].helios.strategy"),
+     "helios.policies[10].helios.strategy"),
     (lambda h: h["policies"].append({"type": "helios", "shortlist": 2}),
-     "helios.policies[8].shortlist: 'draft' was shortlisted but has no exits trace"),
+     "helios.policies[10].shortlist: 'draft' was shortlisted but has no exits trace"),
     (lambda h: h["policies"].append({"type": "helios", "shortlist": 1,
                                      "strategy": "response_time"}),
      "helios.repository[0] (target-large): no latency_ms to rank by for response_time"),
@@ -142,15 +142,15 @@ def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
     (lambda h: h["policies"].append({"type": "helios", "shortlist": 1, "min_accuracy": 0.9}),
      "no repository model fits memory_mb 8.0 with accuracy >= 0.9"),
     (lambda h: h["policies"].append({"type": "ee_full", "model": "gpt"}),
-     "helios.policies[8].model: 'gpt' is not one of"),
+     "helios.policies[10].model: 'gpt' is not one of"),
     (lambda h: h["policies"].append({"type": "ee_full", "model": "target-small",
                                      "threshold": 1.5}),
-     "helios.policies[8].ee_full.threshold: Input should be less than or equal to 1"),
+     "helios.policies[10].ee_full.threshold: Input should be less than or equal to 1"),
     (lambda h: h["policies"].append({"type": "static", "model": "target-small"}),
      "two policies with one name"),
     (lambda h: h["models"].append({"exits": "missing-dir"}), "helios.models[2].exits"),
     (lambda h: h["policies"].append({"type": "helios", "reassess_every": "often"}),
-     "helios.policies[8].helios.reassess_every"),
+     "helios.policies[10].helios.reassess_every"),
 ])
 def test_config_errors_name_the_key(edit, message):
     d = read_yaml(EXAMPLE)
@@ -266,7 +266,8 @@ def test_agreement_with_the_full_model_is_counted_per_token():
     res = {k: r.summary() for k, r in exp.simulate().items()}
     assert res["static:target-large"]["full_model_agreement"] == 1.0
     m = load_exits(EXAMPLE.parent / d["helios"]["models"][0]["exits"])  # target-large's
-    (ee,) = [p for p in d["helios"]["policies"] if p.get("type") == "ee_full"]
+    ee = next(p for p in d["helios"]["policies"]
+              if p.get("type") == "ee_full" and p["model"] == "target-large")
     want = exit_summary(m, [ee["threshold"]])[0]["agree_with_final"]
     assert res["ee_full:target-large"]["full_model_agreement"] == pytest.approx(want)
     assert 0.0 < res["helios:throughput:cbc20"]["full_model_agreement"] < 1.0
