@@ -37,6 +37,19 @@ def test_a_threshold_at_the_conformal_boundary_decides_as_marginal_conformal():
         boundary.decide("q", None)
 
 
+def test_a_calibration_on_shorter_draft_steps_ships_and_replays_offline():
+    """A1's Fig 6 on the testbed: calibrated on 16-token draft steps, sampled with 32."""
+    proc = run_cli("a1", "offline", str(REPO / "traces" / "data" / "testbed-conformity-kd16-cpu"),
+                   "--samples", "16", "--json")
+    rows = [r for r in json.loads(proc.stdout) if r["policy"].startswith("conformal")]
+    assert {(r["draft_tokens"], r["calib_draft_tokens"]) for r in rows} == {(32, 16)}
+    assert len(rows) == 12  # marginal and conditional, alphas 0.1..0.6
+    # the rejection rate still follows alpha in order, off it by what the mismatch does
+    for coverage in ("marginal", "conditional"):
+        rates = [r["rejection_rate"] for r in rows if r["coverage"] == coverage]
+        assert rates == sorted(rates) and all(abs(r["rate_error"]) < 0.1 for r in rows)
+
+
 def test_offline_thresholds_beside_conformal_at_equal_accuracy(tmp_path):
     proc = run_cli("a1", "offline", str(SHIPPED), "--samples", "8", "--thresholds", "1,1.6,2.5",
                    "--json", "-o", str(tmp_path))
