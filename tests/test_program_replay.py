@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, speed_figure
+from conftest import REPO, example_config, run_cli, speed_figure
 from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
@@ -16,10 +16,21 @@ pytestmark = pytest.mark.engine
 @pytest.mark.parametrize("config", ["dynasor-cot-certaindex.yaml", "dynasor-certaindex.yaml"])
 def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
     out = tmp_path / "rp"
-    proc = run_cli("dynasor", "replay", f"examples/{config}", "--count", "6", "-o", str(out),
+    path = REPO / "examples" / config
+    if config == "dynasor-certaindex.yaml":  # SC under the paper's SJF: each program's own estimate
+        d = example_config(config)
+        d["cluster"]["scheduler"] = "dynasor_sjf"
+        d["workload"]["programs"]["trace"] = str(REPO / "traces/data/testbed-probes-cpu")
+        d["cluster"]["replicas"][0]["calibration"] = str(
+            REPO / "sim/data/testbed-large-programs-cpu.calib.json")
+        path = tmp_path / config
+        path.write_text(json.dumps(d))  # YAML reads JSON
+    proc = run_cli("dynasor", "replay", str(path), "--count", "6", "-o", str(out),
                    "--json", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "live") == [] and check_trace(out / "sim") == []
+    assert read_run(out / "live")["params"]["config"]["scheduler"] == (
+        "dynasor_sjf" if config == "dynasor-certaindex.yaml" else "dynasor")
     assert list(result["machine_speed"]["runs"][0]) == ["target"]
     assert speed_figure(result["machine_speed"]["runs"][0]["target"])
     live = read_table(out / "live", "programs").to_pandas()
