@@ -303,3 +303,17 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     assert set(speed["runs"][0]) == {"draft", "target"} and set(speed) == {"runs", "warning"}
     assert all(speed_figure(r) for r in speed["runs"][0].values())
     assert speed["warning"] is None or speed["warning"] in proc.stderr
+    # The fixed-threshold baseline (SpecReason-style: a score bound, no calibration set)
+    # replays live too, on the calibrations just fitted, with the simulator's decisions.
+    import yaml
+
+    d = yaml.safe_load(Path(config).read_text())
+    d["workload"]["programs"]["policy"] = {"type": "threshold", "max_score": 1.6, "samples": 8}
+    for group in d["cluster"]["replicas"]:
+        group["calibration"] = result["calibrations"][group["pool"]]
+    (tmp_path / "threshold.yaml").write_text(yaml.safe_dump(d))
+    proc = run_cli("a1", "replay", str(tmp_path / "threshold.yaml"), "--count", "4",
+                   "--repeats", "1", "-o", str(tmp_path / "th"), "--json")
+    threshold = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(c["decision_agreement"] >= 0.9 for c in threshold["compare"])
+    assert 0 < threshold["live"][0]["rejection_rate"] < 1
