@@ -106,7 +106,8 @@ def add_scaling_parsers(asub) -> None:
                          description="Simulate an A1 config at each sample count with its "
                          "policy asynchronous, synchronous, and the target-only baseline (same "
                          "workload and seed): latency, throughput and the target pool's peak "
-                         "KV blocks in a table and latency_vs_samples.png.")
+                         "KV blocks and F/B in a table, and latency_vs_samples.png (latency, peak "
+                         "KV and F/B against samples).")
     sa.add_argument("config", help="an A1 program config")
     sa.add_argument("--samples", type=ints, default=[1, 2, 4, 8, 16])
     sa.add_argument("-o", "--out", help="write latency_vs_samples.{png,json} here")

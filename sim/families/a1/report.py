@@ -72,17 +72,27 @@ def plot_tokens_accuracy(rows: list[dict], path: str | Path) -> None:
 
 
 def plot_latency_vs_samples(rows: list[dict], path: str | Path) -> None:
-    """Simulated program latency (P50, P90 dashed) against samples, one line per variant."""
+    """Against samples, one line per variant: simulated program latency (P50, P90 dashed), the
+    target's peak KV blocks (A1 Fig 1) and its mean FLOP per byte per step (Fig 4a)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for variant in dict.fromkeys(r["variant"] for r in rows):
-        pts = sorted((r["samples"], r["p50_s"], r["p90_s"]) for r in rows
-                     if r["variant"] == variant)
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=variant)
-        ax.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=line.get_color())
-    ax.set(xscale="log", xlabel="samples per question", ylabel="program latency (s)",
-           title="Simulated A1 latency: P50 (solid), P90 (dashed)")
-    ax.legend(fontsize=8)
+        pts = sorted((r["samples"], r["p50_s"], r["p90_s"], r["target_kv_peak_blocks"],
+                      r["target_flop_per_byte"]) for r in rows if r["variant"] == variant)
+        x = [p[0] for p in pts]
+        line, = axes[0].plot(x, [p[1] for p in pts], marker="o", label=variant)
+        axes[0].plot(x, [p[2] for p in pts], "--", color=line.get_color())
+        axes[1].plot(x, [p[3] for p in pts], marker="o", color=line.get_color())
+        if all(p[4] is not None for p in pts):  # None: the model's config.json is not here
+            axes[2].plot(x, [p[4] for p in pts], marker="o", color=line.get_color())
+    axes[0].set(ylabel="program latency (s)", title="latency: P50 (solid), P90 (dashed)")
+    axes[1].set(ylabel="target KV blocks, peak", title="target memory (Fig 1)")
+    axes[2].set(ylabel="FLOP / byte (roofline estimate)", title="target intensity (Fig 4a)")
+    for ax in axes:
+        ax.set(xscale="log", xlabel="samples per question")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("A1 simulated against samples")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
