@@ -107,8 +107,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                            "program_latency_s.p90", "e2e_s.p90")
                                if m in df.columns][:3]
     table = by_point(df, metrics)
+    from sim.sweep.plots import plot_points
+
+    png = plot_points(table, metrics, Path(args.out) / "sweep.png")
     if args.json:
         print(json.dumps({"results": str(Path(args.out) / "results.parquet"),
+                          "plot": None if png is None else str(png),
                           "points": table.to_dict("records")}, default=str))
         return 0
     from rich.console import Console
@@ -124,7 +128,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         t.add_row(*[str(r[c]) for c in keys],
                   *[f"{r[m]:.4g} [{r[m + '.lo']:.4g}, {r[m + '.hi']:.4g}]" for m in metrics])
     Console().print(t)
-    print(f"results: {Path(args.out) / 'results.parquet'}")
+    print(f"results: {Path(args.out) / 'results.parquet'}" + ("" if png is None else
+                                                             f"\nplot: {png}"))
     return 0
 
 

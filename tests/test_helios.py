@@ -366,6 +366,12 @@ def test_reassessment_interval_sensitivity_is_a_sweep(tmp_path):
     events = df[(df[key] == "auto") & (df.policy == "helios:throughput")].events.iloc[0]
     assert sum(":evaluate:" in e for e in json.loads(events)) == 2  # one phase, two models
     assert tput.loc["auto", "helios:throughput"] == tput.loc["120", "helios:throughput"]
+    # the figure of Fig 17(a): a line per policy against the interval
+    from sim.sweep.plots import plot_points
+    from sim.sweep.stats import by_point
+
+    png = plot_points(by_point(df, ["throughput_tok_s"]), ["throughput_tok_s"], tmp_path / "f.png")
+    assert png.stat().st_size > 0
 
 
 def test_a_threshold_past_the_testbeds_confidence_deepens_exits_and_slows_the_stream(tmp_path):

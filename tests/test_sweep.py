@@ -87,6 +87,8 @@ def test_killed_driver_resumes_without_recomputing(spec, reference, tmp_path):
     done = subprocess.run(CLI + ["sweep", str(spec), "-o", str(tmp_path), "--workers", "2",
                                  "--json"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
+    plot = json.loads(done.stdout)["plot"]  # each metric against the first override
+    assert plot and Path(plot).stat().st_size > 0
     after = _points(tmp_path)
     assert {k: after[k] for k in before} == before  # finished points were not recomputed
     table = pq.read_table(tmp_path / "results.parquet")

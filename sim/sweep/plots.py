@@ -37,3 +37,36 @@ def plot_capacity(answers: list, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_points(table, metrics: list[str], path: str | Path) -> Path | None:
+    """Each metric (mean and interval over seeds) against the sweep's first override that
+    varies, one line per value of the other varying ones (and per policy where a point has
+    several): HELIOS's Fig 17 from a sweep of its interval or threshold. None where the sweep
+    has a single point."""
+    from sim.report import pyplot, save_figure
+
+    keys = [c for c in table.columns if c not in {"point_id", "seeds"} and
+            not c.startswith(tuple(metrics)) and table[c].astype(str).nunique() > 1]
+    if not keys:
+        return None
+    x_key, line_keys = keys[0], keys[1:]
+    xs = list(dict.fromkeys(table[x_key].astype(str)))  # categorical: values may be "auto"
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics) + 2.5, 4),
+                             squeeze=False, layout="constrained")
+    groups = table.groupby(line_keys, sort=False, dropna=False) if line_keys else [("", table)]
+    for label, g in groups:
+        at = [xs.index(v) for v in g[x_key].astype(str)]
+        name = ", ".join(map(str, label)) if isinstance(label, tuple) else str(label)
+        for ax, m in zip(axes[0], metrics):
+            ax.errorbar(at, g[m], yerr=[g[m] - g[f"{m}.lo"], g[f"{m}.hi"] - g[m]], fmt="o-",
+                        ms=3, lw=1, capsize=2, label=name or None)
+    for ax, m in zip(axes[0], metrics):
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set(xlabel=x_key, ylabel=m)
+        ax.grid(alpha=0.3)
+    if line_keys:
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside right upper",
+                   fontsize=7)
+    return save_figure(fig, path)
