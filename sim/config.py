@@ -65,7 +65,8 @@ class SimConfig:
     """round_robin, least_outstanding, or module:Class of a policies-style router"""
     scheduler: str | dict = "fcfs"
     """inter-program scheduler (program workloads): fcfs, lpm, app_fifo, dynasor, dynasor_sjf or a
-    mapping"""
+    mapping {type: dynasor, escalate_after_s: 10, default_remaining_tokens: 128, estimate:
+    finished | program} (`policies/scheduling.py`)"""
     kv_eviction: str = "free_order"
     """which cached KV blocks a replica evicts first under memory pressure: `free_order` (vLLM's:
     least recently freed first) or `idle_programs_first` (Dynasor's: the blocks of programs with
