@@ -158,13 +158,9 @@ def plot(rows: list[dict], out_dir: str | Path) -> list[Path]:
 def plot_ablation(steps: list[dict], path: str | Path) -> Path:
     """The ablation as Fig 19 draws it: each step's mean program latency over the baseline's,
     one group of bars per swept rate."""
-    import matplotlib
+    from sim.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     rates = sorted({r for s in steps for r in s["mean_latency_vs_baseline"]}, key=float)
     width = 0.8 / len(steps)
     fig, ax = plt.subplots(figsize=(9.5, 4))
@@ -180,6 +176,4 @@ def plot_ablation(steps: list[dict], path: str | Path) -> Path:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
