@@ -130,9 +130,11 @@ class A1Program:
 
     def _step_sampling(self, node: Node, role: str) -> Sampling:
         s = self.settings
+        # the tracer asks the target's own steps' log-probabilities: their perplexity (Fig 9a)
         return Sampling(max_tokens=s.draft_tokens if role == "draft" else s.target_tokens,
                         temperature=s.temperature,
-                        seed=a1_seed(self.seed, node.sample, node.turn, role), stop=("\n",))
+                        seed=a1_seed(self.seed, node.sample, node.turn, role), stop=("\n",),
+                        logprobs=self.target_all and role == "target")
 
     def _begin(self, node: Node) -> list:
         """The node's first request: the draft step, or the target's when no policy drafts."""
@@ -195,6 +197,8 @@ class A1Program:
                             f"{spec.kind}_request": spec.index, f"{spec.kind}_answer": answer,
                             f"{spec.kind}_ended": ended})
         if spec.kind == "target":
+            if spec.sampling.logprobs:
+                node.record["target_score"] = outcome.score
             return self._advance(node, outcome, node.reject, "R")
         node.draft = outcome
         if outcome.tokens == 0:  # an empty step cannot be scored: the least conforming there is
@@ -314,5 +318,11 @@ class A1Program:
                                    f"prompt log-probabilities for a {step}-token step")
             return Outcome(0, score=mean_nll(raw.prompt_logprobs))
         answer = answer_of(raw.text) if answer_of is not None else None
+        score = None
+        if spec.sampling.logprobs and raw.tokens:
+            if len(raw.logprobs) != raw.tokens:
+                raise RuntimeError(f"target step {spec.index}: {len(raw.logprobs)} "
+                                   f"log-probabilities for {raw.tokens} tokens")
+            score = mean_nll(raw.logprobs)  # the target's own step under the target
         return Outcome(raw.tokens, answer=answer, token_ids=raw.token_ids, text=raw.text,
-                       eos=raw.eos)
+                       eos=raw.eos, score=score)

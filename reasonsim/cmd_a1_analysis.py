@@ -1,6 +1,6 @@
 """`reasonsim a1 offline` and `reasonsim a1 turns`: A1's analyses on a conformity trace, each a
 table and a figure (the policy grid with the fixed-threshold baseline at equal accuracy; take-
-overs and perplexity by turn)."""
+overs and perplexities by turn)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _print_matched(matched: list[dict]) -> None:
 
 
 def cmd_a1_turns(args: argparse.Namespace) -> int:
-    """`reasonsim a1 turns`: take-overs, rejection rate and draft-step perplexity by turn."""
+    """`reasonsim a1 turns`: take-overs, rejection rate and step perplexities by turn."""
     from policies.a1 import COVERAGES, Conformal, Threshold
     from sim.families.a1.offline import calibrated, load_trace
     from sim.families.a1.turns import per_turn, plot_turns
@@ -109,12 +109,15 @@ def cmd_a1_turns(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     t = Table(title=f"A1 by turn on {args.trace}, {samples} samples per question "
-              "(perplexity: the draft step's under the target)")
-    for c in ("policy", "turn", "scored", "take-overs", "rejection", "draft step ppl"):
+              "(perplexities under the target: the draft's steps, the target's take-overs, "
+              "the steps the paths carry)")
+    for c in ("policy", "turn", "scored", "take-overs", "rejection", "draft step ppl",
+              "target step ppl", "path step ppl"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     for r in rows:
         t.add_row(r["policy"], str(r["turn"] + 1), str(r["scored"]), str(r["takeovers"]),
-                  _f(r["rejection_rate"], ".3f"), _f(r["draft_step_ppl"], ".2f"))
+                  _f(r["rejection_rate"], ".3f"), _f(r["draft_step_ppl"], ".2f"),
+                  _f(r["target_step_ppl"], ".3f"), _f(r["path_step_ppl"], ".2f"))
     Console(width=160).print(t)
     return 0
 
@@ -144,10 +147,12 @@ def add_analysis_parsers(asub) -> None:
                    "tokens_to_accuracy.png (and equal_accuracy.json) here")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=cmd_a1_offline)
-    t = asub.add_parser("turns", help="take-overs and draft-step perplexity by turn (Fig 9)",
+    t = asub.add_parser("turns", help="take-overs and step perplexities by turn (Fig 9)",
                         description="Walk each policy's paths down a conformity trace and count, "
                         "turn by turn, the scored draft steps, the target's take-overs, the "
-                        "rejection rate and the draft steps' perplexity under the target.")
+                        "rejection rate and three perplexities under the target: the draft's "
+                        "steps, the target's own steps where it took over, and the steps the "
+                        "paths carry.")
     t.add_argument("trace", help="conformity trace directory (reasonsim trace conformity)")
     t.add_argument("--alphas", type=floats, default=[0.4],
                    help="conformal alphas (both coverages; default 0.4)")

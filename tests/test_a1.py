@@ -146,45 +146,53 @@ def test_conformity_trace_on_two_engines_validates_and_replays(small_trace):
 
 
 @pytest.mark.engine
-def test_cached_scores_equal_the_targets_own_likelihood(small_trace):
-    """A score read on the prefix cache equals transformers' mean NLL of the step."""
+def test_scores_equal_the_targets_own_likelihood(small_trace):
+    """A draft step's score (read on the prefix cache or re-run without it) and the target's own
+    step's score (its sampled tokens' log-probabilities) equal transformers' mean NLL under the
+    target."""
+    import pandas as pd
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from testbed import tasks
+    from traces import ids
     from traces.store import read_table
 
     t = read_table(small_trace, "conformity").to_pandas()
-    import pandas as pd
-
     scored = t[t.score.notna()]
     cached = scored[scored.score_cached_tokens > 0].head(10)
     rescored = scored[scored.score_rescored.astype(bool)].head(4)
+    own = t[t.target_score.notna()].head(10)
     assert len(cached) and len(rescored), "no cached or re-run scoring in the trace"
-    t = pd.concat([cached, rescored])
+    assert len(own), "no target step with its own score in the trace"
+    assert t[t.target_tokens > 0].target_score.notna().all()  # every traced target step scored
     path = str(TESTBED / "target-large")
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    from testbed import tasks
-    prompts = {}
-    for i, item in enumerate(tasks.items(0, 16)):
-        from traces import ids
-        prompts[ids.question_id(i, item.family, item.level)] = item.prompt
-    nodes = {(r.program_id, r.sample, r.path): r for r in
-             read_table(small_trace, "conformity").to_pandas().itertuples()}
-    for r in t.itertuples():
+    prompts = {ids.question_id(i, item.family, item.level): item.prompt
+               for i, item in enumerate(tasks.items(0, 16))}
+    nodes = {(r.program_id, r.sample, r.path): r for r in t.itertuples()}
+
+    def nll_of(r, text: str, tokens: int) -> float:
         context = prompts[r.question_id]
         for i, letter in enumerate(r.path):
             parent = nodes[(r.program_id, r.sample, r.path[:i])]
             context += parent.draft_text if letter == "A" else parent.target_text
         ctx = tok.encode(context, add_special_tokens=False)
-        step = tok.encode(r.draft_text, add_special_tokens=False)
-        if r.draft_tokens == len(step) + 1:  # the step ended the sequence: EOS is scored too
+        step = tok.encode(text, add_special_tokens=False)
+        if tokens == len(step) + 1:  # the step ended the sequence: EOS is scored too
             step.append(tok.eos_token_id)
-        assert r.draft_tokens == len(step)
+        assert tokens == len(step)
         with torch.no_grad():
             logits = model(torch.tensor([ctx + step])).logits[0].float()
         lp = torch.log_softmax(logits, -1)
-        nll = -sum(lp[len(ctx) + j - 1, s].item() for j, s in enumerate(step)) / len(step)
-        assert nll == pytest.approx(r.score, abs=2e-3, rel=2e-3)
+        return -sum(lp[len(ctx) + j - 1, s].item() for j, s in enumerate(step)) / len(step)
+
+    for r in pd.concat([cached, rescored]).itertuples():
+        assert nll_of(r, r.draft_text, r.draft_tokens) == pytest.approx(r.score, abs=2e-3,
+                                                                          rel=2e-3)
+    for r in own.itertuples():
+        assert nll_of(r, r.target_text, r.target_tokens) == pytest.approx(
+            r.target_score, abs=2e-3, rel=2e-3)
 
 
 def test_a1_offline_cli_on_the_shipped_trace(tmp_path):

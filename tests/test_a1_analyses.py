@@ -87,6 +87,11 @@ def test_per_turn_takeovers_add_up_to_the_policys_rejections(tmp_path):
                                                           sum(r["scored"] for r in mine))
         assert mine[0]["scored"] == whole["paths"]            # every path scores its first step
         assert all(r["draft_step_ppl"] >= 1 for r in mine if r["draft_step_ppl"] is not None)
+        # the target's own steps, traced at every take-over, are likelier under it than the
+        # drafts it rejected: taking over lowers the perplexity of the text the paths carry
+        for r in (r for r in mine if r["takeovers"]):
+            assert 1 <= r["target_step_ppl"] < r["draft_step_ppl"]
+            assert r["path_step_ppl"] <= r["draft_step_ppl"]
     bad = run_cli("a1", "turns", str(SHIPPED), "--samples", "99", check=False)
     assert bad.returncode == 2 and "samples must be in 1..16" in bad.stderr
 

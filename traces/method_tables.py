@@ -70,6 +70,8 @@ CONFORMITY = [
     _f("target_text", pa.string(), "the target's step", nullable=True),
     _f("target_answer", pa.string(), "answer the target's step gives, if any", nullable=True),
     _f("target_ended", pa.bool_(), "the target's step ends the path", nullable=True),
+    _f("target_score", pa.float64(), "mean NLL of the target's step under the target (its own "
+       "sampled tokens' log-probabilities: the step's log-perplexity)", nullable=True),
     _f("draft_ms", pa.float64(), "draft step request latency (queueing included)",
        nullable=True),
     _f("score_ms", pa.float64(), "target scoring request latency", nullable=True),

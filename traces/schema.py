@@ -16,10 +16,10 @@ from traces.fields import _RUN_ID, _f
 from traces.method_tables import CONFORMITY, SPEC_STEPS, TOT_REQUESTS
 
 SCHEMA_VERSION = 1
-TABLE_VERSIONS = {"conformity": 2, "spec_steps": 2}
-"""tables whose version differs from SCHEMA_VERSION (conformity 2: A1 path tree, both
-coverages' p-values, the target's step; spec_steps 2: per-position acceptance, the step it
-belongs to; version 1 of either was never written)"""
+TABLE_VERSIONS = {"conformity": 3, "spec_steps": 2}
+"""tables whose version differs from SCHEMA_VERSION (conformity 3: A1 path tree, both
+coverages' p-values, the target's step and its own score; spec_steps 2: per-position
+acceptance, the step it belongs to; version 1 of either was never written)"""
 META_VERSION = b"reasonsim.schema_version"
 META_TABLE = b"reasonsim.table"
 

@@ -91,7 +91,8 @@ class PathResult:
     score_tokens: int = 0
     covered: bool = True
     trail: list = field(default_factory=list)
-    """(turn, score, accepted) of each scored step: the per-turn statistics"""
+    """(turn, score, accepted, the target's own step's score or None) of each scored step: the
+    per-turn statistics"""
 
 
 def walk(trace: Trace, program_id: str, sample: int, policy) -> PathResult:
@@ -116,7 +117,7 @@ def walk(trace: Trace, program_id: str, sample: int, policy) -> PathResult:
         if policy.needs_score:
             out.scored += 1
             out.rejected += not accepted
-            out.trail.append((len(path), score, accepted))
+            out.trail.append((len(path), score, accepted, node.get("target_score")))
         kind = "draft" if accepted else "target"
         if node[f"{kind}_tokens"] is None:  # the tracer never asked this step
             out.covered = False
