@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 # Waiting OpenMP threads sleep instead of spinning: the suite's two workers (and anything else
@@ -44,10 +43,28 @@ def speed_figure(ratio: float) -> bool:
 
 def run_cli(*args: str, timeout: float = 1200, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real `reasonsim` console entry point in a subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "reasonsim.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    """Run the real `reasonsim` console entry point in a process of its own, forked from a
+    server that imported the engines and the simulator once (`cli_child`)."""
+    import multiprocessing
+    import tempfile
+
+    import cli_child
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(cli_child.PRELOAD))
+    with tempfile.TemporaryDirectory() as d:
+        out, err = Path(d, "stdout"), Path(d, "stderr")
+        child = ctx.Process(target=cli_child.run, args=(
+            {**os.environ, **(env or {})}, str(REPO), list(args), str(out), str(err)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["reasonsim", *args], timeout)
+        proc = subprocess.CompletedProcess(["reasonsim", *args], child.exitcode,
+                                           out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
     if check and proc.returncode != 0:
         raise AssertionError(f"reasonsim {' '.join(args)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
