@@ -9,10 +9,11 @@ import os
 import sys
 import traceback
 
-PRELOAD = ("torch", "transformers", "vllm.entrypoints.llm", "reasonsim.cli", "sim.simulate",
-           "pandas", "pyarrow.parquet", "cli_child")
-"""what the fork server imports once: the engines' modules (`validation.replay.PRELOAD`) and
-the simulator's"""
+from validation.replay import PRELOAD as ENGINE_PRELOAD
+
+PRELOAD = (*ENGINE_PRELOAD, "reasonsim.cli", "sim.simulate", "pandas", "pyarrow.parquet",
+           "cli_child")
+"""what the fork server imports once: the engines' modules and the simulator's"""
 
 
 def run(environ: dict, cwd: str, argv: list, out_path: str, err_path: str) -> None:

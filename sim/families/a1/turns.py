@@ -4,8 +4,7 @@ at each turn of the paths, counterfactually on a conformity trace.
 A1's Fig 9(a) plots the perplexity of the draft's and the target's steps as turns go on. Here
 each is exp(mean NLL under the target) over the turn's steps: the draft's scored steps, the
 target's own steps where it took over, and the steps the paths carry (accepted drafts and
-take-overs), the text whose perplexity the take-overs keep down. A trace from before the tracer
-scored the target's own steps has no target perplexity (None).
+take-overs), the text whose perplexity the take-overs keep down.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from sim.families.a1.offline import Trace, walk
 
 
 def _ppl(scores: list) -> float | None:
-    # an empty step scores inf: it counts as scored but stays out of the perplexity
+    # an empty step (draft: inf, target: None) counts as a step but has no perplexity
     finite = [s for s in scores if s is not None and math.isfinite(s)]
     return math.exp(sum(finite) / len(finite)) if finite else None
 
@@ -38,12 +37,11 @@ def per_turn(trace: Trace, policy, samples: int) -> list[dict]:
     rows = []
     for turn in sorted(drafts):
         n, takeovers = len(drafts[turn]), len(owns[turn])
-        traced = all(s is not None for s in owns[turn])
         rows.append({"policy": policy.name, "samples": samples, "turn": turn, "scored": n,
                      "takeovers": takeovers, "rejection_rate": takeovers / n,
                      "draft_step_ppl": _ppl(drafts[turn]),
-                     "target_step_ppl": _ppl(owns[turn]) if traced else None,
-                     "path_step_ppl": _ppl(carried[turn]) if traced else None})
+                     "target_step_ppl": _ppl(owns[turn]),
+                     "path_step_ppl": _ppl(carried[turn])})
     return rows
 
 
@@ -59,11 +57,10 @@ def plot_turns(rows: list[dict], path) -> None:
         colour = f"C{i % 10}"
         ax.plot(turns, [r["draft_step_ppl"] for r in mine], marker="o", ms=3, color=colour,
                 label=f"{name}: draft steps")
-        if any(r["path_step_ppl"] is not None for r in mine):
-            ax.plot(turns, [r["path_step_ppl"] for r in mine], ls="--", color=colour,
-                    label=f"{name}: the path's steps")
-            ax.plot(turns, [r["target_step_ppl"] for r in mine], ls=":", marker="x", ms=3,
-                    color=colour, label=f"{name}: target's take-overs")
+        ax.plot(turns, [r["path_step_ppl"] for r in mine], ls="--", color=colour,
+                label=f"{name}: the path's steps")
+        ax.plot(turns, [r["target_step_ppl"] for r in mine], ls=":", marker="x", ms=3,
+                color=colour, label=f"{name}: target's take-overs")
         bx.plot(turns, [r["takeovers"] for r in mine], marker="o", ms=3, color=colour,
                 label=name)
     # late turns hold few steps and the target's own are near 1: a log axis shows them all
