@@ -39,6 +39,11 @@ class Trajectory:
     probe_tokens: tuple[int, ...]
     request_seed: int = 0
     """the sample's sampling seed (its chunks' seeds derive from it)"""
+    same_text_as: tuple[int, ...] = ()
+    """per probe, the lowest sample id of the question whose reasoning up to that probe's
+    position is this sample's text exactly (its own id where no other's is): a model that
+    samples near-deterministically writes some samples' first tokens alike, and an engine's
+    prefix cache serves them alike"""
 
 
 def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
@@ -50,6 +55,7 @@ def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
     probes = read_table(trace_dir, "probes").to_pandas().sort_values(
         ["request_id", "position_tokens"], kind="stable")
     by_request = {rid: g for rid, g in probes.groupby("request_id", sort=False)}
+    same = _same_text(probes)
     trajs = []
     for row in read_table(trace_dir, "trajectories").to_pandas().itertuples(index=False):
         g = by_request.get(row.request_id)
@@ -63,9 +69,23 @@ def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
             reasoning_tokens=int(row.reasoning_tokens), request_seed=int(row.request_seed),
             probes=tuple(Probe(int(p), a or "", bool(h)) for p, a, h in
                          zip(g.position_tokens, g.answer, g.is_hesitant)),
-            probe_tokens=tuple(int(n) for n in g.probe_tokens)))
+            probe_tokens=tuple(int(n) for n in g.probe_tokens),
+            same_text_as=tuple(same[i] for i in g.index)))
     trajs.sort(key=lambda t: (t.question_id, t.sample_id))
     return trajs, stride
+
+
+def _same_text(probes: pd.DataFrame) -> dict:
+    """Probe row -> the lowest sample id of its question whose text up to the row's position
+    is the row's sample's (`Trajectory.same_text_as`); probes sorted by sample and position."""
+    out, lowest = {}, {}
+    text: dict = {}  # request id -> its reasoning up to the last row seen
+    rows = zip(probes.index, probes.request_id, probes.question_id, probes.sample_id,
+               probes.position_tokens, probes.chunk_text)
+    for i, rid, qid, sample, pos, chunk in sorted(rows, key=lambda r: (r[3], r[4])):
+        text[rid] = text.get(rid, "") + (chunk or "")
+        out[i] = lowest.setdefault((qid, int(pos), text[rid]), int(sample))
+    return out
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,82 @@ def test_a_request_admitted_in_the_same_step_reads_the_blocks_being_computed():
     env.run()
     assert res.cached_tokens.tolist() == [0, 96, 64]
     assert res.scheduled_s[0] == res.scheduled_s[1] == res.scheduled_s[2]
+
+
+
+def _same_sample_programs() -> tuple[dict, int, int]:
+    """A Dynasor CoT config of programs far apart in time (each runs alone), two of which, i
+    and j, draw the same question and sample: (config, i, j)."""
+    from conftest import example_config
+    from programs.workload import draw_seed, load_bank, plan_programs
+    from sim.config import parse_config
+
+    # 40 programs: the draw goes through the 32 questions before it repeats one
+    d = example_config("dynasor-cot-certaindex.yaml", count=40, rate_per_s=0.02)
+    cfg = parse_config(d, REPO / "examples")
+    bank = load_bank(cfg.programs)
+    for seed in range(200):
+        seen = {}
+        for p in plan_programs(cfg.programs, bank, draw_seed(seed, 1)):
+            i = seen.setdefault((p.question_id, p.sample_ids), p.index)
+            if i != p.index:
+                return {**d, "seed": seed}, i, p.index
+    raise AssertionError("no seed draws one question and sample twice")
+
+
+def test_programs_of_one_traced_sample_share_its_cached_blocks():
+    # The engine caches by content: a program that draws the question and sample another one
+    # ran (the same seed, so the same tokens) finds every whole block of each prompt cached,
+    # its probes' suffixes included, as vLLM's prefix cache serves them (`dynasor replay`).
+    from sim.config import parse_config
+    from sim.engine.cluster import build_replicas
+    from sim.simulate import simulate
+    from traces import ids
+
+    d, i, j = _same_sample_programs()
+    cfg = parse_config(d, REPO / "examples")
+    bs = build_replicas(cfg)[0][1].block_size
+    tables = []
+    for compiled in (True, False):
+        req = simulate(cfg, compiled=compiled).requests.to_pandas()
+        tables.append(req)
+        first, again = (req[req.program_id == ids.program_id(k)] for k in (i, j))
+        assert len(first) == len(again) and (again.role == "probe").any()
+        assert (again.prompt_tokens.to_numpy() == first.prompt_tokens.to_numpy()).all()
+        assert (again.cached_prompt_tokens == (again.prompt_tokens - 1) // bs * bs).all()
+        # the first shares only within itself: its first chunk finds nothing, its probes only
+        # the text they continue (their suffix blocks are new)
+        assert first.cached_prompt_tokens.iloc[0] == 0
+        probes = first[first.role == "probe"]
+        assert (probes.cached_prompt_tokens < (probes.prompt_tokens - 1) // bs * bs).any()
+    assert tables[0].cached_prompt_tokens.tolist() == tables[1].cached_prompt_tokens.tolist()
+
+
+def test_samples_share_their_text_as_far_as_it_agrees():
+    # The testbed target writes some samples' first tokens alike (the shipped probes trace):
+    # a sample's prompts name its reasoning by the lowest sample whose text equals it so far,
+    # so the cache serves one sample's blocks to another up to where their texts part.
+    from programs.traced import load_trajectories
+    from sim.workloads.reasoning_content import PathContent
+
+    trajs, _ = load_trajectories(REPO / "traces" / "data" / "testbed-probes-cpu")
+    q = [t for t in trajs if t.question_id == trajs[0].question_id]
+    # two samples whose texts agree through their second probe and part after it
+    a, b = next((x, y) for x in q for y in q if x.sample_id < y.sample_id
+                and x.same_text_as[:2] == y.same_text_as[:2] and len(x.probes) > 3
+                and len(y.probes) > 3 and x.same_text_as[2] != y.same_text_as[2])
+    assert a.same_text_as[0] == b.same_text_as[0] == min(t.sample_id for t in q)
+    pa, pb = (PathContent(t.question_id, 40, t) for t in (a, b))
+    agree, parted = a.probes[1].position_tokens, a.probes[2].position_tokens
+    assert pa.text_key(agree) == pb.text_key(agree) and pa.text_key(parted) != pb.text_key(parted)
+    cache = PrefixCache(BS)
+    first = _req(40 + parted, chain=pa.text(parted))
+    _prefill(cache, first)
+    again = _req(40 + parted, chain=pb.text(parted))
+    _hit(cache, again)
+    assert again.computed == (40 + agree) // BS * BS  # the whole blocks of the text they share
+    probe = _req(40 + agree + 30, chain=pa.probe(agree, 40 + agree + 30))
+    _prefill(cache, probe)
+    other = _req(40 + agree + 30, chain=pb.probe(agree, 40 + agree + 30))
+    _hit(cache, other)  # a probe after equal text is an equal prompt: all but its last block
+    assert other.computed == (40 + agree + 30 - 1) // BS * BS

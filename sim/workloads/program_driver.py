@@ -1,8 +1,9 @@
 """Drives program objects (`programs/`) on simulated replicas, answering outcomes from a trace.
 
 The driver turns each `RequestSpec` a program sends into a replica request (priority from the
-inter-program scheduler, prefix-cache group per program path, output length from the trace) and,
-when the replica finishes or aborts it, hands the program the traced `Outcome`. The program
+inter-program scheduler, its cacheable content: a prefix-cache group per program path or the
+content chain the oracle names, output length from the trace) and, when the replica finishes or
+aborts it, hands the program the traced `Outcome`. The program
 decides; the driver only delivers, and never re-implements a program's logic.
 """
 
@@ -15,6 +16,7 @@ from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView, program_estimate
 from programs.base import Abort, Outcome, RequestSpec
 from programs.traced import Trajectory
+from sim.workloads.reasoning_content import PathContent
 from sim.engine.prefix_cache import OWN
 from sim.engine.request_state import Sent
 
@@ -60,7 +62,7 @@ class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
     __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
-                 "groups", "traced", "open", "finish_s")
+                 "groups", "contents", "traced", "open", "finish_s")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -71,6 +73,8 @@ class SimProgram:
         self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
         self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
         self.groups: dict[int, int] = {}    # prefix-cache key -> the driver's group number
+        self.contents: set | None = None    # content keys its requests' chains named (for
+        #                                     Dynasor's eviction hint only)
         self.traced: list = []              # the oracle's memo per program path
         self.open = 0                       # its requests in flight
         self.finish_s = math.nan
@@ -84,8 +88,9 @@ class TracedReasoning:
         # Outcomes are values: one object per distinct outcome, not one per request.
         self._outcomes: dict[tuple, Outcome] = {}
 
-    def _path(self, run: SimProgram, path: int) -> tuple[Trajectory, dict]:
-        """(traced trajectory, probe position -> (probe, its tokens)) of a program path."""
+    def _path(self, run: SimProgram, path: int) -> tuple[Trajectory, dict, PathContent]:
+        """(traced trajectory, probe position -> (probe, its tokens), its prompts' content) of
+        a program path."""
         memo = run.traced  # the program's own: no key to build and hash
         if path < len(memo) and memo[path] is not None:
             return memo[path]
@@ -95,21 +100,30 @@ class TracedReasoning:
             traj = next(t for t in q.samples if t.sample_id == sample)
             probes = dict(zip((p.position_tokens for p in traj.probes),
                               zip(traj.probes, traj.probe_tokens)))
-            self._paths[key] = (traj, probes)
+            self._paths[key] = (traj, probes, PathContent(q.question_id, q.prompt_tokens, traj))
         memo.extend([None] * (path + 1 - len(memo)))
         memo[path] = self._paths[key]
         return memo[path]
 
-    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
-        the request generates if it runs to its end)."""
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, tuple, int]:
+        """(prompt tokens, prefix-cacheable tokens, the prompt's content chain, tokens the
+        request generates if it runs to its end).
+
+        The content is the question's and the traced text's, not the program's
+        (`sim.workloads.reasoning_content`): programs that draw the same question send the same
+        prompt, and the same tokens as far as their samples' texts agree (a sample's seed fixes
+        its tokens), so the engine serves one program's cached blocks to another."""
         memo, path = run.traced, spec.path  # `_path`'s memo read inline: once a request
-        traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
+        traj, probes, content = (memo[path] if path < len(memo) else None) or \
+            self._path(run, path)
+        prompt = spec.prompt_tokens
         if spec.kind == "probe":
             output = probes[spec.position][1]
+            chain = content.probe(spec.position, prompt)
         else:
             output = min(spec.sampling.max_tokens, traj.reasoning_tokens - spec.position)
-        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
+            chain = content.text(spec.position + output if spec.continues else spec.position)
+        return prompt, chain[-1][1], chain, output
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
@@ -117,7 +131,7 @@ class TracedReasoning:
             key = (tokens, True, False, None, False)
         else:
             memo, path = run.traced, spec.path
-            traj, probes = (memo[path] if path < len(memo) else None) or self._path(run, path)
+            traj, probes, _ = (memo[path] if path < len(memo) else None) or self._path(run, path)
             if spec.kind == "probe":
                 probe = probes[spec.position][0]
                 key = (tokens, False, False, probe.answer, probe.hesitant)
@@ -218,9 +232,10 @@ class ProgramDriver:
 
     def _idle(self, run: SimProgram) -> None:
         """The program has no request in flight: its cached blocks (its prefix groups' and its
-        requests' own) go first when its replicas evict. Blocks named by prefix chains (SEED's
-        tree states), which programs may share, keep their place."""
+        requests' own and the shared content its requests named, as the live hint demotes the
+        blocks the program's requests freed) go first when its replicas evict."""
         groups, program, p = set(run.groups.values()), self.owner.program, run.idx
+        groups.update(run.contents or ())
 
         def owned(key: tuple) -> bool:
             return program[key[1]] == p if key[0] == OWN else key[0] in groups
@@ -254,8 +269,16 @@ class ProgramDriver:
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
         idx = len(self.owner)
         prompt, prefix, key, output = self.oracle.request(run, spec)
-        if spec.continues:  # its output's blocks are the path's content too (`_finish`)
-            prefix = prompt + output
+        if type(key) is tuple:  # content named across programs: the prompt's chain itself
+            chain, key = key, 0
+        else:
+            chain = spec.prefix_chain or None
+            if spec.continues:  # its output's blocks are the path's content too (`_finish`)
+                prefix = prompt + output
+        if chain is not None and self._demote:  # the content its requests free (`_idle`)
+            if run.contents is None:
+                run.contents = set()
+            run.contents.update(link[0] for link in chain)
         rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
         if rid is None:
             rid = self.pin(run, spec.role, prompt, prompt + output)
@@ -296,7 +319,7 @@ class ProgramDriver:
         owner.role.append(code)
         self._live.append((run, spec))
         run.open += 1
-        spec.sent = (rid, self.cluster.send(rid, sent, spec.prefix_chain or None))
+        spec.sent = (rid, self.cluster.send(rid, sent, chain))
 
 
 def _costs(cal) -> tuple:
