@@ -1,8 +1,9 @@
 """Simulator speed: simulated requests per CPU-second and events per request, by scale.
 
     python benchmarks/sim_speed.py --quick --json     # about 1 minute
-    python benchmarks/sim_speed.py --families         # every program family, compiled and
-                                                      # under SimPy (about 2 minutes)
+    python benchmarks/sim_speed.py --families         # every program family, compiled, under
+                                                      # SimPy and its decisions alone
+                                                      # (`program_decisions`; about 3 minutes)
     python benchmarks/sim_speed.py                    # 1k -> 1M requests, 1 -> 1,000 replicas,
                                                       # 1M Dynasor CoT programs on 1,000
                                                       # replicas, plus Vidur side by side if --vidur
@@ -32,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from program_decisions import decisions_alone  # noqa: E402  (this directory)
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
@@ -136,6 +138,9 @@ def families(repeats: int) -> dict:
             if compiled:
                 row.update(simulator=res.summary["simulator"], why_simpy=res.why_simpy,
                            requests=res.summary["requests"])
+        # the floor under any kernel: the same programs' Python side on instant replicas
+        row["decisions_alone_requests_per_cpu_s"] = statistics.median(
+            decisions_alone(cfg)["requests_per_cpu_s"] for _ in range(repeats))
         out[method] = row
     return out
 
@@ -145,7 +150,6 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
     replicas at half of the example's rate each: CPU seconds of one run (`simpy`: and of the
     same run under SimPy)."""
     cfg = program_config(PROGRAMS[method], n, replicas)
-    cfg = parse_config(d, REPO / "examples")
     t0 = time.process_time()
     res = simulate(cfg)
     cpu = time.process_time() - t0
@@ -288,7 +292,9 @@ def main() -> None:
             f"{m:>7} ({r['requests']} requests, {r['simulator']}): "
             f"{r['requests_per_cpu_s']:>8.0f} req/cpu-s; under SimPy "
             f"{r['simpy_requests_per_cpu_s']:>8.0f}" + (f" ({r['why_simpy']})" if r['why_simpy']
-                                                        else "") for m, r in fam.items()))
+                                                        else "")
+            + f"; decisions alone {r['decisions_alone_requests_per_cpu_s']:>8.0f}"
+            for m, r in fam.items()))
         return
     out, w, base = measure_all(args)
     if args.vidur:

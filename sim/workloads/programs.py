@@ -61,7 +61,6 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
             driver.on_request_done(r.idx, r.generated, r.aborted)
 
         cluster = Cluster(cfg, min(capacity, INITIAL_ROWS), on_finish, fast_forward, lazy, specs)
-    env = cluster.env
 
     def on_program_done(run) -> None:
         for rid, tokens in run.booked.items():
@@ -71,16 +70,6 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
     driver = ProgramDriver(cluster, oracle, scheduler, on_program_done)
     if on_kernel:
         cluster.on_done = driver.on_request_done
-
-    def arrivals():
-        for run in runs:
-            gap = run.plan.arrival_s - env.now
-            if gap > 0:
-                yield env.timeout(gap)
-            q = run.question
-            # Pinned on arrival to a target replica by its expected work (routing estimate).
-            driver.pin(run, "target", q.prompt_tokens, q.prompt_tokens + q.expected_tokens)
-            driver.start(run)
 
     # described once: every row of the workload shares them
     policy = describe_policy(wl.policy)
@@ -97,7 +86,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
             run.program = run.traced = None  # a million programs' paths need not stay
 
         driver.on_program_closed = closed
-    cluster.run(arrivals())
+    cluster.run(arrivals(runs, driver, cluster.env))
     unfinished = [r.idx for r in runs if np.isnan(r.finish_s)]
     if unfinished:
         raise RuntimeError(f"simulation ended with program {unfinished[0]} unfinished (a bug: "
@@ -113,6 +102,18 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
         summary.update(extra)
     cluster.close()
     return SimResult(requests, steps, summary, progs, tables, why_simpy=why)
+
+
+def arrivals(runs: list, driver: ProgramDriver, env):
+    """The programs' arrival process: each arrives at its plan's time, is pinned to a target
+    replica by its expected work (the routing estimate) and starts."""
+    for run in runs:
+        gap = run.plan.arrival_s - env.now
+        if gap > 0:
+            yield env.timeout(gap)
+        q = run.question
+        driver.pin(run, "target", q.prompt_tokens, q.prompt_tokens + q.expected_tokens)
+        driver.start(run)
 
 
 _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
