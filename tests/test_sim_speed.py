@@ -36,3 +36,14 @@ def test_decisions_alone_runs_the_simulated_programs():
     res = sim_speed.simulate(cfg)
     simulated = res.programs.column("answer").to_pylist()
     assert decisions_alone(cfg)["answers"] == simulated
+
+
+def test_speed_drift_reads_a_trace_against_its_calibration():
+    # benchmarks/speed_drift.py on the shipped testbed trace and the calibration fitted on it
+    from speed_drift import drift, load_model
+
+    r = drift(load_model(REPO / "sim" / "data" / "testbed-large-cpu.calib.json"),
+              REPO / "traces" / "data" / "testbed-large-cpu")
+    assert r["steps"] > 1000 and len(r["thirds"]) == 3
+    assert min(r["thirds"]) <= r["median"] <= max(r["thirds"])
+    assert r["max_over_min"] == max(r["thirds"]) / min(r["thirds"]) >= 1
