@@ -152,15 +152,15 @@ def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
     assert r.returncode == 0, r.stderr
     answers = json.loads(r.stdout)["answers"]
     got = {a["policy"]: (a["answer"], a["interval"]) for a in answers}
-    assert got == {"dynasor-cot-certaindex": (3, [3, 4]), "dynasor-cot-budget": (2, [1, 2])}
+    assert got == {"dynasor-cot-certaindex": (3, [2, 3]), "dynasor-cot-budget": (2, [1, 2])}
     # More replicas, more attainment: the answer is the first count whose mean meets the
     # target; the confident bound's whole interval meets it, the optimistic one's partly.
     probes = {p["value"]: p for p in answers[0]["probes"]}
     assert probes[3]["mean"] >= 0.9 > probes[2]["mean"]
-    assert probes[4]["lo"] >= 0.9 > probes[3]["lo"]
-    assert probes[3]["hi"] >= 0.9 > probes[2]["hi"]
+    assert probes[3]["lo"] >= 0.9 > probes[2]["lo"]
+    assert probes[2]["hi"] >= 0.9 > probes[1]["hi"]
     readme = (REPO / "README.md").read_text()
-    assert "certaindex **3 replicas [3, 4]** and budget **2 [1, 2]**" in readme
+    assert "certaindex **3 replicas [2, 3]** and budget **2 [1, 2]**" in readme
     assert (tmp_path / "capacity.png").stat().st_size > 0
 
 

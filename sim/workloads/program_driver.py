@@ -3,8 +3,8 @@
 The driver turns each `RequestSpec` a program sends into a replica request (priority from the
 inter-program scheduler, its cacheable content: a prefix-cache group per program path or the
 content chain the oracle names, output length from the trace) and, when the replica finishes or
-aborts it, hands the program the traced `Outcome`. The program
-decides; the driver only delivers, and never re-implements a program's logic.
+aborts it, hands the program the traced `Outcome`. The program decides; the driver only
+delivers, and never re-implements a program's logic.
 """
 
 from __future__ import annotations
