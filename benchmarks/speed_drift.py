@@ -4,11 +4,11 @@
                                                                 # its calibration, every live run
     python benchmarks/speed_drift.py CALIBRATION TRACE_DIR...   # any calibration and traces
 
-Per trace: its decode steps' live / predicted step time (the model of the calibration, as the
-speed check reads it: `sim.step_time.live_speed.live_over_predicted`) over the whole run (median
-and mean) and by thirds of the run (medians), and the largest third over the smallest. A
-calibration read against the very traces it was fitted on says where its mean model sits
-against its own steps (1.0: at their median).
+Per trace: its decode steps' speed level, live over predicted step time against the
+calibration's own steps (as the speed check reads it:
+`sim.step_time.live_speed.live_over_predicted`), over the whole run (median and mean) and by
+thirds of the run (medians), and the largest third over the smallest. A calibration read
+against the very traces it was fitted on reads about 1.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from sim.step_time import registry as step_time
-from sim.step_time.live_speed import probe_level, scaled_calibration
+from sim.step_time.live_speed import own_level, probe_level, scaled_calibration
 from sim.step_time.serving_latency import PREFILL_FEATURES, engine_features
 
 SERVING = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
@@ -66,8 +66,9 @@ def _timed(model, steps: pd.DataFrame, decode: float, prefill: float) -> pd.Data
 def test_the_probe_prefill_factor_recovers_how_much_slower_prefills_ran(tmp_path):
     model = _model(SERVING)
     steps = _probe_steps()
-    _write_probe(tmp_path, {"before": _timed(model, steps, 1.1, 1.5),
-                            "after": _timed(model, steps, 0.9, 1.3)})
+    own = own_level(model)  # levels read against the calibration's own steps, not the bare fit
+    _write_probe(tmp_path, {"before": _timed(model, steps, 1.1 * own, 1.5 * own),
+                            "after": _timed(model, steps, 0.9 * own, 1.3 * own)})
     level = probe_level(model, tmp_path)
     assert level["before"] == pytest.approx(1.1) and level["after"] == pytest.approx(0.9)
     assert level["level"] == pytest.approx(1.0)

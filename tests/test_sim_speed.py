@@ -47,3 +47,6 @@ def test_speed_drift_reads_a_trace_against_its_calibration():
     assert r["steps"] > 1000 and len(r["thirds"]) == 3
     assert min(r["thirds"]) <= r["median"] <= max(r["thirds"])
     assert r["max_over_min"] == max(r["thirds"]) / min(r["thirds"]) >= 1
+    # the steps a calibration was fitted on run at its own level (`live_speed.own_level`), not
+    # at its bare prediction's (which the relative fit puts below them)
+    assert abs(r["median"] - 1) < 0.02

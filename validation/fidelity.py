@@ -216,7 +216,8 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
 
 
 def step_speed(speed: dict | None) -> dict:
-    """A live run's decode and prefill steps over the calibration's prediction (medians)."""
+    """A live run's decode and prefill steps over the calibration's prediction (medians), as
+    levels against its own steps (`live_over_predicted`)."""
     speed = speed or {}
     return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio")}
 

@@ -68,7 +68,8 @@ def report(result: dict) -> str:
               "beside it (its error)."]
     lines += ["", "At live decode speed: the mean error against each live run when the "
               "simulation's step times are scaled by that run's decode steps over the "
-              "calibration's prediction (the machine's speed level of the moment taken out; the "
+              "calibration's prediction, against its own steps (the machine's speed level of "
+              "the moment taken out; the "
               "prefill ratio is left as it is). Sampled median: the median over the noise "
               "band's draws at that speed (step residuals and the machine's spells within a "
               "run, `sim.step_time.spells`), the simulator's estimate of a tail a mean run "

@@ -31,12 +31,23 @@ _HOST_MS_KEYS = ("logprob_step_ms", "logprob_token_ms", "logprob_top_k_ms", "see
                  "seeded_seq_ms")
 
 
+def own_level(model) -> float:
+    """Where the calibration's own steps ran against its model's prediction: their median
+    ratio (the median of the model's residual quantiles; 1 without them). The fit sits below
+    its steps' median (relative least squares weights fast steps most), and the simulator
+    charges the residuals' mean on top of the prediction, so a speed level is read against
+    this, not against the bare prediction."""
+    q = getattr(model, "residual_log_quantiles", None)
+    return float(np.exp(np.median(q))) if q is not None and len(q) else 1.0
+
+
 def live_over_predicted(model, steps: pd.DataFrame,
                         logprob_cost: tuple[float, float, float] = (0.0, 0.0, 0.0),
                         seeded_cost: tuple[float, float] = (0.0, 0.0),
                         ) -> tuple[np.ndarray, pd.DataFrame]:
-    """Live step time over the model's prediction, per step; the steps compared (warm-up
-    steps dropped unless the model prices first-of-shape steps itself). With `logprob_cost`
+    """Live step time over the model's prediction, per step, as a speed level against the
+    calibration's own steps (`own_level`: 1 is the speed they ran at); the steps compared
+    (warm-up steps dropped unless the model prices first-of-shape steps itself). With `logprob_cost`
     (a calibration's per-step, per-row and per-top-k ms) and the steps' log-probability rows
     (`sim.step_time.logprob_cost.attach_logprobs`), and with `seeded_cost` and the steps'
     `seeded_seqs`,
@@ -52,7 +63,7 @@ def live_over_predicted(model, steps: pd.DataFrame,
         pred = pred + logprob_ms(steps, logprob_cost)
     if any(seeded_cost) and "seeded_seqs" in steps and len(steps):
         pred = pred + seeded_ms(steps.seeded_seqs, seeded_cost)
-    return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9), steps
+    return steps.duration_ms.to_numpy() / np.maximum(pred, 1e-9) / own_level(model), steps
 
 
 def step_ratios(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
