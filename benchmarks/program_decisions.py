@@ -32,7 +32,7 @@ from sim.engine.cluster import Cluster, build_replicas, gc_paused  # noqa: E402
 from sim.families.registry import sim_family  # noqa: E402
 from sim.kernels.programs import KernelEnv  # noqa: E402
 from sim.workloads.program_driver import ProgramDriver  # noqa: E402
-from sim.workloads.programs import arrivals  # noqa: E402
+from sim.workloads.programs import arrivals, unbooker  # noqa: E402
 
 
 class InstantCluster(Cluster):
@@ -88,12 +88,7 @@ def decisions_alone(cfg) -> dict:
     runs, _capacity, oracle = family.build_runs(wl, bank, plans)
     cluster = InstantCluster(cfg, build_replicas(cfg))
 
-    def on_program_done(run) -> None:
-        for rid, tokens in run.booked.items():
-            cluster.outstanding[rid] -= tokens
-            cluster.in_flight[rid] -= 1
-
-    driver = ProgramDriver(cluster, oracle, make_scheduler(cfg.scheduler), on_program_done)
+    driver = ProgramDriver(cluster, oracle, make_scheduler(cfg.scheduler), unbooker(cluster))
     cluster.on_done = driver.on_request_done
     gc.collect()
     t0 = time.process_time()

@@ -62,12 +62,7 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
 
         cluster = Cluster(cfg, min(capacity, INITIAL_ROWS), on_finish, fast_forward, lazy, specs)
 
-    def on_program_done(run) -> None:
-        for rid, tokens in run.booked.items():
-            cluster.outstanding[rid] -= tokens
-            cluster.in_flight[rid] -= 1
-
-    driver = ProgramDriver(cluster, oracle, scheduler, on_program_done)
+    driver = ProgramDriver(cluster, oracle, scheduler, unbooker(cluster))
     if on_kernel:
         cluster.on_done = driver.on_request_done
 
@@ -102,6 +97,16 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
         summary.update(extra)
     cluster.close()
     return SimResult(requests, steps, summary, progs, tables, why_simpy=why)
+
+
+def unbooker(cluster):
+    """The callback of a finished program: the routing load its pinning booked is released."""
+    def on_program_done(run) -> None:
+        for rid, tokens in run.booked.items():
+            cluster.outstanding[rid] -= tokens
+            cluster.in_flight[rid] -= 1
+
+    return on_program_done
 
 
 def arrivals(runs: list, driver: ProgramDriver, env):
