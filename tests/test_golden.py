@@ -72,7 +72,13 @@ texts agree, probe suffixes included, as the live engine's cache serves them. On
 `dynasor replay` runs of configs other than the examples, prompt tokens found cached: CoT 61.3%
 simulated before, 74.2% after, 74.3% live (970 requests, 969 with equal cached tokens); SC
 78.6% before, 81.9% after, 81.9% live. Accuracy unchanged; cot-certaindex's program P50 1.326 ->
-0.997 s.
+0.997 s. The A1 goldens were regenerated when A1 prompts began naming their content the same
+way (`sim.families.a1.driver.content_chain`: the question's prompt, then the path's text turn
+by turn): every path of a program shares its question's prompt, and programs of one question
+(one seed) send the same prompts. On the live `a1 replay` of a config other than the examples
+(16 programs), the draft pool's prompt tokens found cached: 63.3% simulated before, 75.7%
+after, 76.4% live. Decisions and accuracy unchanged; path compute time up 3-5% (more scoring
+requests find their tail cached and run twice, as the live engine runs them).
 """
 
 from __future__ import annotations

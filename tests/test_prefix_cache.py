@@ -221,3 +221,40 @@ def test_samples_share_their_text_as_far_as_it_agrees():
     other = _req(40 + agree + 30, chain=pb.probe(agree, 40 + agree + 30))
     _hit(cache, other)  # a probe after equal text is an equal prompt: all but its last block
     assert other.computed == (40 + agree + 30 - 1) // BS * BS
+
+
+def test_a1_programs_of_one_question_share_its_cached_blocks():
+    # A1 programs of one question sample with one seed (`a1_program_seed`): the same prompts,
+    # so a later program finds every whole block of its draft and target prompts cached (the
+    # draft's on the draft pool, the target's and the scores' on the target's), as the live
+    # engines serve them; every path of a program shares its question's prompt.
+    from conftest import example_config
+    from programs.workload import draw_seed, load_bank, plan_programs
+    from sim.config import parse_config
+    from sim.engine.cluster import build_replicas
+    from sim.simulate import simulate
+    from traces import ids
+
+    d = example_config("a1-async.yaml", count=40, rate_per_s=0.02)
+    cfg = parse_config(d, REPO / "examples")
+    bank = load_bank(cfg.programs)
+    seen, pair = {}, None
+    for p in plan_programs(cfg.programs, bank, draw_seed(cfg.seed, 2)):
+        k = seen.setdefault(p.question_id, p.index)
+        if k != p.index:
+            pair = (k, p.index)
+            break
+    assert pair, "no question drawn twice"
+    bs = build_replicas(cfg)[0][1].block_size
+    tables = []
+    for compiled in (True, False):
+        req = simulate(cfg, compiled=compiled).requests.to_pandas()
+        tables.append(req)
+        a, b = (req[req.program_id == ids.program_id(k)] for k in pair)
+        # the same requests (their paths interleave as their own timing has them)
+        assert sorted(a.prompt_tokens) == sorted(b.prompt_tokens)
+        steps = b[b.output_tokens > 1]  # draft and target steps (a score generates one token)
+        assert (steps.cached_prompt_tokens == (steps.prompt_tokens - 1) // bs * bs).all()
+        # the first program's paths share the question's prompt among themselves
+        assert (a.cached_prompt_tokens.iloc[1:] > 0).any()
+    assert tables[0].cached_prompt_tokens.tolist() == tables[1].cached_prompt_tokens.tolist()

@@ -18,7 +18,12 @@ from sim.workloads.program_driver import SimProgram
 class TracedA1:
     """Outcomes of A1 requests from the traced node of the same sample and decision string."""
 
-    def _node(self, run: SimProgram, spec: RequestSpec) -> dict:
+    def __init__(self):
+        # (question, sample, decision string, kind) -> the request's content chain
+        self._chains: dict[tuple, tuple] = {}
+
+    def _node(self, run: SimProgram, spec: RequestSpec) -> tuple[dict, int, str]:
+        """(traced node, sample, decision string) of the request."""
         sample, path = run.program.node_of(spec)
         node = run.question.nodes.get((sample, path))
         if node is None or (spec.kind != "target" and node["draft_tokens"] is None):
@@ -27,21 +32,59 @@ class TracedA1:
                              f"{path or '(none)'}: this policy leaves the traced tree (trace "
                              "its alpha, coverage and calibration with reasonsim trace "
                              "conformity)")
-        return node
+        return node, sample, path
 
-    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: the sample's path, tokens
-        the request generates: the traced step, or 1 for a scoring prefill)."""
-        output = 1 if spec.kind == "score" else int(self._node(run, spec)[f"{spec.kind}_tokens"])
-        return spec.prompt_tokens, spec.prefix_tokens, spec.path, output
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, tuple, int]:
+        """(prompt tokens, prefix-cacheable tokens, the prompt's content chain, tokens the
+        request generates: the traced step, or 1 for a scoring prefill).
+
+        The content is the question's and the traced text's (`content_chain`), not the
+        program's: every path of a question starts with its prompt, programs of one question
+        sample with one seed, so they send the same prompts, and the engine serves one's cached
+        blocks to another."""
+        node, sample, path = self._node(run, spec)
+        output = 1 if spec.kind == "score" else int(node[f"{spec.kind}_tokens"])
+        key = (run.question.question_id, sample, path, spec.kind)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = content_chain(run.question, sample, path, spec.kind)
+            if chain[-1][1] != spec.prompt_tokens + (0 if spec.kind == "score" else output):
+                raise ValueError(f"{key[0]}: sample {sample} after decisions {path or '(none)'}"
+                                 f": the program's {spec.kind} prompt has {spec.prompt_tokens} "
+                                 f"tokens, the trace's context {chain[-2][1]}")
+        return spec.prompt_tokens, chain[-1][1], chain, output
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
-        node = self._node(run, spec)
+        node = self._node(run, spec)[0]
         if spec.kind == "score":
             return Outcome(0, score=float(node["score"]))
         return Outcome(tokens, aborted=aborted, ended=bool(node[f"{spec.kind}_ended"]),
                        answer=node[f"{spec.kind}_answer"])
+
+
+def content_chain(question, sample: int, path: str, kind: str) -> tuple:
+    """A request's content as a prefix chain (`sim.engine.prefix_cache`): the question's prompt,
+    then the path's text after each turn (named by the text itself: samples that wrote the same
+    steps hold the same blocks), then the step the request writes (a draft or target step: its
+    output's blocks are the next turn's context) or scores (the draft step in its prompt)."""
+    qid, nodes = question.question_id, question.nodes
+    text: str | None = ""
+    links = [(("a1", qid, text), int(nodes[(sample, "")]["context_tokens"]))]
+
+    def after(node: dict, step: str, name: str) -> None:
+        nonlocal text
+        piece = node[f"{step}_text"]
+        # a trace without the step's text: the path's own name (shared by no other sample)
+        text = None if text is None or piece is None else text + piece
+        links.append((("a1", qid, text if text is not None else (sample, name)),
+                      int(node["context_tokens"]) + int(node[f"{step}_tokens"])))
+
+    for i, letter in enumerate(path):
+        after(nodes[(sample, path[:i])], "draft" if letter == "A" else "target", path[:i + 1])
+    after(nodes[(sample, path)], "target" if kind == "target" else "draft",
+          path + ("R" if kind == "target" else "A"))
+    return tuple(links)
 
 
 def build_a1_runs(wl, bank: A1Bank, plans) -> tuple[list[SimProgram], int, TracedA1]:
