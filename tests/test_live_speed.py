@@ -124,6 +124,15 @@ def test_the_probe_is_leveled_against_the_calibrations_own_probe(tmp_path):
     # the prefill terms move further than 1.5x: the rest of a prefill's time moved 1.2x only
     assert level["prefill"]["factor"] > 1.5
     assert probe_reference([tmp_path / "no-probe"]) is None
+    # Calibration traffic probed before and after itself, at 0.9x and 1.6x of the grid's: the
+    # reference pools every probe (a median per shape), not the one moment the grid ended.
+    _write_probe(tmp_path / "traffic", {"before": ref.assign(duration_ms=0.9 * ref.duration_ms),
+                                        "after": ref.assign(duration_ms=1.6 * ref.duration_ms)})
+    pooled = probe_reference([tmp_path / "grid", tmp_path / "traffic"])
+    assert pooled["p0s0d4"] == pytest.approx(reference["p0s0d4"], rel=0.02)
+    assert pooled["p1024s1d0"] == pytest.approx(reference["p1024s1d0"])
+    between = probe_reference([tmp_path / "traffic"])["p0s0d4"] / reference["p0s0d4"]
+    assert 1.0 < between < 1.5  # two probes alone: between them
 
 
 def test_a_probe_beyond_the_tolerance_and_its_own_noise_is_another_machine():

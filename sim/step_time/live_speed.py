@@ -144,17 +144,23 @@ def _repeats(probe: pd.DataFrame) -> np.ndarray:
     return probe.assign(key=probe_shape(probe)).duplicated(["phase", "key"]).to_numpy()
 
 
-def probe_reference(trace_dirs: list) -> dict[str, float] | None:
-    """The `reference` speed probe a grid runs after its cells (`trace steps`), as the median ms
-    of each shape over its repeats: what the probes around live runs are leveled against (the
-    machine's speed when calibrated; model-free). None where no trace has one."""
+def probe_reference(trace_dirs: list, phases: tuple[str, ...] | None = None,
+                    ) -> dict[str, float] | None:
+    """The calibration's speed probe: the median ms of each shape over the repeats of every
+    probe its traces ran (a grid's `reference` after its cells, calibration traffic's `before`
+    and `after`; only `phases` where given), what the probes around live runs are leveled
+    against (the machine's speed when calibrated; model-free). Pooled because one seconds-long
+    probe reads the machine of that moment, which moves by a quarter from one second to the
+    next on a shared VM. None where no trace has one."""
     frames = [read_table(d, "speed_probe").to_pandas() for d in trace_dirs
               if (Path(d) / "speed_probe").is_dir()]
     probe = pd.concat(frames) if frames else pd.DataFrame()
-    if not len(probe) or not probe.phase.eq("reference").any():
+    if len(probe) and phases is not None:
+        probe = probe[probe.phase.isin(phases)]
+    if not len(probe):
         return None
-    probe = probe[probe.phase.eq("reference")].sort_values(["run_id", "step_index"])
-    probe = probe.assign(phase=probe.run_id)  # repeats within each grid's probe
+    probe = probe.sort_values(["run_id", "phase", "step_index"])
+    probe = probe.assign(phase=probe.run_id + "/" + probe.phase)  # repeats within each probe
     rep = probe[_repeats(probe)]
     return {k: float(v) for k, v in rep.groupby(probe_shape(rep)).duration_ms.median().items()}
 
