@@ -37,15 +37,15 @@ EXAMPLES = REPO / "examples"
 def cals(tmp_path_factory):
     """Calibrations by (model, host): the programs calibration (linear), the same as a serving
     model with every further term nonzero (first-of-shape with its cap, idle below the seen
-    cap, echo, attention pairs, spanned context), each with and without host and
-    seeded-sampling terms (they shift steps)."""
+    cap, echo, attention pairs, spanned context, a prefix-cache hit's attention over it), each
+    with and without host and seeded-sampling terms (they shift steps)."""
     out, folder = {}, tmp_path_factory.mktemp("cal")
     linear = json.loads(CAL.read_text())
     serving = json.loads(CAL.read_text())
     serving["step_time_model"].update(
         kind="serving", features=list(FEATURES), idle_cap_ms=200.0, idle_seen_ms=50.0,
         coef_ms=linear["step_time_model"]["coef_ms"] + [0.3, 1.5, 0.45, 0.2, 1.6, 0.02, 0.5,
-                                                        0.3, 0.4, 0.003, 0.2],
+                                                        0.3, 0.4, 0.003, 0.2, 30.0],
         prefill_pairs=True, new_shape_cap_tokens=256.0)
     for model, d in (("linear", linear), ("serving", serving)):
         for host in (False, True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -98,10 +99,30 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert (out / "poisson" / "sim_at_probe" / "sim" / "requests").is_dir()
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["step_time_model"]["kind"] == "serving"
-    # the grids' reference probes, as medians of each shape's repeats
+    # every probe of its traces (the grids' reference, the traffic's before and after), as
+    # medians of each shape's repeats
     ref = cal["provenance"]["speed_probe_ms"]
     assert {"p0s0d1", "p0s0d4", "p64s1d0", "p256s1d0"} <= set(ref) and \
         all(0 < v < 1000 for v in ref.values())
+    from sim.step_time.live_speed import probe_reference
+
+    traffic = probe_reference([out / "calibration_traffic_mixed"])
+    assert traffic and ref == probe_reference(cal["provenance"]["traces"]) != traffic
+    # the benchmark that compares each live run's probe with its own steps reads this run
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from probe_vs_live import levels
+
+    lv = levels(out)
+    assert len(lv["live"]) == 6 and all(
+        len(lv[k]) == 6 and all(_speed(v) for v in lv[k])
+        for k in ("live", "grid reference", "pooled", "prediction"))
+    # ... and the one that groups prefill steps by their cached context: the prefix-sharing
+    # workload's prefills attend to cached prefixes
+    from prefill_context_error import by_shape, prefill_steps
+
+    pre = prefill_steps(out, out / "calibration.json", "prefix_sharing")
+    assert pre.span_context_tokens.gt(0).any() and all(_speed(v) for v in pre.rel)
+    assert by_shape(pre)["count"].sum() == len(pre)
     # the machine's speed from run to run, and its spells within a run, fitted apart
     model = cal["step_time_model"]
     assert len(model["run_log_quantiles"]) == len(model["spell_log_quantiles"]) == 21

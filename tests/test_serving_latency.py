@@ -17,10 +17,11 @@ from sim.step_time.serving_latency import (FEATURES, NEW_SHAPE_TOKENS_CAP, Servi
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0, 0.0]  # prefill step, new shape,
+EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0, 0.0, 0.0]  # prefill step, new shape,
 # per 100 tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms
 # idle before the prefill, per 1000 prefill tokens; per token of a prefill spanning earlier
-# context, per 1000 tokens of that earlier context
+# context, per 1000 tokens of that earlier context; per million prefill x earlier context tokens
+# (a prefix-cache hit)
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -186,12 +187,12 @@ def test_linear_calibrations_still_load_and_ignore_engine_state():
     lat = load_calibration(LINEAR_CAL).latency
     assert lat.kind == "linear" and not getattr(lat, "engine_state", False)
     assert isinstance(ServingModel.from_json(
-        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 15, "idle_cap_ms": 200.0,
+        {"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 16, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}), ServingModel)
     # fitted before the saturating idle term: read with its coefficient 0, same predictions
     old = ServingModel.from_json({"features": list(FEATURES[:9]), "coef_ms": [1.0] + [0.5] * 8,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[9:] == (0.0,) * 7
+    assert old.coef_ms[9:] == (0.0,) * 8
     assert old.step_ms(10, 2, 300, idle_ms=5.0) == pytest.approx(
         1.0 + 0.5 * (10 + 2 + 300 + 3 + 1) + 0.5 * 5.0 / 100)
 
@@ -200,7 +201,7 @@ def test_a_long_prompt_costs_more_than_two_half_as_long_in_one_step():
     """The per-prompt quadratic term: same tokens, one prompt or two (attention is per
     prompt); read from a calibration written before it, nothing changes."""
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0, 0.01] + [0.0] * 8
-                                + [0.01, 0.0, 0.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
+                                + [0.01, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     one, two = m.step_ms(1536, 0, 1536), m.step_ms(1536, 0, 1536, prefill_seqs=2)
     assert one - two == pytest.approx(0.01 * 1536 ** 2 / 1e3 / 2)
@@ -229,25 +230,27 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     plain.before_step(0.0, 300, 0)
     assert plain.before_step(0.1, 0, 1)[2] == NO_ECHO
     m = ServingModel.from_json({"features": list(FEATURES), "coef_ms": [1.0] + [0.0] * 10
-                                + [0.5, 0.2, 1.0, 0.0, 0.0], "idle_cap_ms": 200.0,
+                                + [0.5, 0.2, 1.0, 0.0, 0.0, 0.0], "idle_cap_ms": 200.0,
                                 "residual_log_quantiles": [0.0]})
     assert m.step_ms(0, 3, 300, echo=(0.4, 50.0, 300.0)) == pytest.approx(
         1.0 + 0.4 * (0.5 + 0.2 * 0.5 + 1.0 * 0.3))
     old = ServingModel.from_json({"features": list(FEATURES[:11]), "coef_ms": [1.0] * 11,
                                   "idle_cap_ms": 200.0, "residual_log_quantiles": [0.0]})
-    assert old.coef_ms[11:] == (0.0,) * 5 and not old.echoes and m.echoes
+    assert old.coef_ms[11:] == (0.0,) * 6 and not old.echoes and m.echoes
     assert old.step_ms(0, 3, 300, echo=(1.0, 50.0, 300.0)) == old.step_ms(0, 3, 300)
 
 
-@pytest.mark.parametrize("per_token_ms,per_context_k_ms", [(0.01, 0.0), (0.0, 1.5)])
+@pytest.mark.parametrize("per_token_ms,per_context_k_ms,per_hit_m_ms",
+                         [(0.01, 0.0, 0.0), (0.0, 1.5, 0.0), (0.0, 0.0, 20.0)])
 def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_terms(tmp_path, per_token_ms,
-                                                                 per_context_k_ms):
+                                                                 per_context_k_ms, per_hit_m_ms):
     """A prefill whose chunk attends to a cached prefix pays the spanning terms, per prompt token
-    it computes and per 1000 cached tokens it attends to; a fresh one does not (same workload
-    with the terms 0 and not)."""
+    it computes, per 1000 cached tokens it attends to and per million of its tokens x those (the
+    hit term of an engine with prefix caching); a fresh one does not (same workload with the
+    terms 0 and not)."""
     ttft = []
-    for terms in ([0.0, 0.0], [per_token_ms, per_context_k_ms]):
-        path = serving_calibration(tmp_path, EXTRA_MS[:-2] + terms)
+    for terms in ([0.0, 0.0, 0.0], [per_token_ms, per_context_k_ms, per_hit_m_ms]):
+        path = serving_calibration(tmp_path, EXTRA_MS[:-3] + terms)
         cfg = parse_config({"workload": {
             "arrival": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 4,
             "prompt_tokens": {"kind": "uniform", "low": 300, "high": 400}, "output_tokens": 8,
@@ -258,15 +261,16 @@ def test_prefills_after_a_prefix_cache_hit_pay_the_spanning_terms(tmp_path, per_
     mean_ratio = load_calibration(path).latency.residual_sampler()[0]
     cached = reqs.cached_prompt_tokens.to_numpy()
     assert cached[0] == 0 and (cached[1:] > 0).all()
-    want = np.where(cached > 0, per_token_ms * (reqs.prompt_tokens - cached)
-                    + per_context_k_ms * cached / 1e3, 0.0) * mean_ratio / 1e3
+    new = reqs.prompt_tokens - cached
+    want = np.where(cached > 0, per_token_ms * new + per_context_k_ms * cached / 1e3
+                    + per_hit_m_ms * new * cached / 1e6, 0.0) * mean_ratio / 1e3
     assert np.allclose(ttft[1] - ttft[0], want, rtol=1e-9, atol=1e-12)
 
 
 def test_the_first_of_shape_term_counts_tokens_up_to_the_cap_of_its_fit():
     """Fitted models count at most NEW_SHAPE_TOKENS_CAP tokens in the first-of-shape term and
     say so in their JSON; a calibration written before the cap counts every token."""
-    coef = [1.0] + [0.0] * 5 + [2.0, 0.5] + [0.0] * 8
+    coef = [1.0] + [0.0] * 5 + [2.0, 0.5] + [0.0] * 9
     d = {"features": list(FEATURES), "coef_ms": coef, "idle_cap_ms": 200.0,
          "residual_log_quantiles": [0.0]}
     old = ServingModel.from_json(d)
@@ -286,10 +290,12 @@ def test_the_first_of_shape_term_counts_tokens_up_to_the_cap_of_its_fit():
 def test_a_chunked_prompt_pays_its_attention_pairs_and_old_fits_tokens_squared(tmp_path):
     """A prompt prefilled in chunks: each chunk's attention spans the chunks before it. A model
     fitted on recorded pairs prices each step's new tokens x the tokens they attend to; one
-    fitted before prices tokens squared per sequence (the same for a one-chunk prompt)."""
+    fitted before prices tokens squared per sequence (the same for a one-chunk prompt). The
+    prefix-cache hit term (25 ms per million) is not paid: the replica caches no prefixes, so
+    a chunk over earlier context is its own prompt's."""
     ttft = []
     for pairs in (False, True):
-        path = serving_calibration(tmp_path, [0.0] * 5 + [0.01] + [0.0] * 5)
+        path = serving_calibration(tmp_path, [0.0] * 5 + [0.01] + [0.0] * 5 + [25.0])
         d = json.loads(path.read_text())
         d["step_time_model"]["prefill_pairs"] = pairs
         path.write_text(json.dumps(d))
@@ -306,6 +312,46 @@ def test_a_chunked_prompt_pays_its_attention_pairs_and_old_fits_tokens_squared(t
     assert np.allclose(ttft[1] - ttft[0], 0.01 * extra / 1e3 * mean_ratio / 1e3, rtol=1e-9)
     m = fit_serving_on_pairs()
     assert m.pairs and ServingModel.from_json(m.to_json()) == m
+
+
+def test_the_hit_term_is_fitted_on_spanning_steps_of_prefix_caching_engines_only(tmp_path):
+    # Steps of two runs, one whose engine caches prefixes: their spanning prefills cost 0.03 ms
+    # per thousand new x earlier tokens more; the same shapes in the other run do not.
+    from sim.step_time.serving_latency import HIT, attach_spans
+    from traces import TraceWriter
+
+    rng = np.random.default_rng(2)
+    frames = []
+    for caching in (False, True):
+        run = {"kind": "replay", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+               "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+               "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
+               "created_at": pd.Timestamp.now(tz="UTC").to_pydatetime(),
+               "params_json": json.dumps({"engine": {"enable_prefix_caching": caching}})}
+        w = TraceWriter(tmp_path / str(caching), run)
+        p, over = rng.integers(64, 512, 300), rng.choice([0, 256, 512, 1024], 300)
+        for i in range(300):
+            w.add("step_prefill", replica_id=0, step_id=i,
+                  prefill_context_tokens=int(p[i] + over[i]),
+                  prefill_pair_tokens=int(p[i] * (p[i] + over[i])))
+        w.flush("all")
+        w.seal()
+        frames.append(pd.DataFrame({
+            "run_id": w.run_id, "replica_id": 0, "step_id": np.arange(300),
+            "start_s": np.arange(300) * 0.1, "prefill_tokens": p, "prefill_seqs": 1,
+            "decode_seqs": 0, "context_tokens": p + over, "duration_ms": 1.0}))
+    dirs = [tmp_path / "False", tmp_path / "True"]
+    steps = engine_features(attach_spans(pd.concat(frames, ignore_index=True), dirs))
+    hit = steps.hit_pair_tokens.to_numpy()
+    assert (hit[steps.run_id.eq(frames[0].run_id[0]).to_numpy()] == 0).all() and hit.max() > 0
+    steps = steps.assign(duration_ms=3.0 + 0.004 * steps.prefill_pair_tokens / 1e3
+                         + 30.0 * hit / 1e6)
+    m = fit_serving(steps)
+    assert m.coef_ms[HIT] == pytest.approx(30.0, rel=0.02)
+    assert m.without_hits().coef_ms[HIT] == 0.0 and m.without_hits().coef_ms[:HIT] == \
+        m.coef_ms[:HIT]
+    # a fit on the engine without prefix caching has no hit term
+    assert fit_serving(steps[steps.hit_pair_tokens.eq(0)]).coef_ms[HIT] == 0.0
 
 
 def fit_serving_on_pairs() -> ServingModel:

@@ -45,7 +45,7 @@ class Replica(KvPool):
                  fast_forward: bool = True, device=None,
                  spec_rng: np.random.Generator | None = None):
         self.env, self.id = env, replica_id
-        self.pricer = StepPricer(cal)  # a step plan priced whole
+        self.pricer = StepPricer(cal, cfg.enable_prefix_caching)  # a step plan priced whole
         self.lat = self.pricer.model  # the loop's gap between two steps included
         self._mean_ms = self.pricer.mean_ms  # bound once: called every step
         self.cfg = cfg

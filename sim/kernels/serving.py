@@ -40,7 +40,7 @@ def serving_state(specs: list, rngs: list, sampled: bool):
     sv = np.zeros((nrep, SV_COLS))
     seen = np.zeros((nrep, max(rc.max_num_batched_tokens for _, rc in specs) + 1), np.uint8)
     spell_rngs, spell_q = [], []
-    for j, (cal, _) in enumerate(specs):
+    for j, (cal, rc) in enumerate(specs):
         model = cal.stepping  # the loop's step gap included
         drift, spells = speed_levels(model, rngs[j] if sampled else None)
         sv[j, DRIFT], sv[j, WINDOW], sv[j, LEVEL], sv[j, LAST_END] = drift, -1, 1.0, -np.inf
@@ -48,7 +48,8 @@ def serving_state(specs: list, rngs: list, sampled: bool):
         spell_q.append(spells.log_q if spells is not None else ())
         sv[j, N_SPELLS] = len(spell_q[-1])
         if getattr(model, "engine_state", False):
-            sv[j, :N_COEF] = model.coef_ms
+            # an engine without prefix caching has no hits (`StepPricer`)
+            sv[j, :N_COEF] = (model if rc.enable_prefix_caching else model.without_hits()).coef_ms
             sv[j, [IDLE_SEEN, SHAPE_CAP, PAIRS, SERVING]] = (
                 model.idle_seen_ms, model.new_shape_cap_tokens, model.pairs, 1.0)
             # no prefill yet: no echo (`EngineState.__init__`)
@@ -93,7 +94,8 @@ def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context
         else:
             pairs = p * p / max(prefill_seqs, 1)
         ms += c[5] + c[10] * pairs / 1e3 + (
-            c[14] * p + c[15] * span_context / 1e3 if span_context > 0 else 0.0)
+            c[14] * p + c[15] * span_context / 1e3 + c[16] * p * span_context / 1e6
+            if span_context > 0 else 0.0)
     if new_shape:
         ms += c[6] + c[7] * min(float(tokens), sv[j, o + SHAPE_CAP]) / 100.0
     idle_seen = sv[j, o + IDLE_SEEN]

@@ -42,8 +42,11 @@ class StepPricer:
 
     __slots__ = ("model", "logprob_step_ms", "seeded_step_ms", "seeded_seq_ms")
 
-    def __init__(self, cal):
-        self.model = cal.stepping  # the loop's gap between two steps included
+    def __init__(self, cal, prefix_caching: bool = False):
+        """`prefix_caching`: the engine caches prefixes (its spanning prefills are hits)."""
+        model = cal.stepping  # the loop's gap between two steps included
+        self.model = model if prefix_caching or not hasattr(model, "without_hits") \
+            else model.without_hits()
         self.logprob_step_ms = cal.logprob_step_ms  # once a step that returns log-probabilities
         self.seeded_step_ms, self.seeded_seq_ms = cal.seeded_step_ms, cal.seeded_seq_ms
 

@@ -9,6 +9,7 @@ step_ms = linear terms (const, prefill tokens, decode sequences, context, prefil
                    + c_echo_tok * tokens of the prefill / 1000)   [k-th decode step after it]
           + c_span * prefill tokens   [a step with a chunk that attends to earlier context]
           + c_span_ctx * earlier context tokens those chunks attend to / 1000
+          + c_hit * prefill tokens x that earlier context / 1e6   [an engine with prefix caching]
 and prefill_sq_per_seq_k = the step's attention pairs / 1000: over its prefill chunks, new tokens
 x the tokens each attends to (`step_prefill.prefill_pair_tokens`; a calibration fitted before
 that column was used counts prefill tokens squared over prefill sequences, which it equals for
@@ -27,13 +28,22 @@ Why each term (what it measured and where: docs/measurements/serving_model_terms
   earlier chunk of its prompt) costs more per token than a fresh one, and more the more earlier
   context its chunks attend to, beyond their attention pairs: one term per prefill token of
   such a step, one per 1000 earlier tokens summed over its chunks.
+- hit: in an engine with prefix caching, where such a step is a prefix-cache hit, its new
+  tokens attend to the cached context at a cost the chunks of a long fresh prompt (most of the
+  grid's spanning steps) do not show: on four fidelity runs' live prefills over 257-1024 cached
+  tokens, the median of each band of cached tokens lay 0.97-1.13x of their run's decode level
+  without it (median distance from 1: 7%) and 0.88-1.03x with it (2%)
+  (`benchmarks/prefix_hit_terms.py`). Traces do not say which chunk was a hit, so
+  the term counts every spanning step of a prefix-caching engine, in the fit and in the
+  simulator alike (a replica without prefix caching never pays it).
 The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
 so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -52,7 +62,7 @@ from traces import read_table
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
             "prefill_step", "new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short",
             "prefill_sq_per_seq_k", "echo", "echo_idle_100ms", "echo_prefill_k",
-            "spanning_prefill_tokens", "span_context_k")
+            "spanning_prefill_tokens", "span_context_k", "hit_pairs_m")
 FEATURES_V1 = FEATURES[:9]
 """the features of calibrations fitted before `idle_short` (read with its coefficient 0)"""
 FEATURES_V2 = FEATURES[:10]
@@ -63,6 +73,9 @@ FEATURES_V4 = FEATURES[:14]
 """... and before the spanning-prefill term (read with its coefficient 0)"""
 FEATURES_V5 = FEATURES[:15]
 """... and before the spanned-context term (read with its coefficient 0)"""
+FEATURES_V6 = FEATURES[:16]
+"""... and before the prefix-cache hit term (read with its coefficient 0)"""
+HIT = FEATURES.index("hit_pairs_m")
 ECHO_WEIGHTS = (1.0, 0.4, 0.16)
 """the echo's weight on the 1st, 2nd and 3rd decode step after a prefill step (measured: the
 extra time falls ~0.4x a step; beyond the third it is within the noise)"""
@@ -79,7 +92,8 @@ IDLE_CAP_MS = 200.0
 IDLE_SHORT_MS = 10.0
 """the saturating idle term is full after this much idle time"""
 PREFILL_FEATURES = ("prefill_tokens", "prefill_x_context_k", "prefill_step",
-                    "prefill_sq_per_seq_k", "spanning_prefill_tokens", "span_context_k")
+                    "prefill_sq_per_seq_k", "spanning_prefill_tokens", "span_context_k",
+                    "hit_pairs_m")
 """the features that are 0 on every decode-only step: a prefill's own work"""
 SPAN_TERMS = ("spanning_prefill_tokens", "span_context_k")
 MIN_SPAN_SHAPES = 4
@@ -113,6 +127,7 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS,
     echo_k = col("echo_prefill_tokens") / 1e3
     span = col("spanning_prefill_tokens")
     span_ctx_k = col("span_context_tokens") / 1e3
+    hit_m = col("hit_pair_tokens") / 1e6
     # A prompt's attention grows with its own length squared: prefill tokens squared over the
     # step's prefill sequences (exact for equal prompts). One 1536-token prompt took 38 ms where
     # two of 768 took 28 ms (`benchmarks/prefill_batch_error.py --exact`); tokens x the step's
@@ -123,7 +138,7 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS,
     new_tokens = new * np.minimum(p + d, new_shape_cap_tokens) / 100.0
     return np.column_stack([np.ones_like(p), p, d, c, p * c / 1e3, (p > 0).astype(float),
                             new, new_tokens, idle, short, attention_k,
-                            w, w * echo_idle, w * echo_k, span, span_ctx_k])
+                            w, w * echo_idle, w * echo_k, span, span_ctx_k, hit_m])
 
 
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
@@ -146,22 +161,37 @@ def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
 def attach_spans(steps: pd.DataFrame, trace_dirs: list) -> pd.DataFrame:
     """The steps with `spanning_prefill_tokens` (a prefill step's tokens where a chunk of it
     attends to earlier context: its `step_prefill` span beyond its own tokens),
-    `span_context_tokens` (that earlier context, summed over the chunks) and
-    `prefill_pair_tokens` (the chunks' attention pairs); 0 elsewhere, and for traces recorded
-    before that table."""
+    `span_context_tokens` (that earlier context, summed over the chunks),
+    `prefill_pair_tokens` (the chunks' attention pairs) and `hit_pair_tokens` (prefill tokens x
+    earlier context, where the run's engine caches prefixes); 0 elsewhere, and for traces
+    recorded before that table."""
     frames = [read_table(d, "step_prefill").to_pandas() for d in trace_dirs
               if (Path(d) / "step_prefill").is_dir()]
     keys = ["run_id", "replica_id", "step_id"]
     if not frames:
         return steps.assign(spanning_prefill_tokens=0.0, span_context_tokens=0.0,
-                            prefill_pair_tokens=0.0)
+                            prefill_pair_tokens=0.0, hit_pair_tokens=0.0)
     cols = ["prefill_context_tokens", "prefill_pair_tokens"]
     out = steps.merge(pd.concat(frames)[keys + cols], on=keys, how="left")
     ctx = out.pop("prefill_context_tokens").fillna(0.0).to_numpy()
     p = out.prefill_tokens.to_numpy(float)
-    return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0),
-                      span_context_tokens=np.where(ctx > p, ctx - p, 0.0),
-                      prefill_pair_tokens=out.prefill_pair_tokens.fillna(0.0).astype(float))
+    span = np.where(ctx > p, ctx - p, 0.0)
+    hits = out.run_id.isin(caching_runs(trace_dirs)).to_numpy()
+    return out.assign(spanning_prefill_tokens=np.where(ctx > p, p, 0.0), span_context_tokens=span,
+                      prefill_pair_tokens=out.prefill_pair_tokens.fillna(0.0).astype(float),
+                      hit_pair_tokens=np.where(hits, p * span, 0.0))
+
+
+def caching_runs(trace_dirs: list) -> set[str]:
+    """The run ids of the traces whose engine ran with prefix caching."""
+    out = set()
+    for d in trace_dirs:
+        if not (Path(d) / "runs").is_dir():
+            continue
+        runs = read_table(d, "runs").select(["run_id", "params_json"]).to_pylist()
+        out.update(r["run_id"] for r in runs if json.loads(r["params_json"] or "{}").get(
+            "engine", {}).get("enable_prefix_caching"))
+    return out
 
 
 def with_echo(s: pd.DataFrame) -> pd.DataFrame:
@@ -244,6 +274,7 @@ class ServingModel:
                 prefill_tokens * prefill_tokens / max(prefill_seqs, 1)
             ms += c[5] + c[10] * pairs / 1e3 \
                 + (c[14] * prefill_tokens + c[15] * span_context_tokens / 1e3
+                   + c[16] * prefill_tokens * span_context_tokens / 1e6
                    if span_context_tokens > 0 else 0.0)
         if new_shape:
             ms += c[6] + c[7] * min(prefill_tokens + decode_seqs,
@@ -257,6 +288,11 @@ class ServingModel:
             ms += w * (c[11] + c[12] * min(echo_idle_ms, self.idle_seen_ms, IDLE_CAP_MS) / 100.0
                        + c[13] * tokens / 1e3)
         return ms
+
+    def without_hits(self) -> "ServingModel":
+        """The model for an engine without prefix caching: no prefix-cache hit term."""
+        c = self.coef_ms
+        return self if not c[HIT] else replace(self, coef_ms=(*c[:HIT], 0.0, *c[HIT + 1:]))
 
     @property
     def echoes(self) -> bool:
@@ -324,7 +360,7 @@ class ServingModel:
         coefficients padded with zeros for the terms they predate)."""
         v, features = d["coef_ms"], d["features"]
         if features not in [list(f) for f in (FEATURES_V1, FEATURES_V2, FEATURES_V3, FEATURES_V4,
-                                               FEATURES_V5, FEATURES)]:
+                                               FEATURES_V5, FEATURES_V6, FEATURES)]:
             raise ValueError(f"serving model features {features} differ from {list(FEATURES)}")
         if len(v) != len(features):
             raise ValueError(f"coef_ms: {len(v)} coefficients for {len(features)} features")
@@ -354,6 +390,10 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     shapes = x[span][:, [FEATURES.index("prefill_tokens"), FEATURES.index("span_context_k")]]
     if len(np.unique(shapes, axis=0)) < MIN_SPAN_SHAPES:
         without = tuple(without) + SPAN_TERMS  # too few to tell the terms from a one-off
+    hit = x[:, HIT] > 0
+    if len(np.unique(x[hit][:, [FEATURES.index("prefill_tokens"), HIT]], axis=0)) \
+            < MIN_SPAN_SHAPES:
+        without = tuple(without) + ("hit_pairs_m",)
     x[:, [FEATURES.index(f) for f in without]] = 0.0
     # a step per feature the steps exercise (one never nonzero, e.g. the echo of a grid without
     # decode after prefills, gets 0 and asks for no step)

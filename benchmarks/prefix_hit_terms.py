@@ -1,0 +1,122 @@
+"""Candidate serving-model terms for prefills over prefix-cache hits, fitted and scored offline.
+
+    python benchmarks/prefix_hit_terms.py RUN [RUN ...] [--terms hit_pairs,hit_context]
+
+For each `reasonsim fidelity` run: the serving model refitted on the run's own calibration
+traces (greedy ones: grid and calibration traffic, as `calibrate` fits them, NNLS on relative
+error) with each candidate term added beside the shipped ones, then every live run's prefill
+steps of the run's prefix-caching workloads over that refit's prediction and over the run's
+decode level (`benchmarks/prefill_context_error.py`'s `rel`): the median by the earlier context
+their chunks attend to. A candidate that prices hits right moves every band toward 1 without
+moving steps over no earlier context. The candidates tell a hit from a chunk of a long prompt
+by the engine: in a trace of an engine with prefix caching, a step whose chunk attends to
+earlier context is taken as a hit (traces do not record which it was).
+
+- hit_pairs: new tokens x earlier context of such steps (the attention over the cached part)
+- hit_context: the earlier context of such steps
+- hit_step: 1 on such steps (a fixed cost per hit step)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sim.step_time.serving_latency import (FEATURES, attach_spans,  # noqa: E402
+                                           engine_features, feature_matrix)
+from traces import read_table  # noqa: E402
+from traces.store import read_run  # noqa: E402
+
+BANDS = (-1, 0, 256, 512, 1024, 4096)
+TERMS = ("hit_pairs", "hit_context", "hit_step")
+
+
+def caches_prefixes(trace_dir: Path) -> bool:
+    """Whether the trace's engine ran with prefix caching."""
+    p = json.loads(read_run(trace_dir)["params_json"])
+    return bool(p.get("engine", {}).get("enable_prefix_caching") or any(
+        r.get("enable_prefix_caching") for r in p.get("config", {}).get("replicas", [])))
+
+
+def usable(dirs: list) -> pd.DataFrame:
+    """Steps with engine features and spans, each flagged `hits` (its engine caches)."""
+    frames = [read_table(d, "steps").to_pandas().assign(hits=caches_prefixes(Path(d)))
+              for d in dirs]
+    steps = engine_features(attach_spans(pd.concat(frames, ignore_index=True), dirs))
+    return steps[steps.duration_ms > 0]
+
+
+def design(steps: pd.DataFrame, terms: tuple) -> np.ndarray:
+    """The serving model's features, then each candidate term's column."""
+    p = steps.prefill_tokens.to_numpy(float)
+    span = steps.span_context_tokens.to_numpy(float)
+    hit = steps.hits.to_numpy() & (span > 0)
+    cols = {"hit_pairs": np.where(hit, p * span / 1e6, 0.0),
+            "hit_context": np.where(hit, span / 1e3, 0.0), "hit_step": hit.astype(float)}
+    return np.column_stack([feature_matrix(steps)] + [cols[t] for t in terms])
+
+
+def fit(steps: pd.DataFrame, terms: tuple) -> tuple[np.ndarray, float]:
+    """NNLS on relative error, as `fit_serving`; (coefficients, the fit's own median ratio)."""
+    x, y = design(steps, terms), steps.duration_ms.to_numpy(float)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    coef = coef / scale
+    return coef, float(np.exp(np.median(np.log(y / (x @ coef)))))
+
+
+def scored(run: Path, coef: np.ndarray, own: float, terms: tuple) -> pd.DataFrame:
+    """Prefill steps of the run's prefix-caching live runs with `rel` under the refit."""
+    out = []
+    for live in sorted(run.glob("*/live[0-9]*")):
+        if not caches_prefixes(live):
+            continue
+        s = usable([live])
+        s = s.assign(r=s.duration_ms.to_numpy() / (design(s, terms) @ coef) / own)
+        level = s.r[s.prefill_tokens.eq(0)].median()
+        out.append(s[s.prefill_tokens.gt(0)].assign(rel=lambda t: t.r / level,
+                                                    workload=live.parent.name))
+    return pd.concat(out) if out else pd.DataFrame()
+
+
+def _band(iv) -> str:
+    return "none" if iv.right <= 0 else f"{iv.left + 1:.0f}-{iv.right:.0f}"
+
+
+def main() -> None:
+    """Print, per run and candidate, its coefficients and the bands' medians."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--terms", default=",".join(TERMS))
+    args = ap.parse_args()
+    candidates = [()] + [(t,) for t in args.terms.split(",")]
+    print("| run | term | its coefficient (ms) | prefill steps by earlier context: median rel "
+          "(count) |")
+    print("|---|---|---|---|")
+    for run in args.runs:
+        cal = json.loads((run / "calibration.json").read_text())
+        train = usable([d for d in cal["provenance"]["traces"] if "sampling" not in Path(d).name])
+        for terms in candidates:
+            coef, own = fit(train, terms)
+            pre = scored(run, coef, own, terms)
+            if not len(pre):
+                break
+            bands = pre.groupby(pd.cut(pre.span_context_tokens, BANDS), observed=True).rel
+            cells = ", ".join(f"{_band(iv)}: {m:.3f} ({n})" for iv, m, n in
+                              zip(bands.median().index, bands.median(), bands.size()))
+            extra = ", ".join(f"{c:.4g}" for c in coef[len(FEATURES):]) or "-"
+            print(f"| {run.name} | {'+'.join(terms) or 'shipped terms'} | {extra} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
