@@ -9,7 +9,7 @@ speed) with CAL (default: RUN's own calibration, which reproduces RUN's table) a
 the same live runs, so two step-time models compare on identical live data in seconds instead
 of a new twelve-minute suite on a machine whose speed has moved meanwhile. `--without`: CAL
 is RUN's calibration refitted on the same traces with those serving-model terms at 0 (an
-ablation: what a term buys, `sim.step_time.serving_latency.FEATURES`). Prints the report table and
+ablation: what a term buys, `sim.step_time.serving_features.FEATURES`). Prints the report table and
 one summary line (or the result as JSON).
 """
 

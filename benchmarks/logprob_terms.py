@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from sim.step_time.calibration import load_calibration  # noqa: E402
 from sim.step_time.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
-from sim.step_time.serving_latency import engine_features  # noqa: E402
+from sim.step_time.serving_features import engine_features  # noqa: E402
 from traces import read_table  # noqa: E402
 
 

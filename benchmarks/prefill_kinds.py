@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sim.step_time import registry as step_time  # noqa: E402
-from sim.step_time.serving_latency import (  # noqa: E402
+from sim.step_time import serving_latency  # noqa: E402, F401  (registers `serving`)
+from sim.step_time.serving_features import (  # noqa: E402
     attach_spans, engine_features, feature_matrix)
 from traces import read_table  # noqa: E402
 

@@ -12,9 +12,17 @@ moving steps over no earlier context. The candidates tell a hit from a chunk of 
 by the engine: in a trace of an engine with prefix caching, a step whose chunk attends to
 earlier context is taken as a hit (traces do not record which it was).
 
-- hit_pairs: new tokens x earlier context of such steps (the attention over the cached part)
+The shipped terms include `hit_pairs_m`: each chunk's new tokens x its own earlier context
+(`step_prefill.prefill_span_pair_tokens`). The candidates:
+
+- hit_per_step: that term counted per step instead, the step's prefill tokens x its summed
+  earlier context (what traces recorded before the column give; k chunks' cross terms counted
+  k times over)
 - hit_context: the earlier context of such steps
 - hit_step: 1 on such steps (a fixed cost per hit step)
+
+Each row gives the bands for every prefill step, then for spanning steps of one chunk and of
+several (where per step and per chunk differ).
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ from scipy.optimize import nnls
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sim.step_time.serving_latency import (FEATURES, attach_spans,  # noqa: E402
-                                           engine_features, feature_matrix)
+from sim.step_time.serving_features import (FEATURES, HIT, attach_spans,  # noqa: E402
+                                            engine_features, feature_matrix)
 from traces import read_table  # noqa: E402
 from traces.store import read_run  # noqa: E402
 
 BANDS = (-1, 0, 256, 512, 1024, 4096)
-TERMS = ("hit_pairs", "hit_context", "hit_step")
+TERMS = ("hit_per_step", "hit_context", "hit_step")
 
 
 def caches_prefixes(trace_dir: Path) -> bool:
@@ -60,9 +68,11 @@ def design(steps: pd.DataFrame, terms: tuple) -> np.ndarray:
     p = steps.prefill_tokens.to_numpy(float)
     span = steps.span_context_tokens.to_numpy(float)
     hit = steps.hits.to_numpy() & (span > 0)
-    cols = {"hit_pairs": np.where(hit, p * span / 1e6, 0.0),
-            "hit_context": np.where(hit, span / 1e3, 0.0), "hit_step": hit.astype(float)}
-    return np.column_stack([feature_matrix(steps)] + [cols[t] for t in terms])
+    x = feature_matrix(steps)
+    if "hit_per_step" in terms:  # in the shipped term's place
+        x[:, HIT] = np.where(hit, p * span / 1e6, 0.0)
+    cols = {"hit_context": np.where(hit, span / 1e3, 0.0), "hit_step": hit.astype(float)}
+    return np.column_stack([x] + [cols[t] for t in terms if t in cols])
 
 
 def fit(steps: pd.DataFrame, terms: tuple) -> tuple[np.ndarray, float]:
@@ -100,9 +110,9 @@ def main() -> None:
     ap.add_argument("--terms", default=",".join(TERMS))
     args = ap.parse_args()
     candidates = [()] + [(t,) for t in args.terms.split(",")]
-    print("| run | term | its coefficient (ms) | prefill steps by earlier context: median rel "
-          "(count) |")
-    print("|---|---|---|---|")
+    print("| run | term | hit, its coefficient (ms) | prefill steps by earlier context: median "
+          "rel (count) | spanning, one chunk | spanning, several |")
+    print("|---|---|---|---|---|---|")
     for run in args.runs:
         cal = json.loads((run / "calibration.json").read_text())
         train = usable([d for d in cal["provenance"]["traces"] if "sampling" not in Path(d).name])
@@ -114,8 +124,12 @@ def main() -> None:
             bands = pre.groupby(pd.cut(pre.span_context_tokens, BANDS), observed=True).rel
             cells = ", ".join(f"{_band(iv)}: {m:.3f} ({n})" for iv, m, n in
                               zip(bands.median().index, bands.median(), bands.size()))
-            extra = ", ".join(f"{c:.4g}" for c in coef[len(FEATURES):]) or "-"
-            print(f"| {run.name} | {'+'.join(terms) or 'shipped terms'} | {extra} | {cells} |")
+            extra = ", ".join(f"{c:.4g}" for c in [coef[HIT], *coef[len(FEATURES):]])
+            span = pre[pre.span_context_tokens.gt(0)]
+            chunks = [f"{x.rel.median():.3f} ({len(x)})" if len(x) else "-"
+                      for x in (span[span.prefill_seqs.eq(1)], span[span.prefill_seqs.gt(1)])]
+            print(f"| {run.name} | {'+'.join(terms) or 'shipped terms'} | {extra} | {cells} | "
+                  f"{chunks[0]} | {chunks[1]} |")
 
 
 if __name__ == "__main__":

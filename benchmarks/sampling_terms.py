@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 from sim.step_time.calibration import calibrate  # noqa: E402
 from sim.step_time.logprob_cost import attach_logprobs, logprob_ms  # noqa: E402
 from sim.step_time.sampling_cost import attach_seeded, seeded_ms  # noqa: E402
-from sim.step_time.serving_latency import engine_features  # noqa: E402
+from sim.step_time.serving_features import engine_features  # noqa: E402
 from traces import read_run, read_table  # noqa: E402
 
 

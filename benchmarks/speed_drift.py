@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from sim.step_time import registry as step_time  # noqa: E402
 from sim.step_time.live_speed import live_over_predicted  # noqa: E402
-from sim.step_time.serving_latency import attach_spans  # noqa: E402
+from sim.step_time.serving_features import attach_spans  # noqa: E402
 from traces.store import read_table  # noqa: E402
 
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sim.step_time.latency import midpoints  # noqa: E402
-from sim.step_time.serving_latency import (  # noqa: E402
+from sim.step_time.serving_features import (  # noqa: E402
     FEATURES, LINEAR, engine_features, feature_matrix)
 from traces import read_table  # noqa: E402
 

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sim.step_time.calibration import load_calibration  # noqa: E402
-from sim.step_time.serving_latency import engine_features  # noqa: E402
+from sim.step_time.serving_features import engine_features  # noqa: E402
 from traces import read_table  # noqa: E402
 
 CONTEXT_BAND = 256

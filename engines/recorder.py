@@ -84,10 +84,10 @@ class StepRecorder:
                 self.writer.add("step_seeded", replica_id=self.replica_id,
                                 step_id=self.step_id, seeded_seqs=seeded)
             if sched["prefill_tokens"]:
-                context, pairs = self.engine.last_prefill
+                context, pairs, span_pairs = self.engine.last_prefill
                 self.writer.add("step_prefill", replica_id=self.replica_id,
                                 step_id=self.step_id, prefill_context_tokens=context,
-                                prefill_pair_tokens=pairs)
+                                prefill_pair_tokens=pairs, prefill_span_pair_tokens=span_pairs)
             self.step_id += 1
             for req_id in self.engine.scheduler_last_ids():
                 r = self.reqs.get(req_id)

@@ -186,8 +186,9 @@ class Engine:
         """(positions, summed top-k) the last iteration returned log-probabilities for"""
         self.last_seeded = 0
         """sequences the last iteration sampled with a seed of their own"""
-        self.last_prefill = (0, 0)
-        """(tokens the prefill chunks' attention spans, new tokens x those) of the last one"""
+        self.last_prefill = (0, 0, 0)
+        """(tokens the prefill chunks' attention spans, new tokens x those, new tokens x those
+        computed before each chunk) of the last one, summed over its chunks"""
         self.last_spec_tokens: dict[str, int] = {}
         """draft tokens the last iteration verified, per request (speculative decoding)"""
         self._external: dict[str, str] = {}  # vLLM's internal request id -> ours
@@ -210,7 +211,7 @@ class Engine:
         self.last_spec_tokens = {self._external.get(i, i): len(t) for i, t in
                                  (out.scheduled_spec_decode_tokens or {}).items()}
         prefill_tokens = prefill_seqs = decode_seqs = context = 0
-        lp_tokens = lp_top_k = seeded = prefill_context = prefill_pairs = 0
+        lp_tokens = lp_top_k = seeded = prefill_context = prefill_pairs = span_pairs = 0
         for req_id, n in out.num_scheduled_tokens.items():
             r = reqs[req_id]
             computed_after = r.num_computed_tokens  # already advanced by the scheduler
@@ -222,6 +223,7 @@ class Engine:
                 prefill_seqs += 1
                 prefill_context += computed_after
                 prefill_pairs += n * computed_after
+                span_pairs += n * (computed_after - n)
                 if sp is not None and sp.prompt_logprobs is not None:
                     lp_tokens += n
                     lp_top_k += n * sp.prompt_logprobs
@@ -241,7 +243,7 @@ class Engine:
         self.last_seeded = seeded
         # What the prefill chunks' attention spans (cached prefix and earlier chunks included):
         # the step_prefill table.
-        self.last_prefill = (prefill_context, prefill_pairs)
+        self.last_prefill = (prefill_context, prefill_pairs, span_pairs)
         return {
             "prefill_tokens": prefill_tokens, "prefill_seqs": prefill_seqs,
             "decode_seqs": decode_seqs, "context_tokens": context,
@@ -256,7 +258,7 @@ class Engine:
         self._last_ids = []
         self.last_logprobs = (0, 0)
         self.last_seeded = 0
-        self.last_prefill = (0, 0)
+        self.last_prefill = (0, 0, 0)
         t0 = time.perf_counter()
         outputs = self.engine.step()
         dt = time.perf_counter() - t0

@@ -22,7 +22,7 @@ from conftest import REPO
 from sim.engine.cluster import build_replicas
 from sim.kernels.plain import why_not_compiled
 from sim.config import parse_config
-from sim.step_time.serving_latency import FEATURES
+from sim.step_time.serving_features import FEATURES
 from sim.simulate import simulate
 from sim.workloads.requests import workload_from_config
 

@@ -27,7 +27,7 @@ from sim.kernels.plain import why_not_compiled_programs
 from sim.kernels.prefix import grow_cache, insert, new_cache, find, evict
 from sim.config import parse_config, read_yaml
 from sim.simulate import simulate
-from sim.step_time.serving_latency import FEATURES
+from sim.step_time.serving_features import FEATURES
 
 CAL = REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json"
 EXAMPLES = REPO / "examples"

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from sim.step_time import registry as step_time
 from sim.step_time.live_speed import own_level, probe_level, scaled_calibration
-from sim.step_time.serving_latency import PREFILL_FEATURES, engine_features
+from sim.step_time.serving_features import PREFILL_FEATURES, engine_features
 
 SERVING = REPO / "sim" / "data" / "testbed-large-tot-cpu.calib.json"
 LINEAR = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"

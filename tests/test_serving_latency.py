@@ -12,16 +12,16 @@ from conftest import REPO
 from sim.step_time.calibration import load_calibration
 from sim.config import parse_config
 from sim.step_time.latency import run_ms
-from sim.step_time.serving_latency import (FEATURES, NEW_SHAPE_TOKENS_CAP, ServingModel,
-                                           engine_features, fit_serving)
+from sim.step_time.serving_features import FEATURES, NEW_SHAPE_TOKENS_CAP, engine_features
+from sim.step_time.serving_latency import ServingModel, fit_serving
 from sim.simulate import simulate
 
 LINEAR_CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
 EXTRA_MS = [0.8, 2.0, 1.4, 0.9, 0.0, 0.0, 0.7, 0.3, 0.5, 0.0, 0.0, 0.0]  # prefill step, new shape,
 # per 100 tokens, idle, short idle, a prompt's tokens squared; the after-prefill echo, per 100 ms
 # idle before the prefill, per 1000 prefill tokens; per token of a prefill spanning earlier
-# context, per 1000 tokens of that earlier context; per million prefill x earlier context tokens
-# (a prefix-cache hit)
+# context, per 1000 tokens of that earlier context; per million new x earlier context tokens of
+# each chunk (a prefix-cache hit)
 
 
 def serving_calibration(tmp_path, extra=EXTRA_MS):
@@ -216,7 +216,7 @@ def test_the_echo_prices_three_decode_steps_after_a_prefill_and_old_fits_read_wi
     weight with the prefill's idle and tokens, nothing to prefills or later steps; a calibration
     fitted before the echo reads with its coefficients 0."""
     from sim.engine.engine_state import EngineState
-    from sim.step_time.serving_latency import NO_ECHO
+    from sim.step_time.serving_features import NO_ECHO
 
     engine = EngineState()
     assert engine.before_step(0.0, 0, 2)[2] == NO_ECHO  # no prefill yet
@@ -314,26 +314,33 @@ def test_a_chunked_prompt_pays_its_attention_pairs_and_old_fits_tokens_squared(t
     assert m.pairs and ServingModel.from_json(m.to_json()) == m
 
 
+def _trace(path, caching: bool):
+    """A trace writer whose run's engine caches prefixes or not."""
+    from traces import TraceWriter
+
+    run = {"kind": "replay", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+           "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+           "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
+           "created_at": pd.Timestamp.now(tz="UTC").to_pydatetime(),
+           "params_json": json.dumps({"engine": {"enable_prefix_caching": caching}})}
+    return TraceWriter(path, run)
+
+
 def test_the_hit_term_is_fitted_on_spanning_steps_of_prefix_caching_engines_only(tmp_path):
     # Steps of two runs, one whose engine caches prefixes: their spanning prefills cost 0.03 ms
     # per thousand new x earlier tokens more; the same shapes in the other run do not.
-    from sim.step_time.serving_latency import HIT, attach_spans
-    from traces import TraceWriter
+    from sim.step_time.serving_features import HIT, attach_spans
 
     rng = np.random.default_rng(2)
     frames = []
     for caching in (False, True):
-        run = {"kind": "replay", "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
-               "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
-               "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
-               "created_at": pd.Timestamp.now(tz="UTC").to_pydatetime(),
-               "params_json": json.dumps({"engine": {"enable_prefix_caching": caching}})}
-        w = TraceWriter(tmp_path / str(caching), run)
+        w = _trace(tmp_path / str(caching), caching)
         p, over = rng.integers(64, 512, 300), rng.choice([0, 256, 512, 1024], 300)
         for i in range(300):
             w.add("step_prefill", replica_id=0, step_id=i,
                   prefill_context_tokens=int(p[i] + over[i]),
-                  prefill_pair_tokens=int(p[i] * (p[i] + over[i])))
+                  prefill_pair_tokens=int(p[i] * (p[i] + over[i])),
+                  prefill_span_pair_tokens=int(p[i] * over[i]))
         w.flush("all")
         w.seal()
         frames.append(pd.DataFrame({
@@ -352,6 +359,44 @@ def test_the_hit_term_is_fitted_on_spanning_steps_of_prefix_caching_engines_only
         m.coef_ms[:HIT]
     # a fit on the engine without prefix caching has no hit term
     assert fit_serving(steps[steps.hit_pair_tokens.eq(0)]).coef_ms[HIT] == 0.0
+
+
+def test_the_hit_term_counts_each_chunk_over_its_own_earlier_context(tmp_path):
+    """Two chunks in one step, 100 new tokens over 300 earlier and 50 over 200: the hit term
+    counts 100 x 300 + 50 x 200, not the step's 150 x 500; a trace recorded before the column
+    (step_prefill version 1) reads it as null and counts 150 x 500, exact only for one chunk."""
+    import pyarrow.parquet as pq
+
+    from sim.step_time.serving_features import attach_spans
+    from traces import read_table
+    from traces.store import check_file
+
+    steps = []
+    for name in ("now", "v1"):
+        w = _trace(tmp_path / name, True)
+        w.add("step_prefill", replica_id=0, step_id=0, prefill_context_tokens=400 + 250,
+              prefill_pair_tokens=100 * 400 + 50 * 250, prefill_span_pair_tokens=100 * 300 + 50 * 200)
+        w.flush("all")
+        steps.append(pd.DataFrame({"run_id": [w.run_id], "replica_id": 0, "step_id": 0,
+                                   "prefill_tokens": 150, "prefill_seqs": 2, "decode_seqs": 0}))
+    part = next((tmp_path / "v1" / "step_prefill").glob("*.parquet"))
+    t = pq.read_table(part).drop_columns(["prefill_span_pair_tokens"])
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata,
+                                              b"reasonsim.schema_version": b"1"}), part)
+    assert check_file(part) == []
+    assert read_table(tmp_path / "v1", "step_prefill").column(
+        "prefill_span_pair_tokens").null_count == 1
+    now, v1 = (attach_spans(s, [tmp_path / n]).hit_pair_tokens[0]
+               for s, n in zip(steps, ("now", "v1")))
+    assert (now, v1) == (100 * 300 + 50 * 200, 150 * 500)
+    # another older version, or version 1 with a column it never had, is refused
+    t = pq.read_table(part)
+    for version, table in ((b"0", t), (b"1", pq.read_table(next(
+            (tmp_path / "now" / "step_prefill").glob("*.parquet"))))):
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata,
+                                                      b"reasonsim.schema_version": version}),
+                       part)
+        assert check_file(part), version
 
 
 def fit_serving_on_pairs() -> ServingModel:
@@ -376,7 +421,7 @@ def test_spanning_terms_need_several_shapes_to_be_fitted():
     """Four identical chunks over cached context cannot tell a per-token cost from a
     per-context one (a quick grid's once priced shared-prefix prefills at 4x): both stay 0
     until the spanning steps have MIN_SPAN_SHAPES shapes."""
-    from sim.step_time.serving_latency import MIN_SPAN_SHAPES
+    from sim.step_time.serving_features import MIN_SPAN_SHAPES
 
     rng = np.random.default_rng(2)
     n = 400

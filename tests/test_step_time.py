@@ -281,7 +281,8 @@ def test_a_step_plan_is_priced_whole():
         computed, target = 32, 200
 
     assert prefill_spans([(Chunk(), 64)]) == {"span_context_tokens": 32,
-                                             "prefill_pair_tokens": 64 * 96}
+                                             "prefill_pair_tokens": 64 * 96,
+                                             "span_pair_tokens": 64 * 32}
 
 
 def test_a_kind_without_a_parameter_schema_cannot_register():

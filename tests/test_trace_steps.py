@@ -53,6 +53,7 @@ def test_step_trace_is_valid_and_complete(steps_trace):
     equal = pre[pre.prefill_seqs > 1]  # a cell's prompts are all one length
     assert len(equal) and (equal.prefill_pair_tokens * equal.prefill_seqs
                            == equal.prefill_tokens ** 2).all()
+    assert (pre.prefill_span_pair_tokens == 0).all()  # no chunk has earlier context here
 
 
 def test_grid_warm_up_is_bounded():

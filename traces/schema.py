@@ -16,10 +16,14 @@ from traces.fields import _RUN_ID, _f
 from traces.method_tables import CONFORMITY, SPEC_STEPS, TOT_REQUESTS
 
 SCHEMA_VERSION = 1
-TABLE_VERSIONS = {"conformity": 3, "spec_steps": 2}
+TABLE_VERSIONS = {"conformity": 3, "spec_steps": 2, "step_prefill": 2}
 """tables whose version differs from SCHEMA_VERSION (conformity 3: A1 path tree, both
 coverages' p-values, the target's step and its own score; spec_steps 2: per-position
-acceptance, the step it belongs to; version 1 of either was never written)"""
+acceptance, the step it belongs to; version 1 of either was never written; step_prefill 2: the
+chunks' pairs over earlier context)"""
+ADDED_COLUMNS = {"step_prefill": {1: ("prefill_span_pair_tokens",)}}
+"""older versions of a table that stay readable, with the (nullable) columns added since: their
+parts read them as null, not recorded"""
 META_VERSION = b"reasonsim.schema_version"
 META_TABLE = b"reasonsim.table"
 
@@ -226,6 +230,9 @@ STEP_PREFILL = [
     _f("prefill_pair_tokens", pa.int64(), "summed over the prefill chunks: new tokens x the "
        "tokens their attention spans (the chunk's attention work; steps.prefill_tokens x "
        "steps.context_tokens counts the decode sequences' contexts in too)"),
+    _f("prefill_span_pair_tokens", pa.int64(), "summed over the prefill chunks: new tokens x the "
+       "tokens of their sequence computed before the chunk (prefix-cache hit or earlier chunks); "
+       "null in parts of version 1, which predate it", nullable=True),
 ]
 
 LAYER_TIMES = [

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traces.manifest import parts, seal as seal_dir, unseal, verify
-from traces.schema import (COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION, ORDERED_TIMES,
-                           SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of, table_version)
+from traces.schema import (ADDED_COLUMNS, COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION,
+                           ORDERED_TIMES, SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of,
+                           table_version)
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
 PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
@@ -199,7 +200,7 @@ def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
     if out:
         return out
     try:
-        data = pf.read()
+        data = pq.read_table(path, schema=SCHEMAS[name])  # an older version's added columns null
     except Exception as e:  # a footer that parses over pages that do not
         return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")]
     out += _value_violations(p, name, data)
@@ -213,16 +214,17 @@ def _schema_violations(p: str, name: str, schema: pa.Schema) -> list[Violation]:
     out: list[Violation] = []
     meta = schema.metadata or {}
     version = meta.get(META_VERSION, b"").decode() or None
-    if version != str(table_version(name)):
+    older = {str(v): added for v, added in ADDED_COLUMNS.get(name, {}).items()}
+    if version != str(table_version(name)) and version not in older:
         out.append(Violation(p, f"schema version {version!r}, expected {table_version(name)!r} "
                                 f"(table {name})"))
-    expected = SCHEMAS[name]
-    unknown = [c for c in schema.names if c not in expected.names]
-    missing = [c for c in expected.names if c not in schema.names]
-    for c in unknown:
-        out.append(Violation(p, f"unknown column (table {name})", column=c))
-    for c in missing:
-        out.append(Violation(p, f"missing column (table {name})", column=c))
+    expected, added = SCHEMAS[name], older.get(version, ())
+    out += [Violation(p, f"unknown column (table {name})", column=c)
+            for c in schema.names if c not in expected.names]
+    out += [Violation(p, f"missing column (table {name})", column=c)
+            for c in expected.names if c not in schema.names and c not in added]
+    out += [Violation(p, f"column added after version {version} (table {name})", column=c)
+            for c in added if c in schema.names]
     for field in expected:
         if field.name in schema.names and schema.field(field.name).type != field.type:
             out.append(Violation(p, f"type {schema.field(field.name).type}, expected {field.type}",

@@ -140,7 +140,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     the live run has no decode steps."""
     from sim.step_time import registry as step_time
     from sim.step_time.live_speed import live_over_predicted, probe_level
-    from sim.step_time.serving_latency import attach_spans
+    from sim.step_time.serving_features import attach_spans
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
@@ -188,7 +188,7 @@ def pool_step_speeds(sim_dir: str | Path, live_dir: str | Path) -> dict[str, flo
     calibration, for any family's replay."""
     from sim.step_time import registry as step_time
     from sim.step_time.live_speed import live_over_predicted
-    from sim.step_time.serving_latency import attach_spans
+    from sim.step_time.serving_features import attach_spans
 
     out = {}
     for c in read_run(sim_dir)["params"].get("calibrations") or []:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.step_time.serving_latency import ECHO_WEIGHTS, NO_ECHO
+from sim.step_time.serving_features import ECHO_WEIGHTS, NO_ECHO
 
 
 class EngineState:

@@ -89,7 +89,8 @@ def _extra(rq, rp, j, it):
 def _admit(rq, rp, rt, j, now, budget, tot):
     """`Replica._admit`: waiting requests join the step in queue order while there is a
     sequence slot, token budget and KV room; the number admitted. `tot`: the step's totals
-    (context, prefill tokens, prefill sequences, spanned context, attention pairs), added to."""
+    (context, prefill tokens, prefill sequences, spanned context, attention pairs, new tokens x
+    spanned context), added to."""
     admitted = 0
     while rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and budget > 0:
         r = rp[j, WHEAD]
@@ -119,6 +120,7 @@ def _add(tot, computed, target, n):
         tot[2] += 1
         tot[3] += computed
         tot[4] += n * (computed + n)
+        tot[5] += n * computed
     else:
         tot[0] += computed + 1
 
@@ -131,7 +133,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now):
     bs = rp[j, BS]
     budget = rp[j, BUDGET]
     preempted = n_sched = 0
-    tot = eng[4]  # context, prefill tokens and sequences, spans, pairs: a step's, reused
+    tot = eng[4]  # context, prefill tokens and sequences, spans, pairs, span pairs: reused
     tot[:] = 0
     r = rp[j, RHEAD]
     while r >= 0 and budget > 0:
@@ -184,7 +186,7 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     sv = eng[0]
     if sv[j, V.SERVING] > 0.0:
         step, plain = V.step_ms(sv, 0, eng[1], 0, j, now, prefill_tokens, decode_seqs,
-                                context, prefill_seqs, tot[3], tot[4], step)
+                                context, prefill_seqs, tot[3], tot[4], tot[5], step)
     spells = sv[j, V.N_SPELLS] > 0.0
     if spells:
         rf[j, RUN_FACTOR] = sv[j, V.DRIFT] * V.spell_level(eng, j, now)

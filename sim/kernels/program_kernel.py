@@ -124,7 +124,8 @@ def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, 
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
     while True:
-        tot = np.zeros(7)  # context, prefill tokens and sequences, lp ms, seeded, spans, pairs
+        tot = np.zeros(8)  # context, prefill tokens and sequences, lp ms, seeded, spans, pairs,
+        # span pairs
         preempted = _compose(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now,
                              tot)
         if rp[j, NSCHED] > 0 or preempted == 0:
@@ -156,7 +157,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
     plain = True
     if rf[j, SV0 + V.SERVING] > 0.0:
         a_ms, plain = V.step_ms(rf, SV0, rf, SEEN0, j, now, prefill_tokens, decode_seqs, context,
-                                prefill_seqs, int(tot[5]), int(tot[6]), a_ms)
+                                prefill_seqs, int(tot[5]), int(tot[6]), int(tot[7]), a_ms)
     factor = rf[j, NOISE]
     k = 1
     if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:

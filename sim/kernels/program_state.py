@@ -232,7 +232,8 @@ def remove_running(rp, running, j, r):
 def entry(rq, rqf, rp, sched, j, r, n, tot):
     """Add step entry (r, n) (`sim.engine.request_state.entry_totals`) to the step's totals
     tot = [context, prefill tokens, prefill sequences, log-probability ms, seeded, context
-    the prefill chunks attend to before them, their attention pairs] (`prefill_spans`)."""
+    the prefill chunks attend to before them, their attention pairs, their new tokens x that
+    context] (`prefill_spans`)."""
     m = rp[j, NSCHED]
     sched[j, m, 0], sched[j, m, 1] = r, n
     rp[j, NSCHED] = m + 1
@@ -240,6 +241,7 @@ def entry(rq, rqf, rp, sched, j, r, n, tot):
         tot[3] += n * rqf[r, LP_PROMPT]
         tot[5] += rq[r, COMPUTED]
         tot[6] += n * (rq[r, COMPUTED] + n)
+        tot[7] += n * rq[r, COMPUTED]
         tot[0] += rq[r, COMPUTED] + n
         tot[1] += n
         tot[2] += 1

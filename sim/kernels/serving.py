@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import njit
 
-from sim.step_time.serving_latency import ECHO_WEIGHTS, FEATURES, IDLE_CAP_MS, IDLE_SHORT_MS
+from sim.step_time.serving_features import ECHO_WEIGHTS, FEATURES, IDLE_CAP_MS, IDLE_SHORT_MS
 from sim.step_time.spells import SPELL_S, speed_levels
 
 N_COEF = len(FEATURES)
@@ -60,12 +60,12 @@ def serving_state(specs: list, rngs: list, sampled: bool):
     from numba.typed import List
 
     # the last: a step's totals, reused by the plain kernel's every step (no allocation there)
-    return sv, seen, List(spell_rngs), q, np.zeros(5, dtype=np.int64)
+    return sv, seen, List(spell_rngs), q, np.zeros(6, dtype=np.int64)
 
 
 @njit(cache=True)
 def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context, pair_tokens,
-            linear_ms):
+            span_pairs, linear_ms):
     """`EngineState.before_step` and `ServingModel.step_ms` of a step at now_s whose linear
     part is `linear_ms`: (its mean ms, whether it is plain: no first-of-shape, idle or echo
     term, so a decode run may fast-forward). Marks the shape seen."""
@@ -94,7 +94,7 @@ def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context
         else:
             pairs = p * p / max(prefill_seqs, 1)
         ms += c[5] + c[10] * pairs / 1e3 + (
-            c[14] * p + c[15] * span_context / 1e3 + c[16] * p * span_context / 1e6
+            c[14] * p + c[15] * span_context / 1e3 + c[16] * span_pairs / 1e6
             if span_context > 0 else 0.0)
     if new_shape:
         ms += c[6] + c[7] * min(float(tokens), sv[j, o + SHAPE_CAP]) / 100.0

@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.step_time import latency
-from sim.step_time import layered
-from sim.step_time import serving_latency
-from sim.step_time import registry as step_time  # noqa: F401  (kinds register)
+from sim.step_time import latency, layered, serving_latency  # noqa: F401  (the kinds register)
+from sim.step_time import serving_features
+from sim.step_time import registry as step_time
 from sim.step_time.logprob_cost import attach_logprobs, logprob_ms
 from sim.step_time.sampling_cost import attach_seeded, seeded_ms
 from traces import read_table
@@ -53,7 +52,7 @@ def live_over_predicted(model, steps: pd.DataFrame,
     `seeded_seqs`,
     the prediction includes what the simulator charges for them."""
     if getattr(model, "engine_state", False):  # first-of-shape and after-idle features
-        steps = serving_latency.engine_features(steps)
+        steps = serving_features.engine_features(steps)
         pred = model.predict_ms(steps) if len(steps) else np.zeros(0)
     else:
         steps = steps[~steps.is_warmup]
@@ -83,7 +82,7 @@ def step_ratios(calibration: str | Path, steps_dir: str | Path, all_seeded: bool
     if any(cost):
         steps = attach_logprobs(steps, [steps_dir])
     steps = attach_seeded(steps, [], [steps_dir])  # the seeded sequences the engine recorded
-    steps = serving_latency.attach_spans(steps, [steps_dir])
+    steps = serving_features.attach_spans(steps, [steps_dir])
     recorded = bool(steps.seeded_seqs.gt(0).any())
     if not recorded and all_seeded:
         steps = steps.assign(seeded_seqs=steps.decode_seqs + steps.prefill_seqs)
@@ -107,7 +106,7 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
 def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
                        prefill_factor: float | None = None) -> Path:
     """Write the calibration with its step times multiplied by `factor` to out_path; with
-    `prefill_factor`, a serving model's prefill terms (`serving_latency.PREFILL_FEATURES`) by
+    `prefill_factor`, a serving model's prefill terms (`serving_features.PREFILL_FEATURES`) by
     that instead."""
     cal = json.loads(Path(calibration).read_text())
     model = cal["step_time_model"]
@@ -122,7 +121,7 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
         model[k] = [c * factor for c in model[k]]
     if prefill_factor is not None:
         model["coef_ms"] = [c / factor * prefill_factor
-                            if name in serving_latency.PREFILL_FEATURES else c
+                            if name in serving_features.PREFILL_FEATURES else c
                             for name, c in zip(model["features"], model["coef_ms"])]
     for k in _HOST_MS_KEYS:  # step time too (the loop's host time is not)
         if k in cal.get("host", {}):

@@ -74,8 +74,10 @@ class StepPricer:
 def prefill_spans(scheduled: list) -> dict[str, int]:
     """The step's prefill chunks' `span_context_tokens` (the context computed before them,
     prefix-cache hits and earlier chunks, that they attend to; the serving model prices such
-    prefills higher) and `prefill_pair_tokens` (new tokens x the tokens each attends to, its
-    attention work), summed: `ServingModel.step_ms`'s keyword arguments."""
+    prefills higher), `prefill_pair_tokens` (new tokens x the tokens each attends to, its
+    attention work) and `span_pair_tokens` (new tokens x that earlier context), summed:
+    `ServingModel.step_ms`'s keyword arguments."""
     chunks = [(r.computed, n) for r, n in scheduled if r.computed < r.target]
     return {"span_context_tokens": sum(c for c, _ in chunks),
-            "prefill_pair_tokens": sum(n * (c + n) for c, n in chunks)}
+            "prefill_pair_tokens": sum(n * (c + n) for c, n in chunks),
+            "span_pair_tokens": sum(n * c for c, n in chunks)}
