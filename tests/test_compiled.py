@@ -36,8 +36,8 @@ def cals(tmp_path_factory):
     """Calibrations by (model, host): the shipped linear one, a serving one with every term
     nonzero (the shipped one's coefficients, then echo, attention pairs, spanned context, a
     prefix-cache hit's attention over it, a first-of-shape cap, an idle seen below the cap, a
-    GPU calibration's speed spells), each with and without the loop's host terms (they shift
-    every step)."""
+    GPU calibration's speed spells, a step's own noise apart from its residual), each with and
+    without the loop's host terms (they shift every step)."""
     out, folder = {}, tmp_path_factory.mktemp("cal")
     serving = json.loads(SERVING.read_text())
     m = serving["step_time_model"]
@@ -45,7 +45,8 @@ def cals(tmp_path_factory):
              coef_ms=m["coef_ms"][:10] + [0.02, 0.5, 0.3, 0.4, 0.003, 0.2, 30.0],
              prefill_pairs=True, new_shape_cap_tokens=256.0, idle_seen_ms=50.0,
              spell_log_quantiles=json.loads(SPELLS.read_text())["step_time_model"][
-                 "spell_log_quantiles"])
+                 "spell_log_quantiles"],
+             step_log_quantiles=[q / 2 for q in m["residual_log_quantiles"]])
     for model, d in (("linear", json.loads(CAL.read_text())), ("serving", serving)):
         for host in (False, True):
             if host:

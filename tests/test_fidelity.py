@@ -123,9 +123,10 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     pre = prefill_steps(out, out / "calibration.json", "prefix_sharing")
     assert pre.span_context_tokens.gt(0).any() and all(_speed(v) for v in pre.rel)
     assert by_shape(pre)["count"].sum() == len(pre)
-    # the machine's speed from run to run, and its spells within a run, fitted apart
+    # a step's residual in two parts: its window's level (drift and spells) and its own noise
     model = cal["step_time_model"]
-    assert len(model["run_log_quantiles"]) == len(model["spell_log_quantiles"]) == 21
+    assert model["run_log_quantiles"] == [0.0] and len(model["spell_log_quantiles"]) == 21
+    assert len(model["step_log_quantiles"]) == len(model["residual_log_quantiles"]) == 100
     # Calibrated on the grid, the sampling grid (greedy and seeded twins: the seeded-sampling
     # term) and the live calibration traffic (a workload never evaluated).
     assert [p.rsplit("/", 1)[-1] for p in cal["provenance"]["traces"]] == \

@@ -20,17 +20,23 @@ from sim.step_time.spells import SPELL_S, Spells
 CAL = REPO / "sim" / "data" / "testbed-large-a1-cpu.calib.json"
 
 
-def test_the_fit_tells_a_runs_level_from_the_spells_within_it():
-    """Run b is 1.3x slower than run a throughout; run a has three 1.6x windows: a run's level
-    moves as far as the windows did (1.6x apart), the spells are windows over their own run's
-    level (at most 1.6x, most of them at it)."""
+def test_the_fit_splits_a_steps_residual_into_its_windows_level_and_its_own_noise():
+    """Run b is 1.3x slower than run a throughout; run a has three 1.6x windows; every step
+    carries its own noise, 0.9x or 1.1x in turn. The window levels span 1.6x around all steps'
+    median (run a's 1.0); each step's own noise is 0.9x or 1.1x of that median, whatever its
+    window: the two multiply back to the step's ratio, each part counted once (the levels
+    before took the windows' spread over all steps and then again over each run)."""
     t = np.arange(0, 10, 0.01)
+    wiggle = np.where(np.arange(t.size) % 2 == 0, 0.9, 1.1)
     ratio_a = np.where((t // SPELL_S == 3) | (t // SPELL_S == 6) | (t // SPELL_S == 7), 1.6, 1.0)
-    runs, spells = fit_speed_levels(np.array(["a"] * t.size + ["b"] * t.size),
-                                    np.concatenate([t, t]), np.concatenate([ratio_a, 1.3 + 0 * t]))
-    assert math.isclose(math.exp(max(runs) - min(runs)), 1.6, rel_tol=1e-9)
-    assert math.isclose(math.exp(max(spells)), 1.6, rel_tol=1e-9)
-    assert sorted(spells)[len(spells) // 2] == 0.0  # most windows run at their run's level
+    levels, own = fit_speed_levels(np.array(["a"] * t.size + ["b"] * t.size),
+                                   np.concatenate([t, t]),
+                                   np.concatenate([ratio_a * wiggle, 1.3 * wiggle]))
+    every = np.median(np.log(np.concatenate([ratio_a * wiggle, 1.3 * wiggle])))
+    assert math.isclose(math.exp(max(levels) - min(levels)), 1.6, rel_tol=1e-9)
+    # a window's median of 0.9 and 1.1 steps is their geometric mean
+    assert set(np.round(np.exp(np.asarray(own) - every) * math.sqrt(0.99), 9)) == {0.9, 1.1}
+    assert len(own) == 100
 
 
 def test_spell_levels_do_not_depend_on_when_they_are_asked():
@@ -70,6 +76,16 @@ def test_sampled_steps_run_at_their_windows_level_and_no_run_spans_two(tmp_path)
     per_window = {w: set(np.round(ratio[window == w], 6)) for w in np.unique(window)}
     assert all(len(v) == 1 for v in per_window.values()), per_window  # a run ends at the edge
     assert {next(iter(v)) for v in per_window.values()} == {0.7, 1.5}
+    # A calibration with a step's own noise apart draws that per step (here none) under the
+    # window's level, and keeps its whole residual for the mean run
+    d = json.loads(Path(cal).read_text())
+    d["step_time_model"].update(residual_log_quantiles=[-0.5, 0.5], step_log_quantiles=[0.0, 0.0])
+    own = tmp_path / "own.calib.json"
+    own.write_text(json.dumps(d))
+    again = simulate(_config(str(own), "sampled"))
+    assert again.requests.to_pandas().equals(res.requests.to_pandas())
+    assert not simulate(_config(str(own), "mean")).requests.to_pandas().equals(
+        simulate(_config(cal, "mean")).requests.to_pandas())
     # Spells are noise: the mean-latency run does not see them.
     flat = _calibration(tmp_path, [1.0, 1.0], "flat")
     assert simulate(_config(cal, "mean")).requests.to_pandas().equals(

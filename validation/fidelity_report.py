@@ -61,9 +61,10 @@ def report(result: dict) -> str:
                          f"{r['live_agreement']:.3f} | "
                          f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | |")
     c = result["band_coverage"]
-    lines += ["", "sim: the median over the noise band's draws (sampled step times: residuals, "
-              "the machine's level and its spells within a run), the simulator's estimate of a "
-              "percentile over requests under step-time noise; the mean-latency run, whose "
+    lines += ["", "sim: the median over the noise band's draws (sampled step times: the "
+              "machine's level per second and each step's own noise), the simulator's "
+              "estimate of a percentile over requests under step-time noise; the mean-latency "
+              "run, whose "
               "steps carry no noise and so narrow the distributions it takes percentiles of, "
               "beside it (its error)."]
     lines += ["", "At live decode speed: the mean error against each live run when the "

@@ -31,7 +31,7 @@ from sim.engine.prefix_cache import PrefixCache
 from sim.engine.request_state import (FINISHED, RUNNING, WAITING, PriorityWaiting,
                                       Req, Results, entry_totals, priority_key, step_totals)
 from sim.engine.engine_state import EngineState
-from sim.step_time.spells import speed_levels
+from sim.step_time.spells import speed_levels, step_noise
 from sim.engine.replica_config import ReplicaConfig
 from sim.engine.run_length import decode_run_length
 from sim.engine.spec_decode import spec_tokens
@@ -52,8 +52,9 @@ class Replica(KvPool):
         self.res = results
         self.rng = rng  # None = deterministic (mean latency)
         # The fit minimises relative error, so its prediction sits below the mean duration: the
-        # residual ratio's mean (a smearing estimate) restores it in mean mode.
-        self.noise_mean, self.noise_std = self.lat.residual_sampler()
+        # residual ratio's mean (a smearing estimate) restores it in mean mode; sampled latency
+        # draws each step's own noise beside the levels below (`step_time.spells.step_noise`).
+        self._noise_q, self.noise_mean, self.noise_std = step_noise(self.lat, rng is not None)
         # Sampled latency: the machine's speed for the run and its spells per window of time
         # (`step_time.spells`), where the model has measured them; they multiply each residual.
         self.drift, self.spells = speed_levels(self.lat, rng)
@@ -298,7 +299,7 @@ class Replica(KvPool):
             return self.noise_mean
         # Sum of k iid multiplicative residuals ~ normal (CLT); exact for k == 1 via resampling.
         if k == 1:
-            q = self.lat.residual_log_quantiles
+            q = self._noise_q
             return self.run_factor * math.exp(q[int(self.rng.integers(len(q)))])
         return self.run_factor * max(0.05, self.noise_mean + self.noise_std / math.sqrt(k)
                                      * self.rng.standard_normal())

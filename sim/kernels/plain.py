@@ -109,11 +109,10 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
             rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
             rc.usable_blocks)
         rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms[:S.CX + 1]  # the loop's step gap included
-        rf[j, S.NOISE], rf[j, S.NOISE_STD] = cal.latency.residual_sampler()
         rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
             cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
     rp[:, [S.RHEAD, S.RTAIL, S.WHEAD, S.WTAIL]] = -1
-    rngs, quantiles, eng = _noise(cfg, specs, rp)
+    rngs, quantiles, eng = _noise(cfg, specs, rp, rf)
     rf[:, S.RUN_FACTOR] = eng[0][:, DRIFT]
     loop0 = time.perf_counter()
     rt, replica_of, seg, events = K.simulate_kernel(
@@ -132,24 +131,27 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
     return res, rf[:, S.BUSY_S].copy(), loop_s
 
 
-def _noise(cfg: SimConfig, specs: list, rp: np.ndarray):
+def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
     """Each replica's noise generator (seeded as `Cluster` seeds its replicas'), residual
-    quantiles (rows padded; their count in rp[:, N_QUANTILES]) and engine state and speed
-    levels (`sim.kernels.serving`, drawn first as `Replica.__init__` draws them)."""
+    quantiles (rows padded; their count in rp[:, N_QUANTILES]; their factor's mean and std in
+    rf, `step_noise`) and engine state and speed levels (`sim.kernels.serving`, drawn first as
+    `Replica.__init__` draws them)."""
     from numba.typed import List
 
     from sim.kernels import state as S
     from sim.kernels.serving import serving_state
+    from sim.step_time.spells import step_noise
 
     sampled = cfg.latency == "sampled"
     seeds = noise_seeds(cfg, len(specs))
     gens = [np.random.default_rng(seeds[j] if sampled else 0) for j in range(len(specs))]
     eng = serving_state(specs, gens, sampled)
-    qs = [cal.latency.residual_log_quantiles for cal, _ in specs]
-    quantiles = np.zeros((len(specs), max(len(q) for q in qs)))
-    for j, (cal, _) in enumerate(specs):
-        quantiles[j, :len(qs[j])] = qs[j]
-        rp[j, S.N_QUANTILES] = len(qs[j])
+    noise = [step_noise(cal.latency, sampled) for cal, _ in specs]
+    quantiles = np.zeros((len(specs), max(len(q) for q, _, _ in noise)))
+    for j, (q, mean, std) in enumerate(noise):
+        quantiles[j, :len(q)] = q
+        rp[j, S.N_QUANTILES] = len(q)
+        rf[j, S.NOISE], rf[j, S.NOISE_STD] = mean, std
     rp[:, S.SAMPLED] = sampled
     return List(gens), quantiles, eng
 

@@ -77,6 +77,9 @@ class ServingJson(ModelJson):
     """fitted before the cap: none"""
     prefill_pairs: bool = False
     """fitted before pairs were used: tokens squared"""
+    step_log_quantiles: LogResiduals | None = None
+    """fitted before a step's residual was split into its window's level and its own noise:
+    none (sampled latency draws the whole residual)"""
 
 
 @register
@@ -95,17 +98,17 @@ class ServingModel:
     residual_log_quantiles: tuple[float, ...] = (0.0,)
     """quantiles of log(actual / predicted) at midpoint probabilities (`midpoints`)"""
     run_log_quantiles: tuple[float, ...] = (0.0,)
-    """quantiles of log(median residual in a SPELL_S window / overall median): how far the
-    traced machine's speed moved. Sampled latency draws one per replica as its level for the
-    whole run: the machine's speed when the simulated run happens, which no calibration can
-    measure, taken to move as far as it moved while tracing."""
+    """a calibration fitted before `step_log_quantiles`: quantiles of log(median residual in a
+    SPELL_S window / overall median), drawn once per replica as its level for the run; (0.0,)
+    since (the window levels are the spells')"""
     idle_seen_ms: float = IDLE_CAP_MS
     """the longest idle the fit saw (<= IDLE_CAP_MS): longer idles count as this long. A trace
     with no idle (a step grid) only has host gaps of a few ms, and its idle coefficients must
     not be extrapolated to the seconds between live arrivals (that made every TTFT +30 ms)."""
     spell_log_quantiles: tuple[float, ...] = (0.0,)
-    """quantiles of log(a SPELL_S window's median residual / its run's): the shared machine's
-    spells within a run (1.4-1.9x for about a second). Sampled latency draws one per replica and
+    """quantiles of log(a SPELL_S window's median residual / all steps' median): the shared
+    machine's level per window, spells (1.4-1.9x for about a second) and drift alike (before
+    `step_log_quantiles`: over its own run's median). Sampled latency draws one per replica and
     window (`sim.step_time.spells`), so bands include what they do to the per-request TPOT tail."""
     new_shape_cap_tokens: float = float("inf")
     """the tokens the first-of-shape term's per-token part counts at most (NEW_SHAPE_TOKENS_CAP
@@ -113,6 +116,10 @@ class ServingModel:
     pairs: bool = False
     """fitted on recorded attention pairs (`prefill_sq_per_seq_k`): the simulator passes each
     step's; a calibration fitted before counts prefill tokens squared per sequence"""
+    step_log_quantiles: tuple[float, ...] = ()
+    """quantiles of log(a step's residual / its SPELL_S window's median) + log(all steps'
+    median): the step's own noise, which sampled latency draws per step beside the window's
+    level (`sim.step_time.spells.step_noise`); () for a calibration fitted before"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
@@ -200,15 +207,17 @@ class ServingModel:
 
     def to_json(self) -> dict:
         """Features, coefficients, idle cap, first-of-shape token cap (where there is one),
-        whether fitted on attention pairs (where so) and residual quantiles."""
+        whether fitted on attention pairs (where so), residual, level and own-noise quantiles."""
         cap = {"new_shape_cap_tokens": self.new_shape_cap_tokens} \
             if np.isfinite(self.new_shape_cap_tokens) else {}
         pairs = {"prefill_pairs": True} if self.pairs else {}
+        own = {"step_log_quantiles": list(self.step_log_quantiles)} \
+            if self.step_log_quantiles else {}
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
                 "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms, **cap, **pairs,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
                 "run_log_quantiles": list(self.run_log_quantiles),
-                "spell_log_quantiles": list(self.spell_log_quantiles)}
+                "spell_log_quantiles": list(self.spell_log_quantiles), **own}
 
     @classmethod
     def from_json(cls, d: dict) -> "ServingModel":
@@ -230,7 +239,8 @@ class ServingModel:
         return cls(tuple(v), tuple(d["residual_log_quantiles"]),
                    tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
                    tuple(d.get("spell_log_quantiles", (0.0,))),
-                   float("inf") if cap is None else cap, d.get("prefill_pairs", False))
+                   float("inf") if cap is None else cap, d.get("prefill_pairs", False),
+                   tuple(d.get("step_log_quantiles") or ()))
 
 
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
@@ -262,11 +272,11 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     coef = coef / scale
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
-    runs, spells = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
-                                    steps.start_s.to_numpy(), ratio)
-    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), runs,
-                        float(min(IDLE_CAP_MS, steps.idle_ms.max())), spells,
-                        NEW_SHAPE_TOKENS_CAP, True)
+    levels, own = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
+                                   steps.start_s.to_numpy(), ratio, quantiles)
+    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), (0.0,),
+                        float(min(IDLE_CAP_MS, steps.idle_ms.max())), levels,
+                        NEW_SHAPE_TOKENS_CAP, True, own)
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:

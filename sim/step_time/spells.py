@@ -1,14 +1,17 @@
 """A shared machine's speed spells in sampled latency: one speed level per window of time.
 
 Live steps on a shared CPU run at a level that holds for about a second and then moves (spells
-of 1.4-1.9x a run's median, `ServingModel.spell_log_quantiles`, measured per `SPELL_S` window
-of the calibration's steps over their run's median), and the level itself drifts over minutes
-(`run_log_quantiles`: windows over the overall median, drawn once per replica for the run).
-Drawing a spell level per replica and window puts the spells inside a run, where they make the
-per-request TPOT tail; a run of decode iterations ends at a window's edge so that no run spans
-two levels.
+of 1.4-1.9x a run's median), and the level itself drifts over minutes. A calibration's step
+residual (actual over predicted) is taken in two parts: its `SPELL_S` window's level over all
+its steps' median (`ServingModel.spell_log_quantiles`: spells and drift alike) and the step's
+own noise within its window (`step_log_quantiles`). Sampled latency draws a level per replica
+and window and each step's own noise, so each part of the variance counts once and a sampled
+step's mean is about the mean run's; the spells sit inside a run, where they make the
+per-request TPOT tail, and a run of decode iterations ends at a window's edge so that no run
+spans two levels. Calibrations fitted before the split draw their whole residual per step, a
+run level per replica (`run_log_quantiles`) and spells over it.
 
-Why levels per window rather than per run: docs/measurements/spells.md.
+Why levels per window rather than per run, and why in two parts: docs/measurements/spells.md.
 """
 
 from __future__ import annotations
@@ -62,19 +65,32 @@ def speed_levels(model, rng: np.random.Generator | None) -> tuple[float, Spells 
 
 
 def fit_speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
-                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Log quantiles of each SPELL_S window's speed level over the overall one (how far the
-    machine's speed moved: a run's level in sampled latency) and over its own run's (the spells
-    within a run); levels are medians of actual / predicted, robust to the odd stalled step."""
+                     quantiles: int = 100) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Log quantiles of each step's SPELL_S window's speed level over all steps' (the levels
+    sampled latency draws per window; taken per step, so that a window of few long steps, often
+    a shape the model misprices rather than the machine's speed, weighs as little as its steps)
+    and of each step's ratio over its window's level, times all steps' (its own noise, drawn per
+    step: the two multiply back to its ratio); levels are medians of actual / predicted, robust
+    to the odd stalled step."""
     import pandas as pd
 
     from sim.step_time.latency import midpoints
 
-    df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int), "r": ratio})
-    run_level = df.groupby("run").r.median()
-    window_level = df.groupby(["run", "window"]).r.median()
-    spells = np.log(window_level.to_numpy()
-                    / run_level.loc[window_level.index.get_level_values(0)].to_numpy())
-    runs = np.log(window_level.to_numpy() / np.median(ratio))
-    return tuple(float(v) for v in np.quantile(runs, midpoints(21))), \
-        tuple(float(v) for v in np.quantile(spells, midpoints(21)))
+    df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int),
+                       "r": np.log(ratio)})
+    every = float(df.r.median())
+    level = df.groupby(["run", "window"]).r.transform("median").to_numpy()
+    own = df.r.to_numpy() - level + every
+    levels = level - every
+    return tuple(float(v) for v in np.quantile(levels, midpoints(21))), \
+        tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
+
+
+def step_noise(model, sampled: bool) -> tuple[tuple[float, ...], float, float]:
+    """The log quantiles a step's residual factor is drawn from, and the factor's mean and std:
+    in sampled latency a model's own-noise quantiles (`step_log_quantiles`) where it has them,
+    else, and in mean latency, its residuals."""
+    q = (getattr(model, "step_log_quantiles", ()) if sampled else ()) or \
+        model.residual_log_quantiles
+    e = np.exp(np.asarray(q, float))
+    return tuple(q), float(e.mean()), float(e.std())
