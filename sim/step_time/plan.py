@@ -77,7 +77,11 @@ def prefill_spans(scheduled: list) -> dict[str, int]:
     prefills higher), `prefill_pair_tokens` (new tokens x the tokens each attends to, its
     attention work) and `span_pair_tokens` (new tokens x that earlier context), summed:
     `ServingModel.step_ms`'s keyword arguments."""
-    chunks = [(r.computed, n) for r, n in scheduled if r.computed < r.target]
-    return {"span_context_tokens": sum(c for c, _ in chunks),
-            "prefill_pair_tokens": sum(n * (c + n) for c, n in chunks),
-            "span_pair_tokens": sum(n * c for c, n in chunks)}
+    span = own = span_pairs = 0  # one pass: this runs for every prefill step
+    for r, n in scheduled:
+        if r.computed < r.target:
+            span += r.computed
+            own += n * n
+            span_pairs += n * r.computed
+    return {"span_context_tokens": span, "prefill_pair_tokens": span_pairs + own,
+            "span_pair_tokens": span_pairs}

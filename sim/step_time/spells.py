@@ -11,7 +11,8 @@ per-request TPOT tail, and a run of decode iterations ends at a window's edge so
 spans two levels. Calibrations fitted before the split draw their whole residual per step, a
 run level per replica (`run_log_quantiles`) and spells over it.
 
-Why levels per window rather than per run, and why in two parts: docs/measurements/spells.md.
+Why levels per window rather than per run: docs/measurements/spells.md; why in two parts:
+docs/measurements/2026-11-30-noise-parts.md.
 """
 
 from __future__ import annotations
