@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from validation.fidelity import BAND_SEEDS, judge_requests  # noqa: E402
 from validation.fidelity_programs import judge_programs  # noqa: E402
+from validation.fidelity_judging import table_summary  # noqa: E402
 from validation.fidelity_report import report  # noqa: E402
 
 
@@ -70,26 +71,6 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
             "ok": all(m["ok"] for r in rows for m in r["metrics"].values())}
 
 
-def summary(result: dict) -> dict:
-    """Counts over the table: metrics ok, errors at live decode speed within 5% and 10% (mean
-    run and sampled median), live values inside the noise band."""
-    ms = [m for r in result["workloads"] for m in r["metrics"].values()]
-    lv = [m for m in ms if "error_at_live_speed" in m]
-
-    def within(key, tol):
-        return sum(abs(m[key]) <= tol for m in lv)
-
-    return {"ok": sum(m["ok"] for m in ms), "metrics": len(ms),
-            "ok_at_probe_speed": sum(m.get("ok_at_probe_speed", False) for m in ms),
-            "at_probe_speed": sum("ok_at_probe_speed" in m for m in ms),
-            "at_live_speed": len(lv),
-            "live_speed_within_5": within("error_at_live_speed", 0.05),
-            "live_speed_within_10": within("error_at_live_speed", 0.10),
-            "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
-            "sampled_within_10": within("error_sampled_at_live_speed", 0.10),
-            "in_band": result["band_coverage"]["inside"], "band_of": result["band_coverage"]["of"]}
-
-
 def main() -> None:
     """Parse arguments, rejudge, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -112,7 +93,7 @@ def main() -> None:
         cal = (args.out / "calibration.json").resolve()
         cal.write_text(json.dumps(fitted.to_json(), indent=1) + "\n")
     result = rejudge(args.run, args.out, cal)
-    result["summary"] = summary(result)
+    result["summary"] = table_summary(result)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return

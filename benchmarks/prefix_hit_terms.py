@@ -20,6 +20,8 @@ The shipped terms include `hit_pairs_m`: each chunk's new tokens x its own earli
   k times over)
 - hit_context: the earlier context of such steps
 - hit_step: 1 on such steps (a fixed cost per hit step)
+- prefill_seqs: the step's prefill chunks beyond its first (a cost per prefill sequence the
+  decode-sequence term does not charge; any engine, hit or not)
 
 Each row gives the bands for every prefill step, then for spanning steps of one chunk and of
 several (where per step and per chunk differ).
@@ -45,7 +47,7 @@ from traces import read_table  # noqa: E402
 from traces.store import read_run  # noqa: E402
 
 BANDS = (-1, 0, 256, 512, 1024, 4096)
-TERMS = ("hit_per_step", "hit_context", "hit_step")
+TERMS = ("hit_per_step", "hit_context", "hit_step", "prefill_seqs")
 
 
 def caches_prefixes(trace_dir: Path) -> bool:
@@ -71,7 +73,8 @@ def design(steps: pd.DataFrame, terms: tuple) -> np.ndarray:
     x = feature_matrix(steps)
     if "hit_per_step" in terms:  # in the shipped term's place
         x[:, HIT] = np.where(hit, p * span / 1e6, 0.0)
-    cols = {"hit_context": np.where(hit, span / 1e3, 0.0), "hit_step": hit.astype(float)}
+    cols = {"hit_context": np.where(hit, span / 1e3, 0.0), "hit_step": hit.astype(float),
+            "prefill_seqs": np.maximum(steps.prefill_seqs.to_numpy(float) - 1.0, 0.0)}
     return np.column_stack([x] + [cols[t] for t in terms if t in cols])
 
 

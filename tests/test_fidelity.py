@@ -59,8 +59,17 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
         for m, v in r["metrics"].items():
             assert len(v["live"]) == 2 and v["spread"] >= 0, (r["workload"], m)
             assert v["ok"] == (abs(v["error"]) <= max(v["tolerance"], v["spread"]))
+            if "ok_at_live_speed" in v:  # judged again at the live runs' own decode speed
+                assert v["ok_at_live_speed"] == (abs(v["error_sampled_at_live_speed"])
+                                                 <= max(v["tolerance"], v["spread"]))
     # 7 metrics, step speed, when the live runs started
-    assert (out / "report.md").read_text().count("| poisson |") == 9
+    text = (out / "report.md").read_text()
+    assert text.count("| poisson |") == 9
+    # the table in a few counts, at its head
+    s, ms = result["summary"], [v for r in result["workloads"] for v in r["metrics"].values()]
+    assert s["metrics"] == len(ms) == 2 * 7 + 3 and s["ok"] == sum(v["ok"] for v in ms)
+    assert s["at_live_speed"] == sum("ok_at_live_speed" in v for v in ms) >= 2 * 7
+    assert f"{s['ok']} of {s['metrics']} metrics as judged" in text
     # one live run of each workload a pass: every second run after every first (its spread
     # spans the suite's drift), as the runs' own records say
     first = [read_run(out / r["workload"] / "live1")["created_at"] for r in result["workloads"]]
@@ -268,14 +277,15 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
     import sys
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from fidelity_offline import rejudge, summary
+    from fidelity_offline import rejudge
+    from validation.fidelity_judging import table_summary
 
     out, result = quick
     again = rejudge(out, tmp_path / "again", out / "calibration.json")
     for a, b in zip(result["workloads"], again["workloads"]):
         for m, v in a["metrics"].items():
             assert again_equal(v, b["metrics"][m]), (a["workload"], m)
-    assert summary(again)["in_band"] == result["band_coverage"]["inside"]
+    assert table_summary(again) == result["summary"]
     # a run stopped after its live runs and before its table is judged from its directory
     stopped = tmp_path / "stopped"
     stopped.mkdir()

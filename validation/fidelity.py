@@ -21,7 +21,7 @@ import yaml
 
 from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
                                          probe_levels, sampled_medians, scaled_config,
-                                         simulate_with_band)
+                                         simulate_with_band, table_summary)
 from validation.fidelity_programs import check_program_spec, program_workload
 from validation.replay import REPO, fresh_process
 
@@ -277,6 +277,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                                "seeds": BAND_SEEDS}
     result["ok"] = all(m["ok"] for r in rows for m in r["metrics"].values()) and all(
         r.get("agreement_ok", True) for r in rows)
+    result["summary"] = table_summary(result)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
     from validation.fidelity_report import report
 

@@ -28,15 +28,52 @@ class Planned:
 
 def leveled_errors(metrics: dict, leveled: list) -> None:
     """Add each metric's mean error at the live runs' decode speeds, of the mean-latency
-    simulation and of the sampled draws' median (`at_live_speed`); nothing where a run had
-    no decode steps."""
+    simulation and of the sampled draws' median (`at_live_speed`), and whether the latter is
+    within the tolerance or the spread (`ok_at_live_speed`); nothing where a run had no decode
+    steps."""
     if any(x is None for x in leveled):
         return
-    for m in metrics:
+    for m, v in metrics.items():
         if m in leveled[0]:
-            metrics[m]["error_at_live_speed"] = float(np.mean([x[m][0] for x in leveled]))
-            metrics[m]["error_sampled_at_live_speed"] = float(np.mean([x[m][1]
-                                                                       for x in leveled]))
+            v["error_at_live_speed"] = float(np.mean([x[m][0] for x in leveled]))
+            v["error_sampled_at_live_speed"] = float(np.mean([x[m][1] for x in leveled]))
+            v["ok_at_live_speed"] = bool(abs(v["error_sampled_at_live_speed"])
+                                         <= max(v["tolerance"], v["spread"]))
+
+
+P50_METRICS = ("e2e_s.p50", "program_latency_p50")
+"""the metrics whose median absolute error over a suite's workloads the fidelity goal bounds"""
+
+
+def table_summary(result: dict) -> dict:
+    """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`), at
+    the live runs' decode speed and at probe speed; the median absolute e2e/program P50 error
+    of each; the live runs' decode speed levels; live values inside the noise band."""
+    ms = [m for r in result["workloads"] for m in r["metrics"].values()]
+    lv = [m for m in ms if "ok_at_live_speed" in m]
+    p50 = [r["metrics"][m] for r in result["workloads"] for m in P50_METRICS
+           if m in r["metrics"]]
+    levels = [s["decode"] for r in result["workloads"] for s in r.get("step_speed", [])
+              if s.get("decode") is not None]
+
+    def median_abs(key: str) -> float | None:
+        v = [abs(m[key]) for m in p50 if key in m]
+        return float(np.median(v)) if v else None
+
+    def within(key: str, tol: float) -> int:
+        return sum(abs(m[key]) <= tol for m in lv)
+
+    return {"metrics": len(ms), "ok": sum(m["ok"] for m in ms),
+            "at_live_speed": len(lv), "ok_at_live_speed": sum(m["ok_at_live_speed"] for m in lv),
+            "at_probe_speed": sum("ok_at_probe_speed" in m for m in ms),
+            "ok_at_probe_speed": sum(m.get("ok_at_probe_speed", False) for m in ms),
+            "p50_median_abs": median_abs("error"),
+            "p50_median_abs_at_live_speed": median_abs("error_sampled_at_live_speed"),
+            "decode_levels": [min(levels), max(levels)] if levels else None,
+            "live_speed_within_5": within("error_at_live_speed", 0.05),
+            "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
+            "in_band": result["band_coverage"]["inside"],
+            "band_of": result["band_coverage"]["of"]}
 
 
 def sampled_medians(cfg) -> dict:

@@ -16,6 +16,24 @@ def probe_text(r: dict) -> str:
     return f"probe {r['probe_level']:.2f}x" + (f"/{pre:.2f}x" if pre else "")
 
 
+def summary_lines(s: dict | None) -> list[str]:
+    """The table's counts (`validation.fidelity_judging.table_summary`) as a paragraph."""
+    if not s:
+        return []
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+    levels = s["decode_levels"]
+    return [f"Within tolerance or the live-vs-live spread: {s['ok']} of {s['metrics']} metrics "
+            f"as judged, {s['ok_at_live_speed']} of {s['at_live_speed']} at the live runs' "
+            f"decode speed, {s['ok_at_probe_speed']} of {s['at_probe_speed']} at probe speed. "
+            f"Median absolute e2e/program P50 error: {pct(s['p50_median_abs'])} as judged, "
+            f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed. Live decode steps "
+            + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
+               "not measured.") + f" Live values inside the noise band: {s['in_band']} of "
+            f"{s['band_of']}.", ""]
+
+
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
     engine = result.get("engine", "vllm")
@@ -25,15 +43,18 @@ def report(result: dict) -> str:
              f"Calibration `{result['calibration']}`: held-out step MAPE "
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}.", "",
+             *summary_lines(result.get("summary")),
              "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
              "mean-latency run | at probe speed | ok at probe speed | at live decode speed | "
-             "sampled median at live speed | noise band 5-95% | live runs in band |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "sampled median at live speed | ok at live speed | noise band 5-95% | live runs in band |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["workloads"]:
         for m, v in r["metrics"].items():
             lvl = f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v else ""
             smp = f"{v['error_sampled_at_live_speed']:+.1%}" \
                 if "error_sampled_at_live_speed" in v else ""
+            smp_ok = ("yes" if v["ok_at_live_speed"] else "NO") if "ok_at_live_speed" in v \
+                else ""
             prb, prb_ok = (f"{v['error_at_probe_speed']:+.1%}",
                            "yes" if v["ok_at_probe_speed"] else "NO") \
                 if "error_at_probe_speed" in v else ("", "")
@@ -42,7 +63,7 @@ def report(result: dict) -> str:
                          f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
                          f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | {mean} | {prb} | "
                          f"{prb_ok} | "
-                         f"{lvl} | {smp} | "
+                         f"{lvl} | {smp} | {smp_ok} | "
                          + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
                             f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
                             " | |"))
@@ -50,16 +71,16 @@ def report(result: dict) -> str:
             probe = probe_text(r)
             lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
                          + ", ".join(speed_text(v) for v in r["step_speed"])
-                         + f" | | | | | {probe} | | | | | |")
+                         + f" | | | | | {probe} | | | | | | |")
         if r.get("live_started_s"):
             lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
                          + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
-                         + " | | | | | | | | | | |")
+                         + " | | | | | | | | | | | |")
         if "decision_agreement" in r:
             lines.append(f"| {r['workload']} | decision agreement | | | "
                          f"{r['decision_agreement']:.3f} | live vs live "
                          f"{r['live_agreement']:.3f} | "
-                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | |")
+                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | | |")
     c = result["band_coverage"]
     lines += ["", "sim: the median over the noise band's draws (sampled step times: the "
               "machine's level per second and each step's own noise), the simulator's "
