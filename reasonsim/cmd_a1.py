@@ -163,6 +163,7 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     result, s_progs = replay_result(cfg, out, lives)
     result["machine_speed"] = speed = machine_speed(out / "sim", [out / f"live{i}" for i in
                                                                   range(args.repeats)])
+    result["at_live_speed"] = _at_live_speed(cfg, path, args, out, lives, speed)
     if args.calibrate_here:
         result["calibrations"] = calibrations
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -189,5 +190,34 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     t.add_row("rejection rate", f"{result['sim']['rejection_rate'] or 0:.3f}",
               *[f"{lv['rejection_rate'] or 0:.3f}" for lv in result["live"]], "", "")
     Console(width=160).print(t)
+    at = result["at_live_speed"]
+    if at is not None:
+        print("at each live run's decode speed (" + "; ".join(", ".join(
+            f"{pool} {v:.2f}x" for pool, v in run.items()) for run in at["levels"])
+            + " the calibration's), mean: "
+            + ", ".join(f"{k} {e:+.1%}" for k, e in at["error_vs_live_mean"].items()))
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def _at_live_speed(cfg, path: Path, args, out: Path, lives: list, speed: dict) -> dict | None:
+    """The comparison again per live run, each pool's calibration scaled to that run's decode
+    speed on it (`machine_speed`): the machine's drift since calibrating taken out, beside the
+    errors as simulated (never instead of them); the levels per run and the mean errors. None
+    where a run's speed was not measured."""
+    from sim.step_time.live_speed import scaled_calibration
+    from validation.a1 import replay_result
+
+    if not all(speed["runs"]):
+        return None
+    errors = []
+    for i, (live, levels) in enumerate(zip(lives, speed["runs"])):
+        at = out / "sim_at_live" / f"live{i}"
+        scaled = {g.pool: str(scaled_calibration(g.calibration, levels.get(g.pool, 1.0),
+                                                 at / f"{g.pool}.calib.json"))
+                  for g in cfg.replicas}
+        again, _ = replay_result(_config(path, args.count, args.seed, scaled)[0], at, [live])
+        errors.append(again["error_vs_live_mean"])
+    return {"levels": speed["runs"],
+            "error_vs_live_mean": {k: float(sum(e[k] for e in errors) / len(errors))
+                                   for k in errors[0]}}

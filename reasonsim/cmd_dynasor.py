@@ -151,6 +151,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import read_table
+    from validation.fidelity_programs import replay_at_live_speed
     from validation.judge import machine_speed
 
     path = Path(args.config)
@@ -189,6 +190,10 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     if calibration is not None:
         result["calibration"] = calibration
     result["machine_speed"] = machine_speed(out / "sim", [out / "live"])
+    # the same simulation at the live run's own decode speed: the machine's drift since
+    # calibrating taken out (beside the errors above, never instead of them)
+    result["at_live_speed"] = replay_at_live_speed(d, path.parent, out / "live",
+                                                   out / "sim_at_live")
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if result["machine_speed"]["warning"]:
         print(result["machine_speed"]["warning"], file=sys.stderr)
@@ -200,6 +205,12 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     share = result["cached_prompt_share"]
     print(f"prompt tokens found cached: {share['sim']:.1%} simulated, {share['live']:.1%} live")
     print_summary(result["error"], False)
+    at = result["at_live_speed"]
+    if at is not None:
+        print(f"at the live run's decode speed ({at['decode_level']:.2f}x the calibration's): "
+              + ", ".join(f"{m.removeprefix('program_latency_').upper()} {e:+.1%} (noise "
+                          f"draws' median {at['error_sampled'][m]:+.1%})"
+                          for m, e in at["error"].items()))
     print(f"details: {out / 'compare.json'}")
     return 0
 

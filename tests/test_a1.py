@@ -4,6 +4,7 @@ real vLLM engines, and `a1 offline` on it and on the shipped trace."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -311,6 +312,16 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     assert set(speed["runs"][0]) == {"draft", "target"} and set(speed) == {"runs", "warning"}
     assert all(speed_figure(r) for r in speed["runs"][0].values())
     assert speed["warning"] is None or speed["warning"] in proc.stderr
+    # and the comparison again with each pool's calibration at its live decode speed
+    at = result["at_live_speed"]
+    assert at["levels"] == speed["runs"]
+    assert set(at["error_vs_live_mean"]) == set(result["error_vs_live_mean"])
+    assert all(math.isfinite(e) for e in at["error_vs_live_mean"].values())
+    scaled = json.loads((tmp_path / "rep" / "sim_at_live" / "live0" / "target.calib.json")
+                        .read_text())
+    fitted = json.loads(Path(result["calibrations"]["target"]).read_text())
+    assert scaled["step_time_model"]["coef_ms"] == pytest.approx(
+        [c * at["levels"][0]["target"] for c in fitted["step_time_model"]["coef_ms"]])
     # The fixed-threshold baseline (SpecReason-style: a score bound, no calibration set)
     # replays live too, on the calibrations just fitted, with the simulator's decisions.
     import yaml

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,13 @@ def test_live_replay_reproduces_the_simulated_decisions(tmp_path, config):
         "dynasor_sjf" if config == "dynasor-certaindex.yaml" else "dynasor")
     assert list(result["machine_speed"]["runs"][0]) == ["target"]
     assert speed_figure(result["machine_speed"]["runs"][0]["target"])
+    # and the simulation again at the live run's own decode speed (the example's calibration
+    # named relative to the config, the SC one's absolute)
+    at = result["at_live_speed"]
+    assert speed_figure(at["decode_level"]) and (out / "sim_at_live" / "calibration.json").is_file()
+    assert set(at["error"]) == set(at["error_sampled"]) == {"program_latency_p50",
+                                                            "program_latency_p90"}
+    assert all(math.isfinite(v) for v in [*at["error"].values(), *at["error_sampled"].values()])
     live = read_table(out / "live", "programs").to_pandas()
     req = read_table(out / "live", "requests").to_pandas()
     assert len(live) == 6 and live.finish_s.notna().all()

@@ -148,6 +148,23 @@ def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: P
             for m, err in c["error"].items() if m in ("program_latency_p50", "program_latency_p90")}
 
 
+def replay_at_live_speed(d: dict, base_dir: Path, live: Path, out_dir: Path) -> dict | None:
+    """A program replay's latency errors at its live run's decode speed (every step priced as
+    seeded, as the programs sample): the level, and the mean run's and the noise draws'
+    median errors (`programs_at_live_speed`); None where the live run had no decode step."""
+    from sim.step_time.live_speed import step_speed_ratio
+
+    group = d["cluster"]["replicas"][0]
+    cal = (base_dir / group["calibration"]).resolve()  # an absolute path stays as it is
+    d = {**d, "cluster": {**d["cluster"], "replicas": [{**group, "calibration": str(cal)}]}}
+    level = step_speed_ratio(cal, live, all_seeded=True, decode_only=True)
+    got = programs_at_live_speed(d, level, out_dir, live, base_dir)
+    if got is None:
+        return None
+    return {"decode_level": level, "error": {m: v[0] for m, v in got.items()},
+            "error_sampled": {m: v[1] for m, v in got.items()}}
+
+
 def example_trace(example: Path) -> Path:
     """The probes or branches trace an example program config reads."""
     from sim.config import read_yaml
