@@ -34,6 +34,41 @@ def summary_lines(s: dict | None) -> list[str]:
             f"{s['band_of']}.", ""]
 
 
+def metric_row(workload: str, m: str, v: dict) -> str:
+    """One metric's table row: as judged, at probe speed, at live decode speed, the band."""
+    def pct(key: str) -> str:
+        return f"{v[key]:+.1%}" if key in v else ""
+
+    def yes(key: str) -> str:
+        return ("yes" if v[key] else "NO") if key in v else ""
+    band = (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | {sum(v['in_band'])}/{len(v['in_band'])} |"
+            if "band" in v else " | |")
+    return (f"| {workload} | {m} | {v['sim']:.4g} | {', '.join(f'{x:.4g}' for x in v['live'])} | "
+            f"{v['error']:+.1%} | {v['spread']:.1%} | {yes('ok')} | {pct('error_mean')} | "
+            f"{pct('error_at_probe_speed')} | {yes('ok_at_probe_speed')} | "
+            f"{pct('error_at_live_speed')} | {pct('error_sampled_at_live_speed')} | "
+            f"{yes('ok_at_live_speed')} | " + band)
+
+
+def workload_rows(r: dict) -> list[str]:
+    """A workload's table rows: its metrics, its live runs' step speeds and start times, and a
+    program workload's decision agreement."""
+    lines = [metric_row(r["workload"], m, v) for m, v in r["metrics"].items()]
+    if r.get("step_speed"):
+        lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
+                     + ", ".join(speed_text(v) for v in r["step_speed"])
+                     + f" | | | | | {probe_text(r)} | | | | | | |")
+    if r.get("live_started_s"):
+        lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
+                     + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
+                     + " | | | | | | | | | | | |")
+    if "decision_agreement" in r:
+        lines.append(f"| {r['workload']} | decision agreement | | | "
+                     f"{r['decision_agreement']:.3f} | live vs live {r['live_agreement']:.3f} | "
+                     f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | | |")
+    return lines
+
+
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
     engine = result.get("engine", "vllm")
@@ -46,41 +81,11 @@ def report(result: dict) -> str:
              *summary_lines(result.get("summary")),
              "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
              "mean-latency run | at probe speed | ok at probe speed | at live decode speed | "
-             "sampled median at live speed | ok at live speed | noise band 5-95% | live runs in band |",
+             "sampled median at live speed | ok at live speed | noise band 5-95% | "
+             "live runs in band |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["workloads"]:
-        for m, v in r["metrics"].items():
-            lvl = f"{v['error_at_live_speed']:+.1%}" if "error_at_live_speed" in v else ""
-            smp = f"{v['error_sampled_at_live_speed']:+.1%}" \
-                if "error_sampled_at_live_speed" in v else ""
-            smp_ok = ("yes" if v["ok_at_live_speed"] else "NO") if "ok_at_live_speed" in v \
-                else ""
-            prb, prb_ok = (f"{v['error_at_probe_speed']:+.1%}",
-                           "yes" if v["ok_at_probe_speed"] else "NO") \
-                if "error_at_probe_speed" in v else ("", "")
-            mean = f"{v['error_mean']:+.1%}" if "error_mean" in v else ""
-            lines.append(f"| {r['workload']} | {m} | {v['sim']:.4g} | "
-                         f"{', '.join(f'{x:.4g}' for x in v['live'])} | {v['error']:+.1%} | "
-                         f"{v['spread']:.1%} | {'yes' if v['ok'] else 'NO'} | {mean} | {prb} | "
-                         f"{prb_ok} | "
-                         f"{lvl} | {smp} | {smp_ok} | "
-                         + (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | "
-                            f"{sum(v['in_band'])}/{len(v['in_band'])} |" if "band" in v else
-                            " | |"))
-        if r.get("step_speed"):
-            probe = probe_text(r)
-            lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
-                         + ", ".join(speed_text(v) for v in r["step_speed"])
-                         + f" | | | | | {probe} | | | | | | |")
-        if r.get("live_started_s"):
-            lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
-                         + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
-                         + " | | | | | | | | | | | |")
-        if "decision_agreement" in r:
-            lines.append(f"| {r['workload']} | decision agreement | | | "
-                         f"{r['decision_agreement']:.3f} | live vs live "
-                         f"{r['live_agreement']:.3f} | "
-                         f"{'yes' if r['agreement_ok'] else 'NO'} | | | | | | | | |")
+        lines += workload_rows(r)
     c = result["band_coverage"]
     lines += ["", "sim: the median over the noise band's draws (sampled step times: the "
               "machine's level per second and each step's own noise), the simulator's "
@@ -95,7 +100,7 @@ def report(result: dict) -> str:
               "prefill ratio is left as it is). Sampled median: the median over the noise "
               "band's draws at that speed (step residuals and the machine's spells within a "
               "run, `sim.step_time.spells`), the simulator's estimate of a tail a mean run "
-              "cannot show."]
+              "cannot show; `ok at live speed` judges it against the same tolerance or spread."]
     lines += ["", "At probe speed: the simulation with its step times scaled to the speed levels "
               "that a fixed probe measured just before and just after each live run "
               "(`engines.speed_probe`; the live runs themselves unseen; `probe D/P`: its decode "

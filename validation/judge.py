@@ -208,13 +208,9 @@ def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
     """A replay's `runs` (each live run's `pool_step_speeds` against the simulation) and its
     `warning` (`speed_warning` of their median per pool; None where every pool is within)."""
     runs = [pool_step_speeds(sim_dir, d) for d in live_dirs]
-    return {"runs": runs, "warning": speed_warning(pool_levels(runs))}
-
-
-def pool_levels(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Per pool, the median over live runs of its decode speed level (`machine_speed` runs)."""
     pools = sorted({p for r in runs for p in r})
-    return {p: float(np.median([r[p] for r in runs if p in r])) for p in pools}
+    median = {p: float(np.median([r[p] for r in runs if p in r])) for p in pools}
+    return {"runs": runs, "warning": speed_warning(median)}
 
 
 def speed_warning(speeds: dict[str, float]) -> str | None:
