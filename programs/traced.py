@@ -48,16 +48,23 @@ class Trajectory:
 
 def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
     """Trajectories of a probes trace and the trace's probe stride in tokens."""
+    trajs, run, _ = _trajectories(trace_dir)
+    return trajs, int(run["params"]["workload"]["stride_tokens"])
+
+
+def _trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], dict, pd.DataFrame]:
+    """(trajectories, the run row, the trajectories table) of a probes trace: each table read
+    once for `load_questions` too."""
     run = read_run(trace_dir)
     if run["kind"] != "probes":
         raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a probes trace")
-    stride = int(json.loads(run["params_json"])["workload"]["stride_tokens"])
     probes = read_table(trace_dir, "probes").to_pandas().sort_values(
         ["request_id", "position_tokens"], kind="stable")
     by_request = {rid: g for rid, g in probes.groupby("request_id", sort=False)}
     same = _same_text(probes)
     trajs = []
-    for row in read_table(trace_dir, "trajectories").to_pandas().itertuples(index=False):
+    table = read_table(trace_dir, "trajectories").to_pandas()
+    for row in table.itertuples(index=False):
         g = by_request.get(row.request_id)
         if g is None:
             raise ValueError(f"{trace_dir}: trajectory {row.request_id} has no probes")
@@ -72,7 +79,7 @@ def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
             probe_tokens=tuple(int(n) for n in g.probe_tokens),
             same_text_as=tuple(same[i] for i in g.index)))
     trajs.sort(key=lambda t: (t.question_id, t.sample_id))
-    return trajs, stride
+    return trajs, run, table
 
 
 def _same_text(probes: pd.DataFrame) -> dict:
@@ -120,8 +127,8 @@ class QuestionBank:
 
 def load_questions(trace_dir: str | Path) -> QuestionBank:
     """The questions of a probes trace, grouped with their samples."""
-    trajs, stride = load_trajectories(trace_dir)
-    tr = read_table(trace_dir, "trajectories").to_pandas()
+    trajs, run, tr = _trajectories(trace_dir)
+    stride = int(run["params"]["workload"]["stride_tokens"])
     prompt = dict(zip(tr.request_id, tr.prompt_tokens))
     req = read_table(trace_dir, "requests").to_pandas()
     probes = req[req.role == "probe"]
@@ -142,7 +149,7 @@ def load_questions(trace_dir: str | Path) -> QuestionBank:
     lengths = pd.Series({(t.question_id, t.sample_id): t.reasoning_tokens for t in trajs})
     level = pd.Series({(t.question_id, t.sample_id): t.difficulty or 0 for t in trajs})
     factor = (lengths.groupby(level).mean() / lengths.mean()).to_dict()
-    budget = int(json.loads(read_run(trace_dir)["params_json"])["workload"]["budget_tokens"])
+    budget = int(run["params"]["workload"]["budget_tokens"])
     return QuestionBank(questions, stride, budget, int(sizes.iloc[0]),
                         {int(k): float(v) for k, v in factor.items()})
 

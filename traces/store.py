@@ -185,28 +185,35 @@ def _table_name_of(path: Path, schema: pa.Schema) -> str | None:
 
 def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
     """Validate one Parquet part file against the contract; return every violation found."""
+    return checked_part(path, table)[0]
+
+
+def checked_part(path: str | Path, table: str | None = None
+                 ) -> tuple[list[Violation], pa.Table | None]:
+    """(every violation of one part file, the table it holds as read for the check): a reader
+    that validates takes the data from here rather than reading the file again."""
     path = Path(path)
     p = str(path)
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # unreadable bytes: one clear violation, not a stack trace
-        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")]
+        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")], None
     schema = pf.schema_arrow
     name = table or _table_name_of(path, schema)
     if name not in SCHEMAS:
         return [Violation(p, f"cannot tell which table this is (metadata {META_TABLE.decode()!r} "
-                             f"missing and folder {path.parent.name!r} is not a table name)")]
+                             f"missing and folder {path.parent.name!r} is not a table name)")], None
     out = _schema_violations(p, name, schema)
     if out:
-        return out
+        return out, None
     try:
         data = pq.read_table(path, schema=SCHEMAS[name])  # an older version's added columns null
     except Exception as e:  # a footer that parses over pages that do not
-        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")]
+        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")], None
     out += _value_violations(p, name, data)
     if name == "runs" and data.num_rows != 1:
         out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
-    return out
+    return out, data
 
 
 def _schema_violations(p: str, name: str, schema: pa.Schema) -> list[Violation]:
@@ -377,11 +384,13 @@ def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.T
     """Read one table of a trace directory (all parts), validating each part by default."""
     schema = schema_of(table)
     files = parts(trace_dir, table)
-    if validate:
-        raise_if(v for f in files for v in check_file(f, table))
     if not files:
         return schema.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+    if not validate:
+        return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+    checked = [checked_part(f, table) for f in files]
+    raise_if(v for violations, _ in checked for v in violations)
+    return pa.concat_tables([data for _, data in checked])
 
 
 def read_run(trace_dir: str | Path) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class CompiledCluster(Cluster):
         # prefix-chain keys -> groups past every group the driver numbers (fewer than
         # `capacity`), below the block identities' int64 bound (`prefix.block_key`)
         self._link_ids: dict = {}
+        self._chains: dict = {}  # chain -> its links' row (`_links`)
         self._link0 = capacity
         self._link_cap = (1 << 62) // (P.MAX_BLOCKS * len(specs))
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
@@ -125,9 +126,23 @@ class CompiledCluster(Cluster):
         return s
 
     def _chained(self, s: int, sent: Sent, chain: tuple) -> tuple:
-        """Write a prefix chain's links into slot s (`program_state.LINKS`: each link's key as
-        a group of its own, numbered past the driver's groups); the send as the kernel takes
-        it: group `CHAINED`, its shared content the chain's."""
+        """Write a prefix chain's links into slot s (`program_state.LINKS`); the send as the
+        kernel takes it: group `CHAINED`, its shared content the chain's."""
+        links = self._chains.get(chain)  # programs send the same content again and again
+        if links is None:
+            links = self._chains[chain] = self._links(chain)
+        st = self.st
+        if len(links) > st.rq.shape[1] - S.LINKS:  # a longer chain than any before: room
+            wider = np.zeros((st.rq.shape[0], S.LINKS + len(links)), dtype=np.int64)
+            wider[:, :st.rq.shape[1]] = st.rq
+            st.rq = wider
+            self._st = st.packed()
+        st.rq[s, S.LINKS:S.LINKS + len(links)] = links
+        return sent[:4] + (S.CHAINED, chain[-1][1]) + sent[6:]
+
+    def _links(self, chain: tuple) -> np.ndarray:
+        """A chain as its links' row: its length, then each link's key as a group of its own
+        (numbered past the driver's groups, as first seen) and the link's end."""
         ids = self._link_ids
         links = [len(chain)]
         for key, end in chain:
@@ -138,14 +153,7 @@ class CompiledCluster(Cluster):
                     raise ValueError(f"more prefix-chain links ({len(ids)}) than the kernel's "
                                      "block identities hold: simulate with compiled=False")
             links += (g, end)
-        st = self.st
-        if len(links) > st.rq.shape[1] - S.LINKS:  # a longer chain than any before: room
-            wider = np.zeros((st.rq.shape[0], S.LINKS + len(links)), dtype=np.int64)
-            wider[:, :st.rq.shape[1]] = st.rq
-            st.rq = wider
-            self._st = st.packed()
-        st.rq[s, S.LINKS:S.LINKS + len(links)] = links
-        return sent[:4] + (S.CHAINED, chain[-1][1]) + sent[6:]
+        return np.array(links, dtype=np.int64)
 
     def cancel(self, j: int, s: int) -> None:
         """`Cluster.cancel` of the request in slot `s` on replica j (a no-op once it ended)."""

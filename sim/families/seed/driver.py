@@ -14,6 +14,8 @@ the trace holds the request that did it.
 
 from __future__ import annotations
 
+import operator
+
 from programs.base import Outcome, RequestSpec
 from programs.seed import ToTProgram, tot_program_seed
 from programs.seed_traced import ToTBank
@@ -87,23 +89,26 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
 
     res = cluster.res
     at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
-    rows = []
+    logged = [k for k in runs[0].program.rows[0] if k != "request_index"]
+    values = operator.itemgetter(*logged)  # a row's columns as one tuple, in C
+    rows, idx, own = [], [], []  # the logged columns; each row's request idx; its program's
     for run in runs:
         q, prog = run.question, run.program
+        pid = run.plan.program_id
+        mine = (pid, q.question_id, q.difficulty, q.gold_answer, prog.policy.mode)
         for r in prog.rows:
-            i = at[(run.idx, r["request_index"])]
-            rows.append({**{k: v for k, v in r.items() if k != "request_index"},
-                         "program_id": run.plan.program_id, "question_id": q.question_id,
-                         "difficulty": q.difficulty, "gold_answer": q.gold_answer,
-                         "mode": prog.policy.mode, "request_id": ids.search_request_id(
-                             run.plan.program_id, r["request_index"]),
-                         "sent_s": float(res.arrival_s[i]),
-                         "finish_s": float(res.finish_s[i]),
-                         "rescored": bool(res.rescored[i])})
+            rows.append(values(r))
+            idx.append(at[(run.idx, r["request_index"])])
+            own.append(mine + (ids.search_request_id(pid, r["request_index"]),))
+    cols = dict(zip(logged, map(list, zip(*rows))))
+    cols.update(zip(("program_id", "question_id", "difficulty", "gold_answer", "mode",
+                     "request_id"), map(list, zip(*own))))
+    cols.update(sent_s=res.arrival_s[idx].tolist(), finish_s=res.finish_s[idx].tolist(),
+                rescored=res.rescored[idx].tolist())
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
-    summary = tot_summary(pd.DataFrame(rows), busy, makespan_s)
-    return {"tot_requests": {k: [r[k] for r in rows] for k in rows[0]}}, summary
+    summary = tot_summary(pd.DataFrame(cols), busy, makespan_s)
+    return {"tot_requests": cols}, summary
 
 
 register_sim_family(SimFamily("seed", build_tot_runs, tot_results, compiles=True))

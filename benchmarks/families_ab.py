@@ -1,0 +1,74 @@
+"""Every program family's example, compiled, at two checkouts side by side.
+
+    git worktree add /tmp/base HEAD~1
+    python benchmarks/families_ab.py /tmp/base . --rounds 3
+
+Each round runs one process per checkout, alternately (base first), each timing every family of
+`sim_speed.FAMILIES` compiled (`simulate`, CPU seconds, median of `--repeats` after a warm-up
+run); the table gives each checkout's simulated requests per CPU-second (median of the rounds,
+min-max) and their ratio. A shared machine's drift lands on both checkouts alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = """
+import gc, json, statistics, sys, time
+sys.path[:0] = [{root!r} + "/benchmarks", {root!r}]
+from sim_speed import FAMILIES, program_config
+from sim.simulate import simulate
+out = {{}}
+for fam in {families!r}:
+    ex, n, replicas = FAMILIES[fam]
+    cfg = program_config(ex, n, replicas)
+    res = simulate(cfg)  # the kernel's and the trace's first load, not timed
+    cpu = []
+    for _ in range({repeats}):
+        gc.collect()
+        t0 = time.process_time()
+        res = simulate(cfg)
+        cpu.append(time.process_time() - t0)
+    out[fam] = res.summary["requests"] / statistics.median(cpu)
+print(json.dumps(out))
+"""
+
+
+def measure(root: Path, families: list[str], repeats: int) -> dict:
+    """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process."""
+    code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Alternate the two checkouts `--rounds` times; print each family's rates and ratio."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("base", type=Path)
+    ap.add_argument("new", type=Path, nargs="?", default=Path("."))
+    ap.add_argument("--families", default="cot,sc,mcts,rebase,a1,seed")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    families = args.families.split(",")
+    rates: dict = {(f, who): [] for f in families for who in ("base", "new")}
+    for _ in range(args.rounds):
+        for who, root in (("base", args.base), ("new", args.new)):
+            for fam, rate in measure(root, families, args.repeats).items():
+                rates[(fam, who)].append(rate)
+    print(f"{'family':8} {'base req/CPU-s (min-max)':>28} {'new req/CPU-s (min-max)':>28} ratio")
+    for fam in families:
+        b, n = rates[(fam, "base")], rates[(fam, "new")]
+        print(f"{fam:8} {statistics.median(b):>10,.0f} ({min(b):,.0f}-{max(b):,.0f})"
+              f"{'':>4} {statistics.median(n):>10,.0f} ({min(n):,.0f}-{max(n):,.0f})"
+              f"{'':>4} {statistics.median(n) / statistics.median(b):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
