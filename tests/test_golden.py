@@ -13,7 +13,9 @@ live runner's loop) instead of when they first asked. The HELIOS goldens were re
 exits traces were re-traced on the machine that replays them (with layer-skipping steps for the
 EE-full baseline, added to helios-testbed), the layered fit took midpoint residual quantiles, and
 layer-token executions stopped counting each sequence's last output token (no layer runs it);
-every HELIOS summary gained `candidates` (with the repository shortlist). The A1, search (MCTS,
+every HELIOS summary gained `candidates` (with the repository shortlist). They were
+regenerated again when a round began spending the serving loop's host time after each step
+(`sim.families.helios.profile.fit_step_gap`): throughput 1-4% lower, TPOT 1-3% higher. The A1, search (MCTS,
 REBASE) and ToT goldens were regenerated when the prefix cache began keying blocks by content,
 as vLLM does: a hit is whole blocks of the request's own prefix (it had been a group's longest
 prefix, to the last token), ToT prompts name their text, and a scoring request whose tail is

@@ -238,6 +238,11 @@ def test_the_ee_full_baseline_simulates_layer_skipping():
     decode = [(1 + d * (0.5 + 0.01 * p)) for d, p in ((1, 0), (1, 1), (4, 2), (2, 0))]
     assert t["end_s"] == pytest.approx((1 + 4 * (0.5 + 0.1) + sum(decode)) / 1e3)
     assert t["layer_tokens"] == 4 * 10 + 1 * 1 + 1 * 2 + 4 * 3 + 2 * 1 and t["steps"] == 5
+    # the loop's host time after each of the 5 steps: the sequence finishes as its last returns
+    g = ee_times(m, 10, [4, 1, 1, 4, 2], 4, gap_ms=0.25)
+    assert g["busy_s"] == pytest.approx(t["end_s"]) and g["first_s"] == t["first_s"]
+    assert g["end_s"] == pytest.approx(t["end_s"] + 5 * 0.25e-3)
+    assert g["finish_s"][0] == pytest.approx(t["end_s"] + 4 * 0.25e-3)
     exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
     res = {k: r.summary() for k, r in exp.simulate().items()}
     ee, full = res["ee_full:target-large"], res["static:target-large"]
@@ -436,3 +441,20 @@ def test_overlapped_loading_hides_loads_and_keeps_every_decision(tmp_path):
     (tmp_path / "over.yaml").write_text(json.dumps(d))
     proc = run_cli("helios", "replay", str(tmp_path / "over.yaml"), check=False)
     assert proc.returncode != 0 and "overlap_loading is simulated only" in proc.stderr
+
+
+def test_the_loops_host_time_between_steps_is_fitted_and_spent():
+    from sim.families.helios.serving import simulate_stream
+
+    exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
+    gaps = {name: p.step_gap_ms for name, p in exp.profiles.items()}
+    # the shipped traces' loops: tens of microseconds a step on the CPU testbed, well under a step
+    assert all(0.01 < g < 0.5 for g in gaps.values()), gaps
+    static = next(p for p in exp.spec.helios.policies if exp.policy_name(p) == "static:target-large")
+    res = simulate_stream(exp.program(static), exp.profiles)
+    rounds, span_s = res.rounds, float(res.requests.finish_s.max())
+    # rounds run back to back: the stream lasts their steps' compute, their loads and one host
+    # gap after every step but the last (the last sequence finishes as its step returns)
+    spent_s = (rounds.busy_ms.sum() + rounds.load_ms.sum()
+               + (rounds.steps.sum() - 1) * gaps["target-large"]) / 1e3
+    assert span_s == pytest.approx(spent_s, rel=1e-9)

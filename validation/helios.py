@@ -14,7 +14,7 @@ METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "mean_batch", "perple
            "full_model_agreement")
 """the figures a replay compares"""
 # How a metric scales with step time: throughput inversely, latencies along, the rest not at all
-_TIME_POWER = {"throughput_tok_s": -1, "ttft_p50_s": 1, "tpot_p50_s": 1}
+TIME_POWER = {"throughput_tok_s": -1, "ttft_p50_s": 1, "tpot_p50_s": 1}
 
 
 def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
@@ -35,8 +35,8 @@ def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
         spread = (max(vals) - min(vals)) / live if len(vals) > 1 and live else math.nan
         out["metrics"][m] = row = {"sim": s[m], "live": live, "error": (s[m] - live) / live
                                    if live else math.nan, "live_spread": spread}
-        if m in _TIME_POWER and live:
-            row["error_at_live_speed"] = s[m] * level ** _TIME_POWER[m] / live - 1.0
+        if m in TIME_POWER and live:
+            row["error_at_live_speed"] = s[m] * level ** TIME_POWER[m] / live - 1.0
     return out
 
 

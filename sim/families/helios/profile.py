@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from policies.helios import Candidate
 from sim.families.helios.exits import load_exits
@@ -51,6 +52,9 @@ class ModelProfile:
     reference: list[list[int]] = field(default_factory=list)
     """per prompt, the full model's greedy tokens (the full-depth stream's last exit): what the
     served tokens are checked against, position by position (a reference-free quality proxy)"""
+    step_gap_ms: float = 0.0
+    """the serving loop's host time after each step, before the next (`fit_step_gap`); 0: none
+    measured (a what-if profile)"""
 
     def agreeing(self, depth: int, prompt: int, exits: list[int]) -> int | None:
         """Of a prompt's tokens served at `depth` leaving at `exits` (1-based, per token), how
@@ -87,8 +91,9 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
             prompt_tokens = lengths
         elif lengths != prompt_tokens:
             raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
-    step = fit_steps(trace_dir, layers)
-    ee_step = fit_steps(trace_dir, layers, cells="ee") if params.get("ee_thresholds") else None
+    steps = _steps(trace_dir)
+    step = fit_steps(steps, layers)
+    ee_step = fit_steps(steps, layers, cells="ee") if params.get("ee_thresholds") else None
     return ModelProfile(name=name or Path(str(run["model_id"])).name,
                         model_dir=_model_dir(str(run["model_id"]), trace_dir), layers=layers,
                         prompt_tokens=prompt_tokens, streams=streams, step=step,
@@ -97,7 +102,8 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
                         load_ms_per_layer=float(layers_df.load_ms.median()),
                         device=str(run["device"]), workload=params.get("workload", {}),
                         ee_step=ee_step, tokens=tokens,
-                        reference=[[t[-1] for t in toks] for toks in tokens[layers]])
+                        reference=[[t[-1] for t in toks] for toks in tokens[layers]],
+                        step_gap_ms=fit_step_gap(steps))
 
 
 
@@ -113,15 +119,40 @@ def _model_dir(model_id: str, trace_dir: str | Path) -> str:
     return str(p)
 
 
-def fit_steps(trace_dir: str | Path, layers: int, cells: str = "depth") -> LayeredModel:
-    """The per-layer step-time model from a trace's steps of the cells named `cells<...>`
-    (`depth`: at a loaded depth; `ee`: layer skipping), a step's depth = its layer_times rows."""
-    steps = read_table(trace_dir, "steps").to_pandas()
+def _steps(trace_dir: str | Path) -> pd.DataFrame:
+    """A trace's measured steps (warm-up ones dropped) in run order, each with its depth (the
+    layers it ran: its layer_times rows) and the host time after it (`gap_ms`: to the next
+    step of its cell; none after a cell's last)."""
+    steps = read_table(trace_dir, "steps").to_pandas().sort_values(
+        ["run_id", "replica_id", "step_id"], kind="stable")
     depth = read_table(trace_dir, "layer_times").to_pandas().groupby("step_id").layer.count()
     steps["depth"] = steps.step_id.map(depth)
-    steps = steps[~steps.is_warmup & steps.depth.notna() & steps.cell_id.str.startswith(cells)]
+    following = steps.groupby(["run_id", "replica_id", "cell_id"]).start_s.shift(-1)
+    steps["gap_ms"] = (following - steps.start_s) * 1e3 - steps.duration_ms
+    return steps[~steps.is_warmup & steps.depth.notna()]
+
+
+def fit_steps(steps: pd.DataFrame, layers: int, cells: str = "depth") -> LayeredModel:
+    """The per-layer step-time model from a trace's steps (`_steps`) of the cells named
+    `cells<...>` (`depth`: at a loaded depth; `ee`: layer skipping)."""
+    steps = steps[steps.cell_id.str.startswith(cells)]
     return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
                        steps.depth, steps.duration_ms, layers, prefill_seqs=steps.prefill_seqs)
+
+
+def fit_step_gap(steps: pd.DataFrame) -> float:
+    """The serving loop's host time between two steps (ms): the intercept of the trace's gaps
+    fitted as a + b x sequences x layers run (least squares, the slowest 1% of gaps left out).
+    The slope is the tracer's own per-layer recording, which the live loop does not do: live
+    runs measure a flat gap of about the intercept whatever the batch and depth."""
+    s = steps[steps.gap_ms.notna()]
+    s = s[s.gap_ms <= s.gap_ms.quantile(0.99)]
+    if len(s) < 2:
+        return 0.0
+    work = ((s.prefill_seqs + s.decode_seqs) * s.depth).to_numpy(float)
+    (a, _b), *_ = np.linalg.lstsq(np.c_[np.ones_like(work), work], s.gap_ms.to_numpy(float),
+                                  rcond=None)
+    return max(float(a), 0.0)
 
 
 @dataclass(frozen=True)

@@ -94,14 +94,15 @@ class HeliosReplica:
             exits = [[s.depth] * len(t) for t in toks]
             times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
                                 scale=p.step.residual_sampler()[0],
-                                per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1))
+                                per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),
+                                gap_ms=p.step_gap_ms)
             # tokens each layer processed: the prompts, and every output but the last
             return toks, exits, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
         if len(rnd.prompts) != 1:
             raise ValueError("layer skipping (an exit threshold) serves one sequence at "
                              f"a time; the program planned {len(rnd.prompts)}")
         exits = [[exit_layer(x, s.exit_threshold) for x in t] for t in toks]
-        times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth)
+        times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth, p.step_gap_ms)
         return toks, exits, times, times["layer_tokens"]
 
     def _record(self, rnd: Round, start: float, toks: list, exits: list, times: dict,
@@ -121,7 +122,7 @@ class HeliosReplica:
                 "replica_id": self.replica_id})
         self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                 "batch": len(rnd.prompts), "steps": times["steps"],
-                                "busy_ms": times["end_s"] * 1e3, "load_ms": load_ms,
+                                "busy_ms": times["busy_s"] * 1e3, "load_ms": load_ms,
                                 "event": s.event or "", "layer_tokens": layer_tokens,
                                 "replica_id": self.replica_id})
 
@@ -150,10 +151,12 @@ def _ee_step(p: ModelProfile) -> LayeredModel:
     return p.ee_step
 
 
-def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: int) -> dict:
+def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: int,
+             gap_ms: float = 0.0) -> dict:
     """One sequence with layer skipping: the prefill runs every layer; the decode step giving
     token j runs layers 1..exits[j] over the new token and the pending ones (fed since the last
-    step that ran all `layers`), and leaves them pending unless it ran every layer."""
+    step that ran all `layers`), and leaves them pending unless it ran every layer. The loop's
+    host time (`gap_ms`) follows each step; the sequence finishes as its last step returns."""
     n = len(exits)
     pending = np.zeros(n, dtype=float)  # pending tokens each decode step recomputes
     for j in range(2, n):
@@ -165,16 +168,19 @@ def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: 
     first_ms = model.at_depth(layers).step_ms(prompt_tokens, 0, prompt_tokens) \
         + model.prefill_seqs_ms(layers, 1)
     scale = model.residual_sampler()[0]
-    end_s = (first_ms + float(decode_ms.sum())) * scale / 1e3
-    return {"first_s": first_ms * scale / 1e3, "finish_s": [end_s], "end_s": end_s, "steps": n,
+    busy_s = (first_ms + float(decode_ms.sum())) * scale / 1e3
+    return {"first_s": first_ms * scale / 1e3, "finish_s": [busy_s + (n - 1) * gap_ms / 1e3],
+            "end_s": busy_s + n * gap_ms / 1e3, "busy_s": busy_s, "steps": n,
             "layer_tokens": int(layers * prompt_tokens + (depth[1:] * (pending[1:] + 1)).sum())}
 
 
 def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
-                scale: float = 1.0, per_seq_ms: float = 0.0) -> dict:
+                scale: float = 1.0, per_seq_ms: float = 0.0, gap_ms: float = 0.0) -> dict:
     """A round's timing: one prefill step for all prompts, then decode steps until each sequence
     has its tokens (batch shrinking as they finish); closed form between finishes. `scale` is
-    the mean multiplicative residual (the relative-error fit predicts below the mean)."""
+    the mean multiplicative residual (the relative-error fit predicts below the mean). The
+    loop's host time (`gap_ms`) follows each step: a sequence finishes as its last step
+    returns, the round ends after that step's host time."""
     first_s = (model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens))
                + per_seq_ms * len(prompt_tokens)) / 1e3
     finish = np.zeros(len(output_tokens))
@@ -192,7 +198,8 @@ def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
             t_ms += run_ms(a, b, k)
             done_steps += k
             steps += k
-        finish[idx] = t_ms / 1e3
+        finish[idx] = (t_ms * scale + (steps - 1) * gap_ms) / 1e3
         running.remove(idx)
-    return {"first_s": first_s * scale, "finish_s": (finish * scale).tolist(),
-            "end_s": t_ms * scale / 1e3, "steps": steps}
+    return {"first_s": first_s * scale, "finish_s": finish.tolist(),
+            "end_s": (t_ms * scale + steps * gap_ms) / 1e3, "busy_s": t_ms * scale / 1e3,
+            "steps": steps}

@@ -1,0 +1,68 @@
+"""Where a HELIOS stream's time goes, simulated and live: steps, loads, the loop between them.
+
+    python benchmarks/helios_time_parts.py CONFIG DIR --policies static:target-small --repeats 2
+
+Serves each named policy's stream on the profiles retraced in DIR (`DIR/<model>`, as
+`helios replay --retrace DIR` wrote them) once simulated and `--repeats` times live on the
+PyTorch engine, and prints per run: the span, the steps' compute (`busy`), layer loads, the
+time inside rounds that no step computed (the serving loop's host time) and the time between
+rounds beyond the loads, with the host time per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from helios_rejudge import retraced  # noqa: E402  (this directory)
+from live.helios import run_live, stream_prompts  # noqa: E402
+from sim.families.helios.serving import simulate_stream  # noqa: E402
+
+
+def parts(requests, rounds) -> dict:
+    """A run's span and its parts, in seconds."""
+    end = requests.groupby("arrival_s").finish_s.max()  # a round's prompts share its start
+    rounds = rounds.sort_values("start_s")
+    ends = rounds.start_s.map(end)
+    busy_s, load_s = rounds.busy_ms.sum() / 1e3, rounds.load_ms.sum() / 1e3
+    host_s = float((ends - rounds.start_s).sum() - busy_s)
+    return {"span_s": float(requests.finish_s.max()), "busy_s": busy_s, "load_s": load_s,
+            "host_s": host_s, "between_s": float((rounds.start_s.shift(-1) - ends).sum()),
+            "host_ms_per_step": host_s * 1e3 / rounds.steps.sum()}
+
+
+def main() -> None:
+    """Print each policy's time parts, simulated and per live run."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", type=Path)
+    ap.add_argument("retrace", type=Path)
+    ap.add_argument("--policies", type=lambda t: t.split(","), required=True)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    exp = retraced(args.config, args.retrace)
+    first = next(iter(exp.profiles.values()))
+    prompts = stream_prompts(first.workload, first.prompt_tokens)
+    dirs = {name: p.model_dir for name, p in exp.profiles.items()}
+    specs = {exp.policy_name(p): p for p in exp.spec.helios.policies}
+    print(f"{'policy':24} {'run':6} {'span s':>8} {'busy s':>8} {'load s':>7} {'host s':>7} "
+          f"{'between s':>9} {'host ms/step':>12}")
+    for name in args.policies:
+        sim = simulate_stream(exp.program(specs[name]), exp.profiles)
+        runs = [("sim", sim.requests, sim.rounds)]
+        for i in range(args.repeats):
+            req, rounds, _ = run_live(exp.program(specs[name]), dirs, prompts,
+                                      exp.memory.seq_tokens,
+                                      int(first.workload.get("max_tokens", 96)), seed=exp.spec.seed)
+            runs.append((f"live{i + 1}", req, rounds))
+        for who, req, rounds in runs:
+            p = parts(req, rounds)
+            print(f"{name:24} {who:6} {p['span_s']:>8.3f} {p['busy_s']:>8.3f} {p['load_s']:>7.3f} "
+                  f"{p['host_s']:>7.3f} {p['between_s']:>9.3f} {p['host_ms_per_step']:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
