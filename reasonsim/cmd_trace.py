@@ -118,7 +118,7 @@ def cmd_trace_exits(args: argparse.Namespace) -> int:
 
 def cmd_traces_check(args: argparse.Namespace) -> int:
     """`reasonsim traces check`."""
-    from traces.store import check_trace
+    from traces.checks import check_trace
 
     bad = 0
     for path in args.paths:
@@ -157,7 +157,8 @@ def _incomplete(d: Path, kind: str) -> list[str]:
 def cmd_traces_seal(args: argparse.Namespace) -> int:
     """`reasonsim traces seal`: manifests for whole directories written before manifests."""
     from traces.manifest import MANIFEST, seal
-    from traces.store import check_trace, read_run
+    from traces.checks import check_trace
+    from traces.store import read_run
 
     for path in args.paths:
         for d in sorted({p.parent.parent for p in Path(path).rglob("runs/part-*.parquet")},

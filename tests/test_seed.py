@@ -395,7 +395,7 @@ def test_draft_length_variants_are_traced_and_simulate(k):
     tree drafts, and validate; each mode simulates on them, greedy acceptance keeping the
     target's own tree (the same thought tokens under ar as under seed)."""
     from programs.seed_traced import load_tot
-    from traces.store import check_trace
+    from traces.checks import check_trace
 
     trace = REPO / "traces" / "data" / f"testbed-tot-k{k}-cpu"
     assert check_trace(trace) == []
@@ -414,7 +414,7 @@ def test_the_state_evaluator_under_speculative_execution(tmp_path):
     and the evaluator's acceptance; the ar modes evaluate with the target. A policy asking for
     it in an ar mode, or on a trace without that tree, is refused."""
     from programs.seed_traced import load_tot
-    from traces.store import check_trace
+    from traces.checks import check_trace
 
     trace = REPO / "traces" / "data" / "testbed-tot-se-cpu"
     assert check_trace(trace) == []

@@ -369,7 +369,7 @@ def test_the_hit_term_counts_each_chunk_over_its_own_earlier_context(tmp_path):
 
     from sim.step_time.serving_features import attach_spans
     from traces import read_table
-    from traces.store import check_file
+    from traces.checks import check_file
 
     steps = []
     for name in ("now", "v1"):

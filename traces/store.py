@@ -1,4 +1,4 @@
-"""Reading and writing trace directories: crash-safe part files, resume, and validation.
+"""Reading and writing trace directories: crash-safe part files, resume, validated reads.
 
 A trace directory holds one sub-directory per table; each table is a set of Parquet part files
 `{table}/part-{unit}.parquet`, one per unit of work (a profiling grid cell, a chunk of requests).
@@ -14,46 +14,17 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.manifest import parts, seal as seal_dir, unseal, verify
-from traces.schema import (ADDED_COLUMNS, COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION,
-                           ORDERED_TIMES, SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, schema_of,
-                           table_version)
+from traces.checks import TraceError, checked_part, raise_if
+from traces.manifest import parts, seal as seal_dir, unseal
+from traces.schema import schema_of
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
-PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
-"""a hidden sibling an output directory is written into before its rename"""
-MAX_REPORTED = 20
-
-
-class TraceError(ValueError):
-    """A trace violates the data contract; the message names file, column and row."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One contract violation, located precisely."""
-
-    path: str
-    message: str
-    column: str | None = None
-    row: int | None = None
-
-    def __str__(self) -> str:
-        where = self.path
-        if self.column is not None:
-            where += f": column {self.column!r}"
-        if self.row is not None:
-            where += f" row {self.row}"
-        return f"{where}: {self.message}"
 
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
@@ -173,212 +144,7 @@ def write_tables(trace_dir: str | Path, run: dict[str, Any], tables: dict[str, p
     return writer.run_id
 
 
-# ---------------------------------------------------------------- validation and reading
-
-def _table_name_of(path: Path, schema: pa.Schema) -> str | None:
-    meta = schema.metadata or {}
-    if META_TABLE in meta:
-        return meta[META_TABLE].decode()
-    parent = path.parent.name
-    return parent if parent in SCHEMAS else None
-
-
-def check_file(path: str | Path, table: str | None = None) -> list[Violation]:
-    """Validate one Parquet part file against the contract; return every violation found."""
-    return checked_part(path, table)[0]
-
-
-def checked_part(path: str | Path, table: str | None = None
-                 ) -> tuple[list[Violation], pa.Table | None]:
-    """(every violation of one part file, the table it holds as read for the check): a reader
-    that validates takes the data from here rather than reading the file again."""
-    path = Path(path)
-    p = str(path)
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # unreadable bytes: one clear violation, not a stack trace
-        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")], None
-    schema = pf.schema_arrow
-    name = table or _table_name_of(path, schema)
-    if name not in SCHEMAS:
-        return [Violation(p, f"cannot tell which table this is (metadata {META_TABLE.decode()!r} "
-                             f"missing and folder {path.parent.name!r} is not a table name)")], None
-    out = _schema_violations(p, name, schema)
-    if out:
-        return out, None
-    try:
-        data = pq.read_table(path, schema=SCHEMAS[name])  # an older version's added columns null
-    except Exception as e:  # a footer that parses over pages that do not
-        return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")], None
-    out += _value_violations(p, name, data)
-    if name == "runs" and data.num_rows != 1:
-        out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
-    return out, data
-
-
-def _schema_violations(p: str, name: str, schema: pa.Schema) -> list[Violation]:
-    """A part's schema version, columns and types against its table's."""
-    out: list[Violation] = []
-    meta = schema.metadata or {}
-    version = meta.get(META_VERSION, b"").decode() or None
-    older = {str(v): added for v, added in ADDED_COLUMNS.get(name, {}).items()}
-    if version != str(table_version(name)) and version not in older:
-        out.append(Violation(p, f"schema version {version!r}, expected {table_version(name)!r} "
-                                f"(table {name})"))
-    expected, added = SCHEMAS[name], older.get(version, ())
-    out += [Violation(p, f"unknown column (table {name})", column=c)
-            for c in schema.names if c not in expected.names]
-    out += [Violation(p, f"missing column (table {name})", column=c)
-            for c in expected.names if c not in schema.names and c not in added]
-    out += [Violation(p, f"column added after version {version} (table {name})", column=c)
-            for c in added if c in schema.names]
-    for field in expected:
-        if field.name in schema.names and schema.field(field.name).type != field.type:
-            out.append(Violation(p, f"type {schema.field(field.name).type}, expected {field.type}",
-                                 column=field.name))
-    return out
-
-
-def _value_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
-    """A part's values: nulls, times finite, non-negative and in order, counts, cached tokens."""
-    out: list[Violation] = []
-    for field in SCHEMAS[name]:
-        if not field.nullable and data.column(field.name).null_count:
-            row = int(np.flatnonzero(data.column(field.name).is_null().to_numpy(
-                zero_copy_only=False))[0])
-            out.append(Violation(p, "null in a required column", column=field.name, row=row))
-    for c in TIME_COLUMNS[name]:
-        v = data.column(c).to_numpy(zero_copy_only=False).astype(float)  # nulls -> nan
-        valid = ~data.column(c).is_null().to_numpy(zero_copy_only=False)
-        bad_nan = np.flatnonzero(valid & ~np.isfinite(v))
-        if bad_nan.size:
-            out.append(Violation(p, f"non-finite time {v[bad_nan[0]]} ({bad_nan.size} rows)",
-                                 column=c, row=int(bad_nan[0])))
-        bad_neg = np.flatnonzero(valid & (v < 0))
-        if bad_neg.size:
-            out.append(Violation(p, f"negative time {v[bad_neg[0]]} ({bad_neg.size} rows)",
-                                 column=c, row=int(bad_neg[0])))
-    order = ORDERED_TIMES.get(name, ())
-    if order:
-        # Each timestamp against the latest earlier one present in its row (nulls skipped).
-        latest = np.full(data.num_rows, np.nan)
-        latest_col = np.full(data.num_rows, "", dtype=object)
-        for col in order:
-            v = data.column(col).to_numpy(zero_copy_only=False).astype(float)
-            with np.errstate(invalid="ignore"):
-                bad = np.flatnonzero(v < latest - 1e-9)
-            if bad.size:
-                r = int(bad[0])
-                out.append(Violation(p, f"{col}={v[r]} before {latest_col[r]}={latest[r]} "
-                                        f"({bad.size} rows)", column=col, row=r))
-            present = ~np.isnan(v)
-            latest = np.where(present, np.fmax(v, np.nan_to_num(latest, nan=-np.inf)), latest)
-            latest_col = np.where(present, col, latest_col)
-    for col in COUNT_COLUMNS.get(name, ()):
-        v = data.column(col).to_numpy(zero_copy_only=False).astype(float)
-        bad = np.flatnonzero(v < 0)
-        if bad.size:
-            out.append(Violation(p, f"negative count {v[bad[0]]:g} ({bad.size} rows)",
-                                 column=col, row=int(bad[0])))
-    for col, allowed in ENUM_COLUMNS.get(name, {}).items():
-        values = data.column(col).to_pylist()
-        bad = [i for i, v in enumerate(values) if v is not None and v not in allowed]
-        if bad:
-            out.append(Violation(p, f"{values[bad[0]]!r} is not one of {', '.join(allowed)} "
-                                    f"({len(bad)} rows)", column=col, row=bad[0]))
-    if name == "requests":
-        cached = data.column("cached_prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
-        prompt = data.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
-        bad = np.flatnonzero(cached > prompt)
-        if bad.size:
-            out.append(Violation(p, f"cached_prompt_tokens {cached[bad[0]]:g} > prompt_tokens "
-                                    f"{prompt[bad[0]]:g} ({bad.size} rows)",
-                                 column="cached_prompt_tokens", row=int(bad[0])))
-    return out
-
-
-def check_trace(path: str | Path) -> list[Violation]:
-    """Validate a trace directory (every table, nested runs too) or a single part file."""
-    path = Path(path)
-    if not path.exists():
-        return [Violation(str(path), "does not exist")]
-    if path.is_file():
-        from traces.manifest import verify_part  # the manifest module reads this one's parts
-
-        return check_file(path) + [Violation(f, m) for f, m in verify_part(path)]
-    out: list[Violation] = []
-    if PARTIAL_RE.match(path.name):
-        return [Violation(str(path), "a partial output its writer left when it was killed (the "
-                                     "next write of the same output removes it)")]
-    if not parts(path, "runs"):
-        out.append(Violation(str(path), "no runs table: not a trace directory"))
-    for sub in sorted(path.iterdir()):
-        if sub.name.startswith((".", "_")) or not sub.is_dir():
-            continue
-        if sub.name not in SCHEMAS and parts(sub, "runs"):
-            out.extend(check_trace(sub))  # a nested run (one engine of a two-engine trace)
-            continue
-        if sub.name not in SCHEMAS:
-            out.append(Violation(str(sub), f"unknown table folder; known: {', '.join(SCHEMAS)}"))
-            continue
-        for part in parts(path, sub.name):
-            out.extend(check_file(part, sub.name))
-    requests = parts(path, "requests")
-    if requests and not out and not any(pq.ParquetFile(f).metadata.num_rows for f in requests):
-        out.append(Violation(str(path / "requests"), "the requests table is empty"))
-    if not out:
-        out.extend(_check_joins(path))
-        out.extend(_check_unique(path))
-    if parts(path, "runs"):  # after the contents: their violations say more than a hash does
-        out.extend(Violation(f, message) for f, message in verify(path))
-    return out
-
-
-def _check_unique(trace_dir: Path) -> list[Violation]:
-    import pandas as pd
-
-    out = []
-    for name, key in UNIQUE_KEYS.items():
-        files = parts(trace_dir, name)
-        if not files:
-            continue
-        cols = [pq.read_table(f, columns=list(key)).to_pandas().assign(_part=f.name,
-                                                                       _row=lambda d: d.index)
-                for f in files]
-        rows = pd.concat(cols, ignore_index=True)
-        dup = rows[rows.duplicated(list(key), keep="first")]
-        if len(dup):
-            first = dup.iloc[0]
-            ident = ", ".join(f"{k}={first[k]!r}" for k in key)
-            out.append(Violation(str(trace_dir / name / first["_part"]),
-                                 f"duplicate {ident} ({len(dup)} duplicate rows in {name})",
-                                 column=key[-1], row=int(first["_row"])))
-    return out
-
-
-def _check_joins(trace_dir: Path) -> list[Violation]:
-    run_ids = set(read_table(trace_dir, "runs", validate=False).column("run_id").to_pylist())
-    out = []
-    for name in SCHEMAS:
-        if name == "runs":
-            continue
-        for part in parts(trace_dir, name):
-            ids = pq.read_table(part, columns=["run_id"]).column("run_id")
-            mask = pc.invert(pc.is_in(ids, value_set=pa.array(sorted(run_ids), pa.string())))
-            bad = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-            if bad.size:
-                out.append(Violation(str(part), f"run_id {ids[int(bad[0])].as_py()!r} not in runs",
-                                     column="run_id", row=int(bad[0])))
-    return out
-
-
-def raise_if(violations: Iterable[Violation]) -> None:
-    """Raise TraceError listing the violations (first MAX_REPORTED), if any."""
-    vs = list(violations)
-    if vs:
-        more = f" (+{len(vs) - MAX_REPORTED} more)" if len(vs) > MAX_REPORTED else ""
-        raise TraceError("; ".join(str(v) for v in vs[:MAX_REPORTED]) + more)
-
+# ---------------------------------------------------------------- reading
 
 def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.Table:
     """Read one table of a trace directory (all parts), validating each part by default."""
