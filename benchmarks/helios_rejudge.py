@@ -29,13 +29,14 @@ from validation.helios import TIME_POWER  # noqa: E402
 
 def retraced(config: Path, retrace: Path) -> Experiment:
     """The config's experiment on the profiles `helios replay --retrace` wrote (`retrace/<model>`:
-    each model under the name its first trace gave it)."""
-    from sim.families.helios.profile import load_profile
+    each model under the name its first trace gave it, as `load_profile` names it)."""
+    from traces.store import read_run
 
     d = read_yaml(config)
     for m in d["helios"]["models"]:
         exits = Path(m["exits"]) if Path(m["exits"]).is_absolute() else config.parent / m["exits"]
-        m["exits"] = str((retrace / load_profile(exits, m.get("name")).name).resolve())
+        name = m.get("name") or Path(str(read_run(exits)["model_id"])).name
+        m["exits"] = str((retrace / name).resolve())
     return Experiment(d, config.parent)
 
 
