@@ -4,7 +4,7 @@
     python benchmarks/families_ab.py /tmp/base . --rounds 3
 
 Each round runs one process per checkout, alternately (base first), each timing every family of
-`sim_speed.FAMILIES` compiled (`simulate`, CPU seconds, median of `--repeats` after a warm-up
+`family_speed.FAMILIES` compiled (`simulate`, CPU seconds, median of `--repeats` after a warm-up
 run); the table gives each checkout's simulated requests per CPU-second (median of the rounds,
 min-max) and their ratio. A shared machine's drift lands on both checkouts alike.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 CHILD = """
 import gc, json, statistics, sys, time
 sys.path[:0] = [{root!r} + "/benchmarks", {root!r}]
-from sim_speed import FAMILIES, program_config
+from family_speed import FAMILIES, program_config
 from sim.simulate import simulate
 out = {{}}
 for fam in {families!r}:

@@ -2,8 +2,8 @@
 
     python benchmarks/sim_speed.py --quick --json     # about 1 minute
     python benchmarks/sim_speed.py --families         # every program family, compiled, under
-                                                      # SimPy and its decisions alone
-                                                      # (`program_decisions`; about 3 minutes)
+                                                      # SimPy, its decisions alone and doubled
+                                                      # outputs (`family_speed`; ~5 minutes)
     python benchmarks/sim_speed.py                    # 1k -> 1M requests, 1 -> 1,000 replicas,
                                                       # 1M Dynasor CoT programs on 1,000
                                                       # replicas, plus Vidur side by side if --vidur
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from program_decisions import decisions_alone  # noqa: E402  (this directory)
+from family_speed import families, program_config, table  # noqa: E402  (this directory)
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
@@ -93,58 +93,6 @@ def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = Tru
 PROGRAMS = {"cot": "dynasor-cot-certaindex.yaml", "sc": "dynasor-certaindex.yaml"}
 """the program workloads timed at scale: Dynasor CoT with probes, self-consistency (certaindex
 both)"""
-FAMILIES = {"cot": ("dynasor-cot-certaindex.yaml", 4000, 8),
-            "sc": ("dynasor-certaindex.yaml", 4000, 8),
-            "mcts": ("dynasor-mcts-certaindex.yaml", 4000, 8),
-            "rebase": ("dynasor-rebase-certaindex.yaml", 1000, 8),
-            "a1": ("a1-async-separate.yaml", 300, 8),
-            "seed": ("seed-separate.yaml", 100, 4)}
-"""every program family's example (`--families`): (example, programs, replicas per group), sized
-to about 10^5 requests, each run compiled and under SimPy"""
-
-
-def program_config(example: str, n: int, replicas: int):
-    """An example program workload with `n` programs, each replica group `replicas` times as
-    large at half of the example's rate per replica, writing no steps table."""
-    from sim.config import read_yaml
-
-    d = read_yaml(REPO / "examples" / example)
-    d["workload"]["programs"].update(count=n, rate_per_s=d["workload"]["programs"]["rate_per_s"]
-                                     * replicas * 0.5)
-    for group in d["cluster"]["replicas"]:
-        group["count"] = group.get("count", 1) * replicas
-    d["output"] = {"steps": False}
-    return parse_config(d, REPO / "examples")
-
-
-def families(repeats: int) -> dict:
-    """Per program family (`FAMILIES`), its example run compiled where the kernel covers it and
-    under SimPy: simulated requests per CPU-second (medians of `repeats`), what kept it
-    under SimPy."""
-    out = {}
-    simulate(program_config(FAMILIES["cot"][0], 20, 1))  # the kernel's load, timed apart
-    for method, (example, n, replicas) in FAMILIES.items():
-        cfg = program_config(example, n, replicas)
-        row = {"example": example, "programs": n}
-        for compiled in (True, False):
-            cpu = []
-            for _ in range(repeats):
-                gc.collect()
-                t0 = time.process_time()
-                res = simulate(cfg, compiled=compiled)
-                cpu.append(time.process_time() - t0)
-            key = "" if compiled else "simpy_"
-            row[key + "requests_per_cpu_s"] = res.summary["requests"] / statistics.median(cpu)
-            if compiled:
-                row.update(simulator=res.summary["simulator"], why_simpy=res.why_simpy,
-                           requests=res.summary["requests"])
-        # the floor under any kernel: the same programs' Python side on instant replicas
-        row["decisions_alone_requests_per_cpu_s"] = statistics.median(
-            decisions_alone(cfg)["requests_per_cpu_s"] for _ in range(repeats))
-        out[method] = row
-    return out
-
-
 def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) -> dict:
     """Dynasor programs (`PROGRAMS[method]`: certaindex, the Dynasor scheduler) on `replicas`
     replicas at half of the example's rate each: CPU seconds of one run (`simpy`: and of the
@@ -184,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                     metavar="REQUESTS,REPLICAS",
                     help="where to measure doubled output lengths (default: the first scale)")
     ap.add_argument("--families", action="store_true",
-                    help="only the per-family table: every program family's example compiled "
-                         "and under SimPy (about 2 minutes)")
+                    help="only the per-family table (`family_speed`): every program family's "
+                         "example compiled, under SimPy, its decisions alone and doubled outputs "
+                         "(about 5 minutes)")
     ap.add_argument("--vidur", action="store_true",
                     help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
     return ap
@@ -288,13 +237,7 @@ def main() -> None:
     args = _parser().parse_args()
     if args.families:
         fam = families(args.repeats)
-        print(json.dumps(fam) if args.json else "\n".join(
-            f"{m:>7} ({r['requests']} requests, {r['simulator']}): "
-            f"{r['requests_per_cpu_s']:>8.0f} req/cpu-s; under SimPy "
-            f"{r['simpy_requests_per_cpu_s']:>8.0f}" + (f" ({r['why_simpy']})" if r['why_simpy']
-                                                        else "")
-            + f"; decisions alone {r['decisions_alone_requests_per_cpu_s']:>8.0f}"
-            for m, r in fam.items()))
+        print(json.dumps(fam) if args.json else table(fam))
         return
     out, w, base = measure_all(args)
     if args.vidur:
