@@ -43,7 +43,8 @@ def one_round(config: str, repeats: int, policies: str | None,
 
 def summarise(reports: list[dict]) -> dict:
     """Per policy: decision agreement (worst round) and per metric the error's median and range
-    over rounds and the median within-round live spread."""
+    over rounds, the same at each round's live step speed, and the median within-round live
+    spread."""
     out = {}
     for name in reports[0]:
         rows = [r[name] for r in reports]
@@ -54,8 +55,13 @@ def summarise(reports: list[dict]) -> dict:
         for m in METRICS:
             errors = [r["metrics"][m]["error"] for r in rows]
             spreads = [r["metrics"][m]["live_spread"] for r in rows]
+            # the error at each round's live step speed (`validation.helios.compare`)
+            at_speed = [r["metrics"][m]["error_at_live_speed"] for r in rows]
             out[name][m] = {"error_median": statistics.median(errors), "error_min": min(errors),
-                            "error_max": max(errors), "live_spread": statistics.median(spreads)}
+                            "error_max": max(errors), "live_spread": statistics.median(spreads),
+                            "at_live_speed_median": statistics.median(at_speed),
+                            "at_live_speed_min": min(at_speed),
+                            "at_live_speed_max": max(at_speed)}
     return out
 
 
@@ -82,13 +88,16 @@ def main() -> int:
         return 0
     print(f"{args.config}: {args.rounds} rounds of re-trace + {args.repeats} live runs per "
           "policy; error = sim vs the round's live median: median over rounds [min, max] "
-          "(median live-vs-live spread in a round)")
+          "(median live-vs-live spread in a round); then at each round's live step speed")
     print(f"{'policy':30s} {'agreement':>10s}  " + "  ".join(f"{m:>32s}" for m in METRICS))
     for name, p in result["policies"].items():
         agree = f"{p['prompts']:.0%}/{p['same_exit_layers']:.0%}"
         cells = [f"{p[m]['error_median']:+6.1%} [{p[m]['error_min']:+.1%}, "
                  f"{p[m]['error_max']:+.1%}] ({p[m]['live_spread']:.0%})" for m in METRICS]
         print(f"{name:30s} {agree:>10s}  " + "  ".join(f"{c:>32s}" for c in cells))
+        cells = [f"{p[m]['at_live_speed_median']:+6.1%} [{p[m]['at_live_speed_min']:+.1%}, "
+                 f"{p[m]['at_live_speed_max']:+.1%}]" for m in METRICS]
+        print(f"{'  at live speed':30s} {'':>10s}  " + "  ".join(f"{c:>32s}" for c in cells))
     return 0
 
 
