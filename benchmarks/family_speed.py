@@ -1,12 +1,15 @@
-"""Every program family's simulation speed: its example compiled, under SimPy, its decisions alone,
-and its requests with output lengths doubled (`python benchmarks/sim_speed.py --families`).
+"""Every program family's simulation speed: its example compiled (at its calibrations' step-time
+model kind and at the other kind), under SimPy, its decisions alone, and its requests with output
+lengths doubled (`python benchmarks/sim_speed.py --families`).
 
 Cost must grow with scheduling events, not tokens, for program workloads as for plain requests.
 `doubled_outputs` runs the same programs with every request generating twice the tokens the trace
 gives it (the oracle's answer doubled on the way to the replicas and halved on the way back, so
-each program decides as it does at traced lengths): twice the decode steps at the same arrivals,
-the same scheduling events. The calibrations' `max_model_len` is doubled for that run (copies
-under `.bench/`), since a traced request near the model's limit would not fit twice its output.
+each program decides as it does at traced lengths), at the same arrivals; the row gives the CPU
+ratio beside the ratios of steps and scheduling events (longer requests overlap more, so more
+arrivals cut a running decode run). The calibrations' `max_model_len` is doubled for both runs
+(copies under `.bench/`), since a traced request near the model's limit would not fit twice its
+output.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """How the sampled speed levels move the judged estimate: a fidelity run judged again, offline.
 
     python benchmarks/level_variants.py RUN OUT [--variants current,mean1,steps] [--json]
+    python benchmarks/level_variants.py RUN OUT --variants current,history,history0 \
+        --history RUN2,RUN3
 
 The judged estimate of a `reasonsim fidelity` row is the median over the noise band's draws.
 Sampled latency multiplies each step's mean by a residual draw, a run level per replica
@@ -23,6 +25,11 @@ quantiles and judges the same live runs again (`benchmarks/fidelity_offline.py`)
   window (no run level)
 - refit: RUN's traces calibrated again by this checkout (`calibrate`): whatever it fits now
   (since the split, the windows' parts, from the fit's own residuals)
+- history: the run level drawn from the machine's history, the decode levels of every live
+  run of the fidelity runs named by `--history` (each against its own calibration, the level
+  `at live speed` reads): the drift between calibrating and serving, as earlier runs on the
+  same machine saw it, its median shift included
+- history0: the same levels less their median: the history's spread, no shift
 
 The last two read the calibration's greedy traces again (grid and calibration traffic, not
 the sampling grid: `benchmarks/prefix_hit_terms.py`) against its model's prediction.
@@ -51,9 +58,26 @@ VARIANTS = ("current", "mean1", "steps", "before", "runs", "windows")
 P50 = ("e2e_s.p50", "program_latency_p50")
 
 
-def variant(cal: dict, name: str) -> dict:
-    """The calibration with its level quantiles rewritten as `name` says."""
+def history_levels(runs: list[Path]) -> np.ndarray:
+    """Log decode level of every live run of fidelity runs `runs` (`step_speed` in each
+    fidelity.json: its decode steps over its calibration's prediction, against its own)."""
+    return np.log([s["decode"] for run in runs
+                   for w in json.loads((run / "fidelity.json").read_text())["workloads"]
+                   for s in w.get("step_speed", []) if s.get("decode")])
+
+
+def variant(cal: dict, name: str, history: np.ndarray | None = None) -> dict:
+    """The calibration with its level quantiles rewritten as `name` says (`history`: the log
+    levels the history variants draw from)."""
     m = dict(cal["step_time_model"])
+    if name in ("history", "history0"):
+        from sim.step_time.latency import midpoints
+
+        if history is None or not len(history):
+            raise ValueError(f"variant {name}: name earlier fidelity runs with --history")
+        q = np.quantile(history, midpoints(21))
+        return {**cal, "step_time_model": {**m, "run_log_quantiles": list(
+            q - np.median(history) if name == "history0" else q)}}
     if name == "refit":
         from sim.step_time.calibration import calibrate
 
@@ -127,15 +151,19 @@ def main() -> None:
     ap.add_argument("run", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--history", default="",
+                    help="fidelity runs (comma-separated) whose live levels the history "
+                         "variants draw from (not RUN itself)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     cal = json.loads((args.run / "calibration.json").read_text())
+    history = history_levels([Path(p) for p in args.history.split(",") if p])
     rows = {}
     for name in args.variants.split(","):
         out = (args.out / name).resolve()
         out.mkdir(parents=True, exist_ok=True)
         path = out / "calibration.json"
-        path.write_text(json.dumps(variant(cal, name), indent=1) + "\n")
+        path.write_text(json.dumps(variant(cal, name, history), indent=1) + "\n")
         rows[name] = figures(rejudge(args.run, out, path))
     if args.json:
         print(json.dumps(rows))

@@ -298,6 +298,38 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
         [w["workload"] for w in result["workloads"]]
 
 
+def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):
+    """`benchmarks/level_variants.py`'s history variants: the run level's quantiles from the
+    decode levels earlier fidelity runs recorded, with (history) or without (history0) their
+    median; nothing else of the calibration changes."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from level_variants import history_levels, variant
+
+    levels = [[0.8, 1.0], [1.2, None], [1.25, 1.1]]
+    runs = []
+    for k, pair in enumerate(levels):
+        runs.append(tmp_path / f"run{k}")
+        runs[-1].mkdir()
+        (runs[-1] / "fidelity.json").write_text(json.dumps({"workloads": [
+            {"workload": "w", "step_speed": [{"decode": v, "prefill": None} for v in pair]},
+            {"workload": "programs", "step_speed": []}]}))
+    history = history_levels(runs)
+    assert sorted(np.exp(history).round(6)) == [0.8, 1.0, 1.1, 1.2, 1.25]
+    cal = json.loads((REPO / "sim" / "data" / "testbed-large-cpu.calib.json").read_text())
+    q = np.array(variant(cal, "history", history)["step_time_model"]["run_log_quantiles"])
+    q0 = np.array(variant(cal, "history0", history)["step_time_model"]["run_log_quantiles"])
+    assert len(q) == 21 and math.log(0.8) <= q.min() < q.max() <= math.log(1.25)
+    assert np.median(q) == pytest.approx(math.log(1.1))
+    assert q0 == pytest.approx(q - math.log(1.1))
+    rest = {k: v for k, v in cal["step_time_model"].items() if k != "run_log_quantiles"}
+    got = variant(cal, "history", history)["step_time_model"]
+    assert {k: v for k, v in got.items() if k != "run_log_quantiles"} == rest
+    with pytest.raises(ValueError, match="--history"):
+        variant(cal, "history", np.array([]))
+
+
 def again_equal(a: dict, b: dict) -> bool:
     keys = ("sim", "live", "error", "error_at_live_speed", "error_sampled_at_live_speed",
             "error_at_probe_speed")
