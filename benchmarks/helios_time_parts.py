@@ -1,12 +1,15 @@
 """Where a HELIOS stream's time goes, simulated and live: steps, loads, the loop between them.
 
     python benchmarks/helios_time_parts.py CONFIG DIR --policies static:target-small --repeats 2
+    python benchmarks/helios_time_parts.py CONFIG DIR --policies helios:accuracy --by-depth
 
 Serves each named policy's stream on the profiles retraced in DIR (`DIR/<model>`, as
 `helios replay --retrace DIR` wrote them) once simulated and `--repeats` times live on the
 PyTorch engine, and prints per run: the span, the steps' compute (`busy`), layer loads, the
 time inside rounds that no step computed (the serving loop's host time) and the time between
-rounds beyond the loads, with the host time per step.
+rounds beyond the loads, with the host time per step. `--by-depth`: per live run, the rounds'
+step time by the model and depth serving them, live over simulated (the same rounds: a
+replay's decisions are equal), beside the prompts per round.
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ def parts(requests, rounds) -> dict:
             "host_ms_per_step": host_s * 1e3 / rounds.steps.sum()}
 
 
+def by_depth(sim_rounds, live_rounds):
+    """Per (model, depth): rounds, prompts per round, simulated and live step time (ms) and
+    their ratio; the two runs' rounds in the same order."""
+    if list(zip(sim_rounds.model, sim_rounds.depth)) != \
+            list(zip(live_rounds.model, live_rounds.depth)):
+        raise ValueError("the live run served other rounds than the simulation")
+    df = sim_rounds[["model", "depth", "batch", "busy_ms"]].reset_index(drop=True).assign(
+        live_ms=live_rounds.busy_ms.to_numpy())
+    g = df.groupby(["model", "depth"]).agg(rounds=("batch", "size"), prompts=("batch", "mean"),
+                                           sim_ms=("busy_ms", "sum"), live_ms=("live_ms", "sum"))
+    return g.assign(live_over_sim=g.live_ms / g.sim_ms)
+
+
 def main() -> None:
     """Print each policy's time parts, simulated and per live run."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -42,6 +58,8 @@ def main() -> None:
     ap.add_argument("retrace", type=Path)
     ap.add_argument("--policies", type=lambda t: t.split(","), required=True)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--by-depth", action="store_true",
+                    help="also each live run's step time by model and depth against the sim")
     args = ap.parse_args()
     exp = retraced(args.config, args.retrace)
     first = next(iter(exp.profiles.values()))
@@ -62,6 +80,9 @@ def main() -> None:
             p = parts(req, rounds)
             print(f"{name:24} {who:6} {p['span_s']:>8.3f} {p['busy_s']:>8.3f} {p['load_s']:>7.3f} "
                   f"{p['host_s']:>7.3f} {p['between_s']:>9.3f} {p['host_ms_per_step']:>12.3f}")
+        for who, _, rounds in runs[1:] if args.by_depth else ():
+            print(f"{name} {who}: step time by model and depth, live over simulated")
+            print(by_depth(runs[0][2], rounds).round(3).to_string())
 
 
 if __name__ == "__main__":
