@@ -78,10 +78,7 @@ def _other_kind(cal: Path) -> Path:
     model = Path(d["provenance"]["model_id"]).name
     fit = calibrate([SHIPPED_STEPS[model]], model=other).to_json()
     fit["engine_limits"] = d["engine_limits"]
-    out = REPO / ".bench" / f"{other}-{cal.resolve().name}"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(fit))
-    return out
+    return _bench_copy(fit, f"{other}-{cal.resolve().name}")
 
 
 def _doubled_limit(cal: Path) -> Path:
@@ -90,10 +87,20 @@ def _doubled_limit(cal: Path) -> Path:
     limits = d["engine_limits"]
     if limits.get("max_model_len"):
         limits["max_model_len"] *= 2
-    out = REPO / ".bench" / f"doubled-limit-{cal.resolve().name}"
+    return _bench_copy(d, f"doubled-limit-{cal.resolve().name}")
+
+
+def _bench_copy(calibration: dict, name: str) -> Path:
+    """Write a calibration mapping as .bench/<name> (ignored by git); its path."""
+    out = REPO / ".bench" / name
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(d))
+    out.write_text(json.dumps(calibration))
     return out
+
+
+def _kinds(cfg) -> list[str]:
+    """The step-time model kinds of a config's calibrations."""
+    return sorted({cal.latency.kind for cal, _ in build_replicas(cfg)})
 
 
 class _Doubled:
@@ -157,10 +164,9 @@ def family_row(example: str, n: int, replicas: int, repeats: int) -> dict:
     cpu, res = timed(cfg, repeats)
     simpy_cpu, _ = timed(cfg, repeats, compiled=False)
     requests = res.summary["requests"]
-    kinds = sorted({cal.latency.kind for cal, _ in build_replicas(cfg)})
     row = {"example": example, "programs": n, "requests": requests,
            "simulator": res.summary["simulator"], "why_simpy": res.why_simpy,
-           "step_time_models": kinds, "requests_per_cpu_s": requests / cpu,
+           "step_time_models": _kinds(cfg), "requests_per_cpu_s": requests / cpu,
            "simpy_requests_per_cpu_s": requests / simpy_cpu,
            # the floor under any kernel: the same programs' Python side on instant replicas
            "decisions_alone_requests_per_cpu_s": statistics.median(
@@ -169,8 +175,8 @@ def family_row(example: str, n: int, replicas: int, repeats: int) -> dict:
     other = program_config(example, n, replicas, other_kind=True)
     other_cpu, res = timed(other, repeats)
     s = res.summary
-    row["other_kind"] = {"step_time_models": sorted({c.latency.kind for c, _ in build_replicas(other)}),
-                         "requests": s["requests"], "simulator": s["simulator"],
+    row["other_kind"] = {"step_time_models": _kinds(other), "requests": s["requests"],
+                         "simulator": s["simulator"],
                          "requests_per_cpu_s": s["requests"] / other_cpu}
     return row
 
