@@ -109,7 +109,8 @@ def cmd_trace_exits(args: argparse.Namespace) -> int:
     if any(not 0 < t <= 1 for t in args.ee_thresholds):
         raise UserError("--ee-thresholds: each must be in (0, 1]")
     wl = ExitsWorkload(phases=args.phases, prompts_per_phase=args.prompts_per_phase,
-                       max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs, seed=args.seed)
+                       max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs, seed=args.seed,
+                       waves=tuple(args.waves))
     summary = trace_exits(args.model, args.out, wl, load_format=args.load_format,
                           progress=not args.quiet, ee_thresholds=args.ee_thresholds)
     print_summary(summary, args.json)
@@ -315,7 +316,8 @@ def add_branches_parser(tsub) -> None:
 
 def add_exits_parser(tsub) -> None:
     """`reasonsim trace exits`."""
-    from reasonsim.common import DEFAULT_MODEL
+    from reasonsim.common import DEFAULT_MODEL, ints
+    from testbed.streams import ExitsWorkload
 
     ex = tsub.add_parser("exits", help="every exit's view of every token on the PyTorch engine "
                          "(HELIOS)", description="Run a stream of held-out testbed prompts in "
@@ -333,6 +335,9 @@ def add_exits_parser(tsub) -> None:
     ex.add_argument("--prompts-per-phase", type=int, default=30)
     ex.add_argument("--max-tokens", type=int, default=96)
     ex.add_argument("--max-num-seqs", type=int, default=32)
+    ex.add_argument("--waves", type=ints, default=list(ExitsWorkload.waves),
+                    help="prompts per arrival wave, cycled within each phase (e.g. 1,4,2,8); a "
+                    "wave waits for a free slot per prompt, so it is prefilled in one step")
     ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     ex.add_argument("--ee-thresholds", type=lambda t: tuple(float(x) for x in t.split(",") if x),
                     default=(0.9,), help="thresholds of the layer-skipping passes (EE-full "

@@ -18,6 +18,13 @@ class ExitsWorkload:
     max_num_seqs: int = 32
     load_repeats: int = 5
     seed: int = 0
+    waves: tuple[int, ...] = (1, 4, 2, 8, 3, 12, 24, 6)
+    """prompts per arrival wave, cycled within each phase: a 30-prompt phase gets 1 to 12, a
+    longer one also prefills 24 prompts in one step, as HELIOS's rounds at depth 1 do"""
+
+    def __post_init__(self):
+        if not self.waves or any(w < 1 for w in self.waves):
+            raise ValueError(f"waves {self.waves}: need at least one wave, each >= 1 prompt")
 
     def prompts(self) -> list[tuple[str, tasks.Item]]:
         """(cell_id, item) in stream order: cell_id = phase index, family and level."""

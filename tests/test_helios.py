@@ -56,6 +56,23 @@ def test_trace_exits_records_every_exit_at_every_depth(tmp_path):
     assert proc.returncode == 2 and "--phases: unknown family 'poetry'" in proc.stderr
 
 
+def test_trace_exits_prefills_each_wave_in_one_step(tmp_path):
+    # Waves of 2 then 3 prompts on 4 slots: the 3-wave waits until 1 slot is taken at most,
+    # so every depth's prefill steps admit 2 and 3 prompts (not 2, 2, 1), as a HELIOS round does.
+    out = tmp_path / "exits"
+    run_cli("trace", "exits", "--model", str(TESTBED / "target-small"), "-o", str(out),
+            "--phases", "count", "--prompts-per-phase", "5", "--max-tokens", "10",
+            "--max-num-seqs", "4", "--waves", "2,3", "--ee-thresholds", "", "-q")
+    steps = read_table(out, "steps").to_pandas()
+    for depth in (1, 2):
+        cell = steps[steps.cell_id == f"depth{depth}"]
+        assert list(cell.prefill_seqs[cell.prefill_seqs > 0]) == [2, 3]
+    assert read_run(out)["params"]["workload"]["waves"] == [2, 3]
+    proc = run_cli("trace", "exits", "--model", str(TESTBED / "draft"), "-o", str(tmp_path / "x"),
+                   "--waves", "2,0", check=False)
+    assert proc.returncode == 2 and "--waves: expected positive integers" in proc.stderr
+
+
 def test_shipped_exits_traces_and_the_offline_analysis():
     for trace in SHIPPED:
         assert check_trace(trace) == []

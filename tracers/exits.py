@@ -17,7 +17,6 @@ final one, so they add no `exits` rows.
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -31,8 +30,6 @@ from engines.pytorch.rows import BLOCK_SIZE, TorchStepWriter
 from traces.provenance import config_hash, run_row
 from traces.store import TraceWriter, check_out_dir
 
-WAVES = (1, 4, 2, 8, 3, 12)
-"""prompts per arrival wave (cycled) within a phase"""
 WAVE_EVERY_STEPS = 6
 """steps between waves (a wave also comes at once when the engine runs dry)"""
 
@@ -96,7 +93,7 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
         first += len(phase)
         for label, engine in engines.items():
             step_id, n = _run_stream(engine, writer, chunk, model, label, step_id, t0,
-                                     workload.max_tokens)
+                                     workload.max_tokens, workload.waves)
             tokens += n
             writer.flush(f"phase{k}-{label}")
         if progress:
@@ -108,19 +105,20 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
 
 
 def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: str,
-                label: str, step_id: int, t0: float, max_tokens: int) -> tuple[int, int]:
+                label: str, step_id: int, t0: float, max_tokens: int,
+                waves: tuple[int, ...]) -> tuple[int, int]:
     """Serve (index, cell, item) prompts on one engine (`depth<D>`: D layers loaded;
-    `ee<t>`: layer skipping at t), arriving in waves of varying size (so steps prefill 1 to 12
-    prompts beside varying decode batches: the step model sees both); write their rows (exits
-    only at a loaded depth); (next step id, tokens)."""
+    `ee<t>`: layer skipping at t), arriving in waves of the cycled sizes `waves` (so steps
+    prefill 1 to max(waves) prompts beside varying decode batches: the step model sees both);
+    write their rows (exits only at a loaded depth); (next step id, tokens)."""
     depth = int(label.removeprefix("depth")) if label.startswith("depth") else None
     prefix = f"d{depth}" if depth is not None else label
     rows = TorchStepWriter(engine, writer, t0, step_id)
-    pending, waves, k = list(chunk), itertools.cycle(WAVES), 0
+    pending, w, k = list(chunk), 0, 0
     tokens = 0
     while pending or engine.has_unfinished():
-        if pending and (k % WAVE_EVERY_STEPS == 0 or not engine.has_unfinished()):
-            wave = next(waves)
+        if pending and _wave_due(engine, k, waves[w % len(waves)]):
+            wave, w = waves[w % len(waves)], w + 1
             for n, cell, item in pending[:wave]:
                 rows.add(f"{prefix}-q{n}", lm.encode(item.prompt), max_tokens, cell)
             pending = pending[wave:]
@@ -133,6 +131,18 @@ def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: st
                            max_prob=p, token_id=tok)
         tokens += len(res.tokens)
     return rows.step_id, tokens
+
+
+def _wave_due(engine: TorchEngine, k: int, wave: int) -> bool:
+    """Whether the next wave arrives before step k: every WAVE_EVERY_STEPS steps, or at once when
+    the engine runs dry; a wave an empty engine can admit whole also waits for a free slot per
+    prompt, so it is prefilled in one step (the rounds HELIOS plans admit their prompts so)."""
+    if not engine.has_unfinished():
+        return True
+    if k % WAVE_EVERY_STEPS:
+        return False
+    slots = engine.spec.max_num_seqs
+    return wave > slots or len(engine.running) + len(engine.waiting) + wave <= slots
 
 
 def _warm_up(engine: TorchEngine) -> None:
