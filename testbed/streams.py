@@ -18,9 +18,9 @@ class ExitsWorkload:
     max_num_seqs: int = 32
     load_repeats: int = 5
     seed: int = 0
-    waves: tuple[int, ...] = (1, 4, 2, 8, 3, 12, 24, 6)
-    """prompts per arrival wave, cycled within each phase: a 30-prompt phase gets 1 to 12, a
-    longer one also prefills 24 prompts in one step, as HELIOS's rounds at depth 1 do"""
+    waves: tuple[int, ...] = (1, 4, 2, 8, 3, 12)
+    """prompts per arrival wave, cycled within each phase (`trace exits --waves`); each wave
+    is prefilled in one step, as a HELIOS round is"""
 
     def __post_init__(self):
         if not self.waves or any(w < 1 for w in self.waves):

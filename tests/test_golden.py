@@ -80,7 +80,11 @@ by turn): every path of a program shares its question's prompt, and programs of 
 (one seed) send the same prompts. On the live `a1 replay` of a config other than the examples
 (16 programs), the draft pool's prompt tokens found cached: 63.3% simulated before, 75.7%
 after, 76.4% live. Decisions and accuracy unchanged; path compute time up 3-5% (more scoring
-requests find their tail cached and run twice, as the live engine runs them).
+requests find their tail cached and run twice, as the live engine runs them). The HELIOS goldens
+were regenerated when a round's prefill step (and EE-full's) began taking the step-time
+residual's median instead of its mean (`sim.families.helios.replica.median_scale`: one step's
+typical time; the decode runs, sums of many steps, keep the mean): TTFT P50 2-4% lower, span
+0.1-0.4% shorter, decisions and tokens unchanged.
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ def test_the_ee_full_baseline_simulates_layer_skipping():
 
     from policies.helios import EarlyExitFull
     from programs.helios import HeliosProgram
-    from sim.families.helios.replica import ee_times
+    from sim.families.helios.replica import ee_times, median_scale, round_times
     from sim.families.helios.serving import simulate_stream
 
     # Known answer: exits [4, 1, 1, 4, 2] of 4 layers; decode steps j = 1..4 run layers 1..exit
@@ -260,6 +260,17 @@ def test_the_ee_full_baseline_simulates_layer_skipping():
     assert g["busy_s"] == pytest.approx(t["end_s"]) and g["first_s"] == t["first_s"]
     assert g["end_s"] == pytest.approx(t["end_s"] + 5 * 0.25e-3)
     assert g["finish_s"][0] == pytest.approx(t["end_s"] + 4 * 0.25e-3)
+    # Skewed residuals (median 1, mean 2): the prefill, one step, at the median; the decode
+    # steps, a sum, at the mean; a round's first token likewise.
+    skew = replace(m, residual_log_quantiles=(0.0, 0.0, math.log(4)))
+    k = ee_times(skew, 10, [4, 1, 1, 4, 2], 4)
+    assert k["first_s"] == pytest.approx(t["first_s"])
+    assert k["end_s"] == pytest.approx(t["first_s"] + 2 * (t["end_s"] - t["first_s"]))
+    lm = skew.at_depth(4)
+    r = round_times(lm, [10, 10], [3, 3], scale=2.0, first_scale=median_scale(lm))
+    one = round_times(lm, [10, 10], [3, 3])
+    assert r["first_s"] == pytest.approx(one["first_s"])
+    assert r["end_s"] == pytest.approx(one["first_s"] + 2 * (one["end_s"] - one["first_s"]))
     exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
     res = {k: r.summary() for k, r in exp.simulate().items()}
     ee, full = res["ee_full:target-large"], res["static:target-large"]

@@ -95,7 +95,7 @@ class HeliosReplica:
             times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
                                 scale=p.step.residual_sampler()[0],
                                 per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),
-                                gap_ms=p.step_gap_ms)
+                                gap_ms=p.step_gap_ms, first_scale=median_scale(p.step))
             # tokens each layer processed: the prompts, and every output but the last
             return toks, exits, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
         if len(rnd.prompts) != 1:
@@ -139,6 +139,12 @@ def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],
     return max(depth - have, 0) * profiles[model].load_ms_per_layer
 
 
+def median_scale(model) -> float:
+    """The multiplicative residual's median: a single step's typical time over the prediction
+    (skewed by stalls, the mean sits above it; a run of many steps sums to the mean)."""
+    return float(np.exp(np.median(model.residual_log_quantiles)))
+
+
 def exit_layer(max_probs: list[float], threshold: float) -> int:
     """1-based exit of a token: the first exit whose max probability reaches the threshold."""
     return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
@@ -167,25 +173,31 @@ def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: 
     decode_ms = x @ np.asarray(model.fixed_ms) + depth[1:] * (x @ np.asarray(model.layer_ms))
     first_ms = model.at_depth(layers).step_ms(prompt_tokens, 0, prompt_tokens) \
         + model.prefill_seqs_ms(layers, 1)
-    scale = model.residual_sampler()[0]
-    busy_s = (first_ms + float(decode_ms.sum())) * scale / 1e3
-    return {"first_s": first_ms * scale / 1e3, "finish_s": [busy_s + (n - 1) * gap_ms / 1e3],
+    scale, first_scale = model.residual_sampler()[0], median_scale(model)
+    busy_s = (first_ms * first_scale + float(decode_ms.sum()) * scale) / 1e3
+    return {"first_s": first_ms * first_scale / 1e3,
+            "finish_s": [busy_s + (n - 1) * gap_ms / 1e3],
             "end_s": busy_s + n * gap_ms / 1e3, "busy_s": busy_s, "steps": n,
             "layer_tokens": int(layers * prompt_tokens + (depth[1:] * (pending[1:] + 1)).sum())}
 
 
 def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
-                scale: float = 1.0, per_seq_ms: float = 0.0, gap_ms: float = 0.0) -> dict:
+                scale: float = 1.0, per_seq_ms: float = 0.0, gap_ms: float = 0.0,
+                first_scale: float | None = None) -> dict:
     """A round's timing: one prefill step for all prompts, then decode steps until each sequence
     has its tokens (batch shrinking as they finish); closed form between finishes. `scale` is
-    the mean multiplicative residual (the relative-error fit predicts below the mean). The
-    loop's host time (`gap_ms`) follows each step: a sequence finishes as its last step
-    returns, the round ends after that step's host time."""
+    the mean multiplicative residual (the relative-error fit predicts below the mean), which
+    the decode runs' sums take; `first_scale` the prefill step's own (a single step: the
+    residual's median, `median_scale`; None: `scale`). The loop's host time (`gap_ms`) follows
+    each step: a sequence finishes as its last step returns, the round ends after that step's
+    host time."""
+    first_scale = scale if first_scale is None else first_scale
     first_s = (model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens))
-               + per_seq_ms * len(prompt_tokens)) / 1e3
+               + per_seq_ms * len(prompt_tokens)) / 1e3 * first_scale
     finish = np.zeros(len(output_tokens))
     order = np.argsort(output_tokens, kind="stable")
-    t_ms, done_steps, steps = first_s * 1e3, 1, 1
+    # in units the `scale` multiplies: the first step enters at its own scale
+    t_ms, done_steps, steps = first_s * 1e3 / scale, 1, 1
     running = list(order)
     lengths = np.asarray(prompt_tokens, dtype=float)
     for idx in order:
@@ -200,6 +212,6 @@ def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
             steps += k
         finish[idx] = (t_ms * scale + (steps - 1) * gap_ms) / 1e3
         running.remove(idx)
-    return {"first_s": first_s * scale, "finish_s": finish.tolist(),
+    return {"first_s": first_s, "finish_s": finish.tolist(),
             "end_s": (t_ms * scale + steps * gap_ms) / 1e3, "busy_s": t_ms * scale / 1e3,
             "steps": steps}
