@@ -9,7 +9,8 @@ PyTorch engine, and prints per run: the span, the steps' compute (`busy`), layer
 time inside rounds that no step computed (the serving loop's host time) and the time between
 rounds beyond the loads, with the host time per step. `--by-depth`: per live run, the rounds'
 step time by the model and depth serving them, live over simulated (the same rounds: a
-replay's decisions are equal), beside the prompts per round.
+replay's decisions are equal), beside the prompts per round. `--latency`: per live run, the
+prompts' TTFT and TPOT medians by model, depth and prompts per round, simulated and live.
 """
 
 from __future__ import annotations
@@ -51,6 +52,36 @@ def by_depth(sim_rounds, live_rounds):
     return g.assign(live_over_sim=g.live_ms / g.sim_ms)
 
 
+def latency_by_round(sim_requests, live_requests):
+    """Per (model, depth, prompts per round): prompts, and the simulated and live TTFT and TPOT
+    medians (ms) with their ratio; the two runs' prompts matched by stream index."""
+    import pandas as pd
+
+    s = sim_requests.sort_values("prompt").reset_index(drop=True)
+    v = live_requests.sort_values("prompt").reset_index(drop=True)
+    if list(s.prompt) != list(v.prompt):
+        raise ValueError("the live run served other prompts than the simulation")
+    batch = s.groupby("arrival_s").prompt.transform("size")
+    df = pd.DataFrame({"model": s.model, "depth": s.depth,
+                       "batch": pd.cut(batch, [0, 1, 5, 12, 32, 10**6]),
+                       "sim_ttft": _ttft_ms(s), "live_ttft": _ttft_ms(v),
+                       "sim_tpot": _tpot_ms(s), "live_tpot": _tpot_ms(v)})
+    g = df.groupby(["model", "depth", "batch"], observed=True).agg(
+        prompts=("sim_ttft", "size"), sim_ttft=("sim_ttft", "median"),
+        live_ttft=("live_ttft", "median"), sim_tpot=("sim_tpot", "median"),
+        live_tpot=("live_tpot", "median"))
+    return g.assign(ttft_sim_over_live=g.sim_ttft / g.live_ttft,
+                    tpot_sim_over_live=g.sim_tpot / g.live_tpot)
+
+
+def _ttft_ms(r):
+    return (r.first_token_s - r.arrival_s) * 1e3
+
+
+def _tpot_ms(r):
+    return (r.finish_s - r.first_token_s) / (r.output_tokens - 1).clip(lower=1) * 1e3
+
+
 def main() -> None:
     """Print each policy's time parts, simulated and per live run."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,6 +91,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--by-depth", action="store_true",
                     help="also each live run's step time by model and depth against the sim")
+    ap.add_argument("--latency", action="store_true",
+                    help="also each live run's TTFT and TPOT by model, depth and round size")
     args = ap.parse_args()
     exp = retraced(args.config, args.retrace)
     first = next(iter(exp.profiles.values()))
@@ -83,6 +116,9 @@ def main() -> None:
         for who, _, rounds in runs[1:] if args.by_depth else ():
             print(f"{name} {who}: step time by model and depth, live over simulated")
             print(by_depth(runs[0][2], rounds).round(3).to_string())
+        for who, req, _ in runs[1:] if args.latency else ():
+            print(f"{name} {who}: TTFT and TPOT (ms) by model, depth and prompts per round")
+            print(latency_by_round(runs[0][1], req).round(3).to_string())
 
 
 if __name__ == "__main__":
