@@ -162,6 +162,20 @@ def test_broken_serving_calibrations_name_the_key(tmp_path, edit, message):
     assert message in _broken(tmp_path, edit, SERVING_CAL)
 
 
+def test_a_serving_fit_priced_by_its_context_term_alone_loads(tmp_path):
+    """A `calibrate --calibrate-here` fit on a busy machine put const, prefill and decode at 0
+    and the context term above 0: a decode step still costs time, so it loads; with the context
+    term 0 as well no decode step would, and it is refused."""
+    d = load_calibration(SERVING_CAL).to_json()
+    d["step_time_model"]["coef_ms"][:4] = [0.0, 0.0, 0.0, 0.0066]
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    model = load_calibration(tmp_path / "c.json").latency
+    assert model.step_ms(0, 1, 500) > 0
+    zero = _broken(tmp_path, lambda d: d["step_time_model"]["coef_ms"].__setitem__(
+        slice(0, 4), [0.0] * 4), SERVING_CAL)
+    assert "makes iterations free" in zero
+
+
 def test_a_calibration_with_a_key_twice_is_refused(tmp_path):
     """json keeps the last of two equal keys: a hand-edited calibration would silently change."""
     text = CAL.read_text().replace('"engine_limits": {', '"engine_limits": {"max_num_seqs": 4, ', 1)

@@ -233,8 +233,11 @@ class ServingModel:
         if d["idle_cap_ms"] != IDLE_CAP_MS:
             raise ValueError(f"idle_cap_ms: {d['idle_cap_ms']!r} is not this version's "
                              f"{IDLE_CAP_MS}")
-        if not any(v[:3]):
-            raise ValueError(f"coef_ms: {v!r} makes iterations free (all leading coefficients 0)")
+        # a decode step always holds context, so a context coefficient alone prices it (a fit
+        # on noisy steps may put const, prefill and decode at 0 and the context term above 0)
+        if not any(v[:4]):
+            raise ValueError(f"coef_ms: {v!r} makes iterations free (const, prefill, decode and "
+                             "context coefficients all 0)")
         cap = d.get("new_shape_cap_tokens")
         return cls(tuple(v), tuple(d["residual_log_quantiles"]),
                    tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
