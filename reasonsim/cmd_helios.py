@@ -69,17 +69,19 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
                    prompts_per_phase: int | None = None) -> dict:
     """The config with every model's exits trace recorded again on this machine (same model,
     workload, load format and layer-skipping thresholds; optionally a longer stream) into
-    `out_dir/<model>`."""
+    `out_dir/<model>`, the models' phases interleaved (`tracers.exits.trace_exits_together`:
+    every model traced at the same spells of the machine)."""
     import copy
     from dataclasses import replace
 
     from sim.families.helios.profile import load_profile
     from testbed.streams import ExitsWorkload
-    from tracers.exits import trace_exits
+    from tracers.exits import ExitsJob, trace_exits_together
     from traces.store import read_run
 
     out = copy.deepcopy(config)
-    for k, m in enumerate(out.get("helios", {}).get("models", [])):
+    jobs, models = [], out.get("helios", {}).get("models", [])
+    for k, m in enumerate(models):
         if not isinstance(m, dict) or "exits" not in m:
             raise ValueError(f"helios.models[{k}]: --retrace needs a model with an exits trace "
                              "(what-if models are not run live)")
@@ -90,10 +92,12 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
                               for key, v in old.workload.items()})
         if prompts_per_phase is not None:
             wl = replace(wl, prompts_per_phase=prompts_per_phase)
-        trace_exits(old.model_dir, out_dir / old.name, wl,
-                    load_format=params["engine"].get("load_format", "auto"), progress=False,
-                    ee_thresholds=tuple(params.get("ee_thresholds", ())))
-        m["exits"] = str((out_dir / old.name).resolve())
+        jobs.append(ExitsJob(old.model_dir, out_dir / old.name, wl,
+                             params["engine"].get("load_format", "auto"),
+                             tuple(params.get("ee_thresholds", ()))))
+    trace_exits_together(jobs, progress=False)
+    for m, job in zip(models, jobs):
+        m["exits"] = str(Path(job.out_dir).resolve())
     return out
 
 

@@ -73,6 +73,30 @@ def test_trace_exits_prefills_each_wave_in_one_step(tmp_path):
     assert proc.returncode == 2 and "--waves: expected positive integers" in proc.stderr
 
 
+def test_models_traced_together_take_turns_phase_by_phase(tmp_path):
+    # Two models' exits traces with their phases interleaved (what `helios replay --retrace`
+    # records): each trace is whole, and on their shared clock model B's phase 0 ran after
+    # model A's and before A's phase 1, so a slow spell of the machine lands on both models.
+    from testbed.streams import ExitsWorkload
+    from tracers.exits import ExitsJob, trace_exits_together
+
+    wl = ExitsWorkload(phases=("count", "mod"), prompts_per_phase=3, max_tokens=8,
+                       load_repeats=1)
+    jobs = [ExitsJob(str(TESTBED / m), tmp_path / m, wl, ee_thresholds=()) for m in
+            ("target-small", "draft")]
+    summaries = trace_exits_together(jobs, progress=False)
+    spans = {}
+    for job, summary in zip(jobs, summaries):
+        assert check_trace(job.out_dir) == [] and summary["model"] == job.model
+        reqs = read_table(job.out_dir, "requests").to_pandas()
+        assert len(reqs) == 6 * summary["layers"] == summary["requests"]
+        phase = reqs.request_id.str.extract(r"-q(\d+)$")[0].astype(int) // 3
+        spans[job.model] = [(reqs.arrival_s[phase == k].min(), reqs.finish_s[phase == k].max())
+                            for k in (0, 1)]
+    a, b = (spans[job.model] for job in jobs)
+    assert a[0][1] <= b[0][0] and b[0][1] <= a[1][0] and a[1][1] <= b[1][0]
+
+
 def test_shipped_exits_traces_and_the_offline_analysis():
     for trace in SHIPPED:
         assert check_trace(trace) == []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engines.vllm_engine import device_info
@@ -35,15 +35,22 @@ WAVE_EVERY_STEPS = 6
 
 
 def measure_load_ms(model: str, load_format: str, repeats: int) -> list[float]:
-    """Median wall ms to load each layer (layer 1 from an engine at depth 1, deeper one by one)."""
+    """Median wall ms to load each layer (layer 1 from an engine at depth 1, deeper one by one;
+    a one-layer model's layer from an engine holding none)."""
     per_layer: list[list[float]] = []
     for _ in range(repeats):
         eng = TorchEngine(TorchSpec(model=model, load_format=load_format, loaded_layers=1,
                                     max_num_seqs=1, max_model_len=64))
+        if eng.num_layers == 1:  # no deeper layer to time: the one layer, loaded again
+            eng.unload_layers(0)
+            per_layer.append([eng.load_layers(1)])
+            continue
         times = [float("nan")]
         for depth in range(2, eng.num_layers + 1):
             times.append(eng.load_layers(depth))
         per_layer.append(times)
+    if len(per_layer[0]) == 1:
+        return [statistics.median(r[0] for r in per_layer)]
     medians = [statistics.median(r[i] for r in per_layer) for i in range(1, len(per_layer[0]))]
     return [medians[0]] + medians  # layer 1 is loaded like the others: its cost ~ layer 2's
 
@@ -57,51 +64,102 @@ def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
     from exit D, so the stream after the first differing token is D's own, and a simulator
     replaying depth D replays exactly what the engine generates at D.
     """
-    out_dir = check_out_dir(out_dir, resume=False, can_resume=False)
-    probe = TorchEngine(TorchSpec(model=model, load_format=load_format, max_num_seqs=1,
-                                  max_model_len=64))
-    layers, dtype = probe.num_layers, str(probe.dtype).removeprefix("torch.")
-    weight_bytes, kv_bytes = probe.layer_weight_bytes(), probe.kv_bytes_per_token_layer()
-    del probe
-    base = TorchSpec(model=model, load_format=load_format, record_exits=True,
-                     max_num_seqs=workload.max_num_seqs, max_model_len=1024, seed=workload.seed)
-    if any(not 0 < t <= 1 for t in ee_thresholds):
-        raise ValueError(f"ee_thresholds {ee_thresholds}: each must be in (0, 1]")
-    params = {"workload": asdict(workload), "engine": {**asdict(base), "block_size": BLOCK_SIZE},
-              "depths": list(range(1, layers + 1)), "ee_thresholds": list(ee_thresholds)}
-    device, count = device_info()
-    run = run_row("exits", "torch", _torch_version(), device, count, model, config_hash(model),
-                  dtype, load_format, workload.seed, params)
-    writer = TraceWriter(out_dir, run)
-    load_ms = measure_load_ms(model, load_format, workload.load_repeats)
-    for i in range(layers):
-        writer.add("layers", model_id=model, layer=i + 1, weight_bytes=weight_bytes,
-                   kv_bytes_per_token=kv_bytes, load_ms=load_ms[i])
-    writer.flush("layers")
-    # One engine per depth, phases interleaved across depths: a slow spell of a shared machine
-    # then lands on every depth alike instead of on whichever depth ran during it.
-    engines = {f"depth{d}": TorchEngine(replace(base, loaded_layers=d))
-               for d in range(1, layers + 1)}
-    engines |= {f"ee{t:g}": TorchEngine(replace(base, max_num_seqs=1, exit_threshold=t,
-                                                skip_layers=True)) for t in ee_thresholds}
-    for engine in engines.values():
-        _warm_up(engine)
-    step_id = tokens = first = 0
-    t0 = time.perf_counter()
-    for k, phase in enumerate(workload.phase_prompts()):
-        chunk = [(first + j, cell, item) for j, (cell, item) in enumerate(phase)]
-        first += len(phase)
-        for label, engine in engines.items():
-            step_id, n = _run_stream(engine, writer, chunk, model, label, step_id, t0,
-                                     workload.max_tokens, workload.waves)
-            tokens += n
-            writer.flush(f"phase{k}-{label}")
+    return trace_exits_together([ExitsJob(model, out_dir, workload, load_format,
+                                           ee_thresholds)], progress)[0]
+
+
+@dataclass(frozen=True)
+class ExitsJob:
+    """One model's exits trace: where it goes, its stream, load format and EE thresholds."""
+
+    model: str
+    out_dir: str | Path
+    workload: ExitsWorkload
+    load_format: str = "auto"
+    ee_thresholds: tuple[float, ...] = (0.9,)
+
+
+def trace_exits_together(jobs: list[ExitsJob], progress: bool = True) -> list[dict]:
+    """Trace several models' exits with their phases interleaved (phase k of every model before
+    phase k + 1 of any); a summary per model.
+
+    The models of one HELIOS stream are compared with each other within a run, so their traces
+    must see the same machine: traced one after another, a slow spell of a shared machine lands
+    on whichever model ran during it and the simulator prices one model's rounds off against
+    the other's. Each model's trace is what `trace_exits` writes of it alone.
+    """
+    traces = [_ModelTrace(job) for job in jobs]
+    t0 = time.perf_counter()  # one clock: the models' rows tell which ran when
+    for t in traces:
+        t.t0 = t0
+    for k in range(max(len(t.phases) for t in traces)):
+        for t in traces:
+            if k < len(t.phases):
+                t.phase(k)
         if progress:
-            print(f"exits: phase {k + 1}/{len(workload.phases)}: {tokens} tokens", flush=True)
-    writer.seal()
-    return {"out": str(out_dir), "model": model, "requests": first * len(engines),
-            "tokens": tokens, "steps": step_id, "layers": layers, "device": device,
-            "load_ms": [round(x, 3) for x in load_ms]}
+            print(f"exits: phase {k + 1}: " + ", ".join(f"{t.job.model} {t.tokens} tokens"
+                                                        for t in traces), flush=True)
+    return [t.seal() for t in traces]
+
+
+class _ModelTrace:
+    """One model's trace in progress: its writer, its engine per depth and EE threshold."""
+
+    def __init__(self, job: ExitsJob):
+        model, wl, ee_thresholds = job.model, job.workload, tuple(job.ee_thresholds)
+        if any(not 0 < t <= 1 for t in ee_thresholds):
+            raise ValueError(f"ee_thresholds {ee_thresholds}: each must be in (0, 1]")
+        out_dir = check_out_dir(job.out_dir, resume=False, can_resume=False)
+        probe = TorchEngine(TorchSpec(model=model, load_format=job.load_format, max_num_seqs=1,
+                                      max_model_len=64))
+        layers, dtype = probe.num_layers, str(probe.dtype).removeprefix("torch.")
+        weight_bytes, kv_bytes = probe.layer_weight_bytes(), probe.kv_bytes_per_token_layer()
+        del probe
+        base = TorchSpec(model=model, load_format=job.load_format, record_exits=True,
+                         max_num_seqs=wl.max_num_seqs, max_model_len=1024, seed=wl.seed)
+        params = {"workload": asdict(wl), "engine": {**asdict(base), "block_size": BLOCK_SIZE},
+                  "depths": list(range(1, layers + 1)), "ee_thresholds": list(ee_thresholds)}
+        device, count = device_info()
+        self.job, self.out_dir, self.layers, self.device = job, out_dir, layers, device
+        self.writer = TraceWriter(out_dir, run_row(
+            "exits", "torch", _torch_version(), device, count, model, config_hash(model), dtype,
+            job.load_format, wl.seed, params))
+        self.load_ms = measure_load_ms(model, job.load_format, wl.load_repeats)
+        for i in range(layers):
+            self.writer.add("layers", model_id=model, layer=i + 1, weight_bytes=weight_bytes,
+                            kv_bytes_per_token=kv_bytes, load_ms=self.load_ms[i])
+        self.writer.flush("layers")
+        # One engine per depth, phases interleaved across depths: a slow spell of a shared
+        # machine then lands on every depth alike instead of on whichever depth ran during it.
+        self.engines = {f"depth{d}": TorchEngine(replace(base, loaded_layers=d))
+                        for d in range(1, layers + 1)}
+        self.engines |= {f"ee{t:g}": TorchEngine(replace(base, max_num_seqs=1, exit_threshold=t,
+                                                         skip_layers=True))
+                         for t in ee_thresholds}
+        for engine in self.engines.values():
+            _warm_up(engine)
+        self.phases = wl.phase_prompts()
+        self.step_id = self.tokens = self.first = 0
+        self.t0 = time.perf_counter()  # the clock of its rows (`trace_exits_together` sets it)
+
+    def phase(self, k: int) -> None:
+        """Serve phase k on every engine, writing its rows."""
+        wl = self.job.workload
+        chunk = [(self.first + j, cell, item) for j, (cell, item) in enumerate(self.phases[k])]
+        self.first += len(chunk)
+        for label, engine in self.engines.items():
+            self.step_id, n = _run_stream(engine, self.writer, chunk, self.job.model, label,
+                                          self.step_id, self.t0, wl.max_tokens, wl.waves)
+            self.tokens += n
+            self.writer.flush(f"phase{k}-{label}")
+
+    def seal(self) -> dict:
+        """Seal the trace; its summary."""
+        self.writer.seal()
+        return {"out": str(self.out_dir), "model": self.job.model,
+                "requests": self.first * len(self.engines), "tokens": self.tokens,
+                "steps": self.step_id, "layers": self.layers, "device": self.device,
+                "load_ms": [round(x, 3) for x in self.load_ms]}
 
 
 def _run_stream(engine: TorchEngine, writer: TraceWriter, chunk: list, model: str,
