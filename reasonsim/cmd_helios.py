@@ -283,7 +283,8 @@ def _add_replay_parser(hesub) -> None:
     hr.add_argument("--repeats", type=int, default=2, help="live runs per policy")
     hr.add_argument("--retrace", metavar="DIR",
                     help="first trace every model's exits again on this machine, with its "
-                    "trace's own workload, into DIR/<model>, and simulate from those (profiles "
+                    "trace's own workload, into DIR/<model>, the models' phases taking turns (each "
+                    "model sees the machine's same spells), and simulate from those (profiles "
                     "belong to the device that traced them)")
     hr.add_argument("--prompts-per-phase", type=int,
                     help="with --retrace: a longer (or shorter) stream than the trace's, so "

@@ -176,6 +176,27 @@ def test_a_serving_fit_priced_by_its_context_term_alone_loads(tmp_path):
     assert "makes iterations free" in zero
 
 
+def test_a_linear_fit_priced_by_its_context_term_alone_loads_and_a_free_fit_is_refused(
+        tmp_path):
+    """The linear model's loader, as the serving one's: the context term alone prices a decode
+    step; and a fit that would price none (here steps timed by prefill x context alone, which
+    NNLS fits with that term only) is refused when fitted, not written and refused on loading."""
+    from sim.step_time.latency import fit
+
+    d = load_calibration(CAL).to_json()
+    assert d["step_time_model"]["kind"] == "linear"
+    d["step_time_model"]["coef_ms"][:4] = [0.0, 0.0, 0.0, 0.0066]
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    assert load_calibration(tmp_path / "c.json").latency.step_ms(0, 1, 500) > 0
+    zero = _broken(tmp_path, lambda d: d["step_time_model"]["coef_ms"].__setitem__(
+        slice(0, 4), [0.0] * 4), CAL)
+    assert "makes iterations free" in zero
+    prefill = np.array([1, 1000, 100, 30, 500, 7])
+    context = np.array([1000, 1, 100, 300, 20, 700])
+    with pytest.raises(ValueError, match="makes iterations free"):
+        fit(prefill, np.zeros(6), context, prefill * context / 1e3)
+
+
 def test_a_calibration_with_a_key_twice_is_refused(tmp_path):
     """json keeps the last of two equal keys: a hand-edited calibration would silently change."""
     text = CAL.read_text().replace('"engine_limits": {', '"engine_limits": {"max_num_seqs": 4, ', 1)

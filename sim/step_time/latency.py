@@ -90,9 +90,7 @@ class LatencyModel:
             raise ValueError(f"linear model features {d.get('features')} differ from "
                              f"{list(FEATURES)}")
         coef = tuple(d["coef_ms"])
-        if not any(coef[:3]):  # constant, prefill and decode all zero: steps take no time
-            raise ValueError(f"coef_ms: {list(coef)!r} makes iterations free (all leading "
-                             "coefficients 0)")
+        check_prices_steps(coef)
         return cls(coef, tuple(d["residual_log_quantiles"]))
 
     def residual_sampler(self) -> tuple[float, float]:
@@ -150,6 +148,20 @@ def midpoints(n: int) -> np.ndarray:
     return (np.arange(n) + 0.5) / n
 
 
+FREE_STEP_MS = 1e-6
+"""a decode step priced under this (a nanosecond) is free: a model that prices one so is refused"""
+
+
+def check_prices_steps(coef_ms) -> None:
+    """Raise unless step-time coefficients (const, prefill, decode and context first, as both
+    model kinds lead) price a decode step of one sequence over one context token: a fit on noisy
+    steps may put const and decode at 0 and the context term above 0, which still prices it."""
+    const, _prefill, decode, context = coef_ms[:4]
+    if const + decode + context < FREE_STEP_MS:
+        raise ValueError(f"coef_ms: {list(coef_ms)!r} makes iterations free (a decode step "
+                         "priced at 0: const, decode and context coefficients all 0)")
+
+
 def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int = 100,
         ) -> LatencyModel:
     """Fit coefficients minimising relative squared error (NNLS on rows scaled by 1/y)."""
@@ -161,6 +173,7 @@ def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int
     scale[scale == 0] = 1.0
     coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
     coef = coef / scale
+    check_prices_steps(coef)  # refused here, not by the loader after it was written
     pred = x @ coef
     log_ratio = np.log(y / np.maximum(pred, 1e-9))
     q = np.quantile(log_ratio, midpoints(quantiles))

@@ -53,7 +53,7 @@ from scipy.optimize import nnls
 
 from pydantic import Field
 
-from sim.step_time.latency import LatencyModel, midpoints
+from sim.step_time.latency import LatencyModel, check_prices_steps, midpoints
 from sim.step_time.schema import LogResiduals, ModelJson, coefs
 from sim.step_time.spells import fit_speed_levels
 from sim.step_time.registry import register
@@ -233,11 +233,7 @@ class ServingModel:
         if d["idle_cap_ms"] != IDLE_CAP_MS:
             raise ValueError(f"idle_cap_ms: {d['idle_cap_ms']!r} is not this version's "
                              f"{IDLE_CAP_MS}")
-        # a decode step always holds context, so a context coefficient alone prices it (a fit
-        # on noisy steps may put const, prefill and decode at 0 and the context term above 0)
-        if not any(v[:4]):
-            raise ValueError(f"coef_ms: {v!r} makes iterations free (const, prefill, decode and "
-                             "context coefficients all 0)")
+        check_prices_steps(v)
         cap = d.get("new_shape_cap_tokens")
         return cls(tuple(v), tuple(d["residual_log_quantiles"]),
                    tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
@@ -273,6 +269,7 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     scale[scale == 0] = 1.0
     coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
     coef = coef / scale
+    check_prices_steps(coef)  # refused here, not by the loader after it was written
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
     levels, own = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
