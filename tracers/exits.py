@@ -92,12 +92,13 @@ def trace_exits_together(jobs: list[ExitsJob], progress: bool = True) -> list[di
     t0 = time.perf_counter()  # one clock: the models' rows tell which ran when
     for t in traces:
         t.t0 = t0
-    for k in range(max(len(t.phases) for t in traces)):
+    phases = max(len(t.phases) for t in traces)
+    for k in range(phases):
         for t in traces:
             if k < len(t.phases):
                 t.phase(k)
         if progress:
-            print(f"exits: phase {k + 1}: " + ", ".join(f"{t.job.model} {t.tokens} tokens"
+            print(f"exits: phase {k + 1}/{phases}: " + ", ".join(f"{t.job.model} {t.tokens} tokens"
                                                         for t in traces), flush=True)
     return [t.seal() for t in traces]
 
