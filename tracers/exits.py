@@ -41,18 +41,13 @@ def measure_load_ms(model: str, load_format: str, repeats: int) -> list[float]:
     for _ in range(repeats):
         eng = TorchEngine(TorchSpec(model=model, load_format=load_format, loaded_layers=1,
                                     max_num_seqs=1, max_model_len=64))
-        if eng.num_layers == 1:  # no deeper layer to time: the one layer, loaded again
+        one = eng.num_layers == 1  # no deeper layer to time: the one layer, loaded again
+        if one:
             eng.unload_layers(0)
-            per_layer.append([eng.load_layers(1)])
-            continue
-        times = [float("nan")]
-        for depth in range(2, eng.num_layers + 1):
-            times.append(eng.load_layers(depth))
-        per_layer.append(times)
-    if len(per_layer[0]) == 1:
-        return [statistics.median(r[0] for r in per_layer)]
-    medians = [statistics.median(r[i] for r in per_layer) for i in range(1, len(per_layer[0]))]
-    return [medians[0]] + medians  # layer 1 is loaded like the others: its cost ~ layer 2's
+        per_layer.append([eng.load_layers(d) for d in range(1 if one else 2,
+                                                             eng.num_layers + 1)])
+    medians = [statistics.median(times) for times in zip(*per_layer)]
+    return medians if one else [medians[0]] + medians  # layer 1 costs about what layer 2 does
 
 
 def trace_exits(model: str, out_dir: str | Path, workload: ExitsWorkload,
@@ -90,13 +85,11 @@ def trace_exits_together(jobs: list[ExitsJob], progress: bool = True) -> list[di
     """
     traces = [_ModelTrace(job) for job in jobs]
     t0 = time.perf_counter()  # one clock: the models' rows tell which ran when
-    for t in traces:
-        t.t0 = t0
     phases = max(len(t.phases) for t in traces)
     for k in range(phases):
         for t in traces:
             if k < len(t.phases):
-                t.phase(k)
+                t.phase(k, t0)
         if progress:
             print(f"exits: phase {k + 1}/{phases}: " + ", ".join(f"{t.job.model} {t.tokens} tokens"
                                                         for t in traces), flush=True)
@@ -141,16 +134,15 @@ class _ModelTrace:
             _warm_up(engine)
         self.phases = wl.phase_prompts()
         self.step_id = self.tokens = self.first = 0
-        self.t0 = time.perf_counter()  # the clock of its rows (`trace_exits_together` sets it)
 
-    def phase(self, k: int) -> None:
-        """Serve phase k on every engine, writing its rows."""
+    def phase(self, k: int, t0: float) -> None:
+        """Serve phase k on every engine, writing its rows (times in seconds since `t0`)."""
         wl = self.job.workload
         chunk = [(self.first + j, cell, item) for j, (cell, item) in enumerate(self.phases[k])]
         self.first += len(chunk)
         for label, engine in self.engines.items():
             self.step_id, n = _run_stream(engine, self.writer, chunk, self.job.model, label,
-                                          self.step_id, self.t0, wl.max_tokens, wl.waves)
+                                          self.step_id, t0, wl.max_tokens, wl.waves)
             self.tokens += n
             self.writer.flush(f"phase{k}-{label}")
 

@@ -159,7 +159,8 @@ def check_prices_steps(coef_ms) -> None:
     const, _prefill, decode, context = coef_ms[:4]
     if const + decode + context < FREE_STEP_MS:
         raise ValueError(f"coef_ms: {list(coef_ms)!r} makes iterations free (a decode step "
-                         "priced at 0: const, decode and context coefficients all 0)")
+                         f"priced under {FREE_STEP_MS} ms: const, decode and context "
+                         "coefficients all 0)")
 
 
 def fit(prefill_tokens, decode_seqs, context_tokens, duration_ms, quantiles: int = 100,
