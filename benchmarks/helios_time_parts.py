@@ -11,6 +11,13 @@ rounds beyond the loads, with the host time per step. `--by-depth`: per live run
 step time by the model and depth serving them, live over simulated (the same rounds: a
 replay's decisions are equal), beside the prompts per round. `--latency`: per live run, the
 prompts' TTFT and TPOT medians by model, depth and prompts per round, simulated and live.
+`--first-step`: per live run, each round's prefill step (the prompts' first tokens) by model,
+depth, prompts per round and whether the engine was reconfigured just before it (another model,
+depth or batch than the round before), simulated and live, beside the live TTFT's median (the
+step plus the prompts' admission and the loop's host time). `--steps`: every live step priced
+by its model's layered fit (its shape at its depth, as `round_times` prices it, unscaled), and
+the traced steps of the same model priced alike: time over price by model, depth, kind
+(prefill or decode) and sequences, live beside traced.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from helios_rejudge import retraced  # noqa: E402  (this directory)
 from live.helios import run_live, stream_prompts  # noqa: E402
+from sim.families.helios.profile import traced_steps  # noqa: E402
 from sim.families.helios.serving import simulate_stream  # noqa: E402
 
 
@@ -55,8 +65,6 @@ def by_depth(sim_rounds, live_rounds):
 def latency_by_round(sim_requests, live_requests):
     """Per (model, depth, prompts per round): prompts, and the simulated and live TTFT and TPOT
     medians (ms) with their ratio; the two runs' prompts matched by stream index."""
-    import pandas as pd
-
     s = sim_requests.sort_values("prompt").reset_index(drop=True)
     v = live_requests.sort_values("prompt").reset_index(drop=True)
     if list(s.prompt) != list(v.prompt):
@@ -72,6 +80,54 @@ def latency_by_round(sim_requests, live_requests):
         live_tpot=("live_tpot", "median"))
     return g.assign(ttft_sim_over_live=g.sim_ttft / g.live_ttft,
                     tpot_sim_over_live=g.sim_tpot / g.live_tpot)
+
+
+def first_steps(sim_rounds, live_rounds, live_requests):
+    """Per (model, depth, prompts per round, reconfigured): rounds, and the medians of the
+    simulated and live first step (ms), their ratio, and the live TTFT (ms); the two runs'
+    rounds in the same order."""
+    if list(zip(sim_rounds.model, sim_rounds.depth, sim_rounds.batch)) != \
+            list(zip(live_rounds.model, live_rounds.depth, live_rounds.batch)):
+        raise ValueError("the live run served other rounds than the simulation")
+    s, v = sim_rounds.reset_index(drop=True), live_rounds.reset_index(drop=True)
+    shape = s[["model", "depth", "batch"]]
+    ttft = _ttft_ms(live_requests).groupby(live_requests.arrival_s).median()
+    df = shape.assign(reconfigured=(shape != shape.shift()).any(axis=1),
+                      sim_ms=s.first_step_ms, live_ms=v.first_step_ms,
+                      live_ttft_ms=v.start_s.map(ttft).to_numpy())
+    g = df.groupby(["model", "depth", "batch", "reconfigured"]).agg(
+        rounds=("sim_ms", "size"), sim_ms=("sim_ms", "median"), live_ms=("live_ms", "median"),
+        live_ttft_ms=("live_ttft_ms", "median"))
+    return g.assign(sim_over_live=g.sim_ms / g.live_ms)
+
+
+def priced(steps, profiles):
+    """Each step's price (ms) by its model's layered fit at its depth, unscaled."""
+    def price(row):
+        step = profiles[row.model].step
+        return step.at_depth(int(row.depth)).step_ms(row.prefill_tokens, row.decode_seqs,
+                                                     row.context_tokens) \
+            + step.prefill_seqs_ms(int(row.depth), int(row.prefill_seqs))
+    return steps.apply(price, axis=1)
+
+
+def step_ratios(live_steps, profiles, retrace: Path):
+    """Per (model, depth, kind, sequences): live and traced steps' median time over price and
+    their counts (decode steps by their sequences, prefill by the prompts they admit)."""
+    frames = [live_steps.assign(source="live")]
+    for name in profiles:
+        t = traced_steps(retrace / name)
+        frames.append(t[t.cell_id.str.startswith("depth")].assign(model=name, source="traced"))
+    df = pd.concat(frames, ignore_index=True)[
+        ["source", "model", "depth", "prefill_tokens", "prefill_seqs", "decode_seqs",
+         "context_tokens", "duration_ms"]]
+    df["ratio"] = df.duration_ms / priced(df, profiles)
+    df["kind"] = (df.prefill_seqs > 0).map({True: "prefill", False: "decode"})
+    df["seqs"] = pd.cut(df.prefill_seqs.where(df.prefill_seqs > 0, df.decode_seqs),
+                        [0, 1, 4, 8, 12, 16, 24, 32, 10**6])
+    g = df.groupby(["model", "depth", "kind", "seqs", "source"], observed=True).ratio.agg(
+        ["median", "size"]).unstack("source")
+    return g[g[("size", "live")].notna()]
 
 
 def _ttft_ms(r):
@@ -93,6 +149,12 @@ def main() -> None:
                     help="also each live run's step time by model and depth against the sim")
     ap.add_argument("--latency", action="store_true",
                     help="also each live run's TTFT and TPOT by model, depth and round size")
+    ap.add_argument("--first-step", action="store_true",
+                    help="also each live run's rounds' first step by model, depth, round size "
+                    "and reconfiguration, against the sim")
+    ap.add_argument("--steps", action="store_true",
+                    help="also every live step priced by its model's fit, beside the traced "
+                    "steps, by model, depth, kind and sequences")
     args = ap.parse_args()
     exp = retraced(args.config, args.retrace)
     first = next(iter(exp.profiles.values()))
@@ -103,11 +165,13 @@ def main() -> None:
           f"{'between s':>9} {'host ms/step':>12}")
     for name in args.policies:
         sim = simulate_stream(exp.program(specs[name]), exp.profiles)
-        runs = [("sim", sim.requests, sim.rounds)]
+        runs, steps = [("sim", sim.requests, sim.rounds)], []
         for i in range(args.repeats):
+            steps.append([])
             req, rounds, _ = run_live(exp.program(specs[name]), dirs, prompts,
                                       exp.memory.seq_tokens,
-                                      int(first.workload.get("max_tokens", 96)), seed=exp.spec.seed)
+                                      int(first.workload.get("max_tokens", 96)), seed=exp.spec.seed,
+                                      steps=steps[-1])
             runs.append((f"live{i + 1}", req, rounds))
         for who, req, rounds in runs:
             p = parts(req, rounds)
@@ -119,6 +183,12 @@ def main() -> None:
         for who, req, _ in runs[1:] if args.latency else ():
             print(f"{name} {who}: TTFT and TPOT (ms) by model, depth and prompts per round")
             print(latency_by_round(runs[0][1], req).round(3).to_string())
+        for who, req, rounds in runs[1:] if args.first_step else ():
+            print(f"{name} {who}: the rounds' first step (ms), simulated and live")
+            print(first_steps(runs[0][2], rounds, req).round(3).to_string())
+        for i, rows in enumerate(steps if args.steps else ()):
+            print(f"{name} live{i + 1}: step time over its price, live and traced")
+            print(step_ratios(pd.DataFrame(rows), exp.profiles, args.retrace).round(3).to_string())
 
 
 if __name__ == "__main__":

@@ -68,11 +68,12 @@ class LiveModels:
 
 def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[list[int]],
              seq_tokens: int, max_tokens: int, seed: int = 0,
-             references: dict[str, list[list[int]]] | None = None
+             references: dict[str, list[list[int]]] | None = None, steps: list | None = None
              ) -> tuple[pd.DataFrame, pd.DataFrame, list]:
     """Serve the program's rounds on real engines: (requests, rounds, events), the same rows as
     the simulator's `simulate_stream` (`references`: per model, each prompt's full-model greedy
-    tokens as traced, which the served tokens are counted against; None: not counted)."""
+    tokens as traced, which the served tokens are counted against; None: not counted; `steps`:
+    a list that gets one row per engine step, its round, shape and duration)."""
     models = LiveModels(model_dirs, seq_tokens, seed)
     req_rows: list[dict] = []
     round_rows: list[dict] = []
@@ -81,7 +82,8 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
         s = rnd.serve
         eng, load_ms = models.configure(s.model, s.depth, len(rnd.prompts), s.exit_threshold)
         start = time.perf_counter() - t0
-        r = _serve_round(eng, rnd.prompts, prompts, max_tokens, t0)
+        r = _serve_round(eng, rnd.prompts, prompts, max_tokens, t0, steps,
+                         {"round": len(round_rows), "model": s.model, "depth": s.depth})
         for i in rnd.prompts:
             req_rows.append({"prompt": i, "model": s.model, "depth": s.depth,
                              "arrival_s": start, "first_token_s": r.first[i],
@@ -93,8 +95,8 @@ def run_live(program: HeliosProgram, model_dirs: dict[str, str], prompts: list[l
                                  a == b for a, b in zip(r.ids[i], references[s.model][i]))})
         round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                            "batch": len(rnd.prompts), "steps": r.steps, "load_ms": load_ms,
-                           "busy_ms": r.busy_ms, "event": s.event or "",
-                           "layer_tokens": r.layer_tokens})
+                           "busy_ms": r.busy_ms, "first_step_ms": r.first_step_ms,
+                           "event": s.event or "", "layer_tokens": r.layer_tokens})
         program.finish_round([r.probs[i] for i in rnd.prompts])
     return pd.DataFrame(req_rows), pd.DataFrame(round_rows), list(program.policy.events)
 
@@ -112,12 +114,15 @@ class _Round:
     finish: dict
     steps: int = 0
     busy_ms: float = 0.0
+    first_step_ms: float = 0.0
+    """the round's prefill step (its prompts' first tokens)"""
     layer_tokens: int = 0
 
 
 def _serve_round(eng: TorchEngine, served: tuple, prompts: list[list[int]], max_tokens: int,
-                 t0: float) -> _Round:
-    """Admit a round's prompts together and step the engine until they finish."""
+                 t0: float, steps: list | None = None, tag: dict | None = None) -> _Round:
+    """Admit a round's prompts together and step the engine until they finish (`steps`: a list
+    that gets each step's shape and duration, with `tag`'s fields)."""
     index = {f"q{i}": i for i in served}
     for rid, i in index.items():
         eng.add(rid, prompts[i], max_tokens=max_tokens)
@@ -128,6 +133,12 @@ def _serve_round(eng: TorchEngine, served: tuple, prompts: list[list[int]], max_
         now = time.perf_counter() - t0
         r.steps += 1
         r.busy_ms += res.duration_ms
+        if r.steps == 1:
+            r.first_step_ms = res.duration_ms
+        if steps is not None:
+            steps.append({**(tag or {}), "step": r.steps, "prefill_tokens": res.prefill_tokens,
+                          "prefill_seqs": res.prefill_seqs, "decode_seqs": res.decode_seqs,
+                          "context_tokens": res.context_tokens, "duration_ms": res.duration_ms})
         r.layer_tokens += len(res.layer_ms) * (res.prefill_tokens + res.decode_seqs)
         for t in res.tokens:
             i = index[t.request_id]

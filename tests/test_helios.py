@@ -141,6 +141,13 @@ def test_layered_step_time_is_linear_in_depth_and_validated():
     bad = dict(m.to_json(), layer_ms=[0.0] * 5)
     with pytest.raises(ValueError, match="layers that take no time"):
         LayeredModel.from_json(bad)
+    # Priced by prefill alone: a decode step at depth 1 would be free, fitted or loaded.
+    free = dict(m.to_json(), fixed_ms=[0.0] * 5, layer_ms=[0.0, 0.002, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="makes iterations free"):
+        LayeredModel.from_json(free)
+    only_prefill = depth * 0.002 * np.maximum(p, 1)
+    with pytest.raises(ValueError, match="makes iterations free"):
+        fit_layered(np.maximum(p, 1), np.zeros(n), np.zeros(n), depth, only_prefill, layers=4)
 
 
 def test_simulate_routes_a_helios_config_and_writes_figures(tmp_path):
@@ -234,6 +241,42 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
     proc = run_cli("helios", "replay", str(REPO / "examples" / "helios-opt-whatif.yaml"),
                    "--retrace", str(tmp_path / "x"), check=False)
     assert proc.returncode == 2 and "--retrace needs a model with an exits trace" in proc.stderr
+
+
+def test_a_live_round_logs_its_first_step_and_every_step():
+    """Per live round, the first step (the one that gives every prompt its first token: all the
+    round's prompts prefilled together) is kept apart, as the simulator keeps its price, and the
+    step log adds up to the rounds' steps and busy time: what the per-round comparison of
+    `benchmarks/helios_time_parts.py` reads, checked without timing the machine."""
+    import pandas as pd
+
+    from live.helios import run_live, stream_prompts
+    from sim.families.helios.serving import simulate_stream
+
+    exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
+    spec = next(p for p in exp.spec.helios.policies
+                if exp.policy_name(p) == "static:target-small")
+    first = next(iter(exp.profiles.values()))
+    prompts = stream_prompts(first.workload, first.prompt_tokens)
+    dirs = {name: p.model_dir for name, p in exp.profiles.items()}
+    small = exp.profiles["target-small"]
+    served = list(range(exp.memory.batch(small, small.layers) + 4))  # two rounds
+    log: list[dict] = []
+    _, rounds, _ = run_live(exp.program(spec, served), dirs, prompts,
+                            exp.memory.seq_tokens, int(first.workload.get("max_tokens", 96)),
+                            steps=log)
+    sim = simulate_stream(exp.program(spec, served), exp.profiles).rounds
+    assert rounds.batch.tolist() == sim.batch.tolist() and len(rounds) >= 2
+    steps = pd.DataFrame(log)
+    per_round = steps.groupby("round")
+    assert per_round.size().tolist() == rounds.steps.tolist()
+    assert per_round.duration_ms.sum().to_numpy() == pytest.approx(rounds.busy_ms.to_numpy())
+    firsts = steps[steps.step == 1].reset_index(drop=True)
+    assert firsts.prefill_seqs.tolist() == rounds.batch.tolist()
+    assert (firsts.decode_seqs == 0).all() and (steps[steps.step > 1].prefill_seqs == 0).all()
+    assert firsts.duration_ms.to_numpy() == pytest.approx(rounds.first_step_ms.to_numpy())
+    assert set(steps.model) == {"target-small"} and set(steps.depth) == {small.layers}
+    assert ((sim.first_step_ms > 0) & (sim.first_step_ms < sim.busy_ms)).all()
 
 
 def test_real_shapes_what_if_reproduce_the_papers_direction():

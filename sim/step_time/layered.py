@@ -20,7 +20,8 @@ from scipy.optimize import nnls
 
 from pydantic import Field
 
-from sim.step_time.latency import FEATURES, LatencyModel, feature_matrix, midpoints
+from sim.step_time.latency import (FEATURES, LatencyModel, check_prices_steps, feature_matrix,
+                                   midpoints)
 from sim.step_time.registry import register
 from sim.step_time.schema import Coef, ModelJson, coefs
 
@@ -92,6 +93,7 @@ class LayeredModel:
         fixed, layer = tuple(d["fixed_ms"]), tuple(d["layer_ms"])
         if not any(layer[:3]):
             raise ValueError("layer_ms: layers that take no time (all leading coefficients 0)")
+        check_prices_steps([f + g for f, g in zip(fixed, layer)])  # depth 1 prices the least
         seq = d.get("prefill_seq_ms", [0.0, 0.0])
         return cls(fixed, layer, d["layers"], tuple(d["residual_log_quantiles"]), tuple(seq))
 
@@ -117,5 +119,6 @@ def fit_layered(prefill_tokens, decode_seqs, context_tokens, depth, duration_ms,
     log_ratio = np.log(y / np.maximum(xx @ coef, 1e-9))
     q = np.quantile(log_ratio, midpoints(quantiles))  # not 0..1: one stall would weigh 1%
     k = len(FEATURES)
+    check_prices_steps(coef[:k] + coef[k:2 * k])  # at depth 1, the cheapest
     return LayeredModel(tuple(map(float, coef[:k])), tuple(map(float, coef[k:2 * k])), int(layers),
                         tuple(map(float, q)), (float(coef[-2]), float(coef[-1])))

@@ -91,7 +91,7 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
             prompt_tokens = lengths
         elif lengths != prompt_tokens:
             raise ValueError(f"{trace_dir}: depth {depth} served another prompt stream")
-    steps = _steps(trace_dir)
+    steps = traced_steps(trace_dir)
     step = fit_steps(steps, layers)
     ee_step = fit_steps(steps, layers, cells="ee") if params.get("ee_thresholds") else None
     return ModelProfile(name=name or Path(str(run["model_id"])).name,
@@ -119,7 +119,7 @@ def _model_dir(model_id: str, trace_dir: str | Path) -> str:
     return str(p)
 
 
-def _steps(trace_dir: str | Path) -> pd.DataFrame:
+def traced_steps(trace_dir: str | Path) -> pd.DataFrame:
     """A trace's measured steps (warm-up ones dropped) in run order, each with its depth (the
     layers it ran: its layer_times rows) and the host time after it (`gap_ms`: to the next
     step of its cell; none after a cell's last)."""
@@ -133,7 +133,7 @@ def _steps(trace_dir: str | Path) -> pd.DataFrame:
 
 
 def fit_steps(steps: pd.DataFrame, layers: int, cells: str = "depth") -> LayeredModel:
-    """The per-layer step-time model from a trace's steps (`_steps`) of the cells named
+    """The per-layer step-time model from a trace's steps (`traced_steps`) of the cells named
     `cells<...>` (`depth`: at a loaded depth; `ee`: layer skipping)."""
     steps = steps[steps.cell_id.str.startswith(cells)]
     return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,

@@ -122,7 +122,8 @@ class HeliosReplica:
                 "replica_id": self.replica_id})
         self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                 "batch": len(rnd.prompts), "steps": times["steps"],
-                                "busy_ms": times["busy_s"] * 1e3, "load_ms": load_ms,
+                                "busy_ms": times["busy_s"] * 1e3,
+                                "first_step_ms": times["first_s"] * 1e3, "load_ms": load_ms,
                                 "event": s.event or "", "layer_tokens": layer_tokens,
                                 "replica_id": self.replica_id})
 
