@@ -124,7 +124,7 @@ def step_ratios(live_steps, profiles, retrace: Path):
     df["ratio"] = df.duration_ms / priced(df, profiles)
     df["kind"] = (df.prefill_seqs > 0).map({True: "prefill", False: "decode"})
     df["seqs"] = pd.cut(df.prefill_seqs.where(df.prefill_seqs > 0, df.decode_seqs),
-                        [0, 1, 4, 8, 12, 16, 24, 32, 10**6])
+                        [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 10**6])
     g = df.groupby(["model", "depth", "kind", "seqs", "source"], observed=True).ratio.agg(
         ["median", "size"]).unstack("source")
     return g[g[("size", "live")].notna()]

@@ -231,13 +231,14 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
                   f"output lengths {d['same_output_tokens']:.0%}, same exit layers "
                   f"{d['same_exit_layers']:.1%} of tokens")
         for col in ("metric", "sim", "live (median)", "error", "at live step speed",
-                    "live-vs-live spread"):
+                    "at local step speed", "live-vs-live spread"):
             t.add_column(col, justify="right")
         for m in METRICS:
             x = r["metrics"][m]
-            lvl = x.get("error_at_live_speed")
+            lvl, local = x.get("error_at_live_speed"), x.get("error_at_local_speed")
             t.add_row(m, f"{x['sim']:.4g}", f"{x['live']:.4g}", f"{x['error']:+.1%}",
-                      "" if lvl is None else f"{lvl:+.1%}", f"{x['live_spread']:.1%}")
+                      "" if lvl is None else f"{lvl:+.1%}",
+                      "" if local is None else f"{local:+.1%}", f"{x['live_spread']:.1%}")
         console.print(t)
         console.print("live step time / simulated, per run: "
                       + ", ".join(f"{v:.2f}x" for v in r["step_speed"]))

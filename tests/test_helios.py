@@ -237,6 +237,7 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
         # replay` and the benchmark to show, never bounds here.
         for key in ("throughput_tok_s", "tpot_p50_s"):
             assert math.isfinite(m[key]["error_at_live_speed"]), (name, key, m[key])
+            assert math.isfinite(m[key]["error_at_local_speed"]), (name, key, m[key])
     assert report["helios:throughput:cbc20"]["decisions"]["events"] >= 3
     proc = run_cli("helios", "replay", str(REPO / "examples" / "helios-opt-whatif.yaml"),
                    "--retrace", str(tmp_path / "x"), check=False)
@@ -277,6 +278,34 @@ def test_a_live_round_logs_its_first_step_and_every_step():
     assert firsts.duration_ms.to_numpy() == pytest.approx(rounds.first_step_ms.to_numpy())
     assert set(steps.model) == {"target-small"} and set(steps.depth) == {small.layers}
     assert ((sim.first_step_ms > 0) & (sim.first_step_ms < sim.busy_ms)).all()
+
+
+def test_a_simulation_re_timed_at_the_live_speed_around_each_round():
+    """`at_local_speed`: each simulated round re-timed by the live step speed of the rounds
+    around it (itself left out), the time between rounds kept: a live run alike round by round
+    gives the simulation back; one whose steps all took twice as long doubles every latency and
+    leaves the loads; a live run whose speed doubles midway re-times each round by the speed
+    of its own neighbours; other rounds are refused."""
+    from sim.families.helios.serving import HeliosResult
+    from validation.helios import at_local_speed, local_levels
+
+    exp = Experiment(read_yaml(EXAMPLE), EXAMPLE.parent)
+    sim = exp.simulate()["helios:throughput"]
+    same = at_local_speed(sim, sim).summary()
+    for key in ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "span_s"):
+        assert same[key] == pytest.approx(sim.summary()[key]), key
+    slow = HeliosResult(sim.requests, sim.rounds.assign(busy_ms=2 * sim.rounds.busy_ms),
+                        sim.events)
+    twice = at_local_speed(sim, slow).summary()
+    assert twice["ttft_p50_s"] == pytest.approx(2 * sim.summary()["ttft_p50_s"])
+    assert twice["tpot_p50_s"] == pytest.approx(2 * sim.summary()["tpot_p50_s"])
+    between_s = sim.rounds.load_ms.sum() / 1e3
+    assert 2 * sim.summary()["span_s"] - twice["span_s"] >= between_s > 0
+    assert local_levels([1, 1, 1, 1, 1, 1], [1, 1, 1, 2, 2, 2], window=1).tolist() == \
+        [1, 1, 1.5, 1.5, 2, 2]
+    other = HeliosResult(sim.requests, sim.rounds.iloc[1:], sim.events)
+    with pytest.raises(ValueError, match="other rounds"):
+        at_local_speed(sim, other)
 
 
 def test_real_shapes_what_if_reproduce_the_papers_direction():

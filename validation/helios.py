@@ -1,11 +1,13 @@
 """HELIOS simulated against live: the same model and depth per prompt, the same events and exits,
-and each figure's error, raw and at the live runs' step speed."""
+and each figure's error, raw, at the live runs' step speed, and at the machine's speed around
+each round (`at_local_speed`)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pandas as pd
 
 from sim.families.helios.serving import HeliosResult
 from validation.judge import speed_warning
@@ -15,6 +17,8 @@ METRICS = ("throughput_tok_s", "ttft_p50_s", "tpot_p50_s", "mean_batch", "perple
 """the figures a replay compares"""
 # How a metric scales with step time: throughput inversely, latencies along, the rest not at all
 TIME_POWER = {"throughput_tok_s": -1, "ttft_p50_s": 1, "tpot_p50_s": 1}
+LOCAL_WINDOW = 2
+"""rounds each side of a round whose live step speed re-times it (`at_local_speed`)"""
 
 
 def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
@@ -37,7 +41,66 @@ def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
                                    if live else math.nan, "live_spread": spread}
         if m in TIME_POWER and live:
             row["error_at_live_speed"] = s[m] * level ** TIME_POWER[m] / live - 1.0
+    _judge_at_local_speed(out, sim, lives)
     return out
+
+
+def _judge_at_local_speed(out: dict, sim: HeliosResult, lives: list[HeliosResult]) -> None:
+    """Each time metric's error with the simulation re-timed per live run (`at_local_speed`),
+    its median against the live median; nothing where a live run served other rounds."""
+    try:
+        local = [at_local_speed(sim, lv).summary() for lv in lives]
+    except ValueError:
+        return
+    for m in TIME_POWER:
+        row = out["metrics"][m]
+        if row["live"]:
+            row["error_at_local_speed"] = float(np.median([x[m] for x in local])) / row["live"] \
+                - 1.0
+
+
+def local_levels(sim_busy_ms, live_busy_ms, window: int = LOCAL_WINDOW) -> np.ndarray:
+    """Per round, the live over the simulated step time of the `window` rounds each side of it,
+    itself left out: the machine's speed at that moment, measured on other rounds."""
+    sim_ms, live_ms = np.asarray(sim_busy_ms, float), np.asarray(live_busy_ms, float)
+    n = len(sim_ms)
+    if n < 2 or len(live_ms) != n:
+        raise ValueError(f"local levels need two or more rounds, alike in both runs "
+                         f"({n} simulated, {len(live_ms)} live)")
+    levels = np.empty(n)
+    for i in range(n):
+        near = np.r_[max(0, i - window):i, i + 1:min(n, i + window + 1)]
+        levels[i] = live_ms[near].sum() / sim_ms[near].sum()
+    return levels
+
+
+def at_local_speed(sim: HeliosResult, live: HeliosResult,
+                   window: int = LOCAL_WINDOW) -> HeliosResult:
+    """The simulation re-timed round by round at the live run's step speed around each round
+    (`local_levels`): every time inside a round scaled by its level, the time between rounds
+    (loads, the loop's last host time) kept. A shared machine's speed moves within a run (on
+    the project's VM by 2x within ten seconds), so one level per run judges the model on the
+    machine's drift; a level from the rounds around each one judges the round's own price, its
+    prefill against its decode, and its neighbours' shapes against each other."""
+    if sim.rounds.get("replica_id", pd.Series([0])).nunique() > 1:
+        raise ValueError("re-timing per round needs one replica's rounds")
+    rounds = sim.rounds.sort_values("start_s").reset_index(drop=True)
+    shape = ["model", "depth", "batch"]
+    if rounds[shape].values.tolist() != live.rounds[shape].values.tolist():
+        raise ValueError("the live run served other rounds than the simulation")
+    levels = local_levels(rounds.busy_ms, live.rounds.busy_ms, window)
+    req = sim.requests
+    starts = rounds.start_s.to_numpy()
+    ends = rounds.start_s.map(req.groupby("arrival_s").finish_s.max()).to_numpy()
+    between = np.r_[starts[0], starts[1:] - ends[:-1]]
+    new_starts = np.cumsum(between + np.r_[0.0, ((ends - starts) * levels)[:-1]])
+    k = req.arrival_s.map(dict(zip(starts, range(len(starts))))).to_numpy()
+    f, t0 = levels[k], new_starts[k]
+    requests = req.assign(arrival_s=t0, first_token_s=t0 + (req.first_token_s - req.arrival_s) * f,
+                          finish_s=t0 + (req.finish_s - req.arrival_s) * f)
+    return HeliosResult(requests, rounds.assign(start_s=new_starts,
+                                                busy_ms=rounds.busy_ms * levels),
+                        sim.events, sim.candidates)
 
 
 def agreement(a: HeliosResult, b: HeliosResult) -> dict:
