@@ -17,7 +17,9 @@ depth or batch than the round before), simulated and live, beside the live TTFT'
 step plus the prompts' admission and the loop's host time). `--steps`: every live step priced
 by its model's layered fit (its shape at its depth, as `round_times` prices it, unscaled), and
 the traced steps of the same model priced alike: time over price by model, depth, kind
-(prefill or decode) and sequences, live beside traced.
+(prefill or decode) and sequences, live beside traced. `--rounds`: per live run, each round's
+step time live over simulated, in order (the machine's speed as the run goes), with its
+quantiles.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,6 +133,14 @@ def step_ratios(live_steps, profiles, retrace: Path):
     return g[g[("size", "live")].notna()]
 
 
+def round_levels(sim_rounds, live_rounds) -> str:
+    """Each round's live over simulated step time in run order, and their p10 / p50 / p90."""
+    r = live_rounds.busy_ms.to_numpy() / sim_rounds.busy_ms.to_numpy()
+    rounds = " ".join(f"{m}@{d}:{x:.2f}" for m, d, x in zip(live_rounds.model, live_rounds.depth, r))
+    q = np.quantile(r, [0.1, 0.5, 0.9])
+    return f"{rounds}\np10 / p50 / p90: {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f}"
+
+
 def _ttft_ms(r):
     return (r.first_token_s - r.arrival_s) * 1e3
 
@@ -155,6 +166,8 @@ def main() -> None:
     ap.add_argument("--steps", action="store_true",
                     help="also every live step priced by its model's fit, beside the traced "
                     "steps, by model, depth, kind and sequences")
+    ap.add_argument("--rounds", action="store_true",
+                    help="also each live run's rounds' step time over the sim, in order")
     args = ap.parse_args()
     exp = retraced(args.config, args.retrace)
     first = next(iter(exp.profiles.values()))
@@ -186,6 +199,9 @@ def main() -> None:
         for who, req, rounds in runs[1:] if args.first_step else ():
             print(f"{name} {who}: the rounds' first step (ms), simulated and live")
             print(first_steps(runs[0][2], rounds, req).round(3).to_string())
+        for who, _, rounds in runs[1:] if args.rounds else ():
+            print(f"{name} {who}: each round's step time, live over simulated, in order")
+            print(round_levels(runs[0][2], rounds))
         for i, rows in enumerate(steps if args.steps else ()):
             print(f"{name} live{i + 1}: step time over its price, live and traced")
             print(step_ratios(pd.DataFrame(rows), exp.profiles, args.retrace).round(3).to_string())
