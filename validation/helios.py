@@ -79,8 +79,9 @@ def at_local_speed(sim: HeliosResult, live: HeliosResult,
     """The simulation re-timed round by round at the live run's step speed around each round
     (`local_levels`): every time inside a round scaled by its level, the time between rounds
     (loads, the loop's last host time) kept. A shared machine's speed moves within a run (it
-    can halve within seconds), so one level per run judges the model on the machine's drift; a level from the rounds around each one judges the round's own price, its
-    prefill against its decode, and its neighbours' shapes against each other."""
+    can halve within seconds), so one level per run judges the model on the machine's drift;
+    a level from the rounds around each one judges the round's own price, its prefill against
+    its decode, and its neighbours' shapes against each other."""
     if sim.rounds.get("replica_id", pd.Series([0])).nunique() > 1:
         raise ValueError("re-timing per round needs one replica's rounds")
     rounds = sim.rounds.sort_values("start_s").reset_index(drop=True)
