@@ -136,7 +136,8 @@ def step_ratios(live_steps, profiles, retrace: Path):
 def round_levels(sim_rounds, live_rounds) -> str:
     """Each round's live over simulated step time in run order, and their p10 / p50 / p90."""
     r = live_rounds.busy_ms.to_numpy() / sim_rounds.busy_ms.to_numpy()
-    rounds = " ".join(f"{m}@{d}:{x:.2f}" for m, d, x in zip(live_rounds.model, live_rounds.depth, r))
+    rounds = " ".join(f"{m}@{d}:{x:.2f}"
+                      for m, d, x in zip(live_rounds.model, live_rounds.depth, r))
     q = np.quantile(r, [0.1, 0.5, 0.9])
     return f"{rounds}\np10 / p50 / p90: {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f}"
 
