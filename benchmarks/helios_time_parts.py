@@ -38,6 +38,7 @@ from helios_rejudge import retraced  # noqa: E402  (this directory)
 from live.helios import run_live, stream_prompts  # noqa: E402
 from sim.families.helios.profile import traced_steps  # noqa: E402
 from sim.families.helios.serving import simulate_stream  # noqa: E402
+from validation.helios import check_same_rounds  # noqa: E402
 
 
 def parts(requests, rounds) -> dict:
@@ -55,9 +56,7 @@ def parts(requests, rounds) -> dict:
 def by_depth(sim_rounds, live_rounds):
     """Per (model, depth): rounds, prompts per round, simulated and live step time (ms) and
     their ratio; the two runs' rounds in the same order."""
-    if list(zip(sim_rounds.model, sim_rounds.depth)) != \
-            list(zip(live_rounds.model, live_rounds.depth)):
-        raise ValueError("the live run served other rounds than the simulation")
+    check_same_rounds(sim_rounds, live_rounds)
     df = sim_rounds[["model", "depth", "batch", "busy_ms"]].reset_index(drop=True).assign(
         live_ms=live_rounds.busy_ms.to_numpy())
     g = df.groupby(["model", "depth"]).agg(rounds=("batch", "size"), prompts=("batch", "mean"),
@@ -89,9 +88,7 @@ def first_steps(sim_rounds, live_rounds, live_requests):
     """Per (model, depth, prompts per round, reconfigured): rounds, and the medians of the
     simulated and live first step (ms), their ratio, and the live TTFT (ms); the two runs'
     rounds in the same order."""
-    if list(zip(sim_rounds.model, sim_rounds.depth, sim_rounds.batch)) != \
-            list(zip(live_rounds.model, live_rounds.depth, live_rounds.batch)):
-        raise ValueError("the live run served other rounds than the simulation")
+    check_same_rounds(sim_rounds, live_rounds)
     s, v = sim_rounds.reset_index(drop=True), live_rounds.reset_index(drop=True)
     shape = s[["model", "depth", "batch"]]
     ttft = _ttft_ms(live_requests).groupby(live_requests.arrival_s).median()

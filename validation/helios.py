@@ -47,7 +47,8 @@ def compare(sim: HeliosResult, lives: list[HeliosResult]) -> dict:
 
 def _judge_at_local_speed(out: dict, sim: HeliosResult, lives: list[HeliosResult]) -> None:
     """Each time metric's error with the simulation re-timed per live run (`at_local_speed`),
-    its median against the live median; nothing where a live run served other rounds."""
+    its median against the live median; nothing where a live run served other rounds (or one
+    round only)."""
     try:
         local = [at_local_speed(sim, lv).summary() for lv in lives]
     except ValueError:
@@ -57,6 +58,14 @@ def _judge_at_local_speed(out: dict, sim: HeliosResult, lives: list[HeliosResult
         if row["live"]:
             row["error_at_local_speed"] = float(np.median([x[m] for x in local])) / row["live"] \
                 - 1.0
+
+
+def check_same_rounds(sim_rounds, live_rounds) -> None:
+    """Raise unless both runs served the same rounds (model, depth, prompts) in the same order:
+    what comparing them round by round needs (equal decisions give it)."""
+    shape = ["model", "depth", "batch"]
+    if sim_rounds[shape].values.tolist() != live_rounds[shape].values.tolist():
+        raise ValueError("the live run served other rounds than the simulation")
 
 
 def local_levels(sim_busy_ms, live_busy_ms, window: int = LOCAL_WINDOW) -> np.ndarray:
@@ -85,9 +94,7 @@ def at_local_speed(sim: HeliosResult, live: HeliosResult,
     if sim.rounds.get("replica_id", pd.Series([0])).nunique() > 1:
         raise ValueError("re-timing per round needs one replica's rounds")
     rounds = sim.rounds.sort_values("start_s").reset_index(drop=True)
-    shape = ["model", "depth", "batch"]
-    if rounds[shape].values.tolist() != live.rounds[shape].values.tolist():
-        raise ValueError("the live run served other rounds than the simulation")
+    check_same_rounds(rounds, live.rounds)
     levels = local_levels(rounds.busy_ms, live.rounds.busy_ms, window)
     req = sim.requests
     starts = rounds.start_s.to_numpy()
