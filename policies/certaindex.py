@@ -122,8 +122,10 @@ def answer_certainty(answers: Sequence[str | None]) -> float:
     n = len(answers)
     if n < 2:
         return 1.0
-    counts = Counter("\0none" if a is None or a == "" else a for a in answers).values()
-    h = -sum(c / n * math.log(c / n) for c in counts)
+    counts = Counter(answers)  # counted in C, groups in first-seen order
+    if None in counts and "" in counts:  # both kinds of missing answer: one group
+        counts = Counter("\0none" if a is None or a == "" else a for a in answers)
+    h = -sum(c / n * math.log(c / n) for c in counts.values())
     return 1.0 - h / math.log(n)
 
 

@@ -56,26 +56,19 @@ def rebase_children(rewards: Sequence[float], width: int, temperature: float) ->
     return n
 
 
-@dataclass(frozen=True)
-class NodeStats:
-    """What MCTS selection sees of a node."""
-
-    visits: int
-    value_sum: float
-    expandable: bool
-    """not an answer, not at the token budget"""
-
-
-def uct_select(nodes: Sequence[NodeStats], total_visits: int, exploration: float) -> int:
-    """The expandable node with the highest UCT score; unvisited nodes first; ties: lowest index."""
+def uct_select(visits: Sequence[int], value_sums: Sequence[float], expandable: Sequence[bool],
+               total_visits: int, exploration: float) -> int:
+    """The expandable node with the highest UCT score, over nodes given as columns (visits,
+    summed values, expandable: not an answer, not at the token budget); unvisited nodes first;
+    ties: lowest index."""
     best, best_score = -1, -math.inf
     log_n = math.log(max(total_visits, 1))
-    for i, nd in enumerate(nodes):
-        if not nd.expandable:
+    for i, n in enumerate(visits):
+        if not expandable[i]:
             continue
-        if nd.visits == 0:
+        if n == 0:
             return i
-        score = nd.value_sum / nd.visits + exploration * math.sqrt(log_n / nd.visits)
+        score = value_sums[i] / n + exploration * math.sqrt(log_n / n)
         if score > best_score:
             best, best_score = i, score
     if best < 0:

@@ -16,11 +16,11 @@ probabilities returned with the generation: no extra request), never the gold an
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field
 
 from policies.certaindex import extract_boxed
-from policies.search import (NodeStats, SearchBudget, path_reward, program_answer, rebase_children,
-                             uct_select)
+from policies.search import SearchBudget, path_reward, program_answer, rebase_children, uct_select
 from programs.base import Outcome, RequestSpec, Sampling
 from traces.seeds import chunk_seed, request_seed
 
@@ -53,8 +53,6 @@ class _Node:
     tokens: int = 0           # generated tokens of the path
     terminal: bool = False    # an answer, end of sequence or the token budget
     reward: float = 0.0       # path reward (rebase allocation)
-    visits: int = 0           # mcts
-    value_sum: float = 0.0
 
 
 @dataclass
@@ -69,7 +67,13 @@ class SearchProgram:
     seed: int
     settings: SearchSettings
     nodes: dict = field(default_factory=dict)       # node id (request index + 1) -> node
-    solutions: list = field(default_factory=list)   # (request index, answer, reward, tokens)
+    solutions: list = field(default_factory=list)   # (request index, answer, reward, tokens),
+    #                                                 in request order
+    # mcts: per node, in node id order (ids are dense: one rollout in flight at a time), what
+    # UCT selection reads (`uct_select`'s columns), kept as rollouts back their rewards up
+    visits: list = field(default_factory=lambda: [0])
+    value_sums: list = field(default_factory=lambda: [0.0])
+    expandable: list = field(default_factory=lambda: [True])
     rows: list = field(default_factory=list)        # one branches row per request
     requests: int = 0
     tokens: int = 0
@@ -84,16 +88,16 @@ class SearchProgram:
     # Solutions in request order, not completion order: decisions do not depend on timing.
     @property
     def answers(self) -> list:
-        return [a for _, a, _, _ in sorted(self.solutions)]
+        return [a for _, a, _, _ in self.solutions]
 
     @property
     def rewards(self) -> list:
-        return [r for _, _, r, _ in sorted(self.solutions)]
+        return [r for _, _, r, _ in self.solutions]
 
     @property
     def lengths(self) -> list:
         """The solving requests' output tokens (baseline-length reads them)."""
-        return [n for _, _, _, n in sorted(self.solutions)]
+        return [n for _, _, _, n in self.solutions]
 
     # The accounting a programs table reads.
     paths_used = property(lambda self: self.requests)
@@ -184,14 +188,10 @@ class SearchProgram:
                          parent.text + text, parent.logprob_sum + logprob,
                          parent.tokens + tokens, terminal=terminal, reward=reward)
         self.nodes[node.node_id] = node
-        if ended:
-            self.solutions.append((gen.index, answer, reward, outcome.tokens))
+        if ended:  # request indices are unique: the tuples never compare past the first
+            insort(self.solutions, (gen.index, answer, reward, outcome.tokens))
         if self.method == "mcts":
-            p = node.node_id
-            while p is not None:  # back the solution's reward up to the root
-                self.nodes[p].visits += 1
-                self.nodes[p].value_sum += reward
-                p = self.nodes[p].parent
+            self._backup(node, reward)
         self.rows.append({"branch_id": node.node_id, "parent_branch_id": gen.path or None,
                           "depth": node.depth, "round": self._round(gen),
                           "answer": answer if ended else None,
@@ -202,6 +202,20 @@ class SearchProgram:
         if self.pending:
             return []  # a round (sc) or level (rebase) is still in flight
         return self._checkpoint()
+
+    def _backup(self, node: _Node, reward: float) -> None:
+        """A rollout's node joins the selection columns; its reward backs up to the root."""
+        if node.node_id != len(self.visits):
+            raise RuntimeError(f"mcts program {self.key}: node {node.node_id} finished out of "
+                               f"order (expected {len(self.visits)}): one rollout at a time")
+        self.visits.append(0)
+        self.value_sums.append(0.0)
+        self.expandable.append(not node.terminal)
+        visits, values, nodes, p = self.visits, self.value_sums, self.nodes, node.node_id
+        while p is not None:
+            visits[p] += 1
+            values[p] += reward
+            p = nodes[p].parent
 
     def _round(self, gen: RequestSpec) -> int:
         if self.method == "rebase":
@@ -220,13 +234,9 @@ class SearchProgram:
         if self.method == "sc":
             gens = [self._gen(0, False) for _ in range(self._sc_round())]
         elif self.method == "mcts":
-            ids = sorted(self.nodes)
-            stats = [NodeStats(self.nodes[i].visits, self.nodes[i].value_sum,
-                               not self.nodes[i].terminal) for i in ids]
-            gens = [] if self.requests >= self.policy.cap or \
-                not any(s.expandable for s in stats) else \
-                [self._gen(ids[uct_select(stats, self.requests, self.settings.exploration)],
-                           False)]
+            gens = [] if self.requests >= self.policy.cap or True not in self.expandable else \
+                [self._gen(uct_select(self.visits, self.value_sums, self.expandable,
+                                      self.requests, self.settings.exploration), False)]
         else:
             self.level += 1
             frontier = [self.nodes[i] for i in sorted(self.nodes)

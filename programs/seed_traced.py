@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from policies.seed import ToTSettings
 from programs.families import ProgramFamily, register_family
@@ -46,6 +49,8 @@ class ToTBank:
     vocab: int = 0
     """the target's vocabulary: the top-k of whole-distribution log-probabilities (sampled
     acceptance asks them; 0 in traces that did not record it)"""
+    trees: frozenset = frozenset()
+    """every tree the trace holds (the questions hold the requests of those loaded)"""
 
     def check(self, policy) -> None:
         """Raise unless a policy's tree is in the trace: the same settings, depth at most the
@@ -56,7 +61,7 @@ class ToTBank:
             raise ValueError(f"programs.policy: tot settings {policy.settings} are not in the "
                              f"trace ({self.settings}; any depth up to its own): trace them "
                              "with reasonsim trace tot")
-        trees = set(self.questions[0].requests) if self.questions else set()
+        trees = self.trees
         if policy.tree not in trees:
             how = "--speculative-eval" if policy.settings.speculative_eval else "--k-config"
             raise ValueError(f"programs.policy: tot policy {policy.mode} with k_config "
@@ -66,39 +71,69 @@ class ToTBank:
                              f"reasonsim trace tot {how}")
 
 
-def load_tot(trace_dir: str | Path) -> ToTBank:
-    """The traced trees of a tot trace."""
+ROW_COLUMNS = ("node", "kind", "round", "output_tokens", "text", "ended", "eos", "drafted_tokens",
+               "accepted_tokens", "accepted_positions", "value", "answer")
+"""the columns of a traced request the simulator's oracle reads (`sim.families.seed.driver`)"""
+
+
+def load_tot(trace_dir: str | Path, trees: Iterable[str] | None = None) -> ToTBank:
+    """The traced trees of a tot trace: each question's requests of `trees` (default every tree
+    the trace holds; a program reads only its mode's, and turning rows into Python values is
+    most of a load)."""
     run = read_run(trace_dir)
     if run["kind"] != "tot":
         raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a tot trace "
                          "(reasonsim trace tot)")
     params = json.loads(run["params_json"])
     wl = params["workload"]
-    by_question: dict[str, list[dict]] = {}
-    # rows as Python values straight from Arrow (nulls None): a tenth of pandas' records' cost
-    for r in read_table(trace_dir, "tot_requests").to_pylist():
-        by_question.setdefault(r["question_id"], []).append(r)
+    table = read_table(trace_dir, "tot_requests")
+    qids, tree_of = table["question_id"].to_pylist(), _trees(table)
+    held = frozenset(tree_of.values())
+    wanted = held if trees is None else held & set(trees)
     questions = []
-    for qid in sorted(by_question):
-        rows = by_question[qid]
-        trees = {}
-        for r in rows:
-            tree = r["program_id"][len(qid) + len("-tot"):]  # ar, sd, sd-k2.1 (ids.tot_program_id)
-            trees.setdefault(tree, {})[(r["node"], r["kind"], int(r["round"]))] = r
-        first = next(r for r in rows if r["node"] == "0" and r["round"] == 0 and
-                     r["kind"] in ("ar", "draft"))
-        tokens = sum(int(r["output_tokens"]) for r in trees.get("ar", {}).values())
-        questions.append(ToTQuestion(qid, first["difficulty"], int(first["prompt_tokens"]),
-                                     first["gold_answer"], trees, tokens))
+    for qid, (difficulty, prompt_tokens, gold, tokens) in _question_facts(table, qids).items():
+        questions.append(ToTQuestion(qid, difficulty, prompt_tokens, gold, {}, tokens))
+    by_id = {q.question_id: q.requests for q in questions}
+    # rows as Python values straight from Arrow (nulls None): a tenth of pandas' records' cost
+    keep = pa.array([tree_of[p] in wanted for p in table["program_id"].to_pylist()])
+    kept = table.filter(keep)
+    for qid, pid, r in zip(kept["question_id"].to_pylist(), kept["program_id"].to_pylist(),
+                           kept.select(list(ROW_COLUMNS)).to_pylist()):
+        by_id[qid].setdefault(tree_of[pid], {})[(r["node"], r["kind"], int(r["round"]))] = r
     tokens = np.array([q.expected_tokens for q in questions], dtype=float)
     level = np.array([q.difficulty or 0 for q in questions])
     factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
     return ToTBank(tuple(questions), ToTSettings(**wl["settings"]), int(params["probe_tokens"]),
-                   factor, int(wl["seed"]), int(params.get("vocab", 0)))
+                   factor, int(wl["seed"]), int(params.get("vocab", 0)), held)
+
+
+def _trees(table: pa.Table) -> dict[str, str]:
+    """program id -> its tree (ar, sd, sd-k2.1: `traces.ids.tot_program_id`)."""
+    pairs = table.group_by(["question_id", "program_id"]).aggregate([]).to_pylist()
+    return {p["program_id"]: p["program_id"][len(p["question_id"]) + len("-tot"):]
+            for p in pairs}
+
+
+def _question_facts(table: pa.Table, qids: list) -> dict[str, tuple]:
+    """question id -> (difficulty, prompt tokens, gold answer, tokens its ar tree generated),
+    in question id order; the facts from its first root request (the target's or a draft)."""
+    roots = table.filter(pc.and_(pc.and_(pc.equal(table["node"], "0"),
+                                         pc.equal(table["round"], 0)),
+                                 pc.is_in(table["kind"], pa.array(["ar", "draft"]))))
+    first: dict[str, dict] = {}
+    for r in roots.select(["question_id", "difficulty", "prompt_tokens",
+                           "gold_answer"]).to_pylist():
+        first.setdefault(r["question_id"], r)
+    ar = pc.equal(table["program_id"], pc.binary_join_element_wise(
+        table["question_id"], pa.scalar("-totar"), ""))
+    sums = table.filter(ar).group_by("question_id").aggregate([("output_tokens", "sum")])
+    ar_tokens = dict(zip(sums["question_id"].to_pylist(), sums["output_tokens_sum"].to_pylist()))
+    return {q: (first[q]["difficulty"], int(first[q]["prompt_tokens"]), first[q]["gold_answer"],
+                int(ar_tokens.get(q, 0))) for q in sorted(set(qids))}
 
 
 def _load_seed(wl) -> ToTBank:
-    bank = load_tot(wl.trace)
+    bank = load_tot(wl.trace, trees=(wl.policy.tree,))
     bank.check(wl.policy)
     return bank
 

@@ -179,7 +179,7 @@ class SearchQuestion:
     gold_answer: str
     requests: tuple[TracedRequest, ...]
 
-    @property
+    @cached_property  # asked at every program's arrival
     def expected_tokens(self) -> int:
         """Tokens the traced program generated (routing estimate)."""
         return sum(r.output_tokens for r in self.requests)

@@ -52,6 +52,8 @@ def test_entropy_and_reward_certainty():
     assert answer_certainty([str(i) for i in range(8)]) == pytest.approx(0.0)
     assert 0 < answer_certainty(["3", "3", "3", "5"]) < 1
     assert answer_certainty([None, None]) == 1.0  # all missing: one group
+    assert answer_certainty([None, "", "3", "3"]) == answer_certainty(["", "", "3", "3"]) == \
+        answer_certainty(["5", "5", "3", "3"])  # None and "" are the same missing group
     assert reward_certainty([0.2, 0.8], "mean") == pytest.approx(0.5)
     assert reward_certainty([0.2, 0.8], "max") == 0.8
     both = Certaindex(entropy_threshold=0.5, reward_threshold=0.6, reward_aggregate="max")

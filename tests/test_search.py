@@ -10,7 +10,7 @@ from conftest import REPO
 from conftest import example_config as _config
 from conftest import run_cli
 from policies.certaindex import Certaindex
-from policies.search import (NodeStats, ParetoFrontier, SearchBudget, best_of_n, certaindex_for,
+from policies.search import (ParetoFrontier, SearchBudget, best_of_n, certaindex_for,
                              path_reward, program_answer, rebase_children, uct_select,
                              weighted_vote)
 from programs.traced import load_search
@@ -36,12 +36,12 @@ def test_rebase_children_split_the_width_by_softmax_with_a_stable_tie_break():
 
 
 def test_uct_prefers_unvisited_then_value_and_skips_closed_nodes():
-    nodes = [NodeStats(3, 2.7, True), NodeStats(1, 0.95, True), NodeStats(0, 0.0, False)]
-    assert uct_select(nodes, 3, 0.0) == 1          # best mean value
-    assert uct_select(nodes + [NodeStats(0, 0.0, True)], 3, 0.0) == 3  # unvisited first
-    assert uct_select([NodeStats(2, 1.0, True), NodeStats(2, 1.0, True)], 4, 0.3) == 0
+    visits, values, open_ = [3, 1, 0], [2.7, 0.95, 0.0], [True, True, False]
+    assert uct_select(visits, values, open_, 3, 0.0) == 1          # best mean value
+    assert uct_select(visits + [0], values + [0.0], open_ + [True], 3, 0.0) == 3  # unvisited first
+    assert uct_select([2, 2], [1.0, 1.0], [True, True], 4, 0.3) == 0
     with pytest.raises(ValueError, match="no expandable"):
-        uct_select([NodeStats(1, 1.0, False)], 1, 0.3)
+        uct_select([1], [1.0], [False], 1, 0.3)
 
 
 def test_answers_aggregate_per_method():

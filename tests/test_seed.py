@@ -408,6 +408,28 @@ def test_draft_length_variants_are_traced_and_simulate(k):
     assert by["sd"]["acceptance_rate"] == by["seed"]["acceptance_rate"]
 
 
+def test_a_bank_of_one_tree_holds_that_trees_requests_as_the_whole_bank_does():
+    """A program reads only its mode's tree, so a workload loads that one (`load_tot(trees=)`):
+    its rows equal the whole bank's, every question keeps its facts, the bank still knows
+    every traced tree, and a policy whose tree is not in the trace is refused."""
+    from programs.seed_traced import ROW_COLUMNS, load_tot
+
+    trace = REPO / "traces" / "data" / "testbed-tot-se-cpu"
+    whole, one = load_tot(trace), load_tot(trace, trees=("sd-se",))
+    assert one.trees == whole.trees == {"ar", "sd", "sd-se"}
+    assert one.difficulty_factor == whole.difficulty_factor and one.settings == whole.settings
+    for a, b in zip(whole.questions, one.questions):
+        assert (a.question_id, a.prompt_tokens, a.gold_answer, a.expected_tokens) == \
+            (b.question_id, b.prompt_tokens, b.gold_answer, b.expected_tokens)
+        assert set(b.requests) == {"sd-se"} and b.requests["sd-se"] == a.requests["sd-se"]
+        assert all(set(r) == set(ROW_COLUMNS) for r in b.requests["sd-se"].values())
+    assert sum(q.expected_tokens for q in whole.questions) == sum(
+        r["output_tokens"] for q in whole.questions for r in q.requests["ar"].values())
+    policy = SeedPolicy("sd", ToTSettings(**{**vars(whole.settings), "k_config": (3, 1)}))
+    with pytest.raises(ValueError, match="not in the trace"):
+        one.check(policy)
+
+
 def test_the_state_evaluator_under_speculative_execution(tmp_path):
     """SEED's Table 2: with speculative_eval the value prompts' answers are drafted and verified
     too (the shipped trace's sd-se tree); `seed modes` gives each component's time over ar's
