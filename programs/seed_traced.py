@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from policies.seed import ToTSettings
 from programs.families import ProgramFamily, register_family
+from traces import ids
 from traces.store import read_run, read_table
 
 
@@ -87,16 +88,15 @@ def load_tot(trace_dir: str | Path, trees: Iterable[str] | None = None) -> ToTBa
     params = json.loads(run["params_json"])
     wl = params["workload"]
     table = read_table(trace_dir, "tot_requests")
-    qids, tree_of = table["question_id"].to_pylist(), _trees(table)
+    tree_of = _trees(table)
     held = frozenset(tree_of.values())
     wanted = held if trees is None else held & set(trees)
-    questions = []
-    for qid, (difficulty, prompt_tokens, gold, tokens) in _question_facts(table, qids).items():
-        questions.append(ToTQuestion(qid, difficulty, prompt_tokens, gold, {}, tokens))
+    questions = [ToTQuestion(qid, difficulty, prompt_tokens, gold, {}, tokens) for
+                 qid, (difficulty, prompt_tokens, gold, tokens) in _question_facts(table).items()]
     by_id = {q.question_id: q.requests for q in questions}
     # rows as Python values straight from Arrow (nulls None): a tenth of pandas' records' cost
-    keep = pa.array([tree_of[p] in wanted for p in table["program_id"].to_pylist()])
-    kept = table.filter(keep)
+    kept = table.filter(pc.is_in(table["program_id"], pa.array(
+        [p for p, tree in tree_of.items() if tree in wanted], pa.string())))
     for qid, pid, r in zip(kept["question_id"].to_pylist(), kept["program_id"].to_pylist(),
                            kept.select(list(ROW_COLUMNS)).to_pylist()):
         by_id[qid].setdefault(tree_of[pid], {})[(r["node"], r["kind"], int(r["round"]))] = r
@@ -114,7 +114,7 @@ def _trees(table: pa.Table) -> dict[str, str]:
             for p in pairs}
 
 
-def _question_facts(table: pa.Table, qids: list) -> dict[str, tuple]:
+def _question_facts(table: pa.Table) -> dict[str, tuple]:
     """question id -> (difficulty, prompt tokens, gold answer, tokens its ar tree generated),
     in question id order; the facts from its first root request (the target's or a draft)."""
     roots = table.filter(pc.and_(pc.and_(pc.equal(table["node"], "0"),
@@ -125,11 +125,12 @@ def _question_facts(table: pa.Table, qids: list) -> dict[str, tuple]:
                            "gold_answer"]).to_pylist():
         first.setdefault(r["question_id"], r)
     ar = pc.equal(table["program_id"], pc.binary_join_element_wise(
-        table["question_id"], pa.scalar("-totar"), ""))
+        table["question_id"], pa.scalar(ids.tot_program_id("", "ar")), ""))
     sums = table.filter(ar).group_by("question_id").aggregate([("output_tokens", "sum")])
     ar_tokens = dict(zip(sums["question_id"].to_pylist(), sums["output_tokens_sum"].to_pylist()))
     return {q: (first[q]["difficulty"], int(first[q]["prompt_tokens"]), first[q]["gold_answer"],
-                int(ar_tokens.get(q, 0))) for q in sorted(set(qids))}
+                int(ar_tokens.get(q, 0)))
+            for q in sorted(pc.unique(table["question_id"]).to_pylist())}
 
 
 def _load_seed(wl) -> ToTBank:
