@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError
+from reasonsim.common import UserError, ints
 
 
 def cmd_helios_offline(args: argparse.Namespace) -> int:
@@ -66,9 +66,11 @@ def _console():
 
 
 def retrace_models(config: dict, base_dir: Path, out_dir: Path,
-                   prompts_per_phase: int | None = None) -> dict:
+                   prompts_per_phase: int | None = None,
+                   waves: tuple[int, ...] | None = None) -> dict:
     """The config with every model's exits trace recorded again on this machine (same model,
-    workload, load format and layer-skipping thresholds; optionally a longer stream) into
+    workload, load format and layer-skipping thresholds; optionally a longer stream, or other
+    arrival waves: the prefill sizes the step-time fit sees) into
     `out_dir/<model>`, the models' phases interleaved (`tracers.exits.trace_exits_together`:
     every model traced at the same spells of the machine)."""
     import copy
@@ -92,6 +94,8 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
                               for key, v in old.workload.items()})
         if prompts_per_phase is not None:
             wl = replace(wl, prompts_per_phase=prompts_per_phase)
+        if waves is not None:
+            wl = replace(wl, waves=tuple(waves))
         jobs.append(ExitsJob(old.model_dir, out_dir / old.name, wl,
                              params["engine"].get("load_format", "auto"),
                              tuple(params.get("ee_thresholds", ()))))
@@ -101,14 +105,15 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
     return out
 
 
-def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None):
+def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None,
+                waves: tuple[int, ...] | None = None):
     from sim.config import read_yaml
     from sim.families.helios.config import Experiment
 
     d = read_yaml(path)
     try:
         if retrace:
-            d = retrace_models(d, Path(path).parent, Path(retrace), prompts_per_phase)
+            d = retrace_models(d, Path(path).parent, Path(retrace), prompts_per_phase, waves)
         return Experiment(d, Path(path).parent)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
@@ -185,7 +190,10 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         raise UserError("--repeats must be >= 1")
     if args.prompts_per_phase is not None and (not args.retrace or args.prompts_per_phase < 1):
         raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
-    exp = _experiment(args.config, args.retrace, args.prompts_per_phase)
+    if args.waves is not None and (not args.retrace or not args.waves or min(args.waves) < 1):
+        raise UserError("--waves needs --retrace and prompts per wave >= 1")
+    exp = _experiment(args.config, args.retrace, args.prompts_per_phase,
+                      None if args.waves is None else tuple(args.waves))
     if exp.spec.helios.replicas > 1:
         raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
                         "replay serves the stream on one device (set replicas: 1)")
@@ -290,5 +298,9 @@ def _add_replay_parser(hesub) -> None:
     hr.add_argument("--prompts-per-phase", type=int,
                     help="with --retrace: a longer (or shorter) stream than the trace's, so "
                     "live runs last long enough to average a shared machine's speed spells")
+    hr.add_argument("--waves", type=ints,
+                    help="with --retrace: prompts per arrival wave, cycled (`trace exits "
+                    "--waves`; default the trace's own): the prefill sizes the step-time fit "
+                    "sees, e.g. as large as the rounds the policies admit")
     hr.add_argument("--json", action="store_true")
     hr.set_defaults(func=cmd_helios_replay)

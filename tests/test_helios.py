@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, TESTBED, run_cli
 from sim.config import read_yaml
 from sim.families.helios.exits import load_exits
+from sim.families.helios.profile import traced_steps
 from sim.families.helios.config import Experiment
 from sim.step_time.layered import LayeredModel, fit_layered
 from traces import check_trace, read_run, read_table
@@ -212,14 +213,17 @@ def test_config_errors_name_the_key(edit, message):
 def test_live_replay_makes_the_simulated_decisions(tmp_path):
     # --retrace: profiles traced on this machine first (a CI machine may be another CPU: the
     # shipped profiles' machine and one session's VM differed 3.5x in speed); a stream of half
-    # the trace's length (60 prompts, a minute less of the suite) still re-assesses and switches.
+    # the trace's length (60 prompts, a minute less of the suite) still re-assesses and switches;
+    # --waves: the retrace's arrival waves, the largest first (the prefill sizes the fit sees).
     proc = run_cli("helios", "replay", str(EXAMPLE), "--policies",
                    "static:target-small,helios:throughput:cbc20,ee_full:target-large",
                    "--repeats", "1", "--retrace", str(tmp_path / "exits"),
-                   "--prompts-per-phase", "15", "--json")
+                   "--prompts-per-phase", "15", "--waves", "9,1,4", "--json")
     report = json.loads(proc.stdout)
     for name in ("target-large", "target-small"):
         assert check_trace(tmp_path / "exits" / name) == []
+        assert read_run(tmp_path / "exits" / name)["params"]["workload"]["waves"] == [9, 1, 4]
+        assert traced_steps(tmp_path / "exits" / name).prefill_seqs.max() == 9
     for name, r in report.items():
         d = r["decisions"]
         assert d["prompts"] == 1.0 and d["events_equal"], (name, d)
@@ -242,6 +246,8 @@ def test_live_replay_makes_the_simulated_decisions(tmp_path):
     proc = run_cli("helios", "replay", str(REPO / "examples" / "helios-opt-whatif.yaml"),
                    "--retrace", str(tmp_path / "x"), check=False)
     assert proc.returncode == 2 and "--retrace needs a model with an exits trace" in proc.stderr
+    proc = run_cli("helios", "replay", str(EXAMPLE), "--waves", "4,8", check=False)
+    assert proc.returncode == 2 and "--waves needs --retrace" in proc.stderr
 
 
 def test_a_live_round_logs_its_first_step_and_every_step():
