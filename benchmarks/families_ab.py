@@ -5,8 +5,9 @@
 
 Each round runs one process per checkout, alternately (base first), each timing every family of
 `family_speed.FAMILIES` compiled (`simulate`, CPU seconds, median of `--repeats` after a warm-up
-run); the table gives each checkout's simulated requests per CPU-second (median of the rounds,
-min-max) and their ratio. A shared machine's drift lands on both checkouts alike.
+run; `--decisions`: the programs' decisions alone, `program_decisions.decisions_alone`); the
+table gives each checkout's simulated requests per CPU-second (median of the rounds, min-max)
+and their ratio. A shared machine's drift lands on both checkouts alike.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ CHILD = """
 import gc, json, statistics, sys, time
 sys.path[:0] = [{root!r} + "/benchmarks", {root!r}]
 from family_speed import FAMILIES, program_config
+from program_decisions import decisions_alone
 from sim.simulate import simulate
 out = {{}}
 for fam in {families!r}:
     ex, n, replicas = FAMILIES[fam]
     cfg = program_config(ex, n, replicas)
+    if {decisions!r}:
+        out[fam] = statistics.median(decisions_alone(cfg)["requests_per_cpu_s"]
+                                     for _ in range({repeats}))
+        continue
     res = simulate(cfg)  # the kernel's and the trace's first load, not timed
     cpu = []
     for _ in range({repeats}):
@@ -39,9 +45,11 @@ print(json.dumps(out))
 """
 
 
-def measure(root: Path, families: list[str], repeats: int) -> dict:
-    """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process."""
-    code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats)
+def measure(root: Path, families: list[str], repeats: int, decisions: bool = False) -> dict:
+    """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process
+    (`decisions`: of its decisions alone)."""
+    code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats,
+                        decisions=decisions)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -55,12 +63,14 @@ def main() -> None:
     ap.add_argument("--families", default="cot,sc,mcts,rebase,a1,seed")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decisions", action="store_true",
+                    help="time the programs' decisions alone (instant replicas), not the run")
     args = ap.parse_args()
     families = args.families.split(",")
     rates: dict = {(f, who): [] for f in families for who in ("base", "new")}
     for _ in range(args.rounds):
         for who, root in (("base", args.base), ("new", args.new)):
-            for fam, rate in measure(root, families, args.repeats).items():
+            for fam, rate in measure(root, families, args.repeats, args.decisions).items():
                 rates[(fam, who)].append(rate)
     print(f"{'family':8} {'base req/CPU-s (min-max)':>28} {'new req/CPU-s (min-max)':>28} ratio")
     for fam in families:
