@@ -103,12 +103,11 @@ def first_steps(sim_rounds, live_rounds, live_requests):
 
 def priced(steps, profiles):
     """Each step's price (ms) by its model's layered fit at its depth, unscaled."""
-    def price(row):
-        step = profiles[row.model].step
-        return step.at_depth(int(row.depth)).step_ms(row.prefill_tokens, row.decode_seqs,
-                                                     row.context_tokens) \
-            + step.prefill_seqs_ms(int(row.depth), int(row.prefill_seqs))
-    return steps.apply(price, axis=1)
+    price = pd.Series(np.nan, index=steps.index)
+    for name, g in steps.groupby("model"):
+        price[g.index] = profiles[name].step.steps_ms(g.prefill_tokens, g.decode_seqs,
+                                                      g.context_tokens, g.depth, g.prefill_seqs)
+    return price
 
 
 def step_ratios(live_steps, profiles, retrace: Path):

@@ -29,10 +29,8 @@ from sim.families.helios.profile import fit_steps, traced_steps  # noqa: E402
 
 def priced(model, steps: pd.DataFrame) -> np.ndarray:
     """Each step's price under a layered model at its own depth."""
-    return np.array([model.at_depth(int(r.depth)).step_ms(r.prefill_tokens, r.decode_seqs,
-                                                          r.context_tokens)
-                     + model.prefill_seqs_ms(int(r.depth), int(r.prefill_seqs))
-                     for r in steps.itertuples()])
+    return model.steps_ms(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
+                          steps.depth, steps.prefill_seqs)
 
 
 def wave_table(trace_dir: Path, fit_max: int) -> pd.DataFrame:

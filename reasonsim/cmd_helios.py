@@ -67,7 +67,7 @@ def _console():
 
 def retrace_models(config: dict, base_dir: Path, out_dir: Path,
                    prompts_per_phase: int | None = None,
-                   waves: tuple[int, ...] | None = None) -> dict:
+                   waves: list[int] | None = None) -> dict:
     """The config with every model's exits trace recorded again on this machine (same model,
     workload, load format and layer-skipping thresholds; optionally a longer stream, or other
     arrival waves: the prefill sizes the step-time fit sees) into
@@ -106,7 +106,7 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
 
 
 def _experiment(path: str, retrace: str | None = None, prompts_per_phase: int | None = None,
-                waves: tuple[int, ...] | None = None):
+                waves: list[int] | None = None):
     from sim.config import read_yaml
     from sim.families.helios.config import Experiment
 
@@ -192,8 +192,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
     if args.waves is not None and (not args.retrace or not args.waves or min(args.waves) < 1):
         raise UserError("--waves needs --retrace and prompts per wave >= 1")
-    exp = _experiment(args.config, args.retrace, args.prompts_per_phase,
-                      None if args.waves is None else tuple(args.waves))
+    exp = _experiment(args.config, args.retrace, args.prompts_per_phase, args.waves)
     if exp.spec.helios.replicas > 1:
         raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
                         "replay serves the stream on one device (set replicas: 1)")

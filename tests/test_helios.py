@@ -133,6 +133,8 @@ def test_layered_step_time_is_linear_in_depth_and_validated():
     assert abs(m.at_depth(3).step_ms(100, 8, 1000) - (0.3 + 0.08 + 3 * (0.5 + 0.2 + 0.16 + 0.1))) \
         < 1e-6
     assert abs(m.prefill_seqs_ms(3, 5) - 5 * (0.2 + 0.3)) < 1e-6
+    # every step at once, each at its own depth: the generating function back
+    assert np.allclose(m.steps_ms(p, d, c, depth, seqs), y, rtol=1e-6)
     again = LayeredModel.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
     with pytest.raises(ValueError, match="two or more loaded depths"):

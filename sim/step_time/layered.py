@@ -58,6 +58,16 @@ class LayeredModel:
         a, b = self.prefill_seq_ms
         return seqs * (a + depth * b)
 
+    def steps_ms(self, prefill_tokens, decode_seqs, context_tokens, depth,
+                 prefill_seqs) -> np.ndarray:
+        """Each step's mean price (ms, unscaled) at its own loaded depth, over arrays of steps:
+        the fixed and per-layer parts and the per-sequence prefill cost."""
+        x = feature_matrix(prefill_tokens, decode_seqs, context_tokens)
+        d = np.asarray(depth, dtype=float)
+        a, b = self.prefill_seq_ms
+        return x @ np.asarray(self.fixed_ms) + d * (x @ np.asarray(self.layer_ms)) \
+            + np.asarray(prefill_seqs, dtype=float) * (a + d * b)
+
     def at_depth(self, depth: int) -> LatencyModel:
         """The linear step-time model with `depth` layers loaded."""
         if not 1 <= depth <= self.layers:
