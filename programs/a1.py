@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 
 from policies.a1 import A1Settings, mean_nll
 from policies.certaindex import extract_boxed
@@ -277,12 +279,17 @@ class A1Program:
 
     def node_rows(self, program_id: str, gold_answer: str, split: str = "evaluation",
                   **question) -> list[dict]:
-        """The program's nodes as `conformity` rows (sim and live replays; tracers add times)."""
+        """The program's nodes as `conformity` rows (live replays; tracers add times)."""
         return [{**{k: v for k, v in r.items() if not k.endswith("_request")},
-                 "program_id": program_id, "question_id": self.question_id,
-                 "question_split": split, "gold_answer": gold_answer, **question,
+                 **self._node_fields(program_id, gold_answer, split, question),
                  "policies": list(r["policies"]), "accepted_by": list(r["accepted_by"])}
                 for r in self.rows]
+
+    def _node_fields(self, program_id: str, gold_answer: str, split: str,
+                     question: dict) -> dict:
+        """The program's own columns of each of its `conformity` rows."""
+        return {"program_id": program_id, "question_id": self.question_id,
+                "question_split": split, "gold_answer": gold_answer, **question}
 
     def node_of(self, spec: RequestSpec) -> tuple[int, str]:
         """(sample, decision string) of the node a request in flight belongs to."""
@@ -326,3 +333,28 @@ class A1Program:
             score = mean_nll(raw.logprobs)  # the target's own step under the target
         return Outcome(raw.tokens, answer=answer, token_ids=raw.token_ids, text=raw.text,
                        eos=raw.eos, score=score)
+
+
+def conformity_columns(programs: list[tuple[A1Program, str, str, dict]]) -> dict[str, list]:
+    """The `conformity` table of many programs' nodes as columns, as their `node_rows` give it
+    row by row (each entry: program, program id, gold answer, question columns; the simulator's
+    table, read column by column rather than through a dictionary per row)."""
+    own = [(prog.rows, prog._node_fields(program_id, gold_answer, "evaluation", question))
+           for prog, program_id, gold_answer, question in programs]
+    rows = [r for prog_rows, _ in own for r in prog_rows]
+    # a column's place: where `node_rows`' rows, read in order, first name it
+    shapes = dict.fromkeys(tuple(r) + tuple(fields) for prog_rows, fields in own
+                           for r in prog_rows)
+    keys = dict.fromkeys(k for shape in shapes for k in shape if not k.endswith("_request"))
+    owned = {k for _, fields in own for k in fields}
+    cols = {}
+    for k in keys:
+        if k in owned:  # a program's own column overrides a node's of the same name
+            cols[k] = [v for prog_rows, fields in own
+                       for v in ([fields[k]] * len(prog_rows) if k in fields
+                                 else map(dict.get, prog_rows, repeat(k)))]
+        elif k in ("policies", "accepted_by"):
+            cols[k] = list(map(list, map(itemgetter(k), rows)))
+        else:
+            cols[k] = list(map(dict.get, rows, repeat(k)))
+    return cols

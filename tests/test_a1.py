@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, TESTBED, run_cli, speed_figure
 from policies.a1 import (A1Settings, Conformal, ConformalSet, DraftOnly, TargetOnly, mean_nll,
                          rejection_rate)
-from programs.a1 import A1Program
+from programs.a1 import A1Program, conformity_columns
 from programs.base import Outcome
 from traces import read_run
 
@@ -91,6 +91,29 @@ def test_the_tree_forks_where_policies_disagree_and_each_policy_finishes():
     assert prog.decisions[0] and not any(d.accepted for d in prog.decisions[0])
     assert all(d.accepted for d in prog.decisions[1])
     assert prog.answers[0] == ["7"] and prog.answers[2] == ["7"]   # target steps reach an answer
+
+
+def test_conformity_columns_equal_the_programs_node_rows():
+    """The simulator's columnar `conformity` table holds what `node_rows` gives row by row:
+    the same columns in the same order, value for value, over programs whose rows differ in
+    shape (a grid of policies forking, a synchronous one, a program with no rows)."""
+    cal = ConformalSet(tuple(float(i) for i in range(1, 10)))
+    forked = A1Program("q", (Conformal(0.5).calibrated(cal, {}), TargetOnly()),
+                       A1Settings(samples=2, turns=3), 5, 0)
+    _drive(forked, lambda s: "d\n", lambda s: 6.0)
+    synced = A1Program("r", (Conformal(0.3).calibrated(cal, {}),),
+                       A1Settings(samples=2, turns=2, sync=True), 7, 1)
+    _drive(synced, lambda s: "\\boxed{3}", lambda s: 0.5)
+    empty = A1Program("e", (DraftOnly(),), A1Settings(samples=1, turns=1), 3, 2)
+    entries = [(forked, "p0", "7", {"difficulty": 2}), (empty, "p2", "1", {"difficulty": 1}),
+               (synced, "p1", "3", {"difficulty": 5})]
+    rows = [row for prog, pid, gold, q in entries for row in prog.node_rows(pid, gold, **q)]
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    cols = conformity_columns(entries)
+    assert list(cols) == keys and len({len(v) for v in cols.values()}) == 1
+    assert cols == {k: [row.get(k) for row in rows] for k in keys}
+    assert {"score", "program_id", "difficulty", "policies"} <= set(cols)
+    assert not any(k.endswith("_request") for k in cols)
 
 
 def test_sync_scores_after_every_draft_of_the_turn():

@@ -495,3 +495,22 @@ def test_speedups_are_judged_against_each_repeats_own_ratio():
     j = r["modes"]["seed"]["speedup_vs_sd"]["judged"]
     assert j["spread"] == 0 and not j["ok"] and j["error"] == pytest.approx(1 / 0.6 / 1.25 - 1)
     assert "judged" not in r["modes"]["sd"]["speedup_vs_sd"]  # no speedup of a mode over itself
+
+
+def test_component_time_is_each_programs_union_of_request_intervals():
+    """A component's time is the mean over programs of the union of their requests' [sent,
+    finish] intervals: overlaps counted once, gaps not at all, rows in any order, programs
+    interleaved, the other component's requests left out."""
+    import pandas as pd
+
+    from sim.families.seed.metrics import component_s
+
+    t = pd.DataFrame({
+        "program_id": ["b", "a", "a", "b", "a", "a", "b"],
+        "kind": ["ar", "draft", "verify", "ar", "draft", "eval", "eval"],
+        "sent_s": [5.0, 2.0, 0.0, 1.0, 6.0, 0.0, 0.0],
+        "finish_s": [6.0, 3.0, 2.5, 4.0, 7.0, 9.0, 2.0]})
+    # a: [0, 2.5] u [2, 3] u [6, 7] = 4; b: [1, 4] u [5, 6] = 4
+    assert component_s(t, evaluator=False) == pytest.approx(4.0)
+    assert component_s(t, evaluator=True) == pytest.approx((9.0 + 2.0) / 2)
+    assert component_s(t[t.kind == "nothing"], evaluator=False) == 0.0

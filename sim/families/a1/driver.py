@@ -8,7 +8,7 @@ requests go to the `draft` pool, scoring and target steps to the `target` pool.
 
 from __future__ import annotations
 
-from programs.a1 import A1Program, a1_program_seed
+from programs.a1 import A1Program, a1_program_seed, conformity_columns
 from programs.a1_traced import A1Bank
 from programs.base import Outcome, RequestSpec
 from sim.families.registry import SimFamily, register_sim_family
@@ -107,8 +107,8 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
 
     from sim.families.a1.metrics import a1_summary
 
-    rows = [row for r in runs for row in r.program.node_rows(
-        r.plan.program_id, r.question.gold_answer, difficulty=r.question.difficulty)]
+    table = conformity_columns([(r.program, r.plan.program_id, r.question.gold_answer,
+                                 {"difficulty": r.question.difficulty}) for r in runs])
     n = len(driver.owner)
     res = cluster.res
     program_id = {r.idx: r.plan.program_id for r in runs}
@@ -120,8 +120,7 @@ def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tu
             for pool, members in cluster.pools.items()}
     summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
     summary.update(kv_peaks(cluster))
-    keys = dict.fromkeys(k for row in rows for k in row)
-    return {"conformity": {k: [row.get(k) for row in rows] for k in keys}}, summary
+    return {"conformity": table}, summary
 
 
 def kv_peaks(cluster) -> dict:

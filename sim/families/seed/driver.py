@@ -85,7 +85,7 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
     """The tot_requests table of the simulated programs and their ToT summary."""
     import pandas as pd
 
-    from sim.families.seed.metrics import tot_summary
+    from sim.families.seed.metrics import SUMMARY_COLUMNS, tot_summary
 
     res = cluster.res
     at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
@@ -107,7 +107,7 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
                 rescored=res.rescored[idx].tolist())
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
-    summary = tot_summary(pd.DataFrame(cols), busy, makespan_s)
+    summary = tot_summary(pd.DataFrame({k: cols[k] for k in SUMMARY_COLUMNS}), busy, makespan_s)
     return {"tot_requests": cols}, summary
 
 

@@ -12,6 +12,11 @@ import pandas as pd
 from programs.seed_eval import EVAL_KINDS
 
 
+SUMMARY_COLUMNS = ("kind", "program_id", "node", "round", "sent_s", "finish_s",
+                   "accepted_tokens", "drafted_tokens", "output_tokens")
+"""the `tot_requests` columns `tot_summary` reads"""
+
+
 def queue_waits_s(t: pd.DataFrame) -> np.ndarray:
     """Per verification: seconds from its draft's finish to reaching the target."""
     key = ["program_id", "node", "round"]
@@ -26,13 +31,16 @@ def component_s(t: pd.DataFrame, evaluator: bool) -> float:
     request in flight: the union of its requests' [sent, finish] intervals (a serial mode's
     time in that component; under parallel modes the two overlap)."""
     t = t[t.kind.isin(EVAL_KINDS) == evaluator]
-    spans = []
-    for _, g in t.groupby("program_id", sort=False):
-        total, end = 0.0, -np.inf
-        for a, b in sorted(zip(g.sent_s.to_numpy(float), g.finish_s.to_numpy(float))):
-            total += max(0.0, b - max(a, end))
-            end = max(end, b)
-        spans.append(total)
+    program, _ = pd.factorize(t.program_id)  # programs numbered in order of appearance
+    sent, finish = t.sent_s.to_numpy(float), t.finish_s.to_numpy(float)
+    order = np.lexsort((finish, sent, program))  # by program, then (sent, finish)
+    spans, last = [], -1
+    for p, a, b in zip(program[order].tolist(), sent[order].tolist(), finish[order].tolist()):
+        if p != last:
+            spans.append(0.0)
+            last, end = p, -np.inf
+        spans[-1] += max(0.0, b - max(a, end))
+        end = max(end, b)
     return float(np.mean(spans)) if spans else 0.0
 
 
