@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from policies.allocation import TokenBudget
 from policies.certaindex import Probe, ProbeConsistency
@@ -52,43 +53,54 @@ def load_trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], int]:
     return trajs, int(run["params"]["workload"]["stride_tokens"])
 
 
-def _trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], dict, pd.DataFrame]:
-    """(trajectories, the run row, the trajectories table) of a probes trace: each table read
-    once for `load_questions` too."""
+def _trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], dict, dict]:
+    """(trajectories, the run row, the trajectories table's columns) of a probes trace: each
+    table read once for `load_questions` too, and turned into Python values column by column."""
     run = read_run(trace_dir)
     if run["kind"] != "probes":
         raise ValueError(f"{trace_dir}: a {run['kind']!r} trace, not a probes trace")
-    probes = read_table(trace_dir, "probes").to_pandas().sort_values(
-        ["request_id", "position_tokens"], kind="stable")
-    by_request = {rid: g for rid, g in probes.groupby("request_id", sort=False)}
-    same = _same_text(probes)
+    probes = read_table(trace_dir, "probes")
+    probes = probes.take(pc.sort_indices(  # a stable sort, as pandas' `kind="stable"`
+        probes, [("request_id", "ascending"), ("position_tokens", "ascending")]))
+    p = {c: probes.column(c).to_pylist() for c in (
+        "request_id", "question_id", "sample_id", "position_tokens", "chunk_text", "answer",
+        "is_hesitant", "probe_tokens")}
+    by_request: dict[str, list[int]] = {}
+    for i, rid in enumerate(p["request_id"]):
+        by_request.setdefault(rid, []).append(i)
+    same = _same_text(p)
     trajs = []
-    table = read_table(trace_dir, "trajectories").to_pandas()
-    for row in table.itertuples(index=False):
-        g = by_request.get(row.request_id)
-        if g is None:
-            raise ValueError(f"{trace_dir}: trajectory {row.request_id} has no probes")
+    table = read_table(trace_dir, "trajectories").to_pydict()
+    for row in zip(*(table[c] for c in _TRAJECTORY_COLUMNS)):
+        rid, qid, sample, difficulty, gold, final, reasoning, seed = row
+        rows = by_request.get(rid)
+        if rows is None:
+            raise ValueError(f"{trace_dir}: trajectory {rid} has no probes")
         trajs.append(Trajectory(
-            question_id=row.question_id, sample_id=int(row.sample_id),
-            difficulty=None if row.difficulty is None else int(row.difficulty),
-            gold_answer=row.gold_answer,  # pandas reads a null answer as NaN: none is None
-            final_answer=row.final_answer if isinstance(row.final_answer, str) else None,
-            reasoning_tokens=int(row.reasoning_tokens), request_seed=int(row.request_seed),
-            probes=tuple(Probe(int(p), a or "", bool(h)) for p, a, h in
-                         zip(g.position_tokens, g.answer, g.is_hesitant)),
-            probe_tokens=tuple(int(n) for n in g.probe_tokens),
-            same_text_as=tuple(same[i] for i in g.index)))
+            question_id=qid, sample_id=int(sample),
+            difficulty=None if difficulty is None else int(difficulty),
+            gold_answer=gold, final_answer=final if isinstance(final, str) else None,
+            reasoning_tokens=int(reasoning), request_seed=int(seed),
+            probes=tuple(Probe(int(p["position_tokens"][i]), p["answer"][i] or "",
+                               bool(p["is_hesitant"][i])) for i in rows),
+            probe_tokens=tuple(int(p["probe_tokens"][i]) for i in rows),
+            same_text_as=tuple(same[i] for i in rows)))
     trajs.sort(key=lambda t: (t.question_id, t.sample_id))
     return trajs, run, table
 
 
-def _same_text(probes: pd.DataFrame) -> dict:
-    """Probe row -> the lowest sample id of its question whose text up to the row's position
-    is the row's sample's (`Trajectory.same_text_as`); probes sorted by sample and position."""
-    out, lowest = {}, {}
+_TRAJECTORY_COLUMNS = ("request_id", "question_id", "sample_id", "difficulty", "gold_answer",
+                       "final_answer", "reasoning_tokens", "request_seed")
+
+
+def _same_text(p: dict) -> list[int]:
+    """Per probe row, the lowest sample id of its question whose text up to the row's position
+    is the row's sample's (`Trajectory.same_text_as`); `p`: the probes' columns, sorted by
+    request and position."""
+    out, lowest = [0] * len(p["request_id"]), {}
     text: dict = {}  # request id -> its reasoning up to the last row seen
-    rows = zip(probes.index, probes.request_id, probes.question_id, probes.sample_id,
-               probes.position_tokens, probes.chunk_text)
+    rows = zip(range(len(out)), p["request_id"], p["question_id"], p["sample_id"],
+               p["position_tokens"], p["chunk_text"])
     for i, rid, qid, sample, pos, chunk in sorted(rows, key=lambda r: (r[3], r[4])):
         text[rid] = text.get(rid, "") + (chunk or "")
         out[i] = lowest.setdefault((qid, int(pos), text[rid]), int(sample))
@@ -129,7 +141,7 @@ def load_questions(trace_dir: str | Path) -> QuestionBank:
     """The questions of a probes trace, grouped with their samples."""
     trajs, run, tr = _trajectories(trace_dir)
     stride = int(run["params"]["workload"]["stride_tokens"])
-    prompt = dict(zip(tr.request_id, tr.prompt_tokens))
+    prompt = dict(zip(tr["request_id"], tr["prompt_tokens"]))
     req = read_table(trace_dir, "requests").to_pandas()
     probes = req[req.role == "probe"]
     if probes.empty:
