@@ -30,7 +30,7 @@ class A1Question:
     prompt_tokens: int
     gold_answer: str
     nodes: dict
-    """(sample, path) -> the node's conformity row"""
+    """(sample, path) -> the node's conformity row (its `NODE_COLUMNS`)"""
     expected_tokens: int
     """mean tokens of a traced target-only path x samples (routing estimate)"""
 
@@ -65,6 +65,13 @@ class A1Bank:
         return policy
 
 
+NODE_COLUMNS = ("question_id", "difficulty", "gold_answer", "sample", "path", "policies",
+                "context_tokens", "score", *(f"{step}_{c}" for step in ("draft", "target")
+                                             for c in ("tokens", "text", "answer", "ended")))
+"""the conformity columns a traced node keeps (`A1Question.nodes`: what the simulator's oracle
+reads)"""
+
+
 def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
     """The evaluation trees and calibration sets of a conformity trace."""
     run = read_run(trace_dir)
@@ -81,7 +88,8 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
     by_question: dict[str, list[dict]] = {}
     # rows as Python values straight from Arrow (missing steps and answers None): a tenth of
     # pandas' records' cost
-    for r in table.filter(pc.ends_with(table["program_id"], "eva")).to_pylist():
+    evaluation = table.filter(pc.ends_with(table["program_id"], "eva")).select(NODE_COLUMNS)
+    for r in evaluation.to_pylist():
         by_question.setdefault(r["question_id"], []).append(r)
     questions = []
     for qid in sorted(by_question):
