@@ -7,7 +7,10 @@ Each round runs one process per checkout, alternately (base first), each timing 
 `family_speed.FAMILIES` compiled (`simulate`, CPU seconds, median of `--repeats` after a warm-up
 run; `--decisions`: the programs' decisions alone, `program_decisions.decisions_alone`); the
 table gives each checkout's simulated requests per CPU-second (median of the rounds, min-max)
-and their ratio. A shared machine's drift lands on both checkouts alike.
+and their ratio. A shared machine's drift lands on both checkouts alike. `--parts`: each
+family's CPU seconds per run beside two parts of it, the bank's load (`load_bank`) and the
+family's results tables (`SimFamily.results`), whose work does not depend on the interleaving:
+where a whole run's ratio drowns in the machine's noise, its parts' ratios show what changed.
 """
 
 from __future__ import annotations
@@ -21,11 +24,25 @@ from pathlib import Path
 
 CHILD = """
 import gc, json, statistics, sys, time
+from dataclasses import replace
 sys.path[:0] = [{root!r} + "/benchmarks", {root!r}]
 from family_speed import FAMILIES, program_config
 from program_decisions import decisions_alone
+from programs.workload import load_bank
 from sim.simulate import simulate
-out = {{}}
+import sim.workloads.programs as harness
+out, spent = {{}}, []
+if {parts!r}:  # each family's results tables timed inside the run
+    found = harness.sim_family
+    def timed(name):
+        family = found(name)
+        def results(*a):
+            t0 = time.process_time()
+            done = family.results(*a)
+            spent.append(time.process_time() - t0)
+            return done
+        return family if family.results is None else replace(family, results=results)
+    harness.sim_family = timed
 for fam in {families!r}:
     ex, n, replicas = FAMILIES[fam]
     cfg = program_config(ex, n, replicas)
@@ -41,15 +58,26 @@ for fam in {families!r}:
         res = simulate(cfg)
         cpu.append(time.process_time() - t0)
     out[fam] = res.summary["requests"] / statistics.median(cpu)
+    if {parts!r}:
+        load = []
+        for _ in range({repeats}):
+            t0 = time.process_time()
+            load_bank(cfg.programs)
+            load.append(time.process_time() - t0)
+        out[fam] = [statistics.median(cpu), statistics.median(load),
+                    statistics.median(spent[-{repeats}:]) if spent else 0.0]
+        spent.clear()
 print(json.dumps(out))
 """
 
 
-def measure(root: Path, families: list[str], repeats: int, decisions: bool = False) -> dict:
+def measure(root: Path, families: list[str], repeats: int, decisions: bool = False,
+            parts: bool = False) -> dict:
     """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process
-    (`decisions`: of its decisions alone)."""
+    (`decisions`: of its decisions alone; `parts`: CPU seconds of a run, of the bank's load
+    and of the results tables)."""
     code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats,
-                        decisions=decisions)
+                        decisions=decisions, parts=parts)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -65,19 +93,39 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decisions", action="store_true",
                     help="time the programs' decisions alone (instant replicas), not the run")
+    ap.add_argument("--parts", action="store_true",
+                    help="CPU seconds of a run beside its bank's load and its results tables")
     args = ap.parse_args()
     families = args.families.split(",")
     rates: dict = {(f, who): [] for f in families for who in ("base", "new")}
     for _ in range(args.rounds):
         for who, root in (("base", args.base), ("new", args.new)):
-            for fam, rate in measure(root, families, args.repeats, args.decisions).items():
+            for fam, rate in measure(root, families, args.repeats, args.decisions,
+                                     args.parts).items():
                 rates[(fam, who)].append(rate)
+    if args.parts:
+        print_parts(families, rates)
+        return
     print(f"{'family':8} {'base req/CPU-s (min-max)':>28} {'new req/CPU-s (min-max)':>28} ratio")
     for fam in families:
         b, n = rates[(fam, "base")], rates[(fam, "new")]
         print(f"{fam:8} {statistics.median(b):>10,.0f} ({min(b):,.0f}-{max(b):,.0f})"
               f"{'':>4} {statistics.median(n):>10,.0f} ({min(n):,.0f}-{max(n):,.0f})"
               f"{'':>4} {statistics.median(n) / statistics.median(b):.2f}x")
+
+
+def print_parts(families: list[str], rates: dict) -> None:
+    """Per family and part, each checkout's CPU seconds (median of the rounds) and new/base."""
+    print(f"{'family':8} {'part':8} {'base CPU-s (min-max)':>24} {'new CPU-s (min-max)':>24} "
+          "new/base")
+    for fam in families:
+        for i, part in enumerate(("run", "load", "results")):
+            b = [r[i] for r in rates[(fam, "base")]]
+            n = [r[i] for r in rates[(fam, "new")]]
+            ratio = statistics.median(n) / statistics.median(b) if statistics.median(b) else 0.0
+            print(f"{fam:8} {part:8} {statistics.median(b):>9.3f} ({min(b):.3f}-{max(b):.3f})"
+                  f"{'':>2} {statistics.median(n):>9.3f} ({min(n):.3f}-{max(n):.3f})"
+                  f"{'':>2} {ratio:.2f}")
 
 
 if __name__ == "__main__":
