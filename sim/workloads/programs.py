@@ -41,9 +41,8 @@ def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                       compiled: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult; its
     replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy)."""
-    # the collector paused from the bank's load to the last table, not only for the run: the
-    # trace's nodes and the tables' columns are many acyclic objects it would rescan (A1's
-    # run 14% more CPU with it on)
+    # the collector paused from the bank's load to the last table, as for the run: the trace's
+    # nodes and the tables' columns are many acyclic objects that reference counting frees
     with gc_paused():
         return _simulate_programs(cfg, fast_forward, lazy, compiled)
 
