@@ -21,7 +21,8 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from functools import cached_property
+from typing import Mapping, NamedTuple
 
 COVERAGES = ("marginal", "conditional")
 A1_KINDS = ("conformal", "threshold", "draft_only", "target_only")
@@ -58,9 +59,8 @@ def calibration_sets(rows) -> tuple[ConformalSet, dict]:
     return ConformalSet(tuple(marginal)), {q: ConformalSet(tuple(v)) for q, v in by_q.items()}
 
 
-@dataclass(frozen=True)
-class StepDecision:
-    """A policy's verdict on one draft step."""
+class StepDecision(NamedTuple):
+    """A policy's verdict on one draft step (a named tuple: one is made per decision)."""
 
     accepted: bool
     p_value: float | None = None
@@ -85,7 +85,7 @@ class Conformal:
         if self.coverage not in COVERAGES:
             raise ValueError(f"a1 coverage must be one of {COVERAGES}, got {self.coverage!r}")
 
-    @property
+    @cached_property  # read for every traced node
     def name(self) -> str:
         """Label of the policy in tables and figures."""
         return f"conformal-{self.coverage}-{self.alpha:g}"
@@ -132,7 +132,7 @@ class Threshold:
             raise ValueError(f"a1 threshold max_score must be a finite score >= 0 (a mean NLL), "
                              f"got {self.max_score}")
 
-    @property
+    @cached_property  # read for every traced node
     def name(self) -> str:
         """Label of the policy in tables and figures."""
         return f"threshold-{self.max_score:g}"

@@ -33,6 +33,9 @@ from programs.base import Outcome, RequestSpec, Sampling
 from traces import ids
 
 ROLE_SEED = {"draft": 1, "target": 2}
+STEP_FIELDS = {kind: tuple(f"{kind}_{f}" for f in ("tokens", "text", "request", "answer", "ended"))
+               for kind in ROLE_SEED}
+"""a step's record fields (a node's conformity columns) by the step's kind"""
 
 
 def a1_program_seed(seed: int, question_id: str, calibration: bool = False) -> int:
@@ -195,9 +198,8 @@ class A1Program:
         self.tokens_by_role[spec.role] += outcome.tokens
         self.tokens += outcome.tokens
         answer, ended = step_end(outcome)
-        node.record.update({f"{spec.kind}_tokens": outcome.tokens, f"{spec.kind}_text": outcome.text,
-                            f"{spec.kind}_request": spec.index, f"{spec.kind}_answer": answer,
-                            f"{spec.kind}_ended": ended})
+        node.record.update(zip(STEP_FIELDS[spec.kind], (outcome.tokens, outcome.text, spec.index,
+                                                        answer, ended)))
         if spec.kind == "target":
             if spec.sampling.logprobs:
                 node.record["target_score"] = outcome.score

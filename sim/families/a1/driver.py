@@ -8,7 +8,7 @@ requests go to the `draft` pool, scoring and target steps to the `target` pool.
 
 from __future__ import annotations
 
-from programs.a1 import A1Program, a1_program_seed, conformity_columns
+from programs.a1 import STEP_FIELDS, A1Program, a1_program_seed, conformity_columns
 from programs.a1_traced import A1Bank
 from programs.base import Outcome, RequestSpec
 from sim.families.registry import SimFamily, register_sim_family
@@ -43,7 +43,7 @@ class TracedA1:
         sample with one seed, so they send the same prompts, and the engine serves one's cached
         blocks to another."""
         node, sample, path = self._node(run, spec)
-        output = 1 if spec.kind == "score" else int(node[f"{spec.kind}_tokens"])
+        output = 1 if spec.kind == "score" else int(node[STEP_FIELDS[spec.kind][0]])
         key = (run.question.question_id, sample, path, spec.kind)
         chain = self._chains.get(key)
         if chain is None:
@@ -59,8 +59,8 @@ class TracedA1:
         node = self._node(run, spec)[0]
         if spec.kind == "score":
             return Outcome(0, score=float(node["score"]))
-        return Outcome(tokens, aborted=aborted, ended=bool(node[f"{spec.kind}_ended"]),
-                       answer=node[f"{spec.kind}_answer"])
+        fields = STEP_FIELDS[spec.kind]
+        return Outcome(tokens, aborted=aborted, ended=bool(node[fields[4]]), answer=node[fields[3]])
 
 
 def content_chain(question, sample: int, path: str, kind: str) -> tuple:
