@@ -125,9 +125,10 @@ class A1Program:
             ids = list(self.prompt_ids) + node.ids + extra_ids
         # The whole prompt is cacheable: a score's step is the next turn's context if accepted.
         prompt_tokens = self.prompt_tokens + node.tokens + extra_tokens
-        spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt_tokens,
-                           sampling=sampling, path=node.sample, position=node.tokens,
-                           prefix_tokens=prompt_tokens, prompt_ids=ids, role=role)
+        # positional (kind, index, prompt, sampling, path, position, prefix, chain, ids, role):
+        # made for every request, where keywords cost twice as much
+        spec = RequestSpec(kind, self._index, prompt_tokens, sampling, node.sample, node.tokens,
+                           prompt_tokens, (), ids, role)
         self.request_log.append((self._index, kind, node.sample))
         self._index += 1
         self._flight[spec] = node
@@ -136,10 +137,10 @@ class A1Program:
     def _step_sampling(self, node: Node, role: str) -> Sampling:
         s = self.settings
         # the tracer asks the target's own steps' log-probabilities: their perplexity (Fig 9a)
-        return Sampling(max_tokens=s.draft_tokens if role == "draft" else s.target_tokens,
-                        temperature=s.temperature,
-                        seed=a1_seed(self.seed, node.sample, node.turn, role), stop=("\n",),
-                        logprobs=self.target_all and role == "target")
+        # positional (max_tokens, temperature, top_p, seed, stop, logprobs): one a step request
+        return Sampling(s.draft_tokens if role == "draft" else s.target_tokens, s.temperature, 1.0,
+                        a1_seed(self.seed, node.sample, node.turn, role), ("\n",),
+                        self.target_all and role == "target")
 
     def _begin(self, node: Node) -> list:
         """The node's first request: the draft step, or the target's when no policy drafts."""

@@ -141,10 +141,10 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         chain = ((self._question_key, p0),) + tuple((k, p0 + end) for k, end in links)
         if extra_tokens and not extra_links:
             chain += (content_link(chain[-1][0], extra_text, prompt),)
-        spec = RequestSpec(kind=kind, index=self._index, prompt_tokens=prompt, sampling=sampling,
-                           path=0, position=base.tokens + own_tokens,
-                           prefix_tokens=prompt - extra_tokens, prefix_chain=chain,
-                           prompt_ids=token_ids, role=role)
+        # positional (kind, index, prompt, sampling, path, position, prefix, chain, ids, role):
+        # made for every request, where keywords cost twice as much
+        spec = RequestSpec(kind, self._index, prompt, sampling, 0, base.tokens + own_tokens,
+                           prompt - extra_tokens, chain, token_ids, role)
         self._index += 1
         self._flight[spec] = t
         return spec

@@ -267,7 +267,7 @@ class ProgramDriver:
             self.on_program_closed(run)
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
-        idx = len(self.owner)
+        idx = len(self._live)  # a list's length: `Owners.__len__` is a Python call
         prompt, prefix, key, output = self.oracle.request(run, spec)
         if type(key) is tuple:  # content named across programs: the prompt's chain itself
             chain, key = key, 0
