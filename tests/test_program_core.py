@@ -75,6 +75,16 @@ def test_a_stopping_probe_aborts_what_is_in_flight_and_ends_the_program():
     assert prog.probe_tokens == 3 * window
 
 
+def test_an_outcome_is_an_immutable_value_an_oracle_may_share():
+    # the probes oracle hands one Outcome object to every request with the same result
+    out = Outcome(5, ended=True, answer="7")
+    assert out == Outcome(5, False, True, "7") and hash(out) == hash(Outcome(5, ended=True,
+                                                                          answer="7"))
+    assert (out.aborted, out.score, out.token_ids, out.cached_tokens) == (False, None, (), 0)
+    with pytest.raises(AttributeError):
+        out.tokens = 6
+
+
 def test_ids_round_trip_and_reject_what_they_did_not_make():
     qid = ids.question_id(17, "mod", 3)
     assert qid == "q0017-mod-3" and ids.question_index(qid) == 17
