@@ -43,7 +43,7 @@ class TracedA1:
         sample with one seed, so they send the same prompts, and the engine serves one's cached
         blocks to another."""
         node, sample, path = self._node(run, spec)
-        output = 1 if spec.kind == "score" else int(node[STEP_FIELDS[spec.kind][0]])
+        output = 1 if spec.kind == "score" else int(node[STEP_FIELDS[spec.kind][0]])  # tokens
         key = (run.question.question_id, sample, path, spec.kind)
         chain = self._chains.get(key)
         if chain is None:
@@ -59,8 +59,8 @@ class TracedA1:
         node = self._node(run, spec)[0]
         if spec.kind == "score":
             return Outcome(0, score=float(node["score"]))
-        fields = STEP_FIELDS[spec.kind]
-        return Outcome(tokens, aborted=aborted, ended=bool(node[fields[4]]), answer=node[fields[3]])
+        *_, answer, ended = STEP_FIELDS[spec.kind]
+        return Outcome(tokens, aborted=aborted, ended=bool(node[ended]), answer=node[answer])
 
 
 def content_chain(question, sample: int, path: str, kind: str) -> tuple:
