@@ -6,12 +6,33 @@ from __future__ import annotations
 
 from numba import njit
 
-from sim.kernels.program_kernel import abort, advance, drain, retire, schedule_arrival
+from sim.kernels.program_kernel import SENT, abort, advance, drain, retire, schedule_arrival
+from sim.kernels.program_state import CHAINED, LINKS
+
+GROUP_AT = 6
+"""a pending send's group, in int64 words from its start (after replica, slot, idx, prompt,
+output and priority: `programs._PACK`)"""
+
+
+@njit(cache=True)
+def place_chains(st, npend):
+    """Copy each pending send's prefix chain from its row of `chains` into its slot's links, its
+    group then `CHAINED` as `submit` takes it (a row copy here, compiled, instead of a numpy
+    slice write per request in the driver)."""
+    for k in range(npend):
+        o = k * SENT
+        g = st.pend_i[o + GROUP_AT]
+        if g < CHAINED:
+            row = CHAINED - 1 - g
+            n = 1 + 2 * st.chains[row, 0]
+            st.rq[st.pend_i[o + 1], LINKS:LINKS + n] = st.chains[row, :n]
+            st.pend_i[o + GROUP_AT] = CHAINED
 
 
 @njit(cache=True)
 def advance_st(st, npend, node_room, pending):
     """`advance` on the packed state."""
+    place_chains(st, npend)
     return advance(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h,
                    st.seg, st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free,
                    st.pend_i, st.pend_f, npend, node_room, pending)
@@ -20,6 +41,7 @@ def advance_st(st, npend, node_room, pending):
 @njit(cache=True)
 def drain_st(st, npend):
     """`drain` on the packed state."""
+    place_chains(st, npend)
     drain(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
           st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, st.pend_i, st.pend_f, npend)
 
@@ -27,6 +49,7 @@ def drain_st(st, npend):
 @njit(cache=True)
 def arrival_st(st, npend, gap):
     """`schedule_arrival` on the packed state."""
+    place_chains(st, npend)
     schedule_arrival(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h,
                      st.seg, st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free,
                      st.pend_i, st.pend_f, npend, gap)

@@ -26,11 +26,14 @@ from sim.kernels.state import (  # the shared columns too, for the kernel to imp
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, LINKS = range(20)
 # from LINKS: the request's prefix chain, `prefix.link_group`'s `links` (a count, then a group and
-# an end per link: as many columns as the longest chain sent needs), written by the driver's
-# `send`; the columns before it are the request's state, set by the kernel's `submit`
+# an end per link: as many columns as the longest chain sent needs), copied from its row of
+# `State.chains` as the send is submitted; the columns before it are the request's state, set by
+# the kernel's `submit`
 RQ_COLS = LINKS
 CHAINED = -2
-"""a send's group where the request names a prefix chain (its links written in its slot)"""
+"""a send's group where the request names a prefix chain (its links written in its slot); the
+driver sends `CHAINED - 1 - row` for the chain in row `row` of `State.chains`
+(`program_calls.place_chains`)"""
 # `SCORING` of a scoring request (`Req.rescore` / `reads_cache`): its cache hit covered positions
 # it needs log-probabilities of (it runs again, uncached, once it ends), or it is that re-run
 RESCORE, UNCACHED = 1, 2
@@ -63,10 +66,12 @@ END, ARRIVAL, RETIRED, ROOM = range(4)
 
 class State:
     """The kernel's arrays, in the order every kernel function takes them (`pend_i`, `pend_f`:
-    one buffer of pending sends, seen as int64 and as float64)."""
+    one buffer of pending sends, seen as int64 and as float64), then `chains`, which only the
+    entry points read: a row per prefix chain the driver sent, its links as `LINKS` holds them
+    (each chain's row written once, not a slot's columns per request)."""
 
     __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
-                 "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f")
+                 "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f", "chains")
 
     def packed(self) -> "Packed":
         """The arrays as one kernel argument (the entry points' `st`)."""
@@ -92,17 +97,17 @@ _I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], 
     types.float64[:, ::1]
 _PACKED = PackedType(list(zip(State.__slots__, (
     _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
-    _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1))))
+    _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2))))
 
 
 @njit(cache=True)
 def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
-          free, pend_i, pend_f):
+          free, pend_i, pend_f, chains):
     st = structref.new(_PACKED)
     st.rq, st.rqf, st.rp, st.rf, st.running, st.sched = rq, rqf, rp, rf, running, sched
     st.rt, st.ri, st.h, st.seg, st.ctr, st.clock = rt, ri, h, seg, ctr, clock
     st.done, st.pc, st.tab, st.lru, st.free = done, pc, tab, lru, free
-    st.pend_i, st.pend_f = pend_i, pend_f
+    st.pend_i, st.pend_f, st.chains = pend_i, pend_f, chains
     return st
 
 

@@ -95,7 +95,7 @@ class CompiledCluster(Cluster):
         # prefix-chain keys -> groups past every group the driver numbers (fewer than
         # `capacity`), below the block identities' int64 bound (`prefix.block_key`)
         self._link_ids: dict = {}
-        self._chains: dict = {}  # chain -> its links' row (`_links`)
+        self._chains: dict = {}  # chain -> its row of `st.chains` (`_new_chain`)
         self._link0 = capacity
         self._link_cap = (1 << 62) // (P.MAX_BLOCKS * len(specs))
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
@@ -126,19 +126,33 @@ class CompiledCluster(Cluster):
         return s
 
     def _chained(self, s: int, sent: Sent, chain: tuple) -> tuple:
-        """Write a prefix chain's links into slot s (`program_state.LINKS`); the send as the
-        kernel takes it: group `CHAINED`, its shared content the chain's."""
-        links = self._chains.get(chain)  # programs send the same content again and again
-        if links is None:
-            links = self._chains[chain] = self._links(chain)
-        st = self.st
-        if len(links) > st.rq.shape[1] - S.LINKS:  # a longer chain than any before: room
+        """The send as the kernel takes it where the request names a prefix chain: its group the
+        chain's row of `chains` (`program_state.CHAINED`; the kernel copies the links into slot
+        s), its shared content the chain's."""
+        row = self._chains.get(chain)  # programs send the same content again and again
+        if row is None:
+            row = self._chains[chain] = self._new_chain(chain)
+        return sent[:4] + (S.CHAINED - 1 - row, chain[-1][1]) + sent[6:]
+
+    def _new_chain(self, chain: tuple) -> int:
+        """Write a chain's links into the next row of `chains` (`_links`), growing the table and
+        the slots' link columns to hold it: the row."""
+        links, st, row = self._links(chain), self.st, len(self._chains)
+        grown = S.LINKS + len(links) > st.rq.shape[1]
+        if grown:  # a longer chain than any before: room
             wider = np.zeros((st.rq.shape[0], S.LINKS + len(links)), dtype=np.int64)
             wider[:, :st.rq.shape[1]] = st.rq
             st.rq = wider
+        rows, width = st.chains.shape
+        if row == rows or len(links) > width:
+            table = np.zeros((2 * rows if row == rows else rows, max(len(links), width)),
+                             dtype=np.int64)
+            table[:row, :width] = st.chains[:row]
+            st.chains, grown = table, True
+        st.chains[row, :len(links)] = links
+        if grown:
             self._st = st.packed()
-        st.rq[s, S.LINKS:S.LINKS + len(links)] = links
-        return sent[:4] + (S.CHAINED, chain[-1][1]) + sent[6:]
+        return row
 
     def _links(self, chain: tuple) -> np.ndarray:
         """A chain as its links' row: its length, then each link's key as a group of its own
@@ -316,6 +330,7 @@ def _state(specs: list, capacity: int, fold: bool) -> S.State:
     st = S.State()
     slots = 64 * nrep
     st.rq = np.zeros((slots, S.LINKS + 1), dtype=np.int64)  # no chain's links yet
+    st.chains = np.zeros((64, 1), dtype=np.int64)
     st.rqf = np.zeros((slots, S.RQF_COLS))
     st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
     serving = any(getattr(cal.latency, "engine_state", False) for cal, _ in specs)
