@@ -298,6 +298,45 @@ def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
         [w["workload"] for w in result["workloads"]]
 
 
+def test_a_streak_of_runs_is_judged_against_the_fidelity_goal(quick, tmp_path):
+    """`benchmarks/fidelity_streak.py`: each run's row from its fidelity.json, the metrics that
+    missed in more than one run, and whether four of five consecutive runs pass."""
+    import copy
+    import subprocess
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from fidelity_streak import run_row, streak
+
+    out, result = quick
+    row = run_row(result)
+    assert (row["metrics"], row["ok"]) == (result["summary"]["metrics"], result["summary"]["ok"])
+    assert len(row["missed"]) == row["metrics"] - row["ok"]
+    five = streak([result] * 5)  # one run five times: every window passes or none does
+    assert five["goal_met"] == row["passes"] and five["passing"] == 5 * row["passes"]
+    assert five["missed_repeatedly"] == {m: 5 for m in row["missed"]}
+    good = copy.deepcopy(result)  # every metric ok, every P50 exact: a passing run
+    del good["summary"]
+    for r in good["workloads"]:
+        for m, v in r["metrics"].items():
+            v["ok"], v["error"] = True, 0.0 if "p50" in m else v["error"]
+    bad = copy.deepcopy(good)
+    first = bad["workloads"][0]
+    name = next(iter(first["metrics"]))
+    first["metrics"][name]["ok"] = False
+    assert run_row(good)["passes"] and not run_row(bad)["passes"]
+    assert streak([good, good, bad, good, good])["goal_met"]
+    three = streak([good, bad, good, bad, good, good])  # 3, then 3 passing in each window
+    assert (three["best_window"], three["goal_met"]) == (3, False)
+    assert three["missed_repeatedly"] == {f"{first['workload']} {name}": 2}
+    assert streak([good] * 4)["best_window"] is None  # fewer runs than a window: no verdict
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fidelity_streak.py"),
+                           str(out), str(out)], capture_output=True, text=True, check=True)
+    assert "goal (4 of 5): not met" in proc.stdout
+    missing = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fidelity_streak.py"),
+                              str(tmp_path)], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no fidelity.json" in missing.stderr
+
+
 def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):
     """`benchmarks/level_variants.py`'s history variants: the run level's quantiles from the
     decode levels earlier fidelity runs recorded, with (history) or without (history0) their
