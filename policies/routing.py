@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class RequestView:
-    """What a router may know about an arriving request."""
+class RequestView(NamedTuple):
+    """What a router may know about an arriving request (a named tuple: one is made per routed
+    request or program, at a third of a frozen dataclass's cost)."""
 
     request_index: int
     """position of the request in the workload"""
@@ -48,8 +49,8 @@ class LeastOutstanding:
     """The replica with the fewest outstanding tokens; ties go to the lowest replica id."""
 
     def route(self, request: RequestView, cluster: ClusterView) -> int:
-        """Return the least loaded replica (np.argmin takes the first minimum: explicit tie-break)."""
-        return int(np.argmin(cluster.outstanding_tokens))
+        """Return the least loaded replica (argmin takes the first minimum: explicit tie-break)."""
+        return int(cluster.outstanding_tokens.argmin())  # the method: np.argmin's wrapper costs more
 
 
 ROUTERS = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding}
