@@ -29,9 +29,6 @@ CALLS = 64
 _PACK = struct.Struct(f"<{K.SENT - 2}q2d")
 """a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
 _PACKED = _PACK.size
-SEEN_ROOM = 1 << 16
-"""chain objects remembered by identity (`CompiledCluster._chained`) before the memo starts over:
-a family that builds a fresh chain per request (SEED) would otherwise hold every one"""
 
 
 class KernelEnv:
@@ -99,9 +96,6 @@ class CompiledCluster(Cluster):
         # `capacity`), below the block identities' int64 bound (`prefix.block_key`)
         self._link_ids: dict = {}
         self._chains: dict = {}  # chain -> its row of `st.chains` (`_new_chain`)
-        # id of a chain object sent -> (the chain, its row): oracles that keep their chains
-        # (A1's, the reasoning paths') send the same object again, whose hash runs over links
-        self._seen: dict = {}
         self._link0 = capacity
         self._link_cap = (1 << 62) // (P.MAX_BLOCKS * len(specs))
         self.st.pend_i, self.st.pend_f = self._pend.view(np.int64), self._pend.view(np.float64)
@@ -135,16 +129,9 @@ class CompiledCluster(Cluster):
         """The send as the kernel takes it where the request names a prefix chain: its group the
         chain's row of `chains` (`program_state.CHAINED`; the kernel copies the links into slot
         s), its shared content the chain's."""
-        seen = self._seen.get(id(chain))  # the same chain object again: no hash of its links
-        if seen is not None and seen[0] is chain:
-            row = seen[1]
-        else:
-            row = self._chains.get(chain)  # programs send the same content again and again
-            if row is None:
-                row = self._chains[chain] = self._new_chain(chain)
-            if len(self._seen) >= SEEN_ROOM:
-                self._seen.clear()
-            self._seen[id(chain)] = (chain, row)  # held: its id is not reused while here
+        row = self._chains.get(chain)  # programs send the same content again and again
+        if row is None:
+            row = self._chains[chain] = self._new_chain(chain)
         return sent[:4] + (S.CHAINED - 1 - row, chain[-1][1]) + sent[6:]
 
     def _new_chain(self, chain: tuple) -> int:
