@@ -117,7 +117,7 @@ class CompiledCluster(Cluster):
         s = self._free.pop()
         self._idx[s] = idx
         if chain is not None:
-            sent = self._chained(s, sent, chain)
+            sent = self._chained(sent, chain)
         n = self._npend
         if n == self._pend_room:
             self._grow_pend()
@@ -125,10 +125,10 @@ class CompiledCluster(Cluster):
         self._npend = n + 1
         return s
 
-    def _chained(self, s: int, sent: Sent, chain: tuple) -> tuple:
+    def _chained(self, sent: Sent, chain: tuple) -> tuple:
         """The send as the kernel takes it where the request names a prefix chain: its group the
-        chain's row of `chains` (`program_state.CHAINED`; the kernel copies the links into slot
-        s), its shared content the chain's."""
+        chain's row of `chains` (`program_state.CHAINED`; the kernel copies the links into the
+        request's slot), its shared content the chain's."""
         row = self._chains.get(chain)  # programs send the same content again and again
         if row is None:
             row = self._chains[chain] = self._new_chain(chain)
