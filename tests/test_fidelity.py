@@ -337,6 +337,35 @@ def test_a_streak_of_runs_is_judged_against_the_fidelity_goal(quick, tmp_path):
     assert missing.returncode != 0 and "no fidelity.json" in missing.stderr
 
 
+def test_reference_levels_come_from_the_live_runs_before_the_one_judged(quick):
+    """`benchmarks/level_persistence.py` and `reference_level.py`: the live runs in the order
+    they started, and each predictor's level for a live run taken only from runs before it."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from level_persistence import live_levels, predictor_errors
+    from reference_level import reference_factors
+
+    out, result = quick
+    levels = live_levels(out)
+    starts = [x[0] for x in levels]
+    assert starts == sorted(starts) and len(levels) == sum(
+        len(w["step_speed"]) for w in result["workloads"])
+    logs = [x[3] for x in levels]
+    previous = reference_factors(out, "previous")
+    whole_pass = reference_factors(out, "pass")
+    first = levels[0]
+    assert previous[(first[1], first[2])] == whole_pass[(first[1], first[2])] == 1.0
+    for k, (_, name, i, _) in enumerate(levels[1:], start=1):
+        assert previous[(name, i)] == pytest.approx(np.exp(logs[k - 1]))
+        if i == 1:  # the second pass: every first-pass run, whatever came after
+            assert whole_pass[(name, i)] == pytest.approx(np.exp(np.mean(
+                [x[3] for x in levels if x[2] == 0])))
+    errors = predictor_errors(levels)
+    assert errors["previous"] == pytest.approx(np.median(np.abs(np.diff(logs))))
+    assert errors["calibration"] == pytest.approx(np.median(np.abs(logs[1:])))
+
+
 def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):
     """`benchmarks/level_variants.py`'s history variants: the run level's quantiles from the
     decode levels earlier fidelity runs recorded, with (history) or without (history0) their
