@@ -441,3 +441,30 @@ def test_spanning_terms_need_several_shapes_to_be_fitted():
         s = s.assign(duration_ms=3.0 + 0.01 * s.prefill_tokens + 0.05 * s.spanning_prefill_tokens)
         m = fit_serving(s)
         assert (m.coef_ms[14] + m.coef_ms[15] > 0.0) is fitted, (shapes, m.coef_ms)
+
+
+def test_a_fit_whose_gap_terms_price_every_step_is_fitted_without_them():
+    """A pool that serves in bursts (A1's target on a busy machine: `a1 replay --calibrate-here`
+    fitted const, decode and context at 0) has a gap before every step; steps timed by that gap
+    alone let the idle terms stand in for the constant and price a steady decode step at 0. The
+    fit drops the gap terms then, and the steady step costs what the steps cost."""
+    from sim.step_time.serving_features import feature_matrix
+    from sim.step_time.serving_latency import GAP_TERMS, _relative_nnls
+
+    rng = np.random.default_rng(3)
+    rows, t = [], 0.0
+    for i in range(300):
+        gap_ms = float(rng.uniform(1.0, 9.0))
+        t += gap_ms / 1e3
+        dur = 0.9 * gap_ms  # the machine's speed follows the gap here, nothing else
+        rows.append({"run_id": "r", "replica_id": 0, "step_id": i, "start_s": t,
+                     "prefill_tokens": 0, "prefill_seqs": 0, "decode_seqs": 1 + i % 4,
+                     "context_tokens": 100 * (1 + i % 4), "duration_ms": dur})
+        t += dur / 1e3
+    steps = engine_features(pd.DataFrame(rows))
+    x = feature_matrix(steps)
+    full = _relative_nnls(x, steps.duration_ms.to_numpy(float))
+    assert full[[0, 2, 3]].sum() < 1e-6  # what the fit had before: every steady step free
+    fitted = fit_serving(steps)
+    assert all(fitted.coef_ms[FEATURES.index(f)] == 0.0 for f in GAP_TERMS)
+    assert fitted.step_ms(0, 1, 100) > 1.0

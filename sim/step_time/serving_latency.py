@@ -242,10 +242,25 @@ class ServingModel:
                    tuple(d.get("step_log_quantiles") or ()))
 
 
+GAP_TERMS = ("new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short", "echo",
+             "echo_idle_100ms", "echo_prefill_k")
+"""the terms a step pays for what came before it (a gap, a new shape, a prefill just before):
+dropped from a fit in which they priced every step and a steady decode step at 0"""
+
+
+def _relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the relative squared error of x @ coef on y."""
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
+    return coef / scale
+
+
 def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
                 without: tuple[str, ...] = ()) -> ServingModel:
     """NNLS on relative error over steps with engine features (`engine_features`); the
-    FEATURES named in `without` are fitted at 0 (an ablation)."""
+    FEATURES named in `without` are fitted at 0 (an ablation); GAP_TERMS too where the fit
+    would price a steady decode step at 0."""
     unknown = sorted(set(without) - set(FEATURES))
     if unknown:
         raise ValueError(f"without: {unknown} are not serving-model features {list(FEATURES)}")
@@ -265,11 +280,16 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
     need = int((x != 0).any(axis=0).sum()) if len(x) else len(FEATURES)
     if y.size < need or not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise ValueError(f"need >= {need} finite positive step durations, got {y.size}")
-    scale = x.max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls((x / scale) / y[:, None], np.ones_like(y))
-    coef = coef / scale
-    check_prices_steps(coef)  # refused here, not by the loader after it was written
+    coef = _relative_nnls(x, y)
+    try:
+        check_prices_steps(coef)
+    except ValueError:
+        # Every step followed a gap or was a new shape (a pool that serves in bursts, on a busy
+        # machine): the gap terms stood in for the constant, and a steady step would be free.
+        # Those terms cannot be told from a steady step's cost on such steps: fit without them.
+        x[:, [FEATURES.index(f) for f in GAP_TERMS]] = 0.0
+        coef = _relative_nnls(x, y)
+        check_prices_steps(coef)  # refused here, not by the loader after it was written
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
     levels, own = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
