@@ -39,18 +39,31 @@ def live_levels(run: Path) -> list[tuple[float, str, int, float]]:
     return sorted(out)
 
 
-def predictor_errors(levels: list[tuple[float, str, int, float]]) -> dict:
-    """Median absolute log error of each predictor over the runs it applies to."""
+PREDICTORS = ("calibration", "previous", "previous3", "pass")
+
+
+def predicted_levels(levels: list[tuple[float, str, int, float]], predictor: str
+                     ) -> list[float]:
+    """The log level `predictor` gives each live run (in `levels`' order), from the live runs
+    before it only (the pass predictor's first pass: every run before it); 0 where none."""
     logs = np.array([x[3] for x in levels])
-    second = [k for k, x in enumerate(levels) if x[2] == 1]
-    first_pass = logs[[k for k, x in enumerate(levels) if x[2] == 0]]
-    errors = {
-        "calibration": np.abs(logs[1:]),
-        "previous": np.abs(logs[1:] - logs[:-1]),
-        "previous3": np.abs([logs[k] - logs[max(0, k - 3):k].mean()
-                             for k in range(1, len(logs))]),
-        "pass": np.abs(logs[second] - first_pass.mean()) if second else np.array([]),
-    }
+    first_pass = [k for k, x in enumerate(levels) if x[2] == 0]
+    out = []
+    for k, (_, _, i, _) in enumerate(levels):
+        before = {"previous": logs[k - 1:k], "previous3": logs[max(0, k - 3):k],
+                  "pass": logs[first_pass] if i == 1 else logs[:k],
+                  "calibration": logs[:0]}[predictor]
+        out.append(float(before.mean()) if len(before) else 0.0)
+    return out
+
+
+def predictor_errors(levels: list[tuple[float, str, int, float]]) -> dict:
+    """Median absolute log error of each predictor over the runs it applies to (every run but
+    the first; the pass predictor: the second pass)."""
+    logs = np.array([x[3] for x in levels])
+    applies = {p: [k for k, x in enumerate(levels) if (x[2] == 1 if p == "pass" else k > 0)]
+               for p in PREDICTORS}
+    errors = {p: np.abs(logs - predicted_levels(levels, p))[applies[p]] for p in PREDICTORS}
     by_workload: dict[str, dict[int, float]] = {}
     for _, name, i, lv in levels:
         by_workload.setdefault(name, {})[i] = lv

@@ -28,31 +28,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from level_persistence import live_levels  # noqa: E402
+from level_persistence import PREDICTORS, live_levels, predicted_levels  # noqa: E402
 from validation.fidelity import at_live_speed  # noqa: E402
 from validation.fidelity_judging import P50_METRICS  # noqa: E402
 from validation.fidelity_programs import programs_at_live_speed  # noqa: E402
 
-PREDICTORS = ("calibration", "previous", "previous3", "pass")
-
-
 def reference_factors(run: Path, predictor: str) -> dict[tuple[str, int], float]:
     """(workload, live index) -> the decode level `predictor` gives that live run."""
     levels = live_levels(run)
-    logs = np.array([x[3] for x in levels])
-    first_pass = [k for k, x in enumerate(levels) if x[2] == 0]
-    out = {}
-    for k, (_, name, i, _) in enumerate(levels):
-        if predictor == "previous":
-            before = logs[k - 1:k]
-        elif predictor == "previous3":
-            before = logs[max(0, k - 3):k]
-        elif predictor == "pass":
-            before = logs[first_pass] if i == 1 else logs[:k]
-        else:
-            before = logs[:0]
-        out[(name, i)] = float(np.exp(before.mean())) if len(before) else 1.0
-    return out
+    return {(name, i): float(np.exp(lv)) for (_, name, i, _), lv in
+            zip(levels, predicted_levels(levels, predictor))}
 
 
 def rejudge_at(run: Path, out: Path, predictor: str) -> list[dict]:
