@@ -147,3 +147,23 @@ def test_a_probe_beyond_the_tolerance_and_its_own_noise_is_another_machine():
     assert speed_warning({"draft": 1.0, "target": 1.3}) is None
     warning = speed_warning({"draft": 1.0, "target": 2.0 * SPEED_TOLERANCE})
     assert warning.startswith("warning:") and "(target)" in warning and "draft" not in warning
+
+
+def test_host_steal_is_the_stolen_share_of_the_ticks_between_the_samples_nearest(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from host_steal import read_samples, sample, steal_share
+
+    log = tmp_path / "stat.log"
+    sample(log, 0.01, count=2)  # this machine's own /proc/stat lines parse
+    t, steal, total = read_samples(log)
+    assert len(t) == 2 and t[1] > t[0] and total[1] >= total[0] > 0 and steal[1] >= steal[0]
+    # user nice system idle iowait irq softirq steal, cumulative: 30 of 100 ticks stolen
+    log.write_text("100.0 cpu 100 0 0 100 0 0 0 0 0 0\n"
+                   "101.0 cpu 130 0 0 140 0 0 0 30 0 0\n"
+                   "102.0 cpu 200 0 0 140 0 0 0 30 0 0\n")
+    samples = read_samples(log)
+    assert steal_share(samples, 100.0, 101.0) == pytest.approx(0.3)
+    assert steal_share(samples, 100.0, 102.0) == pytest.approx(30 / 170)
+    assert steal_share(samples, 99.0, 101.0) is None  # before the log began: not measured
