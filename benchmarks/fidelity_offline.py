@@ -63,7 +63,9 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
         lives = sorted((run / name).glob("live[0-9]*"))
         (out / name).mkdir(parents=True, exist_ok=True)
         judge = judge_programs if w["kind"] == "programs" else judge_requests
-        rows.append(judge(name, d, out / name, lives))
+        # what the live runs measured of the machine (when, the host's steal) stays theirs
+        rows.append({**judge(name, d, out / name, lives),
+                     **{k: w[k] for k in ("live_started_s", "live_steal") if k in w}})
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     return {**old, "calibration": str(calibration), "workloads": rows,
             "band_coverage": {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -56,15 +56,16 @@ def _rows(rows) -> tuple:
 
 
 class VllmEngine:
-    """The in-process vLLM engine with its step recorder, speaking `LiveEngine`."""
+    """The in-process vLLM engine with its step recorder, speaking `LiveEngine` (with
+    `host_cpu`, a run that is not resumed: the recorder samples the host's CPU ticks)."""
 
-    def __init__(self, engine, writer, t0: float):
+    def __init__(self, engine, writer, t0: float, host_cpu: bool = False):
         from vllm import SamplingParams
 
         from engines.recorder import StepRecorder
 
         self.engine = engine
-        self.rec = StepRecorder(engine, writer, t0, record_tokens=False)
+        self.rec = StepRecorder(engine, writer, t0, record_tokens=False, host_cpu=host_cpu)
         self._params = SamplingParams
         self._scored: dict[str, tuple] = {}   # engine id -> (our id, how to re-run it uncached)
         self._engine_id: dict[str, str] = {}  # our id -> engine id (differs once re-run)

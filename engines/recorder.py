@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from traces.store import TraceWriter
+from engines.host_cpu import SAMPLE_S, cpu_ticks
 from engines.vllm_engine import Engine
 
 
@@ -28,11 +29,13 @@ class _Req:
 class StepRecorder:
     """Drives `Engine.step` and writes one steps row per iteration and one requests row per request.
 
-    Times are seconds since `t0` (a perf_counter reading shared by the whole run).
+    Times are seconds since `t0` (a perf_counter reading shared by the whole run). With
+    `host_cpu` (a live run's, not a resumable grid's), about once a second at a step's end it
+    samples the host's CPU ticks (`engines.host_cpu`) into `host_cpu` rows.
     """
 
     def __init__(self, engine: Engine, writer: TraceWriter, t0: float, replica_id: int = 0,
-                 record_tokens: bool = True):
+                 record_tokens: bool = True, host_cpu: bool = False):
         self.engine = engine
         self.writer = writer
         self.t0 = t0
@@ -42,6 +45,23 @@ class StepRecorder:
         self.last_duration_ms = 0.0
         self.reqs: dict[str, _Req] = {}
         self.finished: list[str] = []
+        self.host_samples = 0
+        self._next_host_s = 0.0 if host_cpu else float("inf")
+
+    def sample_host(self) -> None:
+        """A `host_cpu` row now (the step loop takes one about every SAMPLE_S; a tracer takes
+        one more as its run ends, so the run's last second counts); none without `host_cpu`."""
+        if self._next_host_s == float("inf"):
+            return
+        at_s = self.now_s()
+        ticks = cpu_ticks()
+        if ticks is None:  # a kernel without the counts: never sampled again
+            self._next_host_s = float("inf")
+            return
+        self._next_host_s = at_s + SAMPLE_S
+        self.writer.add("host_cpu", replica_id=self.replica_id, sample_index=self.host_samples,
+                        at_s=at_s, steal_ticks=ticks[0], cpu_ticks=ticks[1])
+        self.host_samples += 1
 
     def now_s(self) -> float:
         """Seconds since the run's t0."""
@@ -89,6 +109,8 @@ class StepRecorder:
                                 step_id=self.step_id, prefill_context_tokens=context,
                                 prefill_pair_tokens=pairs, prefill_span_pair_tokens=span_pairs)
             self.step_id += 1
+            if end_s >= self._next_host_s:
+                self.sample_host()
             for req_id in self.engine.scheduler_last_ids():
                 r = self.reqs.get(req_id)
                 if r is not None and r.scheduled_s is None:

@@ -76,6 +76,8 @@ def replay_workload(wl: ProgramWorkload, scheduler_spec, out_dir: str | Path, se
     finally:
         if engine is None:
             live.close()
+    if isinstance(live, VllmEngine):  # the run's last second of host ticks
+        live.rec.sample_host()
     if engine is not None and not on_torch:
         run_speed_probe(engine, writer, "after", engine.max_num_seqs, seed=seed)
     writer.flush("all")
@@ -150,4 +152,4 @@ def _start(engine, on_torch: bool, url, served, writer, tokenizer, prompt: list[
     engine.warm_up()
     # the machine's speed level just before and after the run (`engines.speed_probe`)
     run_speed_probe(engine, writer, "before", engine.max_num_seqs, seed=seed)
-    return VllmEngine(engine, writer, time.perf_counter())
+    return VllmEngine(engine, writer, time.perf_counter(), host_cpu=True)

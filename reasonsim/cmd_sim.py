@@ -175,6 +175,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     f"{k} {v:.2f}x" for k, v in pre.items() if k != "factor")
             console.print(f"speed probe (fixed decode batches) / {speed['probe_against']}: "
                           + levels)
+        if speed.get("host_steal") is not None:
+            console.print(f"CPU stolen by the host while the live run served: "
+                          f"{speed['host_steal']:.1%}")
     table = Table(title="simulated vs live")
     banded = any("band" in v for v in rows.values())
     for col in ("metric", "sim", "live", "rel_err") + (("band 5-95%", "live in band")

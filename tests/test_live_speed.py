@@ -167,3 +167,20 @@ def test_host_steal_is_the_stolen_share_of_the_ticks_between_the_samples_nearest
     assert steal_share(samples, 100.0, 101.0) == pytest.approx(0.3)
     assert steal_share(samples, 100.0, 102.0) == pytest.approx(30 / 170)
     assert steal_share(samples, 99.0, 101.0) is None  # before the log began: not measured
+
+
+def test_the_stolen_share_of_a_span_is_its_samples_tick_differences(tmp_path):
+    from engines.host_cpu import cpu_ticks, stolen_share
+
+    steal, total = cpu_ticks()  # this machine's own /proc/stat
+    assert 0 <= steal <= total and total > 0
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 0 5 80 0 0 0 5 0 0\ncpu0 5 0 2 40 0 0 0 3 0 0\n")
+    assert cpu_ticks(stat) == (5, 100)
+    stat.write_text("intr 1 2 3\n")
+    assert cpu_ticks(stat) is None and cpu_ticks(tmp_path / "absent") is None
+    rows = pd.DataFrame({"at_s": [0.0, 1.0, 2.0], "steal_ticks": [5, 25, 25],
+                         "cpu_ticks": [100, 200, 400]})
+    assert stolen_share(rows) == pytest.approx(20 / 300)
+    assert stolen_share(rows, 0.5, 2.0) == 0.0 and stolen_share(rows, 0.0, 1.0) == 0.2
+    assert stolen_share(rows, 0.5, 1.5) is None  # one sample: no span measured

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from conftest import REPO, run_cli, speed_figure as _speed
+from engines.host_cpu import trace_stolen_share
 from traces import check_trace, read_run, read_table
 
 pytestmark = pytest.mark.engine
@@ -55,6 +56,13 @@ def test_replay_then_validate(tmp_path, local_calibration):
     # batches, priced by the same calibration, give the machine's speed level of the moment.
     probe = read_table(live, "speed_probe").to_pandas()
     assert set(probe.phase) == {"before", "after"}
+    # The host's CPU ticks, sampled about once a second while serving and once at its end:
+    # cumulative counts, so any span of the run has the share the hypervisor stole
+    host = read_table(live, "host_cpu").to_pandas().sort_values("sample_index")
+    assert len(host) >= 2 and list(host.sample_index) == list(range(len(host)))
+    assert (host.at_s.diff().dropna() > 0).all() and (host.cpu_ticks.diff().dropna() >= 0).all()
+    assert (host.steal_ticks.diff().dropna() >= 0).all()
+    assert 0 <= trace_stolen_share(live) == result["speed"]["host_steal"] <= 1
     assert set(probe[probe.prefill_tokens == 0].decode_seqs) == {1, 4, 8}
     level = result["speed"]["probe"]
     # the levels are the machine's speed against the calibration's: figures, never bounds

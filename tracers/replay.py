@@ -65,7 +65,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     _warm_up(engine, rng, vocab, [len(p) for p in prompts[:warmup_requests]])
     if speed_probe:  # the machine's speed level just before the run (`engines.speed_probe`)
         run_speed_probe(engine, writer, "before", max_num_seqs, seed)
-    rec = StepRecorder(engine, writer, t0=time.perf_counter())
+    rec = StepRecorder(engine, writer, t0=time.perf_counter(), host_cpu=True)
     spec = None
     if speculative:
         from tracers.spec import SpecRows
@@ -73,6 +73,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
         spec = SpecRows(engine, writer, int(speculative["k"]), str(speculative["draft"]),
                         str(model), 0.0)
     _serve(engine, rec, spec, prompts, arrival_s, output_tokens, progress)
+    rec.sample_host()
     if speed_probe:
         run_speed_probe(engine, writer, "after", max_num_seqs, seed)
     writer.flush("all")

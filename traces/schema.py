@@ -256,6 +256,18 @@ SPEED_PROBE = [
 ]
 
 
+HOST_CPU = [
+    _RUN_ID,
+    _f("replica_id", pa.int32(), "the recorder's replica (its steps' replica_id)"),
+    _f("sample_index", pa.int32(), "sample within the replica's run"),
+    _f("at_s", pa.float64(), "when sampled, on the steps' clock (about once a second, at a "
+       "step's end)"),
+    _f("steal_ticks", pa.int64(), "ticks, summed over the machine's CPUs since boot, that the "
+       "hypervisor gave to another guest (/proc/stat steal)"),
+    _f("cpu_ticks", pa.int64(), "ticks in every state, summed over the CPUs since boot: the "
+       "stolen share of a span is the two counts' differences' ratio"),
+]
+
 def table_version(name: str) -> int:
     """The schema version files of a table carry."""
     return TABLE_VERSIONS.get(name, SCHEMA_VERSION)
@@ -274,6 +286,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         "programs": PROGRAMS, "exits": EXITS, "layers": LAYERS, "layer_times": LAYER_TIMES,
         "step_logprobs": STEP_LOGPROBS, "step_seeded": STEP_SEEDED, "spec_steps": SPEC_STEPS, "step_prefill": STEP_PREFILL,
         "conformity": CONFORMITY, "tot_requests": TOT_REQUESTS, "speed_probe": SPEED_PROBE,
+        "host_cpu": HOST_CPU,
     }.items()
 }
 
@@ -309,6 +322,7 @@ UNIQUE_KEYS: dict[str, tuple[str, ...]] = {
     "spec_steps": ("request_id", "step_index"),
     "tot_requests": ("program_id", "node", "kind", "round"),
     "speed_probe": ("phase", "step_index"),
+    "host_cpu": ("replica_id", "sample_index"),
 }
 
 # Ordered timestamps within a row: each must be >= every earlier one that is present.

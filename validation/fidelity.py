@@ -245,6 +245,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     t0 = time.perf_counter()
     cal = trace_and_calibrate(out, suite, quick, progress, engine, device)
     calibrated_s = round(time.perf_counter() - t0, 1)
+    from engines.host_cpu import trace_stolen_share
     from sim.step_time.calibration import load_calibration
 
     calibration = load_calibration(cal)
@@ -264,8 +265,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         for p in plans:
             started[p.lives[i]] = round(time.perf_counter() - t0, 1)
             p.replay(p.lives[i])
-    rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives]}
-            for p in plans]
+    rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives],
+             "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
     result = {"quick": quick, "calibration": str(cal), "engine": engine,
               "device": calibration.provenance["device"], "skipped": skipped,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()

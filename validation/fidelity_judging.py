@@ -48,13 +48,15 @@ P50_METRICS = ("e2e_s.p50", "program_latency_p50")
 def table_summary(result: dict) -> dict:
     """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`), at
     the live runs' decode speed and at probe speed; the median absolute e2e/program P50 error
-    of each; the live runs' decode speed levels; live values inside the noise band."""
+    of each; the live runs' decode speed levels and the host's stolen CPU share while they
+    served (`engines.host_cpu`); live values inside the noise band."""
     ms = [m for r in result["workloads"] for m in r["metrics"].values()]
     lv = [m for m in ms if "ok_at_live_speed" in m]
     p50 = [r["metrics"][m] for r in result["workloads"] for m in P50_METRICS
            if m in r["metrics"]]
     levels = [s["decode"] for r in result["workloads"] for s in r.get("step_speed", [])
               if s.get("decode") is not None]
+    steal = [x for r in result["workloads"] for x in r.get("live_steal", []) if x is not None]
 
     def median_abs(key: str) -> float | None:
         v = [abs(m[key]) for m in p50 if key in m]
@@ -70,6 +72,7 @@ def table_summary(result: dict) -> dict:
             "p50_median_abs": median_abs("error"),
             "p50_median_abs_at_live_speed": median_abs("error_sampled_at_live_speed"),
             "decode_levels": [min(levels), max(levels)] if levels else None,
+            "live_steal": [min(steal), max(steal)] if steal else None,
             "live_speed_within_5": within("error_at_live_speed", 0.05),
             "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
             "in_band": result["band_coverage"]["inside"],

@@ -23,15 +23,17 @@ def summary_lines(s: dict | None) -> list[str]:
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
-    levels = s["decode_levels"]
+    levels, steal = s["decode_levels"], s.get("live_steal")
+    stolen = (f" The host stole {steal[0]:.1%}-{steal[1]:.1%} of the CPU while they served."
+              if steal else "")
     return [f"Within tolerance or the live-vs-live spread: {s['ok']} of {s['metrics']} metrics "
             f"as judged, {s['ok_at_live_speed']} of {s['at_live_speed']} at the live runs' "
             f"decode speed, {s['ok_at_probe_speed']} of {s['at_probe_speed']} at probe speed. "
             f"Median absolute e2e/program P50 error: {pct(s['p50_median_abs'])} as judged, "
             f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed. Live decode steps "
             + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
-               "not measured.") + f" Live values inside the noise band: {s['in_band']} of "
-            f"{s['band_of']}.", ""]
+               "not measured.") + stolen
+            + f" Live values inside the noise band: {s['in_band']} of {s['band_of']}.", ""]
 
 
 def metric_row(workload: str, m: str, v: dict) -> str:
@@ -61,6 +63,10 @@ def workload_rows(r: dict) -> list[str]:
     if r.get("live_started_s"):
         lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
                      + ", ".join(f"{t:.0f}" for t in r["live_started_s"])
+                     + " | | | | | | | | | | | |")
+    if any(x is not None for x in r.get("live_steal", [])):
+        lines.append(f"| {r['workload']} | CPU stolen by the host while serving | | "
+                     + ", ".join("-" if x is None else f"{x:.1%}" for x in r["live_steal"])
                      + " | | | | | | | | | | | |")
     if "decision_agreement" in r:
         lines.append(f"| {r['workload']} | decision agreement | | | "

@@ -135,9 +135,11 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     steps (`decode_step_ratio`, what the device check judges) and for steps that prefill
     (`prefill_step_ratio`, None without any): where a TTFT error comes from the step model rather
     than the machine's speed; `probe`, the run's speed probe before and after it
-    (`sim.step_time.live_speed.probe_level`, against the calibration's own probe where it has one).
-    None when the simulation did not record its step-time model or
-    the live run has no decode steps."""
+    (`sim.step_time.live_speed.probe_level`, against the calibration's own probe where it has one);
+    `host_steal`, the share of CPU ticks the hypervisor stole while it served
+    (`engines.host_cpu`; None where its trace has no samples). None when the simulation did
+    not record its step-time model or the live run has no decode steps."""
+    from engines.host_cpu import trace_stolen_share
     from sim.step_time import registry as step_time
     from sim.step_time.live_speed import live_over_predicted, probe_level
     from sim.step_time.serving_features import attach_spans
@@ -163,6 +165,7 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
             "probe_match": probe_match(probe) if reference else None,
             "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
             "prefill_steps": int(prefill.sum()),
+            "host_steal": trace_stolen_share(live_dir),
             "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}
 
 
