@@ -5,7 +5,8 @@
 
 `sample` appends the machine's `/proc/stat` CPU line (with the wall clock) to LOG every
 `--interval-s` until stopped: the `steal` column counts the ticks the hypervisor ran another
-guest on our virtual CPUs. `judge` takes every live run of the fidelity runs given (each
+guest on our virtual CPUs (live traces now carry their own samples, the `host_cpu` table;
+this reads traces without). `judge` takes every live run of the fidelity runs given (each
 `RUN/<workload>/live*` whose serving LOG covers), places it on the wall clock (its runs row is
 written when serving starts; its steps' `start_s` count from there), and prints the share of
 CPU ticks stolen while it served beside its steps' levels against RUN's calibration
@@ -28,10 +29,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from engines.host_cpu import STAT_FIELDS  # noqa: E402
 from sim.step_time.live_speed import step_ratios  # noqa: E402
 from traces.store import read_table  # noqa: E402
-
-STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 def sample(log: Path, interval_s: float, count: int | None = None) -> None:
