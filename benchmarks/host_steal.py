@@ -67,14 +67,23 @@ def steal_share(samples: tuple, start: float, end: float) -> float | None:
     return float((steal[j] - steal[i]) / max(total[j] - total[i], 1))
 
 
+def served_steal(samples: tuple, trace: Path) -> float | None:
+    """The stolen share while a trace served (its runs row's time plus its steps' span on the
+    wall clock); None where it ran no step or the log does not cover it."""
+    start = pd.Timestamp(read_table(trace, "runs").to_pandas().created_at.iloc[0]).timestamp()
+    steps = read_table(trace, "steps").to_pandas()
+    if not len(steps):
+        return None
+    return steal_share(samples, start + steps.start_s.min(), start + steps.start_s.max())
+
+
 def live_row(samples: tuple, calibration: Path, live: Path) -> dict | None:
     """One live run: its steal share while serving and its steps' levels; None if uncovered."""
-    start = pd.Timestamp(read_table(live, "runs").to_pandas().created_at.iloc[0]).timestamp()
     got = step_ratios(calibration, live)
     if got is None:
         return None
     ratio, steps = got
-    share = steal_share(samples, start + steps.start_s.min(), start + steps.start_s.max())
+    share = served_steal(samples, live)
     if share is None:
         return None
     return {"live": f"{live.parent.parent.name}/{live.parent.name}/{live.name}",

@@ -40,11 +40,11 @@ def reference_factors(run: Path, predictor: str) -> dict[tuple[str, int], float]
             zip(levels, predicted_levels(levels, predictor))}
 
 
-def rejudge_at(run: Path, out: Path, predictor: str) -> list[dict]:
-    """Every metric of RUN with its error at the predictor's levels: (workload, metric, error
-    of the band's median, ok against tolerance or spread)."""
+def rejudge_at(run: Path, out: Path, factors: dict[tuple[str, int], float]) -> list[dict]:
+    """Every metric of RUN with its error at the given decode levels ((workload, live index)
+    -> level; simulated under out): (workload, metric, error of the band's median, ok against
+    tolerance or spread)."""
     recorded = json.loads((run / "fidelity.json").read_text())["workloads"]
-    factors = reference_factors(run, predictor)
     rows = []
     for w in recorded:
         name = w["workload"]
@@ -52,7 +52,7 @@ def rejudge_at(run: Path, out: Path, predictor: str) -> list[dict]:
         lives = sorted((run / name).glob("live[0-9]*"))
         got = []
         for i, live in enumerate(lives):
-            where = out / predictor / name / f"live{i + 1}"
+            where = out / name / f"live{i + 1}"
             f = factors[(name, i)]
             got.append(programs_at_live_speed(d, f, where, live, REPO / "examples")
                        if w["kind"] == "programs" else at_live_speed(d, f, where, live))
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {}
     for run in args.runs:
         for p in chosen:
-            rows = rejudge_at(run, args.out / run.name, p)
+            rows = rejudge_at(run, args.out / run.name / p, reference_factors(run, p))
             result[(run.name, p)] = rows
             if p == chosen[0]:
                 print(f"| {run.name} | as judged | {summary(rows, 'judged', 'ok_judged')} |")

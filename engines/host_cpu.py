@@ -19,6 +19,16 @@ STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "st
 """the `cpu` line's first fields, in the kernel's order (guest time is inside user already)"""
 SAMPLE_S = 1.0
 """seconds between two samples of a recorded run (one read of a short file: ~20 us)"""
+STEAL_WEIGHT = 2.0
+"""how much a live run's time-weighted step level rises per stolen share over its median (22
+live runs on a 2-core VM: both virtual CPUs step one forward pass, a tick stolen from either
+stalls it)"""
+
+
+def stall_share(steal: float | None) -> float:
+    """The share of a run's time its host's steal adds to its steps (`STEAL_WEIGHT` times the
+    stolen share; 0 unmeasured): beside a latency tolerance, whether the host alone moved it."""
+    return STEAL_WEIGHT * (steal or 0.0)
 
 
 def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:

@@ -72,6 +72,14 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert s["metrics"] == len(ms) == 2 * 7 + 3 and s["ok"] == sum(v["ok"] for v in ms)
     assert s["at_live_speed"] == sum("ok_at_live_speed" in v for v in ms) >= 2 * 7
     assert f"{s['ok']} of {s['metrics']} metrics as judged" in text
+    # the live runs the host's steal alone could have moved past e2e's 5%: over 2.5% stolen
+    steal = [x for r in result["workloads"] for x in r["live_steal"]]
+    assert s["live_runs_stalled"] == [sum(x > 0.025 for x in steal), len(steal)] == [
+        s["live_runs_stalled"][0], 6]
+    assert f"({s['live_runs_stalled'][0]} of 6 live runs over 2.5%" in text
+    # ... and while the calibration traffic served
+    traffic = result["calibration_steal"]["mixed"]
+    assert 0 <= traffic <= 1 and f"The host stole {traffic:.1%} (mixed)" in text
     # one live run of each workload a pass: every second run after every first (its spread
     # spans the suite's drift), as the runs' own records say
     first = [read_run(out / r["workload"] / "live1")["created_at"] for r in result["workloads"]]
@@ -366,6 +374,33 @@ def test_reference_levels_come_from_the_live_runs_before_the_one_judged(quick):
     errors = predictor_errors(levels)
     assert errors["previous"] == pytest.approx(np.median(np.abs(np.diff(logs))))
     assert errors["calibration"] == pytest.approx(np.median(np.abs(logs[1:])))
+
+
+def test_steal_levels_move_each_live_run_by_the_steal_its_trace_counted(quick):
+    """`benchmarks/steal_level.py`: each live run's level from the stolen shares its traces'
+    `host_cpu` tables hold (the report's), against the calibration traffic's; `live` is the
+    run's recorded decode level."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from steal_level import run_steals, steal_factors
+
+    from engines.host_cpu import STEAL_WEIGHT, trace_stolen_share
+
+    out, result = quick
+    cal, lives = run_steals(out, None)
+    traffic = [trace_stolen_share(t) for t in sorted(out.glob("calibration_traffic_*"))]
+    assert cal == (pytest.approx(np.mean(traffic)) if traffic else None)
+    steal, live = steal_factors(out, "steal", None), steal_factors(out, "live", None)
+    both = steal_factors(out, "live_steal", None)
+    for w in result["workloads"]:
+        for i, (s, speed) in enumerate(zip(w["live_steal"], w["step_speed"])):
+            key = (w["workload"], i)
+            assert lives[key] == s
+            moved = (1 + STEAL_WEIGHT * s) / (1 + STEAL_WEIGHT * (cal or 0.0))
+            assert steal[key] == pytest.approx(moved)
+            assert live[key] == speed["decode"]
+            assert both[key] == pytest.approx(speed["decode"] * moved)
 
 
 def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):

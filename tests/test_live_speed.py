@@ -149,6 +149,22 @@ def test_a_probe_beyond_the_tolerance_and_its_own_noise_is_another_machine():
     assert warning.startswith("warning:") and "(target)" in warning and "draft" not in warning
 
 
+def test_a_failing_verdict_says_when_the_hosts_steal_alone_could_explain_it():
+    from validation.judge import verdict
+
+    rows = {"e2e_s.p50": {"rel_err": 0.08}, "ttft_s.p50": {"rel_err": 0.02}}
+    device = {"match": True}
+    speed = {"match": True, "decode_step_ratio": 1.0}
+    quiet = verdict(rows, device, speed={**speed, "host_steal": 0.01})
+    assert quiet["status"] == "fail" and "stole" not in quiet["reason"]
+    # 5% stolen: about 10% of the step time, over e2e's 5% tolerance
+    stolen = verdict(rows, device, speed={**speed, "host_steal": 0.05})
+    assert stolen["status"] == "fail" and "stole 5.0% of the CPU" in stolen["reason"]
+    assert "stole" not in verdict(rows, device, speed={**speed, "host_steal": None})["reason"]
+    ok = verdict({"e2e_s.p50": {"rel_err": 0.01}}, device, speed={**speed, "host_steal": 0.2})
+    assert ok == {"status": "pass", "reason": "every metric within tolerance"}
+
+
 def test_host_steal_is_the_stolen_share_of_the_ticks_between_the_samples_nearest(tmp_path):
     import sys
 

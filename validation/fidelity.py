@@ -272,6 +272,9 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
                                       if k in ("mape", "p90_ape", "rows")},
               "workloads": rows, "calibrated_s": calibrated_s,
+              "calibration_steal": {t.name.removeprefix("calibration_traffic_"):
+                                    trace_stolen_share(t)
+                                    for t in sorted(out.glob("calibration_traffic_*"))},
               "wall_s": round(time.perf_counter() - t0, 1)}
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -49,7 +49,12 @@ def table_summary(result: dict) -> dict:
     """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`), at
     the live runs' decode speed and at probe speed; the median absolute e2e/program P50 error
     of each; the live runs' decode speed levels and the host's stolen CPU share while they
-    served (`engines.host_cpu`); live values inside the noise band."""
+    served (`engines.host_cpu`), and how many live runs it stalled by more than e2e's
+    tolerance (`live_runs_stalled`: the host alone could have moved their latency errors);
+    live values inside the noise band."""
+    from engines.host_cpu import stall_share
+    from validation.judge import TOLERANCE
+
     ms = [m for r in result["workloads"] for m in r["metrics"].values()]
     lv = [m for m in ms if "ok_at_live_speed" in m]
     p50 = [r["metrics"][m] for r in result["workloads"] for m in P50_METRICS
@@ -73,6 +78,8 @@ def table_summary(result: dict) -> dict:
             "p50_median_abs_at_live_speed": median_abs("error_sampled_at_live_speed"),
             "decode_levels": [min(levels), max(levels)] if levels else None,
             "live_steal": [min(steal), max(steal)] if steal else None,
+            "live_runs_stalled": [sum(stall_share(x) > TOLERANCE["e2e_s.p50"] for x in steal),
+                                  len(steal)],
             "live_speed_within_5": within("error_at_live_speed", 0.05),
             "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
             "in_band": result["band_coverage"]["inside"],

@@ -249,8 +249,22 @@ def verdict(rows: dict, device: dict, allow_device_mismatch: bool = False,
             if k in rows and not abs(rows[k]["rel_err"]) <= tol}
     if over:
         return {"status": "fail", "reason": "outside tolerance: " + ", ".join(
-            f"{k} {v:+.1%} (±{TOLERANCE[k]:.0%})" for k, v in sorted(over.items()))}
+            f"{k} {v:+.1%} (±{TOLERANCE[k]:.0%})" for k, v in sorted(over.items()))
+            + steal_note(speed, min(TOLERANCE[k] for k in over))}
     return {"status": "pass", "reason": "every metric within tolerance"}
+
+
+def steal_note(speed: dict | None, tolerance: float) -> str:
+    """Where the host's steal while the live run served could alone move its latencies
+    beyond `tolerance` (`engines.host_cpu.stall_share`), a clause saying so; else ''."""
+    from engines.host_cpu import stall_share
+
+    steal = (speed or {}).get("host_steal")
+    if stall_share(steal) <= tolerance:
+        return ""
+    return (f"; the host stole {steal:.1%} of the CPU while the live run served, stalls worth "
+            f"about {stall_share(steal):.0%} of its step time: run it again on a quieter spell "
+            "before reading these errors as the model's")
 
 
 def validate_dirs(sim_dir: str | Path, live_dir: str | Path,
