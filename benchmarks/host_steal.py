@@ -67,14 +67,21 @@ def steal_share(samples: tuple, start: float, end: float) -> float | None:
     return float((steal[j] - steal[i]) / max(total[j] - total[i], 1))
 
 
-def served_steal(samples: tuple, trace: Path) -> float | None:
-    """The stolen share while a trace served (its runs row's time plus its steps' span on the
-    wall clock); None where it ran no step or the log does not cover it."""
+def served_span(trace: Path) -> tuple[float, float] | None:
+    """When a trace served on the wall clock (its runs row's time plus its steps' span, s);
+    None where it ran no step."""
     start = pd.Timestamp(read_table(trace, "runs").to_pandas().created_at.iloc[0]).timestamp()
     steps = read_table(trace, "steps").to_pandas()
     if not len(steps):
         return None
-    return steal_share(samples, start + steps.start_s.min(), start + steps.start_s.max())
+    return start + steps.start_s.min(), start + steps.start_s.max()
+
+
+def served_steal(samples: tuple, trace: Path) -> float | None:
+    """The stolen share while a trace served; None where it ran no step or the log does not
+    cover it."""
+    span = served_span(trace)
+    return None if span is None else steal_share(samples, *span)
 
 
 def live_row(samples: tuple, calibration: Path, live: Path) -> dict | None:

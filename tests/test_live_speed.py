@@ -185,6 +185,24 @@ def test_host_steal_is_the_stolen_share_of_the_ticks_between_the_samples_nearest
     assert steal_share(samples, 99.0, 101.0) is None  # before the log began: not measured
 
 
+def test_the_host_probe_level_is_its_median_within_a_span(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from host_probe import read_probes, sample, span_median
+
+    log = tmp_path / "probe.log"
+    sample(log, 0.01, count=3)  # this machine times the fixed product
+    t, ms = read_probes(log)
+    assert len(t) == 3 and (np.diff(t) > 0).all() and (ms > 0).all()
+    log.write_text("".join(f"{100 + k}.0 {v}\n" for k, v in enumerate([2, 2, 3, 9, 4, 4])))
+    probes = read_probes(log)
+    assert span_median(probes, (100.0, 102.0)) == 2.0
+    assert span_median(probes, (102.0, 105.0)) == 4.0  # 3, 9, 4, 4
+    assert span_median(probes, (104.0, 105.0)) is None  # two probes: not a level
+    assert span_median(probes, None) is None
+
+
 def test_the_stolen_share_of_a_span_is_its_samples_tick_differences(tmp_path):
     from engines.host_cpu import cpu_ticks, stolen_share
 
