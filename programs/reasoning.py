@@ -198,7 +198,7 @@ class ReasoningProgram:
     def _chunk(self, path: Path) -> RequestSpec:
         s = self.setup
         n = min(s.stride_tokens, path.limit - path.pos)
-        ids = None if path.ids is None else self.prompt_ids + path.ids
+        ids = None if path.ids is None or self.prompt_ids is None else self.prompt_ids + path.ids
         prompt = self.prompt_tokens + path.pos
         # Sampling(n, temperature, 1.0, seed) made as a tuple: this runs for most requests
         spec = self._spec(path, "chunk", prompt, prompt, _new(Sampling, (
@@ -209,7 +209,8 @@ class ReasoningProgram:
     def _probe(self, path: Path) -> RequestSpec:
         s = self.setup
         path.next_probe.append(path.pos)
-        ids = None if path.ids is None else self.prompt_ids + path.ids + list(s.suffix_ids)
+        ids = None if path.ids is None or self.prompt_ids is None else \
+            self.prompt_ids + path.ids + list(s.suffix_ids or ())
         prefix = self.prompt_tokens + path.pos
         return self._spec(path, "probe", prefix + s.suffix_tokens, prefix,
                           Sampling(s.probe_tokens, s.probe_temperature, s.probe_top_p,

@@ -10,6 +10,7 @@ delivers, and never re-implements a program's logic.
 from __future__ import annotations
 
 import math
+from typing import Any
 from array import array
 
 from policies.routing import RequestView
@@ -55,7 +56,8 @@ class Owners:
 
     def role_names(self) -> list[str]:
         """Each request's model role, in idx order."""
-        return [self.roles[c][0] for c in self.role]
+        # list(): mypyc (benchmarks/compiled_python.py) cannot iterate a bytearray here
+        return [self.roles[c][0] for c in list(self.role)]
 
 
 class SimProgram:
@@ -68,14 +70,15 @@ class SimProgram:
         self.plan = plan
         self.idx = plan.index  # the program's index in the workload
         self.arrival_s = plan.arrival_s
-        self.program = program
+        self.program: Any = program  # None once closed (`sim.workloads.programs`)
         self.question = question
         self.replicas: dict[str, int] = {}  # pool -> the replica the program is pinned to there
         self.booked: dict[int, int] = {}    # replica -> outstanding tokens booked by routing
         self.groups: dict[int, int] = {}    # prefix-cache key -> the driver's group number
         self.contents: set | None = None    # content keys its requests' chains named (for
         #                                     Dynasor's eviction hint only)
-        self.traced: list = []              # the oracle's memo per program path
+        self.traced: Any = []               # the oracle's memo per program path (None once
+        #                                     closed)
         self.open = 0                       # its requests in flight
         self.finish_s = math.nan
 
@@ -84,7 +87,7 @@ class TracedReasoning:
     """Outcomes of cot/sc requests from a probes trace: the traced trajectory at that position."""
 
     def __init__(self):
-        self._paths: dict[tuple[str, int], tuple[Trajectory, dict]] = {}
+        self._paths: dict[tuple[str, int], tuple[Trajectory, dict, PathContent]] = {}
         # Outcomes are values: one object per distinct outcome, not one per request.
         self._outcomes: dict[tuple, Outcome] = {}
 
@@ -128,7 +131,7 @@ class TracedReasoning:
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
         if aborted:
-            key = (tokens, True, False, None, False)
+            key: tuple = (tokens, True, False, None, False)
         else:
             memo, path = run.traced, spec.path
             traj, probes, _ = (memo[path] if path < len(memo) else None) or self._path(run, path)
@@ -186,7 +189,7 @@ class ProgramDriver:
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
         self.owner = Owners()  # per request idx
         # per request idx: (program, spec) while in flight, then None (a list: idx are dense)
-        self._live: list[tuple[SimProgram, RequestSpec] | None] = []
+        self._live: list = []
         self.on_program_done = on_program_done
         # called once a program is done and none of its requests is in flight: nothing can
         # change it any more (a caller may take its row and let it go)
@@ -269,6 +272,7 @@ class ProgramDriver:
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
         idx = len(self._live)  # a list's length: `Owners.__len__` is a Python call
         prompt, prefix, key, output = self.oracle.request(run, spec)
+        chain: tuple | None
         if type(key) is tuple:  # content named across programs: the prompt's chain itself
             chain, key = key, 0
         else:
@@ -279,7 +283,7 @@ class ProgramDriver:
             if run.contents is None:
                 run.contents = set()
             run.contents.update(link[0] for link in chain)
-        rid = run.replicas.get(self._pools.get(spec.role))  # pinned already, mostly
+        rid = run.replicas.get(self._pools.get(spec.role, ""))  # pinned already, mostly
         if rid is None:
             rid = self.pin(run, spec.role, prompt, prompt + output)
         limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
