@@ -10,8 +10,8 @@ delivers, and never re-implements a program's logic.
 from __future__ import annotations
 
 import math
-from typing import Any
 from array import array
+from typing import Any
 
 from policies.routing import RequestView
 from policies.scheduling import FinishedLengths, ProgramView, program_estimate
