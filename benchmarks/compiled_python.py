@@ -3,9 +3,9 @@ mypyc (or Cython) beside the same checkout as Python, every family timed side by
 
     python benchmarks/compiled_python.py --compiler mypyc --rounds 5
 
-Makes two detached worktrees of HEAD under `--dir` (default /tmp/compiled-python): `python`
-as it is, and `compiled` with `--modules` built in place (their extension modules shadow the
-sources there). mypy (for mypyc) or Cython is installed into `--dir`/tools from the package
+Makes two detached worktrees of HEAD under `--dir` (default /tmp/compiled-python, removed
+after the timing): `python` as it is, and `compiled` with `--modules` built in place (their
+extension modules shadow the sources there). mypy (for mypyc) or Cython is installed into `--dir`/tools from the package
 registry unless it imports already. It then checks that each family's run gives the same
 summary at both (every figure but the run's own timings), and runs `families_ab.py python
 compiled` twice: the programs' decisions alone (`--decisions`, what the compiled modules run)
@@ -115,13 +115,18 @@ def main() -> None:
     a, b = summaries(python, families, env), summaries(compiled, families, env)
     print(f"driver: {a.pop('driver')} | {b.pop('driver')}")
     for fam in families:
-        print(f"{fam}: the same summary at both: {a[fam] == b[fam]}")
+        differ = sorted(k for k in a[fam].keys() | b[fam].keys() if a[fam].get(k) != b[fam].get(k))
+        print(f"{fam}: " + (f"the summaries differ in {differ}" if differ else
+                            "the same summary at both"))
     for flag in ("--decisions", None):
         print("decisions alone" if flag else "whole runs, compiled kernel", flush=True)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "families_ab.py"),
                         str(python), str(compiled), "--families", args.families,
                         "--rounds", str(args.rounds)] + ([flag] if flag else []),
                        env=env, check=True)
+    for root in (python, compiled):  # the repository keeps no worktree of a benchmark's
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(root)],
+                       check=True)
 
 
 if __name__ == "__main__":
