@@ -3,13 +3,13 @@ mypyc (or Cython) beside the same checkout as Python, every family timed side by
 
     python benchmarks/compiled_python.py --compiler mypyc --rounds 5
 
-Makes two detached worktrees of HEAD under `--dir` (default /tmp/compiled-python, removed
-after the timing): `python` as it is, and `compiled` with `--modules` built in place (their
-extension modules shadow the sources there). mypy (for mypyc) or Cython is installed into
-`--dir`/tools from the package registry unless it imports already. It then checks that each family's run gives the same
-summary at both (every figure but the run's own timings), and runs `families_ab.py python
-compiled` twice: the programs' decisions alone (`--decisions`, what the compiled modules run)
-and the whole compiled runs. The modules are the Python a request of the reasoning programs
+Makes two detached worktrees of HEAD under `--dir` (default /tmp/compiled-python, removed after
+the timing): `python` as it is, and `compiled` with `--modules` built in place (their extension
+modules shadow the sources there). mypy (for mypyc) or Cython is installed into `--dir`/tools
+from the package registry unless it imports already. It then checks that each family's run gives
+the same summary at both (every figure but the run's own timings), and runs `families_ab.py
+python compiled` twice: the programs' decisions alone (`--decisions`, what the compiled modules
+run) and the whole compiled runs. The modules are the Python a request of the reasoning programs
 passes through besides the kernel: the driver, the Dynasor programs and the scheduler.
 """
 
