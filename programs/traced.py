@@ -179,6 +179,9 @@ class TracedRequest:
     answer: str | None
     reward: float
     is_leaf: bool
+    parent: int = 0
+    """node the request extended: 0 the question, else the branch id of the request that
+    created it"""
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,17 @@ class SearchQuestion:
     def expected_tokens(self) -> int:
         """Tokens the traced program generated (routing estimate)."""
         return sum(r.output_tokens for r in self.requests)
+
+    @cached_property  # asked once per program
+    def content_ends(self) -> tuple[int, ...]:
+        """Per node (0: the question, i: the node request i - 1 created), where its content
+        ends: the prompt tokens of the requests that extend it (0 for a node none extends).
+        A node's content is the start of its creator's output (all of it for Rebase, the first
+        step for MCTS), so later prompts find those blocks in the engine's prefix cache."""
+        ends = [0] * (len(self.requests) + 1)
+        for r in self.requests:
+            ends[r.parent] = r.prompt_tokens
+        return tuple(ends)
 
 
 @dataclass(frozen=True)
@@ -244,10 +258,12 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
         raise ValueError(f"{trace_dir}: no {method} programs with cap {traced}")
     questions = []
     for qid, g in d.groupby("question_id", sort=True):
-        reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o), a, float(w), bool(leaf))
-                     for b, r, p, o, a, w, leaf in zip(g.branch_id, g["round"], g.prompt_tokens,
-                                                       g.output_tokens, g.answer, g.reward,
-                                                       g.is_leaf))
+        parents = g.parent_branch_id.fillna(0).astype(int)
+        reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o), a, float(w), bool(leaf),
+                                   int(up))
+                     for b, r, p, o, a, w, leaf, up in zip(
+                         g.branch_id, g["round"], g.prompt_tokens, g.output_tokens, g.answer,
+                         g.reward, g.is_leaf, parents))
         first = g.iloc[0]
         questions.append(SearchQuestion(
             qid, None if first.difficulty is None else int(first.difficulty),

@@ -84,7 +84,15 @@ requests find their tail cached and run twice, as the live engine runs them). Th
 were regenerated when a round's prefill step (and EE-full's) began taking the step-time
 residual's median instead of its mean (`sim.families.helios.replica.median_scale`: one step's
 typical time; the decode runs, sums of many steps, keep the mean): TTFT P50 2-4% lower, span
-0.1-0.4% shorter, decisions and tokens unchanged.
+0.1-0.4% shorter, decisions and tokens unchanged. The search goldens (mcts-certaindex, mcts-even,
+rebase-certaindex, rebase-even, sc-branches-certaindex) were regenerated when search prompts
+began naming their content by the question and its traced tree
+(`sim.workloads.program_driver.TracedSearch`: the question's prompt, then each node's text on
+the path, a node's creator caching the output that later prompts repeat; programs of one
+question share both) instead of one group per program: on the live MCTS and Rebase runs of a
+held-out fidelity run, every request's cached prompt tokens now equal the live engine's (1,566
+of 1,566; 1,507 before). Cached prompt shares rose (mcts-certaindex 0.511 -> 0.649,
+sc-branches-certaindex 0.559 -> 0.635), accuracy and tokens unchanged.
 """
 
 from __future__ import annotations

@@ -119,6 +119,15 @@ def test_live_search_replay_reproduces_the_simulated_decisions(tmp_path, config)
     assert result["decision_agreement"] >= 3 / 4
     assert result["answer_agreement"] >= 3 / 4
     assert abs(result["error"]["tokens_per_program"]) < 0.1
+    # Prompts named by the traced tree's content: a program that sends the same requests finds
+    # in the simulated cache the blocks vLLM served it from its own (a node's output included)
+    sim = read_table(out / "sim", "requests").to_pandas()
+    live_cached, sim_cached = (r.groupby("program_id").cached_prompt_tokens.sum()
+                               for r in (req, sim))
+    same = [p for p in live_cached.index if (req.program_id == p).sum() ==
+            (sim.program_id == p).sum()]
+    assert len(same) >= 3 and (live_cached[same] > 0).any()
+    assert sum(live_cached[p] == sim_cached[p] for p in same) >= len(same) - 1
 
 
 def test_trace_branches_records_every_request_and_reproduces_the_shipped_trace(tmp_path):

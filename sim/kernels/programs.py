@@ -29,6 +29,9 @@ CALLS = 64
 _PACK = struct.Struct(f"<{K.SENT - 2}q2d")
 """a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
 _PACKED = _PACK.size
+CHAIN_ROWS = 4096
+"""rows of distinct prefix chains kept for reuse: past it, the next new chain starts the table
+again (where no send waits to be placed)"""
 
 
 class KernelEnv:
@@ -131,6 +134,11 @@ class CompiledCluster(Cluster):
         request's slot), its shared content the chain's."""
         row = self._chains.get(chain)  # programs send the same content again and again
         if row is None:
+            if len(self._chains) >= CHAIN_ROWS and not self._npend:
+                # No send waits to be placed (`place_chains` copied each into its slot): every
+                # row may be written again. Search programs name content of their own, a chain
+                # per request: without this the table would grow with the requests.
+                self._chains.clear()
             row = self._chains[chain] = self._new_chain(chain)
         return sent[:4] + (S.CHAINED - 1 - row, chain[-1][1]) + sent[6:]
 

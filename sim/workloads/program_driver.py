@@ -154,7 +154,16 @@ class TracedSearch:
 
     A search program is deterministic given its outcomes, so its i-th request is the traced
     i-th request; its prompt length comes from the trace (the program holds no token ids here).
+    A prompt is the question, then the content of each node on the path it extends, and a
+    node's content is the start of its creator's output. Each request names that chain
+    (`sim.engine.prefix_cache`), extended over the output that later prompts repeat (vLLM
+    caches the blocks a request fills while decoding). A program's seed is its question's
+    (`programs.search.program_seed`), so programs of one question write the same text: the
+    names are the question's and its traced nodes'.
     """
+
+    def __init__(self):
+        self._chains: dict[str, list[tuple]] = {}  # question -> each node's chain
 
     def _traced(self, run: SimProgram, spec: RequestSpec):
         reqs = run.question.requests
@@ -163,13 +172,28 @@ class TracedSearch:
                              f"{spec.index}; the trace has {len(reqs)}")
         return reqs[spec.index]
 
-    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key within the program, tokens
-        the request generates)."""
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, tuple, int]:
+        """(prompt tokens, prefix-cacheable tokens, the content chain they are, tokens the
+        request generates)."""
         t = self._traced(run, spec)
-        # One prefix-cache group per program, its whole prompt cacheable: this overestimates
-        # hits where sibling branches diverge.
-        return t.prompt_tokens, t.prompt_tokens, 0, t.output_tokens
+        q = run.question
+        chains = self._chains.get(q.question_id) or self._question_chains(q)
+        chain = chains[spec.index + 1]  # its own node's: its parent's where nothing extends it
+        return t.prompt_tokens, chain[-1][1], chain, t.output_tokens
+
+    def _question_chains(self, q) -> list[tuple]:
+        """Per node of the question's traced tree, the chain of the prompts that extend it. The
+        traced tree, not a simulated program's path: without the live output's first step
+        (`SearchProgram.on_done`) a simulated MCTS node is a whole rollout."""
+        ends = q.content_ends
+        chains = [((("search question", q.question_id), ends[0]),)]
+        for r in q.requests:  # a parent is created before its children
+            node, chain = r.index + 1, chains[r.parent]
+            if ends[node] > chain[-1][1]:
+                chain = chain + ((("search node", q.question_id, node), ends[node]),)
+            chains.append(chain)
+        self._chains[q.question_id] = chains
+        return chains
 
     def outcome(self, run: SimProgram, spec: RequestSpec, tokens: int, aborted: bool) -> Outcome:
         """What the request returned, as the trace recorded it."""
