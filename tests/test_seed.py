@@ -329,6 +329,22 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert rows[("target", "validation")]["ratio"] == pytest.approx(speed["target"])
 
 
+@pytest.mark.engine
+def test_the_targets_own_thoughts_serve_later_prompts_from_the_cache(tmp_path):
+    """ar: a thought the target writes is cached as it decodes; its value prompt and its
+    children find those blocks, in the simulator as on the live engine, request by request."""
+    from traces.store import read_table
+
+    run_cli("seed", "replay", "examples/seed-greedy.yaml", "--modes", "ar", "--repeats", "1",
+            "--count", "3", "-o", str(tmp_path / "rep"), "--json")
+    live, sim = (read_table(tmp_path / "rep" / "ar" / d, "requests").to_pandas()
+                 for d in ("live0/target", "sim"))
+    assert len(live) == len(sim) and live.prompt_tokens.sum() == sim.prompt_tokens.sum()
+    assert (live.cached_prompt_tokens > 0).any()
+    assert (live.groupby("program_id").cached_prompt_tokens.sum().sort_index().to_dict() ==
+            sim.groupby("program_id").cached_prompt_tokens.sum().sort_index().to_dict())
+
+
 def test_a_calibration_scaled_to_a_live_runs_step_speed(tmp_path):
     """The speed of steps against the calibration fitted on them is ~1; scaled steps follow."""
     from sim.step_time.live_speed import scaled_calibration, step_speed_ratio

@@ -18,6 +18,7 @@ import operator
 
 from programs.base import Outcome, RequestSpec
 from programs.seed import ToTProgram, tot_program_seed
+from programs.seed_branch import content_link
 from programs.seed_traced import ToTBank
 from sim.families.registry import SimFamily, register_sim_family
 from sim.workloads.program_driver import SimProgram
@@ -38,13 +39,24 @@ class TracedToT:
                              "program version: re-trace with reasonsim trace tot)")
         return row
 
-    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int, int]:
-        """(prompt tokens, prefix-cacheable tokens: all of it, prefix-cache key: one per
-        program, tokens the engine generates: the drafted or written thought or answer tokens,
-        else one);
-        the spec's content chain says which blocks other prompts share."""
+    def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int | tuple, int]:
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: one per program, or the
+        content chain where it extends the spec's, tokens the engine generates: the drafted or
+        written thought or answer tokens, else one); the spec's content chain says which blocks
+        other prompts share. A thought the target writes (`ar`) is the next piece of its
+        thought's content, as the program links it (`ToTProgram._extend`): its chain extends
+        over it, so the blocks the request fills while decoding serve the value prompt and the
+        children that repeat them, as vLLM's cache serves them."""
+        if spec.kind == "ar":
+            row = self._row(run, spec)
+            output = int(row["output_tokens"])
+            chain = spec.prefix_chain
+            if chain:
+                chain += (content_link(chain[-1][0], row["text"], spec.prompt_tokens + output),)
+                return spec.prompt_tokens, chain[-1][1], chain, output
+            return spec.prompt_tokens, spec.prompt_tokens, 0, output
         output = 1
-        if spec.kind in ("ar", "eval", "eval-draft") or spec.kind.startswith("draft"):
+        if spec.kind in ("eval", "eval-draft") or spec.kind.startswith("draft"):
             output = int(self._row(run, spec)["output_tokens"])
         return spec.prompt_tokens, spec.prompt_tokens, 0, output
 
