@@ -136,8 +136,8 @@ class CompiledCluster(Cluster):
         if row is None:
             if len(self._chains) >= CHAIN_ROWS and not self._npend:
                 # No send waits to be placed (`place_chains` copied each into its slot): every
-                # row may be written again. Search programs name content of their own, a chain
-                # per request: without this the table would grow with the requests.
+                # row may be written again. Content named per traced node (search trees, ToT
+                # thoughts) makes a chain per node: the table would grow with the workload.
                 self._chains.clear()
             row = self._chains[chain] = self._new_chain(chain)
         return sent[:4] + (S.CHAINED - 1 - row, chain[-1][1]) + sent[6:]
