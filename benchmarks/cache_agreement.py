@@ -3,8 +3,9 @@
     python benchmarks/cache_agreement.py LIVE SIM [LIVE SIM ...] [--json]
 
 LIVE and SIM are the `requests` tables of a live run and of its simulation (a `dynasor replay`'s
-`-o DIR/live` and `DIR/sim`; a `reasonsim fidelity` program workload's `live1` and `sim`). A
-program's requests are matched in the order they arrived (ties by request id); per pair this
+`-o DIR/live` and `DIR/sim`; a `reasonsim fidelity` workload's `live1` and `sim`). A program's
+requests (a request workload's, all as one) are matched in the order they arrived (ties by
+request id); per pair this
 prints the requests, the prompt tokens, the prompt tokens found cached on each side, how many
 matched requests found the same number cached, and how the others differ (simulated minus
 live, in tokens). Cached tokens depend on content and scheduling, not on the machine's speed:
@@ -25,8 +26,10 @@ from traces import read_table  # noqa: E402
 
 
 def in_order(requests):
-    """Requests indexed by (program, arrival order within it)."""
-    d = requests.sort_values(["program_id", "arrival_s", "request_id"])
+    """Requests indexed by (program, arrival order within it); a request workload's (no
+    program) as one program's."""
+    d = requests.assign(program_id=requests.program_id.fillna("")).sort_values(
+        ["program_id", "arrival_s", "request_id"])
     return d.assign(k=d.groupby("program_id").cumcount()).set_index(["program_id", "k"])
 
 
