@@ -40,21 +40,19 @@ class TracedToT:
         return row
 
     def request(self, run: SimProgram, spec: RequestSpec) -> tuple[int, int, int | tuple, int]:
-        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: one per program, or the
-        content chain where it extends the spec's, tokens the engine generates: the drafted or
+        """(prompt tokens, prefix-cacheable tokens, prefix-cache key: one per program, or (`ar`)
+        the content chain that extends the spec's, tokens the engine generates: the drafted or
         written thought or answer tokens, else one); the spec's content chain says which blocks
         other prompts share. A thought the target writes (`ar`) is the next piece of its
         thought's content, as the program links it (`ToTProgram._extend`): its chain extends
         over it, so the blocks the request fills while decoding serve the value prompt and the
         children that repeat them, as vLLM's cache serves them."""
-        if spec.kind == "ar":
+        if spec.kind == "ar":  # a ToT spec's chain starts with its question's prompt
             row = self._row(run, spec)
             output = int(row["output_tokens"])
-            chain = spec.prefix_chain
-            if chain:
-                chain += (content_link(chain[-1][0], row["text"], spec.prompt_tokens + output),)
-                return spec.prompt_tokens, chain[-1][1], chain, output
-            return spec.prompt_tokens, spec.prompt_tokens, 0, output
+            chain = spec.prefix_chain + (content_link(
+                spec.prefix_chain[-1][0], row["text"], spec.prompt_tokens + output),)
+            return spec.prompt_tokens, chain[-1][1], chain, output
         output = 1
         if spec.kind in ("eval", "eval-draft") or spec.kind.startswith("draft"):
             output = int(self._row(run, spec)["output_tokens"])
