@@ -10,6 +10,7 @@ tracers` stays light.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -143,6 +144,10 @@ def check_model(model: str | Path, load_format: str) -> Path:
     return path
 
 
+_STARTED = itertools.count()
+"""engines started in this process so far"""
+
+
 class Engine:
     """An in-process vLLM LLMEngine with access to its scheduler and KV block pool."""
 
@@ -168,6 +173,9 @@ class Engine:
         self.spec = spec
         self.dtype = dtype
         self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        # CPU kernels are built per shape and cached for the process's life: an engine started
+        # after others meets fewer never-run shapes than a fresh one (the simulator's replica)
+        self.engines_before = next(_STARTED)
         self.core = self.engine.engine_core.engine_core  # in-process EngineCore
         self.scheduler = self.core.scheduler
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
@@ -373,7 +381,7 @@ class Engine:
                 "max_model_len": self.spec.max_model_len,
                 "enable_prefix_caching": self.spec.enable_prefix_caching,
                 "scheduling_policy": self.spec.scheduling_policy,
-                "kv_cache_gb": self.spec.kv_cache_gb}
+                "kv_cache_gb": self.spec.kv_cache_gb, "engines_before": self.engines_before}
 
 
 def reasoning_engine(model_dir: str | Path, seed: int, kv_cache_gb: float,

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from sim.output import write_sim
@@ -153,6 +154,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     from traces.store import read_table
     from validation.fidelity_programs import replay_at_live_speed
     from validation.judge import machine_speed
+    from validation.replay import fresh_process
 
     path = Path(args.config)
     d = read_yaml(path)
@@ -175,10 +177,12 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
         wl = cfg.programs
     t0 = time.perf_counter()
-    # The live runner draws the same programs from the same workload and seed as the simulator.
-    replay_workload(wl, cfg.scheduler, out / "live", seed=cfg.seed,
-                    **engine_args(cfg), model=args.model, url=args.url,
-                    config_json=cfg.to_json(), device=args.device)
+    # The live runner draws the same programs from the same workload and seed as the simulator;
+    # an in-process engine in a process of its own (`fresh_process`: after the calibration run's
+    # engine it would meet fewer never-run shapes than the simulator's fresh replica).
+    live_job = partial(fresh_process, replay_workload) if args.url is None else replay_workload
+    live_job(wl, cfg.scheduler, out / "live", seed=cfg.seed, **engine_args(cfg),
+             model=args.model, url=args.url, config_json=cfg.to_json(), device=args.device)
     live_wall_s = time.perf_counter() - t0
     sim = simulate(cfg)
     write_sim(cfg, sim, out / "sim")
@@ -241,13 +245,13 @@ def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
     path."""
     from live.replay import engine_args, replay_workload
     from sim.config import parse_config
+    from validation.replay import fresh_process
 
     if args.url:
         raise UserError("--calibrate-here needs the in-process engine (its steps), not --url")
-    replay_workload(cfg.programs, cfg.scheduler, cal_dir / "live",
-                    seed=cfg.seed + CALIBRATION_SEED_OFFSET,
-                    **engine_args(cfg), model=args.model,
-                    config_json=cfg.to_json(), device=args.device)
+    fresh_process(replay_workload, cfg.programs, cfg.scheduler, cal_dir / "live",
+                  seed=cfg.seed + CALIBRATION_SEED_OFFSET, **engine_args(cfg), model=args.model,
+                  config_json=cfg.to_json(), device=args.device)
     pool = cfg.replicas[0].pool
     path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]
     d["cluster"]["replicas"][0]["calibration"] = path_cal

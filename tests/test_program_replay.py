@@ -84,6 +84,9 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     assert recorded["calibration"] == result["calibration"]
     assert read_table(out / "calibration" / "live", "programs").num_rows == 4
     assert read_run(out / "calibration" / "live")["seed"] == read_run(out / "live")["seed"] + 1000
+    # each live run's engine the first of its process: none found kernels another had built
+    for run in (out / "calibration" / "live", out / "live"):
+        assert read_run(run)["params"]["engine"]["engines_before"] == 0
     assert result["decision_agreement"] >= 3 / 4
     bad = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--url",
                   "http://127.0.0.1:9", "--calibrate-here", "-o", str(tmp_path / "x"), check=False)
