@@ -80,6 +80,7 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
     from testbed.streams import ExitsWorkload
     from tracers.exits import ExitsJob, trace_exits_together
     from traces.store import read_run
+    from validation.replay import fresh_process
 
     out = copy.deepcopy(config)
     jobs, models = [], out.get("helios", {}).get("models", [])
@@ -99,7 +100,9 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
         jobs.append(ExitsJob(old.model_dir, out_dir / old.name, wl,
                              params["engine"].get("load_format", "auto"),
                              tuple(params.get("ee_thresholds", ()))))
-    trace_exits_together(jobs, progress=False)
+    # in a process of its own, as each live run: kernels built for one engine's shapes would
+    # serve the next's (`validation.replay.fresh_process`)
+    fresh_process(trace_exits_together, jobs, progress=False)
     for m, job in zip(models, jobs):
         m["exits"] = str(Path(job.out_dir).resolve())
     return out
@@ -185,6 +188,7 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     from live.helios import run_live, stream_prompts
     from sim.families.helios.serving import HeliosResult, candidates_of, simulate_stream
     from validation.helios import METRICS, compare
+    from validation.replay import fresh_process
 
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
@@ -220,9 +224,10 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         lives = []
         for _ in range(args.repeats):
             program = exp.program(p)
-            lives.append(HeliosResult(*run_live(program, dirs, prompts, exp.memory.seq_tokens,
-                                                max_tokens, seed=exp.spec.seed,
-                                                references=references),
+            # each live run in a fresh process: the simulator's engines start with no kernels
+            lives.append(HeliosResult(*fresh_process(run_live, program, dirs, prompts,
+                                                     exp.memory.seq_tokens, max_tokens,
+                                                     seed=exp.spec.seed, references=references),
                                       candidates_of(program.policy)))
         report[exp.policy_name(p)] = compare(sim, lives)
         if report[exp.policy_name(p)]["speed_warning"]:

@@ -147,7 +147,7 @@ def test_replay_then_validate(tmp_path, local_calibration):
     assert "PROBE MISMATCH" in run_cli(*args).stdout
 
 
-def _report(path: str) -> None:
+def _report(path: str) -> int:
     import os
     import sys
 
@@ -155,6 +155,7 @@ def _report(path: str) -> None:
 
     Path(path).write_text(json.dumps({"pid": os.getpid(), "var": os.environ.get("RS_JOB_VAR"),
                                       "preloaded": "vllm.entrypoints.llm" in sys.modules}))
+    return os.getpid()
 
 
 def _exit_3() -> None:
@@ -168,8 +169,9 @@ def test_engine_jobs_fork_from_a_preloaded_server_in_the_callers_environment(tmp
     seen = []
     for value in ("1", "2"):  # the server started with the first; the second job sees "2"
         monkeypatch.setenv("RS_JOB_VAR", value)
-        fresh_process(_report, str(tmp_path / f"{value}.json"))
+        pid = fresh_process(_report, str(tmp_path / f"{value}.json"))
         seen.append(json.loads((tmp_path / f"{value}.json").read_text()))
+        assert pid == seen[-1]["pid"]  # what the job returned, back in this process
     assert [s["var"] for s in seen] == ["1", "2"]
     assert all(s["preloaded"] for s in seen) and seen[0]["pid"] != seen[1]["pid"]
     with pytest.raises(RuntimeError, match="_exit_3 failed in its own process"):

@@ -18,33 +18,41 @@ PRELOAD = ("torch", "transformers", "vllm.entrypoints.llm")
 about 20 s of a 35 s engine job on a 2-core VM, the same in every job"""
 
 
-def fresh_process(fn, *args, **kwargs) -> None:
-    """Run one engine job in a new Python process. CPU kernels are built per shape and cached
-    for the life of a process, whatever engine asks: a replay after others in the same process
-    would meet fewer never-run shapes than a fresh server, which is what the simulator models.
-    Jobs fork from a server process that has imported the engine's modules and never run an
-    engine (`PRELOAD`), so each starts with empty kernel caches without importing them again."""
+def fresh_process(fn, *args, **kwargs):
+    """Run one engine job in a new Python process; what it returns (pickled back). CPU kernels
+    are built per shape and cached for the life of a process, whatever engine asks (vLLM's and
+    the PyTorch engine's alike): a replay after others in the same process would meet fewer
+    never-run shapes than a fresh server, which is what the simulator models. Jobs fork from a
+    server process that has imported the engine's modules and never run an engine (`PRELOAD`),
+    so each starts with empty kernel caches without importing them again."""
     import multiprocessing
     import os
+    import pickle
+    import tempfile
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
-    proc = ctx.Process(target=_in_environment, args=(dict(os.environ), fn, args, kwargs))
-    proc.start()
-    proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"{fn.__name__} failed in its own process (exit {proc.exitcode}); "
-                           "its error is printed above")
+    with tempfile.TemporaryDirectory(prefix="reasonsim-job-") as tmp:
+        result = Path(tmp) / "result.pickle"
+        proc = ctx.Process(target=_in_environment,
+                           args=(dict(os.environ), fn, args, kwargs, str(result)))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"{fn.__name__} failed in its own process (exit "
+                               f"{proc.exitcode}); its error is printed above")
+        return pickle.loads(result.read_bytes())
 
 
-def _in_environment(environ: dict, fn, args: tuple, kwargs: dict) -> None:
+def _in_environment(environ: dict, fn, args: tuple, kwargs: dict, result_path: str) -> None:
     """Call fn in the caller's environment of the moment (the fork server keeps the one it
-    started with)."""
+    started with); its result pickled to result_path."""
     import os
+    import pickle
 
     os.environ.clear()
     os.environ.update(environ)
-    fn(*args, **kwargs)
+    Path(result_path).write_bytes(pickle.dumps(fn(*args, **kwargs)))
 
 
 def resolve_model(model_id: str) -> str:
