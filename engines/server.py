@@ -11,7 +11,8 @@ import urllib.request
 from pathlib import Path
 
 from engines.allocator import child_env
-from engines.vllm_engine import check_kv_env, check_model_dir, vllm_memory_flags
+from engines.model_dir import check_model_dir
+from engines.vllm_engine import check_kv_env, vllm_memory_flags
 
 
 def free_port() -> int:

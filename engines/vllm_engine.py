@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.allocator import steady_heap
+from engines.model_dir import check_model, has_tokenizer
 from traces.provenance import config_hash, cpu_count, cpu_model, run_row
 
 
@@ -87,26 +88,6 @@ def device_info() -> tuple[str, int]:
     return cpu_model(), cpu_count()
 
 
-def check_model_dir(model: str | Path) -> Path:
-    """A model directory must exist and hold config.json; raise naming what is missing."""
-    path = Path(model)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no config.json (a model directory needs one)")
-    return path
-
-
-def has_weights(model: Path) -> bool:
-    """True when the model directory carries weight files."""
-    return any(model.glob("*.safetensors")) or any(model.glob("*.bin"))
-
-
-def has_tokenizer(model: Path) -> bool:
-    """True when the model directory carries a tokenizer."""
-    return (model / "tokenizer.json").is_file() or (model / "tokenizer.model").is_file()
-
-
 @dataclass
 class EngineSpec:
     """How to start the engine; every field lands in the run's params_json."""
@@ -133,15 +114,6 @@ class EngineSpec:
     """fcfs or priority"""
     extra: dict[str, Any] = field(default_factory=dict)
     """further EngineArgs"""
-
-
-def check_model(model: str | Path, load_format: str) -> Path:
-    """Validate a model directory for the load format before any engine import."""
-    path = check_model_dir(model)
-    if load_format != "dummy" and not has_weights(path):
-        raise FileNotFoundError(f"{path}: no weights (*.safetensors/*.bin); use "
-                                "--load-format dummy to profile with random weights")
-    return path
 
 
 _STARTED = itertools.count()

@@ -21,7 +21,8 @@ from policies.scheduling import make_scheduler
 from programs.a1 import A1Program, a1_program_seed
 from programs.records import program_row
 from programs.workload import draw_seed, load_bank, plan_programs
-from engines.vllm_engine import check_model, reasoning_engine
+from engines.model_dir import check_model
+from engines.vllm_engine import reasoning_engine
 from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, read_run

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engines.reasoning_engines import open_reasoning_engine
-from engines.vllm_engine import check_model
+from engines.model_dir import check_model
 from live.runner import LiveRun, run_programs
 from policies.search import SearchBudget
 from programs.search import METHOD_INDEX, SearchProgram, SearchSettings, program_seed

@@ -31,7 +31,8 @@ from policies.a1 import (COVERAGES, A1Settings, Conformal, ConformalSet, DraftOn
                         Threshold, calibration_sets)
 from policies.certaindex import extract_boxed
 from programs.a1 import A1Program, a1_program_seed
-from engines.vllm_engine import check_model, reasoning_engine
+from engines.model_dir import check_model
+from engines.vllm_engine import reasoning_engine
 from testbed import tasks
 from traces import ids
 from traces.store import TraceWriter, check_out_dir, read_table

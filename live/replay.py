@@ -17,7 +17,8 @@ from pathlib import Path
 
 from engines.live_engine import VllmEngine
 from engines.speed_probe import run_speed_probe
-from engines.vllm_engine import check_model, reasoning_engine
+from engines.model_dir import check_model
+from engines.vllm_engine import reasoning_engine
 from live.families import live_family
 from live.runner import run_programs
 from policies.certaindex import extract_boxed

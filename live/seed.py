@@ -20,7 +20,8 @@ from live.runner import LiveRun, run_programs
 from policies.certaindex import PROBE_SUFFIX
 from programs.records import program_row
 from programs.seed import ToTProgram
-from engines.vllm_engine import check_model, reasoning_engine
+from engines.model_dir import check_model
+from engines.vllm_engine import reasoning_engine
 from traces import ids
 from traces.store import TraceWriter
 

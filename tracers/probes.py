@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engines.reasoning_engines import open_reasoning_engine
-from engines.vllm_engine import check_model
+from engines.model_dir import check_model
 from policies.certaindex import PROBE_SUFFIX, probe_from_text
 from programs.base import Sampling
 from testbed import tasks

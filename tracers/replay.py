@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.vllm_engine import Engine, EngineSpec, check_model
+from engines.model_dir import check_model
+from engines.vllm_engine import Engine, EngineSpec
 from tracers.step_profile import FIRST_TOKEN_ID
 from traces import ids
 from testbed import tasks

@@ -21,7 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engines.vllm_engine import Engine, EngineSpec, check_model
+from engines.model_dir import check_model
+from engines.vllm_engine import Engine, EngineSpec
 from engines.recorder import StepRecorder
 from testbed import tasks
 from traces import ids

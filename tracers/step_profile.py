@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.vllm_engine import FIRST_TOKEN_ID, Engine, EngineSpec, check_model, engine_name
+from engines.model_dir import check_model
+from engines.vllm_engine import FIRST_TOKEN_ID, Engine, EngineSpec, engine_name
 from engines.speed_probe import run_speed_probe
 from traces import ids
 from traces.seeds import request_seed

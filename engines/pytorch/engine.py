@@ -38,7 +38,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from engines.allocator import steady_heap
-from engines.vllm_engine import check_model
+from engines.model_dir import check_model
 from engines.pytorch.graphs import DecodeGraphs
 from engines.pytorch.layer_clock import LayerClock
 from engines.pytorch.packed import PackedSteps

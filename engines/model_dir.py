@@ -1,0 +1,38 @@
+"""A model directory's checks before any engine starts: config, weights, tokenizer.
+
+Every engine (vLLM in-process or served, the PyTorch engine) checks its model directory here,
+so a missing piece is named before minutes of engine start-up, and the checks import no engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def check_model_dir(model: str | Path) -> Path:
+    """A model directory must exist and hold config.json; raise naming what is missing."""
+    path = Path(model)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json (a model directory needs one)")
+    return path
+
+
+def has_weights(model: Path) -> bool:
+    """True when the model directory carries weight files."""
+    return any(model.glob("*.safetensors")) or any(model.glob("*.bin"))
+
+
+def has_tokenizer(model: Path) -> bool:
+    """True when the model directory carries a tokenizer."""
+    return (model / "tokenizer.json").is_file() or (model / "tokenizer.model").is_file()
+
+
+def check_model(model: str | Path, load_format: str) -> Path:
+    """Validate a model directory for the load format before any engine import."""
+    path = check_model_dir(model)
+    if load_format != "dummy" and not has_weights(path):
+        raise FileNotFoundError(f"{path}: no weights (*.safetensors/*.bin); use "
+                                "--load-format dummy to profile with random weights")
+    return path
