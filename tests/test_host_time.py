@@ -13,6 +13,7 @@ from traces.store import read_table
 
 REPLAY = REPO / "traces" / "data" / "testbed-spec-replay-cpu"
 TOT = REPO / "traces" / "data" / "testbed-tot-cpu"
+PROGRAMS = REPO / "traces" / "data" / "testbed-programs-cpu"
 
 
 def test_a_live_replay_gives_the_loops_add_and_wake_times():
@@ -29,6 +30,16 @@ def test_a_live_replay_gives_the_loops_add_and_wake_times():
     tot = fit_host_ms([TOT])
     assert tot.add_next_ms is not None and 0.0 <= tot.add_next_ms < tot.add_request_ms
 
+
+
+def test_a_loop_that_adds_requests_in_waves_still_pays_for_the_first():
+    """A program run's loop adds its requests two or more at a time (no gap added one alone):
+    the first add is priced from the line through the gaps' medians per number added (once it
+    was left at 0 and the further ones carried all), so a pair costs what its gaps took."""
+    host = fit_host_ms([PROGRAMS])
+    assert host.add_request_ms > 0.2
+    assert host.add_next_ms is not None and 0.0 < host.add_next_ms < host.add_request_ms
+    assert 0.7 < host.add_request_ms + host.add_next_ms < 1.5  # its pairs' gaps: ~1 ms
 
 def test_calibrate_takes_the_host_time_from_the_live_replays_it_is_given(tmp_path):
     cal = calibrate([REPLAY], spec_k=4)

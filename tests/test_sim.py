@@ -250,6 +250,37 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
         load_calibration(cal)
 
 
+
+def test_further_requests_added_in_a_gap_cost_the_loop_when_the_first_costs_nothing(tmp_path):
+    """A fit that saw no gap add a single request (a program loop submits its requests in
+    waves) prices the first add at 0 and each further one at `add_next_ms`: three requests
+    added at once delay the next step by two of those, on a replica of its own (after its
+    wake) and on a shared device (the further ones were once free whenever the first was)."""
+    from sim.engine.cluster import Cluster
+    from sim.engine.request_state import Req
+
+    d = json.loads(CAL.read_text())
+    d["host"] = {"add_request_ms": 0.0, "add_next_ms": 0.2, "wake_ms": 0.25}
+    cal = tmp_path / "host.calib.json"
+    cal.write_text(json.dumps(d))
+    for device in ("cpu", None):
+        group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
+        cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson",
+                                                                "rate_per_s": 1.0},
+                                                    "num_requests": 1},
+                            "cluster": {"replicas": [{**group, "pool": "a"}]}})
+        cluster = Cluster(cfg, 16, lambda rid, r: None, False)
+
+        def arrivals(env=cluster.env, replica=cluster.replicas[0]):
+            yield env.timeout(1.0)
+            for i in range(3):
+                replica.submit(Req(i, 40, 2))
+
+        cluster.run(arrivals())
+        wake_s = 0.25e-3 if device is None else 0.0  # (a shared device's loop never sleeps)
+        assert cluster.res.seg["start_s"][0] == pytest.approx(1.0 + wake_s + 2 * 0.2e-3), device
+        assert cluster.res.seg["prefill_seqs"][0] == 3
+
 def test_replicas_sharing_a_device_take_turns_and_batch_what_arrived_meanwhile():
     """Two replicas on one device (the live runner's two engines in one loop): one iteration at
     a time, in turn; what a replica is sent while it waits (or within one instant) joins its

@@ -133,7 +133,7 @@ class LazyReplica(Replica):
             context += r.computed + n
             if r.computed + n >= r.target:  # the prompt's last chunk samples a token
                 seeded += r.seeded
-        self._host_s = 0.0
+        self._host_s, self._added = 0.0, False
         first = len(sched)
         budget, _, seeded, c, p, n_new = self._admit(now, budget, sched, 0.0, seeded)
         self.prefilling.extend(r for r, _ in sched[first:])

@@ -67,6 +67,7 @@ class Replica(KvPool):
         # a shared device, the device's), the first most; an idle loop wakes first (`submit`).
         self.add_s, self.add_more_s = cal.add_request_ms / 1e3, cal.add_more_ms / 1e3
         self.wake_s, self._host_s = cal.wake_ms / 1e3, 0.0
+        self._added = False  # a request added since the last step (the next one costs less)
         self.waiting = PriorityWaiting() if cfg.priority_scheduling else deque()
         self._arrivals = itertools.count()
         self._positions = itertools.count()  # admissions: the running list's order
@@ -93,8 +94,9 @@ class Replica(KvPool):
         """A request arrives at this replica."""
         req.seq = next(self._arrivals)
         if self.device is None:
-            self._host_s += self.add_more_s if self._host_s else self.add_s
-        elif self.add_s:
+            self._host_s += self.add_more_s if self._added else self.add_s
+            self._added = True
+        elif self.add_s or self.add_more_s:
             self.device.add(self.env.now, self.add_s, self.add_more_s)
         self.waiting.append(req)
         self.outstanding_tokens += req.prompt + req.output
@@ -142,7 +144,7 @@ class Replica(KvPool):
             self.busy, self._sched = True, []  # waiting for its turn: submissions only queue
             return
         if self.device is None:  # the loop's host time first (a run truncated meanwhile: 1 step)
-            now, self._host_s = self.env.now + self._host_s, 0.0
+            now, self._host_s, self._added = self.env.now + self._host_s, 0.0, False
         else:
             now = max(self.env.now, self.device.busy_until)
         cfg, budget = self.cfg, self.cfg.max_num_batched_tokens

@@ -24,8 +24,8 @@ from numba import njit
 from sim.kernels.state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, MAX_SEQS,
     BUDGET, BS, FREE, BUSY, GEN, RUN_K, RHEAD, RTAIL, RCOUNT, WHEAD, WCOUNT, OUTSTANDING,
-    IN_FLIGHT, SAMPLED, N_QUANTILES, C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S,
-    WAKE_S, HOST_S, ADD_MORE_S, SEG_START, BUSY_S, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S,
+    IN_FLIGHT, SAMPLED, N_QUANTILES, ADDED, C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR,
+    ADD_S, WAKE_S, HOST_S, ADD_MORE_S, SEG_START, BUSY_S, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S,
     RT_COLS, EVENTS, SEG_N, HEAP_N, SEG_COLS, push_event, pop_event, cdiv, alloc,
     unlink_running, append_running, append_waiting, pop_waiting, preempt, grow_rows,
     record_run, truncate_run, iterations_within)
@@ -130,6 +130,7 @@ def _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now):
     """`Replica._plan` (no device, no prefix cache, FCFS), then `_launch`."""
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
+    rp[j, ADDED] = 0
     bs = rp[j, BS]
     budget = rp[j, BUDGET]
     preempted = n_sched = 0
@@ -265,7 +266,8 @@ def _submit(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, i, env_now, least
     rp[j, OUTSTANDING] += rq[i, PROMPT] + rq[i, OUTPUT]
     rp[j, IN_FLIGHT] += 1
     # the first request added since the last step costs the loop most (`sim.step_time.host_time`)
-    rf[j, HOST_S] += rf[j, ADD_MORE_S] if rf[j, HOST_S] > 0.0 else rf[j, ADD_S]
+    rf[j, HOST_S] += rf[j, ADD_MORE_S] if rp[j, ADDED] else rf[j, ADD_S]
+    rp[j, ADDED] = 1
     append_waiting(rq, rp, j, i)
     if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
         _plan(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, env_now)

@@ -26,10 +26,10 @@ from sim.kernels.state import cdiv, pop_event, push_event, record_run, truncate_
 from sim.kernels.program_state import (
     PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX,
     SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, LP_PROMPT, LP_SAMPLE, MAX_SEQS, BUDGET, BS,
-    FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ENDING, NSCHED, ARRIVALS, CACHING, PRIO, C0, CP,
-    CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP, SEED_STEP,
-    SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS, CACHED,
-    ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
+    FREE, BUSY, GEN, RUN_K, RCOUNT, WHEAD, WCOUNT, ADDED, ENDING, NSCHED, ARRIVALS, CACHING, PRIO,
+    C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
+    SEED_STEP, SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS,
+    CACHED, ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
     RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, SCORING, RESCORE, UNCACHED, RESCORED_R, RQ_COLS, LINKS,
     CHAINED, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
@@ -123,6 +123,7 @@ def plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, 
     env_now = clock[0]
     now = env_now + rf[j, HOST_S]
     rf[j, HOST_S] = 0.0
+    rp[j, ADDED] = 0
     while True:
         tot = np.zeros(8)  # context, prefill tokens and sequences, lp ms, seeded, spans, pairs,
         # span pairs
@@ -219,7 +220,8 @@ def arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
     rq[r, SEQ] = rp[j, ARRIVALS]
     rp[j, ARRIVALS] += 1
     # the first request added since the last step costs the loop most (`sim.step_time.host_time`)
-    rf[j, HOST_S] += rf[j, ADD_MORE_S] if rf[j, HOST_S] > 0.0 else rf[j, ADD_S]
+    rf[j, HOST_S] += rf[j, ADD_MORE_S] if rp[j, ADDED] else rf[j, ADD_S]
+    rp[j, ADDED] = 1
     enqueue(rq, rp, j, r, False)
     if rp[j, BUSY] == 0 and rf[j, WAKE_S] == 0.0:
         plan(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,

@@ -18,7 +18,7 @@ from sim.kernels import prefix as P
 from sim.kernels.serving import SV_COLS
 from sim.kernels.state import (  # the shared columns too, for the kernel to import here
     MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RCOUNT, WHEAD, WTAIL,
-    WCOUNT, C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, RUN_START, RUN_A,
+    WCOUNT, ADDED, C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, RUN_START, RUN_A,
     RUN_B, RUN_F, SEG_START, BUSY_S, EVENTS, SEG_N, HEAP_N, RP_COLS as _RP_COLS,
     RF_COLS as _RF_COLS, cdiv)
 

@@ -4,7 +4,9 @@ that first schedules it, outside every step's own duration.
 What it charges (measured: docs/measurements/host_time.md; `python benchmarks/host_time.py`
 reprints it from any replays):
 - each request added between two steps delays the next step (input processing): the first
-  added in a gap `add_request_ms`, each further one in the same gap the smaller `add_next_ms`;
+  added in a gap `add_request_ms`, each further one in the same gap the smaller `add_next_ms`
+  (a loop that adds in waves, as a program's, has no gap that added one alone: both come from
+  the gaps that added several, `_first_and_next`);
 - a request arriving at an idle engine also waits for the loop to wake from its sleep
   (`wake_ms`);
 - the gap with nothing added passes between every two steps (`step_gap_ms`), charged with each
@@ -56,12 +58,35 @@ def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
         more = short & (added > 1)
         nexts.append((gap_ms[more] - base, added[more] - 1))
         waits.append(idle_waits_ms(reqs, start, end))
-    first_ms = _median(firsts)
-    extra = [(g - first_ms) / n for g, n in nexts]
-    next_ms = _median(extra) if sum(map(len, extra)) else None
+    if sum(map(len, firsts)):
+        first_ms = _median(firsts)
+        extra = [(g - first_ms) / n for g, n in nexts]
+        next_ms = _median(extra) if sum(map(len, extra)) else None
+    else:
+        first_ms, next_ms = _first_and_next(nexts)
     w = np.concatenate(waits) if waits else np.zeros(0)
     wake_ms = max(float(np.median(w)) - first_ms, 0.0) if len(w) else 0.0
     return HostTimes(first_ms, next_ms, wake_ms, _median(bases))
+
+
+def _first_and_next(nexts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float | None]:
+    """The first and each further add's host time where no gap added a single request (a
+    program loop submits its requests in waves): a line through the gaps' medians per number
+    added, weighted by their counts, where they added two or more different numbers; else the
+    gaps' median shared equally by their requests. (0, None) without such gaps."""
+    gap_ms = np.concatenate([g for g, _ in nexts]) if nexts else np.zeros(0)
+    more = np.concatenate([n for _, n in nexts]) if nexts else np.zeros(0, int)
+    if not len(gap_ms):
+        return 0.0, None
+    counts = np.bincount(more)
+    seen = np.flatnonzero(counts)
+    medians = np.array([np.median(gap_ms[more == k]) for k in seen])
+    if len(seen) < 2:
+        share = max(float(medians[0]) / (seen[0] + 1), 0.0)
+        return share, share
+    next_ms, first_ms = np.polyfit(seen, medians, 1, w=np.sqrt(counts[seen]))
+    next_ms = max(float(next_ms), 0.0)
+    return max(float(first_ms), 0.0), next_ms
 
 
 @dataclass(frozen=True)
