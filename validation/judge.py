@@ -184,36 +184,55 @@ def probe_match(probe: dict | None) -> bool | None:
     return bool(1 / tolerance <= level <= tolerance)
 
 
+def _pool_engines(sim_dir: str | Path, live_dir: str | Path):
+    """Per pool of a simulation with a step-time model: (pool, model, the live run's engine
+    trace for it: `live_dir/POOL` where the run has an engine per pool, else `live_dir`)."""
+    from sim.step_time import latency, layered, serving_latency  # noqa: F401  (kinds register)
+    from sim.step_time import registry as step_time
+
+    for c in read_run(sim_dir)["params"].get("calibrations") or []:
+        own = Path(live_dir) / str(c["pool"])
+        d = own if (own / "steps").is_dir() else Path(live_dir)
+        if "step_time_model" in c and (d / "steps").is_dir():
+            yield str(c["pool"]), step_time.from_json(c["step_time_model"]), d
+
+
 def pool_step_speeds(sim_dir: str | Path, live_dir: str | Path) -> dict[str, float]:
     """Per pool of a simulation, the median over the live run's decode-only steps on that
-    pool's engine (`live_dir/POOL` where the run has an engine per pool, else `live_dir`) of
-    live step time over the pool's calibration's prediction: the machine's speed against each
-    calibration, for any family's replay."""
-    from sim.step_time import registry as step_time
+    pool's engine of live step time over the pool's calibration's prediction: the machine's
+    speed against each calibration, for any family's replay."""
     from sim.step_time.live_speed import live_over_predicted
     from sim.step_time.serving_features import attach_spans
 
     out = {}
-    for c in read_run(sim_dir)["params"].get("calibrations") or []:
-        own = Path(live_dir) / str(c["pool"])
-        d = own if (own / "steps").is_dir() else Path(live_dir)
-        if "step_time_model" not in c or not (d / "steps").is_dir():
-            continue
+    for pool, model, d in _pool_engines(sim_dir, live_dir):
         steps = attach_spans(read_table(d, "steps").to_pandas(), [d])
-        ratio, steps = live_over_predicted(step_time.from_json(c["step_time_model"]), steps)
+        ratio, steps = live_over_predicted(model, steps)
         decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
         if decode.any():
-            out[str(c["pool"])] = float(np.median(ratio[decode]))
+            out[pool] = float(np.median(ratio[decode]))
     return out
 
 
 def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
-    """A replay's `runs` (each live run's `pool_step_speeds` against the simulation) and its
-    `warning` (`speed_warning` of their median per pool; None where every pool is within)."""
+    """A replay's `runs` (each live run's `pool_step_speeds` against the simulation), its
+    `tails` (each live run's `bursts.step_tail` per pool) beside the calibrations'
+    (`calibration_tails`), and its `warning` (`speed_warning` of the runs' median per pool and
+    `bursts.burst_warning`; None where neither says anything)."""
+    from validation.bursts import burst_warning, calibration_tail, step_tail
+
     runs = [pool_step_speeds(sim_dir, d) for d in live_dirs]
     pools = sorted({p for r in runs for p in r})
     median = {p: float(np.median([r[p] for r in runs if p in r])) for p in pools}
-    return {"runs": runs, "warning": speed_warning(median)}
+    tails, cal_tails = [], {}
+    for d in live_dirs:
+        tails.append({})
+        for pool, model, steps_dir in _pool_engines(sim_dir, d):
+            tails[-1][pool] = step_tail(model, steps_dir)
+            cal_tails[pool] = calibration_tail(model)
+    lines = [w for w in (speed_warning(median), burst_warning(tails, cal_tails)) if w]
+    return {"runs": runs, "tails": tails, "calibration_tails": cal_tails,
+            "warning": "\n".join(lines) or None}
 
 
 def speed_warning(speeds: dict[str, float]) -> str | None:

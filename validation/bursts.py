@@ -1,0 +1,71 @@
+"""A burst of other work on the machine while a run served: its steps' total against their
+median speed.
+
+A shared machine's neighbour that runs for a few seconds slows the steps of that spell two to
+ten times and leaves the median step untouched, so the speed level (a median) and the speed
+probe do not see it. The sum does: a run's step time over the model's prediction, in total and
+over its median ratio, is 1-3% above 1 on a quiet machine and 20-30% above it with a
+seconds-long burst beside it (docs/measurements/2026-12-05-host-adds-in-waves.md). A
+calibration fitted through one charges its residuals' mean to every simulated step; a live run
+that served through one measures the burst, not the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from traces import read_table
+
+BURST_TOLERANCE = 0.10
+"""a run whose steps' total over their median speed exceeds the calibration's own by this
+share (or a calibration whose exceeds every live run's) ran through a burst"""
+
+
+def step_tail(model, steps_dir: str | Path) -> float | None:
+    """A run's step time over `model`'s prediction in total, over the median of the same
+    ratio per step: 1 where every step ran at the run's typical speed. None without steps."""
+    from sim.step_time.live_speed import live_over_predicted
+    from sim.step_time.serving_features import attach_spans
+
+    steps = read_table(steps_dir, "steps").to_pandas()
+    if not len(steps):
+        return None
+    ratio, steps = live_over_predicted(model, attach_spans(steps, [steps_dir]))
+    if not len(ratio):
+        return None
+    predicted_ms = steps.duration_ms.to_numpy() / ratio
+    return float(steps.duration_ms.sum() / predicted_ms.sum() / np.median(ratio))
+
+
+def calibration_tail(model) -> float:
+    """The same for the steps a step-time model was fitted on: its residuals' mean over their
+    median (what the simulator charges above the median step)."""
+    q = np.asarray(getattr(model, "residual_log_quantiles", (0.0,)), float)
+    return float(np.exp(q).mean() / np.exp(np.median(q)))
+
+
+def burst_warning(run_tails: list[dict[str, float]], calibration_tails: dict[str, float],
+                  ) -> str | None:
+    """Lines for each live run (per pool, `step_tail`) that served through a burst the
+    calibration's steps did not have, and for a calibration fitted through one no live run
+    had; None where neither."""
+    lines = []
+    for pool, cal in sorted(calibration_tails.items()):
+        live = [(i, r[pool]) for i, r in enumerate(run_tails) if r.get(pool) is not None]
+        for i, tail in live:
+            if tail > cal * (1 + BURST_TOLERANCE):
+                lines.append(
+                    f"warning: live run {i}'s steps on {pool} took {tail - 1:.0%} more in total "
+                    f"than at their median speed (the calibration's: {cal - 1:.0%}): it served "
+                    "through a burst of other work on this machine, and its latencies measure "
+                    "that, not the model; run it again on a quieter spell")
+        if live and cal > max(t for _, t in live) * (1 + BURST_TOLERANCE):
+            lines.append(
+                f"warning: the calibration's steps on {pool} took {cal - 1:.0%} more in total "
+                f"than at their median speed (the live runs': at most "
+                f"{max(t for _, t in live) - 1:.0%}): it was fitted through a burst of other "
+                "work, which the simulation charges to every step; calibrate again on a "
+                "quieter spell")
+    return "\n".join(lines) or None
