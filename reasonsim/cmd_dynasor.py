@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
-from functools import partial
 from pathlib import Path
 
-from sim.output import write_sim
-from reasonsim.common import CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, print_summary
+from reasonsim.common import UserError
 
 
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
@@ -143,129 +139,16 @@ def cmd_dynasor_online(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dynasor_replay(args: argparse.Namespace) -> int:
-    """`reasonsim dynasor replay`."""
-    from live.replay import engine_args, replay_workload
-    from programs.workload import load_bank
-    from sim.config import parse_config, read_yaml
-    from sim.engine.tables import cached_share
-    from sim.program_metrics import compare
-    from sim.simulate import simulate
-    from traces.store import read_table
-    from validation.fidelity_programs import replay_at_live_speed
-    from validation.judge import machine_speed
-    from validation.replay import fresh_process
-
-    path = Path(args.config)
-    d = read_yaml(path)
-    if args.count is not None:
-        d["workload"]["programs"]["count"] = args.count
-    try:
-        cfg = parse_config(d, path.parent)
-        if len(cfg.replicas) != 1 or cfg.replicas[0].count != 1:
-            raise ValueError("live program replay drives one engine: the config needs one replica")
-        wl = cfg.programs
-        if wl is None:
-            raise ValueError("dynasor replay needs a program workload (workload.programs)")
-        load_bank(wl)
-        _check_engine(args, wl.trace, cfg)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: {e}") from None
-    out = Path(args.out)
-    calibration = None
-    if args.calibrate_here:
-        cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
-        wl = cfg.programs
-    t0 = time.perf_counter()
-    # The live runner draws the same programs from the same workload and seed as the simulator;
-    # an in-process engine in a process of its own (`fresh_process`: after the calibration run's
-    # engine it would meet fewer never-run shapes than the simulator's fresh replica).
-    live_job = partial(fresh_process, replay_workload) if args.url is None else replay_workload
-    live_job(wl, cfg.scheduler, out / "live", seed=cfg.seed, **engine_args(cfg),
-             model=args.model, url=args.url, config_json=cfg.to_json(), device=args.device)
-    live_wall_s = time.perf_counter() - t0
-    sim = simulate(cfg)
-    write_sim(cfg, sim, out / "sim")
-    result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
-    result["live_wall_s"] = round(live_wall_s, 2)
-    # the prefix cache's share of prompt tokens (the eviction order moves it): a count, not a time
-    result["cached_prompt_share"] = {"sim": sim.summary["cached_prompt_share"],
-                                     "live": cached_share(read_table(out / "live", "requests"))}
-    if calibration is not None:
-        result["calibration"] = calibration
-    result["machine_speed"] = machine_speed(out / "sim", [out / "live"])
-    # the same simulation at the live run's own decode speed: the machine's drift since
-    # calibrating taken out (beside the errors above, never instead of them)
-    result["at_live_speed"] = replay_at_live_speed(d, path.parent, out / "live",
-                                                   out / "sim_at_live")
-    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
-    if result["machine_speed"]["warning"]:
-        print(result["machine_speed"]["warning"], file=sys.stderr)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"decision agreement {result['decision_agreement']:.3f}, answer agreement "
-          f"{result['answer_agreement']:.3f} over {result['programs']} programs")
-    share = result["cached_prompt_share"]
-    print(f"prompt tokens found cached: {share['sim']:.1%} simulated, {share['live']:.1%} live")
-    print_summary(result["error"], False)
-    at = result["at_live_speed"]
-    if at is not None:
-        print(f"at the live run's decode speed ({at['decode_level']:.2f}x the calibration's): "
-              + ", ".join(f"{m.removeprefix('program_latency_').upper()} {e:+.1%} (noise "
-                          f"draws' median {at['error_sampled'][m]:+.1%})"
-                          for m, e in at["error"].items()))
-    print(f"details: {out / 'compare.json'}")
-    return 0
-
-
-def _check_engine(args, trace, cfg) -> None:
-    """`--engine` must name the engine the program trace was recorded on: only that engine's
-    sampling reproduces its trajectories; only the in-process vLLM engine takes a pool size
-    and eviction hints."""
-    from traces.store import read_run
-
-    traced = read_run(trace)["engine"]
-    if (args.url or traced == "torch") and (cfg.kv_eviction != "free_order"
-                                            or cfg.replicas[0].kv_blocks is not None):
-        where = "--url's server" if args.url else "the PyTorch engine (the trace's)"
-        raise ValueError(f"kv_blocks / kv_eviction: {where} takes neither; the in-process vLLM "
-                         "engine does")
-    if args.engine is not None and args.engine != traced:
-        raise ValueError(f"--engine {args.engine}: {trace} was recorded on {traced}, whose "
-                         f"sampling the replay must reproduce; trace it on {args.engine}")
-    if traced == "torch" and args.url:
-        raise ValueError(f"--url: {trace} was recorded on the PyTorch engine, which serves "
-                         "no URL; replay it in-process")
-
-
-def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
-    """`--calibrate-here`: the config's programs of another seed served live first, the replica
-    calibrated on that run's steps (with the loop's host time); the config with it, and its
-    path."""
-    from live.replay import engine_args, replay_workload
-    from sim.config import parse_config
-    from validation.replay import fresh_process
-
-    if args.url:
-        raise UserError("--calibrate-here needs the in-process engine (its steps), not --url")
-    fresh_process(replay_workload, cfg.programs, cfg.scheduler, cal_dir / "live",
-                  seed=cfg.seed + CALIBRATION_SEED_OFFSET, **engine_args(cfg), model=args.model,
-                  config_json=cfg.to_json(), device=args.device)
-    pool = cfg.replicas[0].pool
-    path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]
-    d["cluster"]["replicas"][0]["calibration"] = path_cal
-    return parse_config(d, path.parent), path_cal
-
-
 def add_dynasor_parser(sub) -> None:
     """The `dynasor` command group."""
+    from reasonsim.cmd_dynasor_replay import add_replay_parser
+
     dy = sub.add_parser("dynasor", help="Dynasor experiments on probes traces")
     dysub = dy.add_subparsers(dest="dynasor_command", required=True, metavar="EXPERIMENT")
     _add_offline_parser(dysub)
     _add_calibrate_parser(dysub)
     _add_online_parser(dysub)
-    _add_replay_parser(dysub)
+    add_replay_parser(dysub)
     from reasonsim.cmd_dynasor_analysis import (add_ablation_parser, add_allocation_parser,
                                                 add_correlate_parser, add_fairness_parser)
 
@@ -340,32 +223,3 @@ def _add_online_parser(dysub) -> None:
     on.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=cmd_dynasor_online)
-
-
-def _add_replay_parser(dysub) -> None:
-    """`reasonsim dynasor replay`."""
-    rp = dysub.add_parser("replay", help="run a program config live and compare with sim",
-                          description="Drive the engine the config's trace was recorded on "
-                          "(vLLM, or the PyTorch engine's serving mode) with the config's "
-                          "programs and policy objects (probes as prefix-sharing requests, "
-                          "stops as aborts, scheduler priorities as the engine's priorities), "
-                          "simulate the same config, and report decision agreement and "
-                          "sim-vs-live errors.")
-    rp.add_argument("config", help="a program workload config with one replica")
-    rp.add_argument("-o", "--out", default="reports/dynasor-replay")
-    rp.add_argument("--count", type=int, default=None, help="override the number of programs")
-    rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
-    rp.add_argument("--url", default=None,
-                    help="run on this OpenAI-compatible server instead of an in-process engine "
-                    "(start it with the trace's block size and, for non-fcfs schedulers, "
-                    "--scheduling-policy priority)")
-    rp.add_argument("--engine", default=None, choices=["vllm", "torch"],
-                    help="the engine to run on: the one the trace was recorded on (default)")
-    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                    help="the PyTorch engine's device (a trace recorded on it)")
-    rp.add_argument("--calibrate-here", action="store_true",
-                    help="first serve the config's programs of another seed (+ "
-                    f"{CALIBRATION_SEED_OFFSET}) live, and simulate with a calibration fitted "
-                    "on that run's steps (this machine, now)")
-    rp.add_argument("--json", action="store_true")
-    rp.set_defaults(func=cmd_dynasor_replay)

@@ -74,7 +74,7 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     # --calibrate-here: other programs (seed + 1000) live first, the replica calibrated on them
     out = tmp_path / "rp"
     proc = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--count", "4",
-                   "-o", str(out), "--calibrate-here", "--json",
+                   "-o", str(out), "--calibrate-here", "--repeats", "2", "--json",
                    env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "calibration" / "live") == []
@@ -85,9 +85,22 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     assert read_table(out / "calibration" / "live", "programs").num_rows == 4
     assert read_run(out / "calibration" / "live")["seed"] == read_run(out / "live")["seed"] + 1000
     # each live run's engine the first of its process: none found kernels another had built
-    for run in (out / "calibration" / "live", out / "live"):
+    for run in (out / "calibration" / "live", out / "live", out / "live2"):
         assert read_run(run)["params"]["engine"]["engines_before"] == 0
     assert result["decision_agreement"] >= 3 / 4
+    # --repeats 2: the same programs served twice (the same stops and answers), the simulation
+    # judged against their mean beside their spread, each run's speed and tail measured
+    first, second = (read_table(out / d, "programs").to_pandas().set_index("program_id")
+                     .sort_index() for d in ("live", "live2"))
+    assert (first.answer == second.answer).all() and (first.paths == second.paths).all()
+    for key in ("error_vs_live_mean", "live_spread"):
+        assert set(result[key]) == {"program_latency_p50", "program_latency_p90"}
+        assert all(math.isfinite(v) for v in result[key].values())
+    assert all(v >= 0 for v in result["live_spread"].values())
+    assert len(result["machine_speed"]["runs"]) == len(result["machine_speed"]["tails"]) == 2
+    zero = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--repeats", "0",
+                   "-o", str(tmp_path / "z"), check=False)
+    assert zero.returncode == 2 and "--repeats 0" in zero.stderr
     bad = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--url",
                   "http://127.0.0.1:9", "--calibrate-here", "-o", str(tmp_path / "x"), check=False)
     assert bad.returncode == 2 and "--calibrate-here needs the in-process engine" in bad.stderr

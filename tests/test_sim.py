@@ -199,6 +199,21 @@ def test_cached_prompt_tokens_never_exceed_the_prompt_under_preemption(kv_blocks
     assert (req.cached_prompt_tokens <= req.prompt_tokens - 1).all()
 
 
+def _host_cluster(tmp_path, host: dict, device: str | None):
+    """A one-replica cluster (on a shared `device`, or its own loop) whose calibration has the
+    loop's `host` terms."""
+    from sim.engine.cluster import Cluster
+
+    d = json.loads(CAL.read_text())
+    d["host"] = host
+    cal = tmp_path / "host.calib.json"
+    cal.write_text(json.dumps(d))
+    group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
+    cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                                "num_requests": 1},
+                        "cluster": {"replicas": [{**group, "pool": "a"}]}})
+    return Cluster(cfg, 16, lambda rid, r: None, False)
+
 def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
     """With `host.add_request_ms` (the loop processes the first request added between two
     steps), `host.add_next_ms` (each further one), `host.wake_ms` (an idle loop first wakes) and
@@ -206,21 +221,12 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
     delays the device's next step; a replica of its own wakes, then adds what arrived by then (as
     the live loop reads the clock once awake) and steps with it, and one that arrived while it
     added them is added before its next step; every step lasts the gap longer."""
-    from sim.engine.cluster import Cluster
     from sim.engine.request_state import Req
 
-    d = json.loads(CAL.read_text())
-    d["host"] = {"add_request_ms": 0.5, "add_next_ms": 0.2, "wake_ms": 0.25, "step_gap_ms": 0.1}
-    cal = tmp_path / "host.calib.json"
-    cal.write_text(json.dumps(d))
+    host = {"add_request_ms": 0.5, "add_next_ms": 0.2, "wake_ms": 0.25, "step_gap_ms": 0.1}
     seg = {}
     for device in ("cpu", None):
-        group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
-        cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson",
-                                                                "rate_per_s": 1.0},
-                                                    "num_requests": 1},
-                            "cluster": {"replicas": [{**group, "pool": "a"}]}})
-        cluster = Cluster(cfg, 16, lambda rid, r: None, False)
+        cluster = _host_cluster(tmp_path, host, device)
         env = cluster.env
 
         def arrivals():
@@ -244,11 +250,11 @@ def test_the_engine_loops_host_time_delays_the_next_step(tmp_path):
     assert solo["start_s"][1] == pytest.approx(first_end + 0.5e-3)
     gapless = load_calibration(CAL).latency.step_ms(160, 0, 160)
     assert solo["a_ms"][0] == pytest.approx(gapless + 0.1)
+    d = json.loads(CAL.read_text())
     d["host"] = {"add_request_ms": -1}
-    cal.write_text(json.dumps(d))
+    (tmp_path / "bad.calib.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match="host.add_request_ms"):
-        load_calibration(cal)
-
+        load_calibration(tmp_path / "bad.calib.json")
 
 
 def test_further_requests_added_in_a_gap_cost_the_loop_when_the_first_costs_nothing(tmp_path):
@@ -256,20 +262,11 @@ def test_further_requests_added_in_a_gap_cost_the_loop_when_the_first_costs_noth
     waves) prices the first add at 0 and each further one at `add_next_ms`: three requests
     added at once delay the next step by two of those, on a replica of its own (after its
     wake) and on a shared device (the further ones were once free whenever the first was)."""
-    from sim.engine.cluster import Cluster
     from sim.engine.request_state import Req
 
-    d = json.loads(CAL.read_text())
-    d["host"] = {"add_request_ms": 0.0, "add_next_ms": 0.2, "wake_ms": 0.25}
-    cal = tmp_path / "host.calib.json"
-    cal.write_text(json.dumps(d))
     for device in ("cpu", None):
-        group = {"calibration": str(cal), "count": 1, **({"device": device} if device else {})}
-        cfg = parse_config({"seed": 0, "workload": {"arrival": {"kind": "poisson",
-                                                                "rate_per_s": 1.0},
-                                                    "num_requests": 1},
-                            "cluster": {"replicas": [{**group, "pool": "a"}]}})
-        cluster = Cluster(cfg, 16, lambda rid, r: None, False)
+        cluster = _host_cluster(tmp_path, {"add_request_ms": 0.0, "add_next_ms": 0.2,
+                                           "wake_ms": 0.25}, device)
 
         def arrivals(env=cluster.env, replica=cluster.replicas[0]):
             yield env.timeout(1.0)
@@ -280,6 +277,7 @@ def test_further_requests_added_in_a_gap_cost_the_loop_when_the_first_costs_noth
         wake_s = 0.25e-3 if device is None else 0.0  # (a shared device's loop never sleeps)
         assert cluster.res.seg["start_s"][0] == pytest.approx(1.0 + wake_s + 2 * 0.2e-3), device
         assert cluster.res.seg["prefill_seqs"][0] == 3
+
 
 def test_replicas_sharing_a_device_take_turns_and_batch_what_arrived_meanwhile():
     """Two replicas on one device (the live runner's two engines in one loop): one iteration at
