@@ -33,10 +33,15 @@ def step_tail(model, steps_dir: str | Path) -> float | None:
     if not len(steps):
         return None
     ratio, steps = live_over_predicted(model, attach_spans(steps, [steps_dir]))
+    return ratio_tail(ratio, steps.duration_ms.to_numpy())
+
+
+def ratio_tail(ratio: np.ndarray, duration_ms: np.ndarray) -> float | None:
+    """`step_tail` from each step's live-over-predicted `ratio` and its `duration_ms`."""
     if not len(ratio):
         return None
-    predicted_ms = steps.duration_ms.to_numpy() / ratio
-    return float(steps.duration_ms.sum() / predicted_ms.sum() / np.median(ratio))
+    predicted_ms = duration_ms / ratio
+    return float(duration_ms.sum() / predicted_ms.sum() / np.median(ratio))
 
 
 def calibration_tail(model) -> float:

@@ -197,20 +197,31 @@ def _pool_engines(sim_dir: str | Path, live_dir: str | Path):
             yield str(c["pool"]), step_time.from_json(c["step_time_model"]), d
 
 
+def _pool_ratios(sim_dir: str | Path, live_dir: str | Path):
+    """Per pool of a simulation with a step-time model: (pool, model, each of the live run's
+    steps on that pool's engine timed over the model's prediction, those steps)."""
+    from sim.step_time.live_speed import live_over_predicted
+    from sim.step_time.serving_features import attach_spans
+
+    for pool, model, d in _pool_engines(sim_dir, live_dir):
+        steps = attach_spans(read_table(d, "steps").to_pandas(), [d])
+        yield (pool, model, *live_over_predicted(model, steps))
+
+
+def _decode_speed(ratio: np.ndarray, steps) -> float | None:
+    """The median ratio over the decode-only steps; None without one."""
+    decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
+    return float(np.median(ratio[decode])) if decode.any() else None
+
+
 def pool_step_speeds(sim_dir: str | Path, live_dir: str | Path) -> dict[str, float]:
     """Per pool of a simulation, the median over the live run's decode-only steps on that
     pool's engine of live step time over the pool's calibration's prediction: the machine's
     speed against each calibration, for any family's replay."""
-    from sim.step_time.live_speed import live_over_predicted
-    from sim.step_time.serving_features import attach_spans
-
     out = {}
-    for pool, model, d in _pool_engines(sim_dir, live_dir):
-        steps = attach_spans(read_table(d, "steps").to_pandas(), [d])
-        ratio, steps = live_over_predicted(model, steps)
-        decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
-        if decode.any():
-            out[pool] = float(np.median(ratio[decode]))
+    for pool, _, ratio, steps in _pool_ratios(sim_dir, live_dir):
+        if (speed := _decode_speed(ratio, steps)) is not None:
+            out[pool] = speed
     return out
 
 
@@ -218,18 +229,21 @@ def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
     """A replay's `runs` (each live run's `pool_step_speeds` against the simulation), its
     `tails` (each live run's `bursts.step_tail` per pool) beside the calibrations'
     (`calibration_tails`), and its `warning` (`speed_warning` of the runs' median per pool and
-    `bursts.burst_warning`; None where neither says anything)."""
-    from validation.bursts import burst_warning, calibration_tail, step_tail
+    `bursts.burst_warning`; None where neither says anything). Each live run's steps are read
+    and priced once."""
+    from validation.bursts import burst_warning, calibration_tail, ratio_tail
 
-    runs = [pool_step_speeds(sim_dir, d) for d in live_dirs]
+    runs, tails, cal_tails = [], [], {}
+    for d in live_dirs:
+        runs.append({})
+        tails.append({})
+        for pool, model, ratio, steps in _pool_ratios(sim_dir, d):
+            if (speed := _decode_speed(ratio, steps)) is not None:
+                runs[-1][pool] = speed
+            tails[-1][pool] = ratio_tail(ratio, steps.duration_ms.to_numpy())
+            cal_tails[pool] = calibration_tail(model)
     pools = sorted({p for r in runs for p in r})
     median = {p: float(np.median([r[p] for r in runs if p in r])) for p in pools}
-    tails, cal_tails = [], {}
-    for d in live_dirs:
-        tails.append({})
-        for pool, model, steps_dir in _pool_engines(sim_dir, d):
-            tails[-1][pool] = step_tail(model, steps_dir)
-            cal_tails[pool] = calibration_tail(model)
     lines = [w for w in (speed_warning(median), burst_warning(tails, cal_tails)) if w]
     return {"runs": runs, "tails": tails, "calibration_tails": cal_tails,
             "warning": "\n".join(lines) or None}
