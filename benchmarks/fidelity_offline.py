@@ -2,7 +2,8 @@
 
     reasonsim fidelity -o RUN                                  # traces, calibrates, replays
     python benchmarks/fidelity_offline.py RUN OUT [--calibration CAL.json] [--json]
-    python benchmarks/fidelity_offline.py RUN OUT --refit [--without FEATURE[,FEATURE]] [--json]
+    python benchmarks/fidelity_offline.py RUN OUT --refit [--without FEATURE[,FEATURE]]
+                                          [--traces-without NAME[,NAME]] [--json]
 
 Every workload of RUN is simulated again (mean run, noise band, reruns at each live run's decode
 speed) with CAL (default: RUN's own calibration, which reproduces RUN's table) and judged against
@@ -10,8 +11,10 @@ the same live runs, so two step-time models compare on identical live data in se
 of a new twelve-minute suite on a machine whose speed has moved meanwhile. `--refit`: CAL is
 RUN's calibration refitted on the same traces by this checkout's `serving` model (a candidate
 term judged on old runs); `--without` (implies `--refit`): with those serving-model terms at 0
-(an ablation: what a term buys, `sim.step_time.serving_features.FEATURES`). Prints the report
-table and one summary line (or the result as JSON).
+(an ablation: what a term buys, `sim.step_time.serving_features.FEATURES`); `--traces-without`
+(implies `--refit`): fitted without the calibration traces of those names (e.g.
+`calibration_traffic_long`: what a calibration traffic buys). Prints the report table and one
+summary line (or the result as JSON).
 """
 
 from __future__ import annotations
@@ -82,18 +85,25 @@ def main() -> None:
     ap.add_argument("--calibration", type=Path, help="default: RUN/calibration.json")
     ap.add_argument("--without", help="refit RUN's calibration without these serving-model "
                     "features (comma-separated)")
+    ap.add_argument("--traces-without", help="refit RUN's calibration without the traces of "
+                    "these directory names (comma-separated)")
     ap.add_argument("--refit", action="store_true",
                     help="refit RUN's calibration on its traces with this checkout's model")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     cal = (args.calibration or args.run / "calibration.json").resolve()
-    if args.without or args.refit:
+    if args.without or args.refit or args.traces_without:
         if args.calibration:
             ap.error("--refit and --without refit RUN's own calibration: leave out "
                      "--calibration")
         from sim.step_time.calibration import calibrate
 
         traces = json.loads(cal.read_text())["provenance"]["traces"]
+        left_out = set(args.traces_without.split(",")) if args.traces_without else set()
+        if left_out - {Path(t).name for t in traces}:
+            ap.error(f"--traces-without: {sorted(left_out - {Path(t).name for t in traces})} "
+                     f"are not traces of RUN's calibration ({[Path(t).name for t in traces]})")
+        traces = [t for t in traces if Path(t).name not in left_out]
         without = tuple(args.without.split(",")) if args.without else ()
         fitted = calibrate(traces, model="serving", without=without)
         args.out.mkdir(parents=True, exist_ok=True)
