@@ -66,7 +66,7 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     text = (out / "report.md").read_text()
     for r in result["workloads"]:
         assert len(r["live_steal"]) == 2 and all(0 <= x <= 1 for x in r["live_steal"]), r
-    assert text.count("| poisson |") == 10
+    assert text.count("| poisson |") == 11
     # the table in a few counts, at its head
     s, ms = result["summary"], [v for r in result["workloads"] for v in r["metrics"].values()]
     assert s["metrics"] == len(ms) == 2 * 7 + 3 and s["ok"] == sum(v["ok"] for v in ms)
@@ -77,6 +77,13 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert s["live_runs_stalled"] == [sum(x > 0.025 for x in steal), len(steal)] == [
         s["live_runs_stalled"][0], 6]
     assert f"({s['live_runs_stalled'][0]} of 6 live runs over 2.5%" in text
+    # each live run's steps in total over their median speed, beside the calibration's: those
+    # over it by the burst tolerance served through a burst of other work
+    tails = [(v["tail"], v["calibration_tail"]) for r in result["workloads"]
+             for v in r["step_speed"]]
+    assert len(tails) == 6 and all(_speed(t) and _speed(c) for t, c in tails)
+    assert s["live_runs_in_bursts"] == [sum(t > c * 1.1 for t, c in tails), 6]
+    assert f"{s['live_runs_in_bursts'][0]} of 6 live runs over it by more than 10%" in text
     # ... and while the calibration traffic served
     traffic = result["calibration_steal"]["mixed"]
     assert 0 <= traffic <= 1 and f"The host stole {traffic:.1%} (mixed)" in text

@@ -44,6 +44,23 @@ def ratio_tail(ratio: np.ndarray, duration_ms: np.ndarray) -> float | None:
     return float(duration_ms.sum() / predicted_ms.sum() / np.median(ratio))
 
 
+def run_speed(calibration: str | Path, steps_dir: str | Path, all_seeded: bool = False,
+              ) -> dict[str, float | None]:
+    """A live run's speed against a calibration from one pass over its steps: the median of
+    its decode-only steps' live-over-predicted ratio (`decode`, as
+    `sim.step_time.live_speed.step_speed_ratio` with `decode_only`) and its `step_tail`
+    (`tail`); None where it ran none."""
+    from sim.step_time.live_speed import step_ratios
+
+    got = step_ratios(calibration, steps_dir, all_seeded)
+    if got is None or not len(got[0]):
+        return {"decode": None, "tail": None}
+    ratio, steps = got
+    decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
+    return {"decode": float(np.median(ratio[decode])) if decode.any() else None,
+            "tail": ratio_tail(ratio, steps.duration_ms.to_numpy())}
+
+
 def calibration_tail(model) -> float:
     """The same for the steps a step-time model was fitted on: its residuals' mean over their
     median (what the simulator charges above the median step)."""

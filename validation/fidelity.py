@@ -217,9 +217,11 @@ def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> d
 
 def step_speed(speed: dict | None) -> dict:
     """A live run's decode and prefill steps over the calibration's prediction (medians), as
-    levels against its own steps (`live_over_predicted`)."""
+    levels against its own steps (`live_over_predicted`), and its steps in total over their
+    median speed beside the calibration's (`tail`, `calibration_tail`: `validation.bursts`)."""
     speed = speed or {}
-    return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio")}
+    return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio"),
+            "tail": speed.get("step_tail"), "calibration_tail": speed.get("calibration_tail")}
 
 
 def request_config(spec: dict, cal: Path, quick: bool) -> dict:

@@ -50,9 +50,13 @@ def table_summary(result: dict) -> dict:
     the live runs' decode speed and at probe speed; the median absolute e2e/program P50 error
     of each; the live runs' decode speed levels and the host's stolen CPU share while they
     served (`engines.host_cpu`), and how many live runs it stalled by more than e2e's
-    tolerance (`live_runs_stalled`: the host alone could have moved their latency errors);
-    live values inside the noise band."""
+    tolerance (`live_runs_stalled`: the host alone could have moved their latency errors); the
+    live runs' steps in total over their median speed beside the calibration's (`live_tails`,
+    `calibration_tail`) and how many exceeded it by `BURST_TOLERANCE` (`live_runs_in_bursts`:
+    they served through a burst of other work, `validation.bursts`); live values inside the
+    noise band."""
     from engines.host_cpu import stall_share
+    from validation.bursts import BURST_TOLERANCE
     from validation.judge import TOLERANCE
 
     ms = [m for r in result["workloads"] for m in r["metrics"].values()]
@@ -62,6 +66,8 @@ def table_summary(result: dict) -> dict:
     levels = [s["decode"] for r in result["workloads"] for s in r.get("step_speed", [])
               if s.get("decode") is not None]
     steal = [x for r in result["workloads"] for x in r.get("live_steal", []) if x is not None]
+    tails = [(s["tail"], s["calibration_tail"]) for r in result["workloads"]
+             for s in r.get("step_speed", []) if s.get("tail") and s.get("calibration_tail")]
 
     def median_abs(key: str) -> float | None:
         v = [abs(m[key]) for m in p50 if key in m]
@@ -80,6 +86,10 @@ def table_summary(result: dict) -> dict:
             "live_steal": [min(steal), max(steal)] if steal else None,
             "live_runs_stalled": [sum(stall_share(x) > TOLERANCE["e2e_s.p50"] for x in steal),
                                   len(steal)],
+            "live_tails": [min(t for t, _ in tails), max(t for t, _ in tails)] if tails else None,
+            "calibration_tail": max(c for _, c in tails) if tails else None,
+            "live_runs_in_bursts": [sum(t > c * (1 + BURST_TOLERANCE) for t, c in tails),
+                                    len(tails)],
             "live_speed_within_5": within("error_at_live_speed", 0.05),
             "sampled_within_5": within("error_sampled_at_live_speed", 0.05),
             "in_band": result["band_coverage"]["inside"],

@@ -89,9 +89,11 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     """Simulate the program workload config `d` (an example's, paths relative to examples/)
     into out_dir and judge it against its live runs: the table row with decision agreement."""
     from sim.config import parse_config
-    from sim.step_time.live_speed import probes_level, step_speed_ratio
+    from sim.step_time.calibration import load_calibration
+    from sim.step_time.live_speed import probes_level
     from sim.program_metrics import compare
     from sim.simulate import simulate
+    from validation.bursts import calibration_tail, run_speed
     from validation.judge import judge, judge_at_probe
     from traces.store import read_table
 
@@ -104,7 +106,9 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
                       if len(live_tables) > 1 else 1.0)
     # every chunk and probe samples with a seed: the prediction the ratio divides by says so
     cal = d["cluster"]["replicas"][0]["calibration"]
-    speeds = [step_speed_ratio(cal, live, all_seeded=True, decode_only=True) for live in lives]
+    runs = [run_speed(cal, live, all_seeded=True) for live in lives]
+    speeds = [r["decode"] for r in runs]
+    cal_tail = calibration_tail(load_calibration(cal).latency)
     leveled = [programs_at_live_speed(d, f, out_dir / f"sim_at_live{i + 1}", live, base_dir)
                for i, (f, live) in enumerate(zip(speeds, lives))]
     metrics = {m: judge(results[0]["sim"]["program_latency_s"][m[-3:]],
@@ -127,7 +131,8 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
             "decision_agreement": agreement, "live_agreement": live_agreement,
             # as the latency metrics: no further off than live is from live (1.0 if exact)
             "agreement_ok": agreement >= live_agreement,
-            "step_speed": [{"decode": f, "prefill": None} for f in speeds],
+            "step_speed": [{"decode": r["decode"], "prefill": None, "tail": r["tail"],
+                            "calibration_tail": cal_tail} for r in runs],
             **probe_levels(probe)}
 
 

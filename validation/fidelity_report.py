@@ -38,8 +38,21 @@ def summary_lines(s: dict | None) -> list[str]:
             f"Median absolute e2e/program P50 error: {pct(s['p50_median_abs'])} as judged, "
             f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed. Live decode steps "
             + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
-               "not measured.") + stolen
+               "not measured.") + stolen + burst_text(s)
             + f" Live values inside the noise band: {s['in_band']} of {s['band_of']}.", ""]
+
+
+def burst_text(s: dict) -> str:
+    """A sentence on the live runs' steps in total over their median speed, or ''."""
+    from validation.bursts import BURST_TOLERANCE
+
+    tails, bursts = s.get("live_tails"), s.get("live_runs_in_bursts") or [0, 0]
+    if not tails:
+        return ""
+    return (f" Live steps took {tails[0] - 1:.0%}-{tails[1] - 1:.0%} more in total than at their"
+            f" median speed (the calibration's: {s['calibration_tail'] - 1:.0%}); {bursts[0]} of"
+            f" {bursts[1]} live runs over it by more than {BURST_TOLERANCE:.0%} served through a"
+            " burst of other work, which a median speed level does not see.")
 
 
 def traffic_steal(result: dict) -> str:
@@ -75,6 +88,13 @@ def workload_rows(r: dict) -> list[str]:
         lines.append(f"| {r['workload']} | live steps / predicted: decode, prefill | | "
                      + ", ".join(speed_text(v) for v in r["step_speed"])
                      + f" | | | | | {probe_text(r)} | | | | | | |")
+    tails = [v.get("tail") for v in r.get("step_speed", [])]
+    cal = next((v["calibration_tail"] for v in r.get("step_speed", [])
+                if v.get("calibration_tail")), None)
+    if any(t is not None for t in tails) and cal:
+        lines.append(f"| {r['workload']} | live steps in total / at their median speed | | "
+                     + ", ".join("-" if t is None else f"{t:.2f}x" for t in tails)
+                     + f" | | | | | calibration {cal:.2f}x | | | | | | |")
     if r.get("live_started_s"):
         lines.append(f"| {r['workload']} | live runs started (s into the suite) | | "
                      + ", ".join(f"{t:.0f}" for t in r["live_started_s"])

@@ -137,12 +137,15 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     than the machine's speed; `probe`, the run's speed probe before and after it
     (`sim.step_time.live_speed.probe_level`, against the calibration's own probe where it has one);
     `host_steal`, the share of CPU ticks the hypervisor stole while it served
-    (`engines.host_cpu`; None where its trace has no samples). None when the simulation did
-    not record its step-time model or the live run has no decode steps."""
+    (`engines.host_cpu`; None where its trace has no samples); `step_tail` and
+    `calibration_tail`, its steps in total over their median speed beside the calibration's
+    (`validation.bursts`). None when the simulation did not record its step-time model or the
+    live run has no decode steps."""
     from engines.host_cpu import trace_stolen_share
     from sim.step_time import registry as step_time
     from sim.step_time.live_speed import live_over_predicted, probe_level
     from sim.step_time.serving_features import attach_spans
+    from validation.bursts import calibration_tail, ratio_tail
 
     cals = read_run(sim_dir)["params"].get("calibrations") or []
     models = {json.dumps(c["step_time_model"], sort_keys=True) for c in cals
@@ -166,6 +169,8 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
             "prefill_step_ratio": float(np.median(ratio[prefill])) if prefill.any() else None,
             "prefill_steps": int(prefill.sum()),
             "host_steal": trace_stolen_share(live_dir),
+            "step_tail": ratio_tail(ratio, steps.duration_ms.to_numpy()),
+            "calibration_tail": calibration_tail(model),
             "match": bool(1 / SPEED_TOLERANCE <= r <= SPEED_TOLERANCE)}
 
 
