@@ -50,14 +50,13 @@ def run_speed(calibration: str | Path, steps_dir: str | Path, all_seeded: bool =
     its decode-only steps' live-over-predicted ratio (`decode`, as
     `sim.step_time.live_speed.step_speed_ratio` with `decode_only`) and its `step_tail`
     (`tail`); None where it ran none."""
-    from sim.step_time.live_speed import step_ratios
+    from sim.step_time.live_speed import decode_median, step_ratios
 
     got = step_ratios(calibration, steps_dir, all_seeded)
     if got is None or not len(got[0]):
         return {"decode": None, "tail": None}
     ratio, steps = got
-    decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
-    return {"decode": float(np.median(ratio[decode])) if decode.any() else None,
+    return {"decode": decode_median(ratio, steps),
             "tail": ratio_tail(ratio, steps.duration_ms.to_numpy())}
 
 

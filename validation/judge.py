@@ -143,7 +143,8 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     live run has no decode steps."""
     from engines.host_cpu import trace_stolen_share
     from sim.step_time import registry as step_time
-    from sim.step_time.live_speed import live_over_predicted, probe_level
+    from sim.step_time.live_speed import (decode_median, decode_steps, live_over_predicted,
+                                          probe_level)
     from sim.step_time.serving_features import attach_spans
     from validation.bursts import calibration_tail, ratio_tail
 
@@ -157,11 +158,11 @@ def speed_check(sim_dir: str | Path, live_dir: str | Path) -> dict | None:
     # the span of each prefill the engine recorded: the serving model prices cached prefills
     steps = attach_spans(read_table(live_dir, "steps").to_pandas(), [live_dir])
     ratio, steps = live_over_predicted(model, steps)
-    decode = (steps.prefill_tokens == 0).to_numpy() & (steps.decode_seqs > 0).to_numpy()
+    decode = decode_steps(steps)
     if not decode.any():
         return None
     prefill = (steps.prefill_tokens > 0).to_numpy()
-    r = float(np.median(ratio[decode]))
+    r = decode_median(ratio, steps)
     probe = probe_level(model, live_dir, reference)
     return {"decode_step_ratio": r, "steps": int(decode.sum()), "probe": probe,
             "probe_against": "the calibration's own probe" if reference else "prediction",
@@ -213,19 +214,15 @@ def _pool_ratios(sim_dir: str | Path, live_dir: str | Path):
         yield (pool, model, *live_over_predicted(model, steps))
 
 
-def _decode_speed(ratio: np.ndarray, steps) -> float | None:
-    """The median ratio over the decode-only steps; None without one."""
-    decode = ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
-    return float(np.median(ratio[decode])) if decode.any() else None
-
-
 def pool_step_speeds(sim_dir: str | Path, live_dir: str | Path) -> dict[str, float]:
     """Per pool of a simulation, the median over the live run's decode-only steps on that
     pool's engine of live step time over the pool's calibration's prediction: the machine's
     speed against each calibration, for any family's replay."""
+    from sim.step_time.live_speed import decode_median
+
     out = {}
     for pool, _, ratio, steps in _pool_ratios(sim_dir, live_dir):
-        if (speed := _decode_speed(ratio, steps)) is not None:
+        if (speed := decode_median(ratio, steps)) is not None:
             out[pool] = speed
     return out
 
@@ -236,6 +233,7 @@ def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
     (`calibration_tails`), and its `warning` (`speed_warning` of the runs' median per pool and
     `bursts.burst_warning`; None where neither says anything). Each live run's steps are read
     and priced once."""
+    from sim.step_time.live_speed import decode_median
     from validation.bursts import burst_warning, calibration_tail, ratio_tail
 
     runs, tails, cal_tails = [], [], {}
@@ -243,7 +241,7 @@ def machine_speed(sim_dir: str | Path, live_dirs: list) -> dict:
         runs.append({})
         tails.append({})
         for pool, model, ratio, steps in _pool_ratios(sim_dir, d):
-            if (speed := _decode_speed(ratio, steps)) is not None:
+            if (speed := decode_median(ratio, steps)) is not None:
                 runs[-1][pool] = speed
             tails[-1][pool] = ratio_tail(ratio, steps.duration_ms.to_numpy())
             cal_tails[pool] = calibration_tail(model)

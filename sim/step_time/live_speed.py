@@ -98,9 +98,21 @@ def step_speed_ratio(calibration: str | Path, steps_dir: str | Path, all_seeded:
     if got is None:
         return None
     ratio, steps = got
-    if decode_only:  # after the engine features, which read each step's predecessor
-        ratio = ratio[((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()]
+    if decode_only:
+        return decode_median(ratio, steps)
     return float(np.median(ratio)) if len(ratio) else None
+
+
+def decode_steps(steps) -> np.ndarray:
+    """The mask of a steps table's decode-only steps (no prefill tokens, some decodes)."""
+    return ((steps.prefill_tokens == 0) & (steps.decode_seqs > 0)).to_numpy()
+
+
+def decode_median(ratio: np.ndarray, steps) -> float | None:
+    """The median of per-step `ratio` over the decode-only steps; None without one (masked
+    after the engine features, which read each step's predecessor)."""
+    decode = decode_steps(steps)
+    return float(np.median(ratio[decode])) if decode.any() else None
 
 
 def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
