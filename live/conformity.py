@@ -112,29 +112,10 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
                "target": VllmEngine(target, writers["target"], t0)}
     calib_q, eval_q = split_questions(workload)
     s = workload.settings
-    stats = {"rows": 0}
+    all_writers = (writer, *writers.values())
 
     def run_phase(unit: str, jobs: list) -> list[dict]:
-        """jobs: (qid, item, split, policies, settings, calibration run); returns the rows."""
-        runs = []
-        for qid, item, split, policies, settings, calib in jobs:
-            prompt = tok.encode(item.prompt, add_special_tokens=False)
-            prog = A1Program(qid, policies, settings, len(prompt),
-                             a1_program_seed(workload.seed, qid, calib), prompt, score_all=True,
-                             target_all=not calib)
-            key = ids.a1_program_id(qid, "calibration" if calib else "evaluation")
-            runs.append((LiveRun(_AtStart, prog, key), qid, item, split))
-        run_programs(engines, [r[0] for r in runs], answer_of=extract_boxed)
-        for w in (writer, *writers.values()):
-            w.flush(unit)
-        times = _request_times(out_dir, unit)
-        rows = []
-        for run, qid, item, split in runs:
-            nodes = run.program.node_rows(run.key, item.answer, split, family=item.family,
-                                          difficulty=item.level)
-            rows += [_timed(node, row, run.key, times)
-                     for node, row in zip(run.program.rows, nodes)]
-        return rows
+        return _run_phase(unit, jobs, tok, engines, all_writers, out_dir, workload.seed)
 
     calib_settings = A1Settings(samples=workload.calib_samples, turns=s.turns,
                                 draft_tokens=workload.calib_draft_tokens or s.draft_tokens,
@@ -156,10 +137,34 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
     writer.flush("conformity")
     for w in (*writers.values(), writer):
         w.seal()
-    stats.update(rows=len(calib_rows) + len(eval_rows), calibration_scores=len(marginal.scores),
-                 rescored=sum(e.rescored for e in engines.values()),
-                 wall_s=round(time.perf_counter() - t0, 2))
-    return stats
+    return {"rows": len(calib_rows) + len(eval_rows), "calibration_scores": len(marginal.scores),
+            "rescored": sum(e.rescored for e in engines.values()),
+            "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _run_phase(unit: str, jobs: list, tok, engines: dict, writers: tuple, out_dir: Path,
+               seed: int) -> list[dict]:
+    """One phase of `trace_conformity`: its programs live, the writers flushed as `unit`;
+    jobs: (qid, item, split, policies, settings, calibration run); returns the rows."""
+    runs = []
+    for qid, item, split, policies, settings, calib in jobs:
+        prompt = tok.encode(item.prompt, add_special_tokens=False)
+        prog = A1Program(qid, policies, settings, len(prompt),
+                         a1_program_seed(seed, qid, calib), prompt, score_all=True,
+                         target_all=not calib)
+        key = ids.a1_program_id(qid, "calibration" if calib else "evaluation")
+        runs.append((LiveRun(_AtStart, prog, key), qid, item, split))
+    run_programs(engines, [r[0] for r in runs], answer_of=extract_boxed)
+    for w in writers:
+        w.flush(unit)
+    times = _request_times(out_dir, unit)
+    rows = []
+    for run, qid, item, split in runs:
+        nodes = run.program.node_rows(run.key, item.answer, split, family=item.family,
+                                      difficulty=item.level)
+        rows += [_timed(node, row, run.key, times)
+                 for node, row in zip(run.program.rows, nodes)]
+    return rows
 
 
 def _request_times(out_dir: Path, unit: str) -> dict:

@@ -132,9 +132,6 @@ def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> 
 
 def cmd_a1_replay(args: argparse.Namespace) -> int:
     """`reasonsim a1 replay`: the config live (twice: the noise floor) and simulated, compared."""
-    from rich.console import Console
-    from rich.table import Table
-
     from traces.store import read_table
     from validation.a1 import replay_result
     from validation.judge import machine_speed
@@ -169,11 +166,21 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if speed["warning"]:
         print(speed["warning"], file=sys.stderr)
-    keys = tuple(result["error_vs_live_mean"])
     if args.json:
         print(json.dumps(result))
         return 0
-    t = Table(title=f"A1 sim vs live: {path.name}, {len(s_progs)} programs")
+    _print_replay(result, f"A1 sim vs live: {path.name}, {len(s_progs)} programs", lives)
+    print(f"details: {out / 'compare.json'}")
+    return 0
+
+
+def _print_replay(result: dict, title: str, lives: list) -> None:
+    """`cmd_a1_replay`'s table: each metric simulated, live and its errors; the speed line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = tuple(result["error_vs_live_mean"])
+    t = Table(title=title)
     for c in ("metric", "sim", *[f"live {i}" for i in range(len(lives))],
               "error vs live mean", "live 1 vs live 0"):
         t.add_column(c, justify="left" if c == "metric" else "right")
@@ -196,8 +203,6 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
             f"{pool} {v:.2f}x" for pool, v in run.items()) for run in at["levels"])
             + " the calibration's), mean: "
             + ", ".join(f"{k} {e:+.1%}" for k, e in at["error_vs_live_mean"].items()))
-    print(f"details: {out / 'compare.json'}")
-    return 0
 
 
 def _at_live_speed(cfg, path: Path, args, out: Path, lives: list, speed: dict) -> dict | None:

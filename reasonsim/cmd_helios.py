@@ -183,33 +183,12 @@ def exit_table(summary: dict):
 
 def cmd_helios_replay(args: argparse.Namespace) -> int:
     """`reasonsim helios replay`: each policy live on the PyTorch engine vs simulated."""
-    from rich.table import Table
-
     from live.helios import run_live, stream_prompts
     from sim.families.helios.serving import HeliosResult, candidates_of, simulate_stream
-    from validation.helios import METRICS, compare
+    from validation.helios import compare
     from validation.replay import fresh_process
 
-    if args.repeats < 1:
-        raise UserError("--repeats must be >= 1")
-    if args.prompts_per_phase is not None and (not args.retrace or args.prompts_per_phase < 1):
-        raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
-    if args.waves is not None and (not args.retrace or not args.waves or min(args.waves) < 1):
-        raise UserError("--waves needs --retrace and prompts per wave >= 1")
-    exp = _experiment(args.config, args.retrace, args.prompts_per_phase, args.waves)
-    if exp.spec.helios.replicas > 1:
-        raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
-                        "replay serves the stream on one device (set replicas: 1)")
-    if exp.spec.helios.overlap_loading:
-        raise UserError(f"{args.config}: helios.overlap_loading is simulated only (live replay "
-                        "serves on one engine with no standby server; set it false)")
-    specs = exp.spec.helios.policies
-    if args.policies:
-        known = {exp.policy_name(p): p for p in specs}
-        unknown = [n for n in args.policies if n not in known]
-        if unknown:
-            raise UserError(f"--policies: unknown {unknown[0]!r}; known: {', '.join(known)}")
-        specs = [known[n] for n in args.policies]
+    exp, specs = _replay_experiment(args)
     first = next(iter(exp.profiles.values()))
     try:
         prompts = stream_prompts(first.workload, first.prompt_tokens)
@@ -235,6 +214,41 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
+    _print_replay(report)
+    return 0
+
+
+def _replay_experiment(args: argparse.Namespace) -> tuple:
+    """`helios replay`'s experiment and the policy specs it serves, its arguments checked."""
+    if args.repeats < 1:
+        raise UserError("--repeats must be >= 1")
+    if args.prompts_per_phase is not None and (not args.retrace or args.prompts_per_phase < 1):
+        raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
+    if args.waves is not None and (not args.retrace or not args.waves or min(args.waves) < 1):
+        raise UserError("--waves needs --retrace and prompts per wave >= 1")
+    exp = _experiment(args.config, args.retrace, args.prompts_per_phase, args.waves)
+    if exp.spec.helios.replicas > 1:
+        raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "
+                        "replay serves the stream on one device (set replicas: 1)")
+    if exp.spec.helios.overlap_loading:
+        raise UserError(f"{args.config}: helios.overlap_loading is simulated only (live replay "
+                        "serves on one engine with no standby server; set it false)")
+    specs = exp.spec.helios.policies
+    if args.policies:
+        known = {exp.policy_name(p): p for p in specs}
+        unknown = [n for n in args.policies if n not in known]
+        if unknown:
+            raise UserError(f"--policies: unknown {unknown[0]!r}; known: {', '.join(known)}")
+        specs = [known[n] for n in args.policies]
+    return exp, specs
+
+
+def _print_replay(report: dict) -> None:
+    """`cmd_helios_replay`'s table per policy: decisions, each metric and its errors."""
+    from rich.table import Table
+
+    from validation.helios import METRICS
+
     console = _console()
     for name, r in report.items():
         d = r["decisions"]
@@ -254,7 +268,6 @@ def cmd_helios_replay(args: argparse.Namespace) -> int:
         console.print(t)
         console.print("live step time / simulated, per run: "
                       + ", ".join(f"{v:.2f}x" for v in r["step_speed"]))
-    return 0
 
 
 def add_helios_parser(sub) -> None:

@@ -60,7 +60,6 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
 
     from sim.output import write_sim
     from sim.simulate import simulate
-    from validation.replay import fresh_process
     from validation.judge import machine_speed
     from validation.seed import add_at_live_speed, compare_modes
     from traces.store import read_table
@@ -72,22 +71,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     cal_seed = (cfg.seed if args.seed is None else args.seed) + CALIBRATION_SEED_OFFSET
-    lives: dict[str, list] = {mode: [] for mode in modes}
-    # Repeat-major: every mode's i-th run (and, with --calibrate-here, its calibration run just
-    # before it) close in time, so a shared machine's drift lands on all modes alike.
-    for i in range(args.repeats):
-        for mode in modes:
-            d = out / mode / f"live{i}"
-            if args.rejudge:  # the live runs are there: judge them again, nothing runs live
-                if not (d / "tot_requests").is_dir():
-                    raise UserError(f"--rejudge: {d} holds no live run (tot_requests)")
-            else:
-                if args.calibrate_here:
-                    fresh_process(live_job, str(path), mode, args.count, cal_seed,
-                                  str(out / "calibration" / mode / f"live{i}"))
-                fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
-            lives[mode].append((read_table(d, "programs").to_pandas(),
-                                read_table(d, "tot_requests").to_pandas()))
+    lives = _live_runs(args, path, out, modes, cal_seed)
     try:
         calibrations = seed_calibrations(cfg, out / "calibration") if args.calibrate_here \
             else None
@@ -120,6 +104,31 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     _print_modes(result, f"ToT sim vs live: {path.name}")
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def _live_runs(args, path: Path, out: Path, modes: list[str], cal_seed: int) -> dict[str, list]:
+    """Per mode, each repeat's live (programs, tot_requests) tables: run now (with
+    --calibrate-here, each after its calibration run), or read back with --rejudge."""
+    from traces.store import read_table
+    from validation.replay import fresh_process
+
+    lives: dict[str, list] = {mode: [] for mode in modes}
+    # Repeat-major: every mode's i-th run (and, with --calibrate-here, its calibration run just
+    # before it) close in time, so a shared machine's drift lands on all modes alike.
+    for i in range(args.repeats):
+        for mode in modes:
+            d = out / mode / f"live{i}"
+            if args.rejudge:  # the live runs are there: judge them again, nothing runs live
+                if not (d / "tot_requests").is_dir():
+                    raise UserError(f"--rejudge: {d} holds no live run (tot_requests)")
+            else:
+                if args.calibrate_here:
+                    fresh_process(live_job, str(path), mode, args.count, cal_seed,
+                                  str(out / "calibration" / mode / f"live{i}"))
+                fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
+            lives[mode].append((read_table(d, "programs").to_pandas(),
+                                read_table(d, "tot_requests").to_pandas()))
+    return lives
 
 
 def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[dict]:

@@ -124,17 +124,11 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                   progress: bool = True) -> dict:
     """Profile every grid cell, flushing each as a unit; return a summary of the trace."""
     model_dir = check_model(model, load_format)
-    from vllm import SamplingParams
-
     from engines.recorder import StepRecorder
 
-    max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
-    if max_model_len is not None and max_model_len < max_len:
-        raise ValueError(f"max_model_len {max_model_len} < the grid's longest request "
-                         f"({max_len} tokens)")
+    max_model_len, max_num_seqs = _grid_limits(grid, max_model_len, max_num_seqs)
     spec = EngineSpec(model=str(model_dir), load_format=load_format, dtype=dtype, seed=seed,
-                      max_model_len=max_model_len or max(max_len, 256),
-                      max_num_seqs=max_num_seqs or max(max(grid.batch_sizes), 1),
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, kv_cache_gb=kv_cache_gb)
     # Validate the output location before the (slow) engine start.
     out_dir = Path(out_dir)
@@ -171,17 +165,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
         for cell_index, (cell_id, batch, prompt, output, regime) in enumerate(grid.cells()):
             if cell_id in done:
                 continue
-            rng = np.random.default_rng([seed, cell_index])
             time.sleep(grid.idle_ms[cell_index % len(grid.idle_ms)] / 1e3)
-            r = REGIMES[regime]
-            for i in range(batch):
-                sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
-                                    temperature=r["temperature"], top_p=r.get("top_p", 1.0),
-                                    seed=request_seed(seed, cell_index, i) if r.get("seeded")
-                                    else None, logprobs=r.get("logprobs"),
-                                    detokenize=r.get("detokenize", False))
-                prompt_ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
-                rec.add(ids.cell_request_id(cell_id, i), prompt_ids, sp, cell_id=cell_id)
+            _add_cell(rec, cell_index, (cell_id, batch, prompt, output, regime), seed, vocab)
             while engine.has_unfinished():
                 rec.step(cell_id=cell_id, warmup=warmup)
             writer.flush(cell_id)
@@ -193,6 +178,35 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     wall_s = time.perf_counter() - wall0
     return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
         c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
+
+
+def _grid_limits(grid: StepGrid, max_model_len: int | None,
+                 max_num_seqs: int | None) -> tuple[int, int]:
+    """The engine's model length and sequences sized for the grid where left unset: a length
+    that fits its longest request (at least 256), sequences for its largest batch."""
+    max_len = max(grid.prompt_tokens) + max(grid.output_tokens)
+    if max_model_len is not None and max_model_len < max_len:
+        raise ValueError(f"max_model_len {max_model_len} < the grid's longest request "
+                         f"({max_len} tokens)")
+    return max_model_len or max(max_len, 256), max_num_seqs or max(max(grid.batch_sizes), 1)
+
+
+def _add_cell(rec, cell_index: int, cell: tuple, seed: int, vocab: int) -> None:
+    """Add one grid cell's requests to the recorder's engine: `batch` random prompts of
+    `prompt` tokens, each generating exactly `output` tokens in the cell's sampling regime."""
+    from vllm import SamplingParams
+
+    cell_id, batch, prompt, output, regime = cell
+    rng = np.random.default_rng([seed, cell_index])
+    r = REGIMES[regime]
+    for i in range(batch):
+        sp = SamplingParams(max_tokens=output, min_tokens=output, ignore_eos=True,
+                            temperature=r["temperature"], top_p=r.get("top_p", 1.0),
+                            seed=request_seed(seed, cell_index, i) if r.get("seeded")
+                            else None, logprobs=r.get("logprobs"),
+                            detokenize=r.get("detokenize", False))
+        prompt_ids = rng.integers(FIRST_TOKEN_ID, vocab, size=prompt).tolist()
+        rec.add(ids.cell_request_id(cell_id, i), prompt_ids, sp, cell_id=cell_id)
 
 
 def _sampling(grid: StepGrid) -> dict:
