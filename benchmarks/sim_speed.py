@@ -5,8 +5,9 @@
                                                       # SimPy, its decisions alone and doubled
                                                       # outputs (`family_speed`; ~5 minutes)
     python benchmarks/sim_speed.py                    # 1k -> 1M requests, 1 -> 1,000 replicas,
-                                                      # 1M Dynasor CoT programs on 1,000
-                                                      # replicas, plus Vidur side by side if --vidur
+                                                      # 1M Dynasor CoT and SC programs on
+                                                      # 1,000 replicas (--program-families:
+                                                      # any family's), Vidur beside if --vidur
 
 The same plain workload is timed with each step-time model kind (`calibrations`): the shipped
 linear calibration and a `serving` one (`calibrate`'s default) fitted in the run on the shipped
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from family_speed import families, program_config, table  # noqa: E402  (this directory)
+from family_speed import FAMILIES, families, program_config, table  # noqa: E402  (this directory)
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
@@ -90,13 +92,15 @@ def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = Tru
             "real_time_factor": med / res.summary["makespan_s"]}
 
 
-PROGRAMS = {"cot": "dynasor-cot-certaindex.yaml", "sc": "dynasor-certaindex.yaml"}
-"""the program workloads timed at scale: Dynasor CoT with probes, self-consistency (certaindex
-both)"""
+PROGRAMS = {name: example for name, (example, _, _) in FAMILIES.items()}
+"""per program family, the example timed at scale (`--program-families`; Dynasor CoT with
+probes and self-consistency by default)"""
+
+
 def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) -> dict:
-    """Dynasor programs (`PROGRAMS[method]`: certaindex, the Dynasor scheduler) on `replicas`
-    replicas at half of the example's rate each: CPU seconds of one run (`simpy`: and of the
-    same run under SimPy)."""
+    """A family's example programs (`PROGRAMS[method]`) on `replicas` replicas per group at
+    half of the example's rate each: CPU seconds of one run, its simulated requests per
+    CPU-second and the process's peak memory (`simpy`: and the same run under SimPy)."""
     cfg = program_config(PROGRAMS[method], n, replicas)
     t0 = time.process_time()
     res = simulate(cfg)
@@ -104,7 +108,8 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
     s = res.summary
     out = {"method": method, "simulator": s["simulator"], "programs": n, "replicas": replicas,
            "requests": s["requests"], "cpu_s": cpu,
-           "programs_per_cpu_s": n / cpu, "events_per_program": s["events"] / n,
+           "programs_per_cpu_s": n / cpu, "requests_per_cpu_s": s["requests"] / cpu,
+           "events_per_program": s["events"] / n, "peak_rss_gb": peak_rss_gb(),
            "simulated_s": s["makespan_s"], "real_time_factor": cpu / s["makespan_s"]}
     if simpy:
         del res
@@ -113,6 +118,19 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
         out["simpy_cpu_s"] = time.process_time() - t0
         out["compiled_speedup"] = out["simpy_cpu_s"] / cpu
     return out
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _families(value: str) -> list[str]:
+    """`--program-families`: known family names, comma-separated."""
+    names = [f for f in value.split(",") if f]
+    if unknown := [f for f in names if f not in PROGRAMS]:
+        raise argparse.ArgumentTypeError(f"unknown families {unknown}; known: {list(PROGRAMS)}")
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,8 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--scale", type=pair, action="append", metavar="REQUESTS,REPLICAS",
                     help="plain request scales to time, instead of the grid (repeatable)")
     ap.add_argument("--programs", type=pair, metavar="PROGRAMS,REPLICAS",
-                    help="the Dynasor CoT program scale (default 20000,40 quick, else "
-                         "1000000,1000)")
+                    help="the program scale (default 20000,40 quick, else 1000000,1000)")
+    ap.add_argument("--program-families", default="cot,sc", type=_families,
+                    help="the families timed at that scale, comma-separated, of "
+                         f"{', '.join(PROGRAMS)} (default cot,sc; none: '')")
     ap.add_argument("--programs-simpy", action="store_true",
                     help="also time the program runs under SimPy (the compiled path's reference)")
     ap.add_argument("--double-at", type=pair,
@@ -172,7 +192,8 @@ def measure_all(args) -> tuple[dict, object, dict]:
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
     cals = calibrations(n, replicas, args.repeats)
     at = args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))
-    prog = {method: programs(*at, method, args.programs_simpy) for method in PROGRAMS}
+    prog = {method: programs(*at, method, args.programs_simpy)
+            for method in args.program_families}
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "calibrations": cals,
            "double_at": [n, replicas],
@@ -270,9 +291,10 @@ def print_table(out: dict, base: dict) -> None:
               + (f", {c['speedup_vs_vidur_loop']:.1f}x Vidur's loop"
                  if "speedup_vs_vidur_loop" in c else ""))
     for method, p in prog.items():
-        print(f"{p['programs']} Dynasor {method} programs ({p['requests']} requests) on "
-              f"{p['replicas']} replicas ({p['simulator']}): {p['cpu_s']:.1f} CPU-s, "
-              f"{p['programs_per_cpu_s']:.0f} programs/cpu-s, "
+        print(f"{p['programs']} {method} programs ({p['requests']} requests) on "
+              f"{p['replicas']} replicas per group ({p['simulator']}): {p['cpu_s']:.1f} CPU-s, "
+              f"{p['programs_per_cpu_s']:.0f} programs/cpu-s "
+              f"({p['requests_per_cpu_s']:.0f} req/cpu-s, peak {p['peak_rss_gb']:.1f} GB), "
               f"{p['real_time_factor']:.2f}x real time" + (
                   f"; under SimPy {p['simpy_cpu_s']:.1f} CPU-s ({p['compiled_speedup']:.2f}x)"
                   if "simpy_cpu_s" in p else ""))
