@@ -53,4 +53,5 @@ def build_reasoning_runs(wl, bank: QuestionBank, plans
 
 register_sim_family(SimFamily("reasoning", build_reasoning_runs, releases_programs=True,
                               compiles=True))
-register_sim_family(SimFamily("search", build_search_runs, compiles=True))
+register_sim_family(SimFamily("search", build_search_runs, releases_programs=True,
+                              compiles=True))
