@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from inputs.limits import MAX_PATHS, MAX_TOKENS, MAX_TREE
 from inputs.strict import Strict, one_line
@@ -40,7 +40,15 @@ class ProbeConsistencyParams(Params):
     window: Paths = 3
     interval_tokens: Tokens = 32
     effort: Literal[tuple(EFFORT_PRESETS)] | None = None  # type: ignore[valid-type]
-    """a preset (window, interval) of the reference; overrides both"""
+    """a preset (window, interval) of the reference, given instead of both"""
+
+    @model_validator(mode="after")
+    def _effort_alone(self) -> "ProbeConsistencyParams":
+        both = sorted({"window", "interval_tokens"} & self.model_fields_set)
+        if self.effort is not None and both:  # the preset would replace them
+            raise ValueError(f"effort sets window and interval_tokens; give it or {both[0]}, "
+                             "not both")
+        return self
 
 
 class TokenBudgetParams(Params):
@@ -71,7 +79,8 @@ class SearchParams(Params):
     """solutions launched per round (sc only; 0: all at once)"""
     detect: Paths | None = None
     entropy_threshold: Unit | None = None
-    reward_threshold: Annotated[float, Field(ge=-1e6, le=1e6)] | None = None
+    reward_threshold: Unit | None = None
+    """a path's reward is its geometric-mean token likelihood, in (0, 1]"""
     signal: Literal["entropy", "reward"] | None = None
     """frontier: what certaindex the rules read (default entropy)"""
     rules: Annotated[list[Rule], Field(min_length=1, max_length=MAX_PATHS)] | None = None

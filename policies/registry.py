@@ -43,7 +43,8 @@ def _search(kind: str) -> Callable:
              signal: str | None = None, rules: list | None = None,
              length_tokens: float | None = None, every: int = 0) -> SearchBudget:
         agg = REWARD_AGGREGATE[method]
-        per_round = per_round if method == "sc" else 0
+        if per_round and method != "sc":  # a tree grows one rollout or wave at a time
+            raise ValueError(f"per_round: only sc launches its solutions in rounds, not {method}")
         if kind != "certaindex":
             _none_of(kind, every=every or None)
         if kind == "even":

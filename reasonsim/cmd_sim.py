@@ -20,7 +20,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
-        cal = replace(cal, **asdict(fit_host_ms(args.host_from)))
+        p = cal.provenance
+        cal = replace(cal, **asdict(fit_host_ms(args.host_from, (p["engine"], p["device"]))))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
@@ -67,7 +68,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.bands import MAX_DRAWS
     from sim.output import calibration_fingerprints, write_sim
 
-    if args.seeds and not 2 <= args.seeds <= MAX_DRAWS:  # before the simulation, not after it
+    if args.seeds is not None and not 2 <= args.seeds <= MAX_DRAWS:  # before simulating
         raise UserError(f"--seeds {args.seeds}: a band needs 2 to {MAX_DRAWS} noise draws")
     cfg = load_config(args.config)
     if args.out:  # refuse a used output directory before simulating, not after
@@ -208,9 +209,9 @@ def add_calibrate_parser(sub) -> None:
                      "step terms) or linear")
     cal.add_argument("--host-from", nargs="+", default=[], metavar="RUN_DIR",
                      help="live runs of in-process engines stepped from one loop (each a trace "
-                     "or a directory of one per engine): fit the host time per added request "
-                     "and after idle from them (default: from the live replays among the "
-                     "traces)")
+                     "or a directory of one per engine), on the traces' engine and device: "
+                     "fit the host time per added request and after idle from them (default: "
+                     "from the live replays among the traces)")
     cal.add_argument("--spec-k", type=int, default=None, metavar="K",
                      help="fit the steps of vLLM's speculative decoding with K draft tokens (a "
                      "spec trace's K cells, or live replays of a speculative engine)")
@@ -226,7 +227,7 @@ def add_simulate_parser(sub) -> None:
     sm.add_argument("config", nargs="?")
     sm.add_argument("-o", "--out", help="directory for the tables")
     sm.add_argument("--json", action="store_true")
-    sm.add_argument("--seeds", type=int, default=0, metavar="N",
+    sm.add_argument("--seeds", type=int, default=None, metavar="N",
                     help="also simulate N draws of the step-time noise (same workload) and "
                     "report each metric's 5-95%% band (bands.json under -o)")
     sm.add_argument("--help-config", action="store_true",

@@ -52,10 +52,10 @@ def _grid(pairs: list[tuple[str, str]], sets: list[tuple[str, str]]) -> dict[str
 
 
 def _check_seeds(n: int, flag: str) -> None:
-    """A seed count within 1..MAX_SEEDS (0: the flag was not given)."""
+    """A seed count within 1..MAX_SEEDS."""
     from sim.sweep.file import MAX_SEEDS
 
-    if n < 0 or n > MAX_SEEDS:
+    if not 1 <= n <= MAX_SEEDS:
         raise UserError(f"{flag} {n}: between 1 and {MAX_SEEDS}")
 
 
@@ -82,6 +82,9 @@ def _apply_sets(sweep, sets: list[tuple[str, str]]):
 
     if sets:
         sweep.base = apply_overrides(sweep.base, [(k, _value(v)) for k, v in sets])
+        for k, v in sets:
+            if k == sweep.seed_key:
+                sweep.set_seed(_value(v))
     return sweep
 
 
@@ -90,14 +93,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.sweep import load_sweep, run_sweep
     from sim.sweep.stats import by_point
 
+    _unique_sets(args.set)
     try:
         grid = _grid(args.grid, args.set)
-        if args.seeds and args.noise_seeds:
+        if args.seeds is not None and args.noise_seeds is not None:
             raise UserError("--seeds or --noise-seeds, not both")
-        n = args.seeds or args.noise_seeds
-        _check_seeds(n, "--seeds" if args.seeds else "--noise-seeds")
-        sweep = _apply_sets(load_sweep(args.spec, grid, list(range(n)) if n else None,
-                                       noise=bool(args.noise_seeds)), args.set)
+        n = args.seeds if args.noise_seeds is None else args.noise_seeds
+        if n is not None:
+            _check_seeds(n, "--seeds" if args.noise_seeds is None else "--noise-seeds")
+        sweep = _apply_sets(load_sweep(args.spec, grid, None if n is None else list(range(n)),
+                                       noise=args.noise_seeds is not None), args.set)
         _check_sets(sweep, args.set)
         with _backend(args) as backend:
             df = run_sweep(sweep, args.out, backend, progress=not args.json)
@@ -145,6 +150,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"--slo {bad[0]}: not an SLO key (have: {', '.join(SLO_KEYS)})")
     _check_seeds(args.seeds, "--seeds")
+    _unique_sets(args.set)
     try:
         q = Question(args.over, args.target, args.metric, tuple(range(args.seeds)),
                      rel_tol=args.tolerance, max_replicas=args.max_replicas)
@@ -156,6 +162,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                 if not isinstance(base, dict):
                     raise ValueError(f"{path}: not a mapping")
                 sets = [(k, _value(v)) for k, v in args.set] + extra
+                if any(k == "seed" for k, _ in sets):  # the probes' seeds would replace it
+                    raise UserError("--set/--policies seed: capacity simulates every probe at "
+                                    "seeds 0..N-1 (--seeds N); a seed set here would be lost")
                 slo = [(SLO_KEYS[k], _value(v)) for k, v in args.slo]
                 if any(k.startswith("slo.") for k, _ in slo) and "slo" not in base:
                     base["slo"] = {}
@@ -198,8 +207,17 @@ def _fmt(v) -> str:
     return "none" if v is None else f"{v:.4g}"
 
 
+def _unique_sets(sets: list[tuple[str, str]]) -> None:
+    """A key given to --set twice is an error: the last would silently win."""
+    keys = [k for k, _ in sets]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        raise UserError(f"--set {twice[0]} given twice: give each key once")
+
+
 def _variants(configs: list[str], policies: tuple[str, str] | None) -> list[tuple]:
     """(label, config path, extra overrides) per config x policy value."""
+    from sim.sweep.file import value_key
+
     out = []
     for path in configs:
         stem = Path(path).stem
@@ -207,6 +225,8 @@ def _variants(configs: list[str], policies: tuple[str, str] | None) -> list[tupl
             out.append((stem, path, []))
             continue
         key, values = policies
+        if len({value_key(v) for v in _values(values)}) < len(_values(values)):
+            raise UserError(f"--policies {key}={values}: a value repeats")
         for v in _values(values):
             out.append((f"{stem} {key.split('.')[-1]}={v}", path, [(key, v)]))
     return out
@@ -232,8 +252,8 @@ def add_sweep_parser(sub) -> None:
     sw.add_argument("-o", "--out", required=True, help="results directory (resumable)")
     sw.add_argument("--grid", type=_assignment, action="append", default=[],
                     metavar="KEY=V1,V2", help="sweep a config key over values")
-    sw.add_argument("--seeds", type=int, default=0, metavar="N", help="seeds 0..N-1")
-    sw.add_argument("--noise-seeds", type=int, default=0, metavar="N",
+    sw.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds 0..N-1")
+    sw.add_argument("--noise-seeds", type=int, default=None, metavar="N",
                     help="noise seeds 0..N-1: the config's workload under N draws of the "
                     "step-time noise (needs latency: sampled): the calibration's error band")
     sw.add_argument("--metrics", type=lambda t: t.split(","), default=None,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from inputs.limits import INT32_MAX, MAX_REPLICAS, SEED_MAX
 from inputs.strict import Strict, one_line
@@ -27,6 +28,14 @@ class SpeculativeSpec(Strict):
                                 Field(min_length=1)] | None = None
     acceptance_trace: str | None = None
     temperature: Annotated[float, Field(ge=0)] = 0.0
+    """which of the acceptance trace's sampling temperatures to draw from"""
+
+    @model_validator(mode="after")
+    def _temperature_picks_a_trace(self) -> "SpeculativeSpec":
+        if "temperature" in self.model_fields_set and self.acceptance_trace is None:
+            raise ValueError("temperature picks the acceptance_trace's rows; acceptance_rates "
+                             "are the acceptance itself (give the trace, or drop temperature)")
+        return self
 
 
 class GroupSpec(Strict):
@@ -48,6 +57,14 @@ class GroupSpec(Strict):
     speculative: SpeculativeSpec | None = None
     scheduler: Literal["reasonsim", "vllm"] = "reasonsim"
     """whose code composes each step: the simulator's own, or the installed vLLM's `Scheduler`"""
+
+    @model_validator(mode="after")
+    def _utilization_of_a_memory(self) -> "GroupSpec":
+        if "gpu_memory_utilization" in self.model_fields_set and self.memory_gb is None:
+            # only a device memory (with the model's config) sizes the KV cache from it
+            raise ValueError("gpu_memory_utilization is the share of memory_gb the engine "
+                             "takes; give memory_gb (and model_config) or drop it")
+        return self
 
     @field_validator("calibration", "model_config_path", mode="before")
     @classmethod
@@ -87,6 +104,13 @@ class ConfigSpec(Strict):
     noise_seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     slo: SloSpec | None = None
     output: OutputSpec | None = None
+
+    @model_validator(mode="after")
+    def _noise_seed_of_sampled(self) -> "ConfigSpec":
+        if self.noise_seed is not None and self.latency != "sampled":
+            raise ValueError(f"noise_seed {self.noise_seed}: it draws the step-time noise, "
+                             "which only latency: sampled has (latency: mean draws none)")
+        return self
 
 
 class EngineLimitsSpec(Strict):

@@ -75,7 +75,7 @@ def _equal(fast, ref):
 
 @settings(max_examples=40, deadline=None)
 @given(rate=st.sampled_from([3.0, 30.0, 300.0]), kv=st.sampled_from([None, 30, 90]),
-       seqs=st.sampled_from([None, 3, 24]), batched=st.sampled_from([None, 64, 300]),
+       seqs=st.sampled_from([None, 3, 24]), batched=st.sampled_from([None, 128, 300]),
        router=st.sampled_from(["least_outstanding", "round_robin"]),
        groups=st.sampled_from([1, 2]), host=st.sampled_from(HOSTS),
        model=st.sampled_from(["linear", "serving"]),
@@ -93,7 +93,7 @@ def test_compiled_equals_simpy(cals, rate, kv, seqs, batched, router, groups, ho
                 "prompt_tokens": {"kind": "uniform", "low": 8, "high": 400},
                 "output_tokens": {"kind": "uniform", "low": 1, "high": 300}}
     cfg = parse_config({"seed": seed, "workload": workload, "latency": latency,
-                        "noise_seed": seed + 1 if seed % 2 else None,
+                        "noise_seed": seed + 1 if seed % 2 and latency == "sampled" else None,
                         "cluster": {"router": router, "replicas": replicas}})
     w = workload_from_config(cfg.workload, cfg.seed)
     assert why_not_compiled(cfg, build_replicas(cfg), w) is None

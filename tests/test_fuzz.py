@@ -37,8 +37,7 @@ GROUP = st.fixed_dictionaries(
     {"calibration": st.just(str(CAL))},
     optional={"count": st.integers(1, 3), "max_num_seqs": st.integers(1, 64),
               "max_num_batched_tokens": st.integers(16, 4096),
-              "kv_blocks": st.integers(1, 4000), "enable_prefix_caching": st.booleans(),
-              "gpu_memory_utilization": st.floats(0.1, 1.0)})
+              "kv_blocks": st.integers(1, 4000), "enable_prefix_caching": st.booleans()})
 LENGTH = st.one_of(st.integers(1, 300), st.builds(
     lambda lo, span: {"kind": "uniform", "low": lo, "high": lo + span},
     st.integers(1, 50), st.integers(0, 250)))

@@ -58,3 +58,26 @@ def test_calibrate_takes_the_host_time_from_the_live_replays_it_is_given(tmp_pat
     assert reqs.num_rows
     shutil.rmtree(bare / "requests")
     assert fit_host_ms([bare]) == HostTimes(0.0, None, 0.0, 0.0)
+
+
+def test_host_times_come_from_live_runs_of_the_calibrations_engine_and_device(tmp_path):
+    """`calibrate --host-from` checks what it is given as the traces are checked: another
+    device's run, a simulation's output or a directory with no engine trace is refused."""
+    from traces.store import read_run
+
+    run = read_run(REPLAY)
+    here = (run["engine"], run["device"])
+    assert fit_host_ms([REPLAY], here) == fit_host_ms([REPLAY])
+    h100 = REPO / "traces" / "data" / "testbed-large-h100"
+    with pytest.raises(ValueError, match="ran on torch on NVIDIA H100.*host times are the "
+                                         "engine's and the device's"):
+        fit_host_ms([h100], here)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no engine trace"):
+        fit_host_ms([tmp_path / "empty"], here)
+    from conftest import run_cli
+
+    run_cli("simulate", str(REPO / "examples" / "replay-small.yaml"), "-o", str(tmp_path / "s"),
+            "--json")
+    with pytest.raises(ValueError, match="a simulation's output .* host times come from live"):
+        fit_host_ms([tmp_path / "s"])

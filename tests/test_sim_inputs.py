@@ -45,6 +45,13 @@ _GROUP_OK = "{calibration: %s}" % CAL
      "cluster.replicas[0].count: Input should be less than or equal to 100000"),
     ("cluster: {replicas: [{calibration: C}], router: 'os:getcwd'}",
      "cluster.router 'os:getcwd': not a class with route(request, cluster)"),
+    # keys that would be silently ignored or refused by vLLM
+    ("cluster: {replicas: [{calibration: C}]}\nnoise_seed: 3",
+     "noise_seed 3: it draws the step-time noise, which only latency: sampled has"),
+    ("cluster: {replicas: [{calibration: C, gpu_memory_utilization: 0.5}]}",
+     "cluster.replicas[0]: gpu_memory_utilization is the share of memory_gb"),
+    ("cluster: {replicas: [{calibration: C, speculative: {acceptance_rates: [0.9], "
+     "temperature: 0.7}}]}", "temperature picks the acceptance_trace's rows"),
 ])
 def test_bad_config_values_are_one_line_errors_naming_file_and_key(tmp_path, snippet, message):
     path = tmp_path / "bad.yaml"
@@ -194,3 +201,61 @@ def test_a_killed_writers_partial_output_is_removed_by_the_next_write(tmp_path):
     run_cli("simulate", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "out"), "--json")
     assert not stale.exists() and (tmp_path / "out" / "requests").is_dir()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("example, change, message", [
+    ("dynasor-mcts-certaindex.yaml", {"per_round": 4},
+     "per_round: only sc launches its solutions in rounds, not mcts"),
+    ("dynasor-mcts-certaindex.yaml", {"reward_threshold": 5},
+     "reward_threshold: Input should be less than or equal to 1"),
+    ("dynasor-cot-certaindex.yaml", {"effort": "high"},
+     "effort sets window and interval_tokens; give it or interval_tokens, not both"),
+])
+def test_a_policy_key_that_would_be_ignored_is_refused(example, change, message):
+    """A knob the method never reads, a threshold no path can reach (rewards lie in (0, 1]),
+    a preset beside the values it replaces: one-line errors, not the baseline's results."""
+    from sim.config import read_yaml
+
+    d = read_yaml(REPO / "examples" / example)
+    d["workload"]["programs"]["policy"].update(change)
+    with pytest.raises(ValueError, match=message):
+        simulate(parse_config(d, REPO / "examples"))
+
+
+def test_a1_without_a_draft_pool_is_refused_not_priced_on_the_target():
+    from sim.config import read_yaml
+
+    d = read_yaml(REPO / "examples" / "a1-async.yaml")
+    d["workload"]["programs"]["count"] = 4
+    d["cluster"]["replicas"] = [g for g in d["cluster"]["replicas"] if g["pool"] == "target"]
+    with pytest.raises(ValueError, match="no replica pool serves role 'draft'; pools: "
+                                         r"\['target'\]"):
+        simulate(parse_config(d, REPO / "examples"))
+
+
+def test_validate_gives_no_verdict_on_two_simulations(tmp_path):
+    """A simulation's output as the live run compares two simulations: the errors are shown,
+    the verdict refused, even with --allow-device-mismatch."""
+    import json
+
+    run_cli("simulate", str(REPO / "examples" / "replay-small.yaml"), "-o", str(tmp_path / "s"),
+            "--json")
+    out = json.loads(run_cli("validate", str(tmp_path / "s"), str(tmp_path / "s"), "-o",
+                             str(tmp_path / "v"), "--json", "--allow-device-mismatch"
+                             ).stdout.strip().splitlines()[-1])
+    assert out["verdict"]["status"] == "refused" and "two simulations" in out["verdict"]["reason"]
+    assert out["metrics"]["e2e_s.p50"]["rel_err"] == 0
+    assert run_cli("simulate", str(REPO / "examples" / "replay-small.yaml"), "--seeds", "0",
+                   check=False).returncode == 2
+
+
+def test_fewer_batched_tokens_than_sequences_is_refused_as_vllm_refuses_it(tmp_path):
+    path = tmp_path / "few.yaml"
+    path.write_text("workload: {arrival: {kind: poisson, rate_per_s: 1}, num_requests: 3, "
+                    "prompt_tokens: 8, output_tokens: 8}\ncluster: {replicas: [{calibration: "
+                    f"{CAL}, max_num_seqs: 64, max_num_batched_tokens: 16}}]}}\n")
+    proc = run_cli("simulate", str(path), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        f"reasonsim: error: {path}: cluster.replicas[0]"), proc.stderr
+    assert "max_num_batched_tokens (16) must be >= max_num_seqs (64), as vLLM requires" \
+        in proc.stderr

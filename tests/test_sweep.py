@@ -172,8 +172,13 @@ def test_capacity_answers_the_readme_question_as_the_readme_says(tmp_path):
     ("grid: [1, 2]", "grid: Input should be a valid dictionary"),
     ("grid: {seed: [1, 1]}", "grid.seed: a value repeats"),
     ("grid: {workload.arrival.rate_per_s: [16, 16.0]}", "a value repeats"),  # one number
-    ("cases: [{name: a, seed: 4}]\ngrid: {seed: [1, 2]}",
-     "a case sets seed, which the grid also sweeps"),
+    ("cases: [{name: a, cluster.router: round_robin}]\ngrid: {cluster.router: [round_robin]}",
+     "a case sets cluster.router, which the grid also sweeps"),
+    ("grid: {seed: [1, 2]}", "the grid or a case sets seed, which the sweep's seeds set"),
+    ("cases: [{name: a, seed: 5}, {name: b, seed: 6}]\nseeds: 2", "the grid or a case sets seed"),
+    ("cases: [{name: a, cluster.router: round_robin}, {name: b, cluster.router: round_robin}]",
+     "cases a and b set the same values"),
+    ("cases: [{name: x}, {name: y}]", "cases x and y set the same values"),
     ("grid: {seed: []}", "grid.seed: List should have at least 1 item"),
     ("seeds: 2\nnoise_seeds: 2", "give seeds or noise_seeds, not both"),
     ("rounds: 3", "sweep file: unknown key 'rounds'"),
@@ -196,6 +201,11 @@ def test_a_bad_sweep_file_is_one_line_naming_the_key(tmp_path, text, message):
     (["--grid", "workload.arrival.rate_per_s=16,16.0"], "a value repeats"),
     (["--grid", "seed=1,2", "--set", "seed=4"], "--grid seed and --set seed"),
     (["--seeds", "99999999999999999999"], "--seeds 99999999999999999999: between 1 and 10000"),
+    (["--seeds", "0"], "--seeds 0: between 1 and 10000"),
+    (["--set", "seed=7", "--seeds", "2"], "--set seed: the sweep's seeds ([0, 1]) set it"),
+    (["--set", "workload.num_requests=10", "--set", "workload.num_requests=20"],
+     "--set workload.num_requests given twice"),
+    (["--workers", "100000"], "--workers 100000: more than 4x this machine's"),
 ])
 def test_sweep_flags_that_would_drop_or_repeat_points_are_refused(tmp_path, flags, message):
     r = subprocess.run(CLI + ["sweep", str(REPO / "examples" / "demo.yaml"), "-o",
@@ -205,14 +215,17 @@ def test_sweep_flags_that_would_drop_or_repeat_points_are_refused(tmp_path, flag
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("axis", ["grid: {seed: [1, 2]}", "cases: [{name: a, seed: 1}]"])
+@pytest.mark.parametrize("axis", ["grid: {cluster.router: [round_robin, least_outstanding]}",
+                                  "cases: [{name: a, cluster.router: round_robin}]"])
 def test_a_set_on_a_key_the_sweep_file_sweeps_is_refused(tmp_path, axis):
     """The file's grid or case would replace the --set value: it would be silently dropped."""
     path = tmp_path / "sweep.yaml"
     path.write_text(f"base: {REPO / 'examples' / 'demo.yaml'}\n{axis}\n")
-    r = subprocess.run(CLI + ["sweep", str(path), "-o", str(tmp_path / "o"), "--set", "seed=4"],
-                       capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 2 and "--set seed: the sweep file's grid or cases set it" in r.stderr
+    r = subprocess.run(CLI + ["sweep", str(path), "-o", str(tmp_path / "o"), "--set",
+                              "cluster.router=round_robin"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert "--set cluster.router: the sweep file's grid or cases set it" in r.stderr
     assert not (tmp_path / "o").exists()
 
 
@@ -220,6 +233,24 @@ def test_a_sweep_without_seeds_runs_the_configs_own_seed(tmp_path):
     d = read_yaml(REPO / "examples" / "replay-small.yaml")
     assert d["seed"] == 1
     assert [p.seed for p, _ in load_sweep(REPO / "examples" / "replay-small.yaml").points()] == [1]
+    # a --set of the seed replaces the config's own (no seeds given): the one point runs it
+    sweep = load_sweep(REPO / "examples" / "replay-small.yaml")
+    sweep.set_seed(7)
+    assert [p.seed for p, cfg in sweep.points()] == [7]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--metric", "e2e_s.p90"], "--metric e2e_s.p90: a fraction that falls as load grows"),
+    (["--set", "seed=5"], "--set/--policies seed: capacity simulates every probe at seeds"),
+    (["--policies", "seed=1,2"], "--set/--policies seed"),
+    (["--policies", "cluster.router=round_robin,round_robin"], "a value repeats"),
+])
+def test_capacity_refuses_what_it_would_answer_wrongly(tmp_path, flags, message):
+    """A metric that grows with load, a seed the probes replace, the same policy twice."""
+    r = subprocess.run(CLI + ["capacity", str(REPO / "examples" / "demo.yaml"), "--seeds", "2",
+                              "-o", str(tmp_path / "o"), *flags], capture_output=True,
+                       text=True, cwd=REPO)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 def test_capacity_names_a_fixed_request_count_that_is_a_burst_at_its_answer(tmp_path):
@@ -263,18 +294,19 @@ def test_a_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
     config.write_text((REPO / "examples" / "replay-small.yaml").read_text().replace(
         "../sim/data/", str(REPO / "sim" / "data") + "/"))
     out = tmp_path / "out"
-    first = run_sweep(load_sweep(config, grid={"seed": [1, 2]}), out)
+    rates = "workload.arrival.rate_per_s"
+    first = run_sweep(load_sweep(config, grid={rates: [1, 2]}), out)
     assert len(first) == 2
-    again = run_sweep(load_sweep(config, grid={"seed": [1, 2]}), out)  # the same: resumed
+    again = run_sweep(load_sweep(config, grid={rates: [1, 2]}), out)  # the same: resumed
     assert again.equals(first)
     with pytest.raises(ValueError, match="holds the results of another sweep"):
-        run_sweep(load_sweep(config, grid={"seed": [1, 3]}), out)
+        run_sweep(load_sweep(config, grid={rates: [1, 3]}), out)
     assert pq.read_table(out / "results.parquet").num_rows == 2  # left as it was
     # a directory holding anything but a sweep's points is not a sweep's either
     (tmp_path / "trace").mkdir()
     (tmp_path / "trace" / "summary.json").write_text("{}")
     with pytest.raises(ValueError, match="holds 'summary.json', not a sweep's output"):
-        run_sweep(load_sweep(config, grid={"seed": [1, 2]}), tmp_path / "trace")
+        run_sweep(load_sweep(config, grid={rates: [1, 2]}), tmp_path / "trace")
     # a refused sweep leaves no directory behind
     with pytest.raises(ValueError, match="sweep point"):
         run_sweep(load_sweep(config, grid={"cluster.replicas.0.count": [1.5]}), tmp_path / "new")
@@ -290,3 +322,13 @@ def test_numbers_with_an_exponent_are_numbers_in_configs_and_flags(tmp_path):
     config.write_text("workload: {duration_s: 1e1, rate: -2.5E-1}\n")
     assert read_yaml(config) == {"workload": {"duration_s": 10.0, "rate": -0.25}}
     assert [yaml_value(v) for v in ("1e1", "3", "1.5", "x1e1")] == [10.0, 3, 1.5, "x1e1"]
+
+
+def test_a_metric_that_is_not_a_number_is_named_not_averaged():
+    import pandas as pd
+
+    from sim.sweep.stats import by_point
+
+    df = pd.DataFrame({"index": [0], "point_id": ["a"], "seed": [0], "simulator": ["compiled"]})
+    with pytest.raises(ValueError, match="metric simulator: not a number per run .* compiled"):
+        by_point(df, ["simulator"])

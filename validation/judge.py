@@ -320,6 +320,10 @@ def validate_dirs(sim_dir: str | Path, live_dir: str | Path,
                 v["in_band"] = in_band(band, k, v["live"])
     device = device_check(sim_dir, live_dir)
     speed = speed_check(sim_dir, live_dir)
+    if read_run(live_dir)["kind"] == "sim":  # two simulations compared: nothing to judge
+        return {"metrics": rows, "device": device, "speed": speed, "verdict": {
+            "status": "refused", "reason": f"{live_dir} is a simulation's output (runs kind "
+            "'sim'), not a live run: the errors compare two simulations"}}
     return {"metrics": rows, "device": device, "speed": speed,
             "verdict": verdict(rows, device, allow_device_mismatch, speed)}
 

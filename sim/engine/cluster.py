@@ -179,8 +179,9 @@ class Cluster:
         self.view = ClusterView(outstanding_tokens=self.outstanding, num_requests=self.in_flight)
 
     def pool_for(self, role: str) -> str:
-        """The pool serving requests of a model role (the only pool, if there is one)."""
-        if self._single_pool is not None:
+        """The pool serving requests of a model role (the only pool serves the target role,
+        whatever its name; another role needs a pool of its own name)."""
+        if self._single_pool is not None and role in ("target", self._single_pool):
             return self._single_pool
         if role not in self.pools:
             raise ValueError(f"no replica pool serves role {role!r}; pools: {sorted(self.pools)}")

@@ -39,6 +39,9 @@ class ReplicaConfig:
             least = 1 + NULL_BLOCKS if name == "kv_blocks" else 1
             if getattr(self, name) < least:
                 raise ValueError(f"replica {name} must be >= {least}, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:  # vLLM's SchedulerConfig refuses it
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                             f">= max_num_seqs ({self.max_num_seqs}), as vLLM requires")
 
     @property
     def usable_blocks(self) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.store import read_table
+from traces.store import read_run, read_table
 
 GAP_CAP_MS = 5.0
 """gaps between steps longer than this are waits for work, not host time"""
@@ -39,12 +39,15 @@ def _engines(run: Path) -> list[Path]:
     return ([run] if (run / "steps").is_dir() else []) + nested
 
 
-def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
+def fit_host_ms(run_dirs: list[str | Path], engine: tuple[str, str] | None = None,
+                ) -> HostTimes:
     """The loop's host times from live runs of in-process engines: each run directory is an
-    engine trace or holds one per engine (stepped from one loop). 0 where not measurable."""
+    engine trace or holds one per engine (stepped from one loop). 0 where not measurable.
+    With `engine` (engine, device), every trace must have run there."""
     bases, firsts, nexts, waits = [], [], [], []
     for run in map(Path, run_dirs):
         engines = _engines(run)
+        _check_engines(run, engines, engine)
         steps = pd.concat([read_table(d, "steps").to_pandas() for d in engines])
         reqs = pd.concat([read_table(d, "requests").to_pandas() for d in engines])
         if len(steps) < 2 or reqs.empty:
@@ -67,6 +70,21 @@ def fit_host_ms(run_dirs: list[str | Path]) -> HostTimes:
     w = np.concatenate(waits) if waits else np.zeros(0)
     wake_ms = max(float(np.median(w)) - first_ms, 0.0) if len(w) else 0.0
     return HostTimes(first_ms, next_ms, wake_ms, _median(bases))
+
+
+def _check_engines(run: Path, engines: list[Path], engine: tuple[str, str] | None) -> None:
+    """A host-time run holds live engine traces, of `engine` where given."""
+    if not engines:
+        raise ValueError(f"{run}: no engine trace (a steps table, there or one level down)")
+    for d in engines:
+        r = read_run(d)
+        if r["kind"] == "sim":  # a simulation's gaps are its calibration's host times
+            raise ValueError(f"{d}: a simulation's output (runs kind 'sim'); host times come "
+                             "from live runs")
+        if engine is not None and (r["engine"], r["device"]) != tuple(engine):
+            raise ValueError(f"{d}: ran on {r['engine']} on {r['device']}, the calibration's "
+                             f"traces on {engine[0]} on {engine[1]}: host times are the "
+                             "engine's and the device's")
 
 
 def _first_and_next(nexts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float | None]:

@@ -46,6 +46,11 @@ class Question:
     def __post_init__(self) -> None:
         if self.over not in ("rate", "replicas"):
             raise ValueError(f"capacity: --over must be rate or replicas, not {self.over!r}")
+        if not (self.metric == "slo_attainment" or self.metric.startswith("accuracy")):
+            # the search brackets where a fraction that falls with load still meets the target
+            raise ValueError(f"capacity: --metric {self.metric}: a fraction that falls as load "
+                             "grows (slo_attainment, accuracy...); for a latency bound, set it "
+                             "with --slo and search slo_attainment")
         if not 0 < self.target <= 1:
             raise ValueError(f"capacity: target {self.target} must be in (0, 1]")
         if len(self.seeds) < 2:

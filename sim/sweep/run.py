@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -99,6 +100,10 @@ def run_points(sweep: Sweep, out_dir: Path, backend: "Backend", progress: bool =
     return [p for p, _ in pairs]
 
 
+WORKERS_PER_CPU = 4
+"""local workers (processes, or a local Ray's CPUs) per CPU of this machine at most"""
+
+
 class Backend:
     """Where points run: in this process (workers=1), a local process pool, or Ray.
 
@@ -109,6 +114,11 @@ class Backend:
     def __init__(self, workers: int = 1, use_ray: bool = False, ray_address: str | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        cpus = os.cpu_count() or 1
+        if not ray_address and workers > WORKERS_PER_CPU * cpus:
+            # a local pool starts every worker at once: thousands of forks stall the machine
+            raise ValueError(f"--workers {workers}: more than {WORKERS_PER_CPU}x this machine's "
+                             f"{cpus} CPUs (a Ray cluster's: --ray ADDRESS)")
         self.workers, self.use_ray, self.ray_address = workers, use_ray, ray_address
         self.pool: ProcessPoolExecutor | None = None
         self.ray_started = False

@@ -62,6 +62,8 @@ class Sweep:
     seed_key: str = "seed"
     """what a seed sets: `seed` (workload, routing and noise) or `noise_seed` (the step-time
     noise alone, over the config's workload)"""
+    own_seed: bool = False
+    """`seeds` is the config's own seed (none given): a --set of it replaces it (`set_seed`)"""
 
     def __post_init__(self) -> None:
         if self.seed_key not in ("seed", "noise_seed"):
@@ -70,17 +72,37 @@ class Sweep:
             raise ValueError("sweep: seeds is empty")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"sweep: seeds repeat ({self.seeds})")
+        if self.seed_key in self.grid or any(self.seed_key in c for c in self.cases
+                                             if isinstance(c, dict)):
+            # each point's seed is replaced by the sweep's seeds: the value would be lost
+            raise ValueError(f"sweep: the grid or a case sets {self.seed_key}, which the "
+                             "sweep's seeds set at every point; give them as seeds (--seeds "
+                             f"N, or seeds: [..] in a sweep file)")
         for key, values in self.grid.items():
             if not isinstance(values, list) or not values:
                 raise ValueError(f"sweep: grid.{key} must be a non-empty list")
             apply_overrides(self.base, [(key, values[0])])  # the path exists
-        for case in self.cases:
+        seen: dict[str, str] = {}  # a case's overrides -> its name
+        for i, case in enumerate(self.cases):
             if not isinstance(case, dict):
                 raise ValueError(f"sweep: a case must be a mapping, got {case!r}")
+            same = _case_key(case)
+            if same in seen:  # one point: the table would keep one of the two names
+                raise ValueError(f"sweep: cases {seen[same]} and {case.get('name', i)} set the "
+                                 "same values; give each case something of its own")
+            seen[same] = str(case.get("name", i))
             both = sorted(set(case) & set(self.grid))
             if both:  # the grid, applied after the case, would replace its value
                 raise ValueError(f"sweep: a case sets {both[0]}, which the grid also sweeps")
             apply_overrides(self.base, [(k, v) for k, v in case.items() if k != "name"])
+
+    def set_seed(self, value: Any) -> None:
+        """A --set of the seed key: the sweep's one seed where it is the config's own; an error
+        where seeds were given (they would replace it at every point)."""
+        if not self.own_seed:
+            raise ValueError(f"--set {self.seed_key}: the sweep's seeds ({self.seeds}) set it "
+                             "at every point; give the seeds you want as seeds instead")
+        self.seeds = [value]
 
     def configs(self) -> list[tuple[tuple[tuple[str, Any], ...], dict]]:
         """(overrides, config mapping) for every case x grid combination, in sweep order."""
@@ -120,6 +142,13 @@ class Sweep:
             if self.seed_key == "noise_seed" and d.get("latency") != "sampled":
                 raise ValueError(f"sweep point {point.label()}: noise seeds draw step-time noise "
                                  "only under latency: sampled (set it in the config or --set)")
+
+
+def _case_key(case: dict) -> str:
+    """A case's overrides (its name apart) as one comparable text."""
+    from sim.sweep.file import value_key
+
+    return repr(sorted((k, value_key(v)) for k, v in case.items() if k != "name"))
 
 
 def apply_overrides(base: dict, overrides: list[tuple[str, Any]]) -> dict:
@@ -222,6 +251,7 @@ def load_sweep(path: str | Path, grid: dict | None = None, seeds: list[int] | No
         raise ValueError(f"{path}: --grid {overlap[0]} and the sweep file's grid both set it")
     try:
         return Sweep(base, base_path.parent, {**spec.grid, **(grid or {})}, list(spec.cases),
-                     list(seeds if seeds is not None else spec_seeds), seed_key)
+                     list(seeds if seeds is not None else spec_seeds), seed_key,
+                     own_seed=seeds is None and spec.seed_list() is None)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None

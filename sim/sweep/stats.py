@@ -27,6 +27,9 @@ def by_point(df: pd.DataFrame, metrics: list[str], level: float = LEVEL) -> pd.D
     if missing:
         raise ValueError(f"no such metric in the results: {missing} "
                          f"(have: {sorted(c for c in df.columns if c not in _KEYS)[:12]} ...)")
+    if text := [m for m in metrics if not pd.api.types.is_numeric_dtype(df[m])]:
+        raise ValueError(f"metric {text[0]}: not a number per run (a mean over seeds needs "
+                         "one); the results hold it: " + str(df[text[0]].iloc[0]))
     # a family section's point (HELIOS) has a row per policy and seed: each policy its own row
     per_policy = "policy" in df.columns and df.groupby("point_id").policy.nunique().max() > 1
     series = ["policy"] if per_policy else []
