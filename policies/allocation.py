@@ -66,6 +66,14 @@ class SelfConsistency:
             raise ValueError("SelfConsistency: choose certaindex or length_tokens, not both")
         if self.detect_round is not None and self.detect_round < 1:
             raise ValueError(f"detect_round must be >= 1, got {self.detect_round}")
+        if self.detect_round is not None and self.certaindex is None \
+                and self.length_tokens is None:
+            raise ValueError(f"detect_round {self.detect_round}: it says when certaindex "
+                             "(entropy_threshold) or length_tokens is read; give one")
+        rounds = -(-self.samples // self.per_round)
+        if self.detect_round is not None and self.detect_round > rounds:  # never reached
+            raise ValueError(f"detect_round {self.detect_round}: {self.samples} samples "
+                             f"{self.per_round} a round make only {rounds} rounds")
 
     @property
     def name(self) -> str:

@@ -181,6 +181,9 @@ class SearchBudget:
         if self.every < 0 or (self.every and (self.certaindex is None or self.detect is not None)):
             raise ValueError(f"SearchBudget.every {self.every}: a cadence (>= 1) for certaindex "
                              "checked at every checkpoint (no detect)")
+        if self.every > self.cap:  # no checkpoint would cross a multiple: never checked
+            raise ValueError(f"SearchBudget.every {self.every}: more than the cap ({self.cap}) "
+                             "solutions, so certaindex would never be checked")
         if self.length_tokens is not None and (self.detect is None or self.certaindex is not None
                                                or self.frontier is not None):
             raise ValueError("SearchBudget: length_tokens (baseline-length) needs detect and "

@@ -10,7 +10,7 @@ from pathlib import Path
 from reasonsim.cmd_a1_analysis import add_analysis_parsers
 from reasonsim.cmd_a1_scaling import add_scaling_parsers
 from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
-                              print_summary, program_config)
+                              int_at_least, print_summary, program_config)
 
 
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
@@ -52,7 +52,7 @@ def add_trace_parser(tsub) -> None:
     c.add_argument("--questions", type=int, default=3,
                    help="evaluation questions per family x level (as many for calibration)")
     c.add_argument("--samples", type=int, default=8, help="evaluated paths per question")
-    c.add_argument("--calib-samples", type=int, default=8,
+    c.add_argument("--calib-samples", type=int_at_least(1), default=8,
                    help="calibration paths per evaluated question (conditional coverage)")
     c.add_argument("--alphas", type=floats, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     c.add_argument("--turns", type=int, default=16, help="T: most steps a path takes")

@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError
+from reasonsim.common import UserError, int_at_least, strict_json
 
 
 def _f(x, fmt: str) -> str:
@@ -31,11 +31,12 @@ def cmd_a1_offline(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         plot_rates(rows, out / "rejection_vs_alpha.png")
         plot_tokens_accuracy(rows, out / "tokens_to_accuracy.png")
-        (out / "a1_offline.json").write_text(json.dumps(rows, indent=1))
+        (out / "a1_offline.json").write_text(json.dumps(strict_json(rows), indent=1))
         if matched:
             (out / "equal_accuracy.json").write_text(json.dumps(matched, indent=1))
     if args.json:
-        print(json.dumps({"rows": rows, "equal_accuracy": matched} if matched else rows))
+        print(json.dumps(strict_json({"rows": rows, "equal_accuracy": matched} if matched
+                                     else rows)))
         return 0
     _print_grid(args.trace, rows)
     if matched:
@@ -100,10 +101,10 @@ def cmd_a1_turns(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "per_turn.json").write_text(json.dumps(rows, indent=1))
+        (out / "per_turn.json").write_text(json.dumps(strict_json(rows), indent=1))
         plot_turns(rows, out / "per_turn.png")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(strict_json(rows)))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -138,7 +139,7 @@ def add_analysis_parsers(asub) -> None:
                    help="alphas to replay (default: the trace's grid; others may leave it)")
     o.add_argument("--samples", type=ints, default=None,
                    help="sample counts (default: 1, 2, 4, ... up to the trace's)")
-    o.add_argument("--calib-samples", type=int, default=None,
+    o.add_argument("--calib-samples", type=int_at_least(1), default=None,
                    help="calibrate on each question's first N calibration samples only")
     o.add_argument("--thresholds", type=floats, default=None,
                    help="fixed score thresholds (mean NLL under the target) of the baseline; "

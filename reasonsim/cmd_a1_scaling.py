@@ -13,7 +13,13 @@ from reasonsim.common import UserError
 
 def _variants(d: dict) -> dict:
     """The config's policy asynchronous and synchronous, and the target-only baseline."""
-    policy = {k: v for k, v in d["workload"]["programs"]["policy"].items()
+    programs = (d.get("workload") or {}).get("programs") if isinstance(d, dict) else None
+    if not isinstance(programs, dict) or programs.get("method") != "a1":
+        raise ValueError("not an A1 program config (workload.programs.method: a1)")
+    if programs.get("policy", {}).get("type") == "target_only":  # its A1 rows would be the same
+        raise ValueError("its policy is target_only: give the A1 policy (conformal, threshold, "
+                         "...) whose variants to compare with the target-only baseline")
+    policy = {k: v for k, v in programs["policy"].items()
               if k not in ("samples", "sync", "turns")}
     samples = d["workload"]["programs"]["policy"].get("samples", 4)
     return {"A1 async": {**policy, "samples": samples},

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError
+from reasonsim.common import UserError, fraction, int_at_least, names
 
 
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
@@ -15,13 +15,20 @@ def cmd_dynasor_offline(args: argparse.Namespace) -> int:
     from sim.families.dynasor.reasoning import plot_tokens_to_accuracy, tokens_to_accuracy
     from traces.store import read_run
 
-    if read_run(args.trace)["kind"] == "branches":
+    branches = read_run(args.trace)["kind"] == "branches"
+    given = [f for f, v in (("--windows", args.windows), ("--intervals", args.intervals),
+                            ("--budgets", args.budgets)) if v is not None] if branches \
+        else ["--per-round"] * (args.per_round is not None)
+    if given:  # a flag of the other trace kind: it would be ignored
+        raise UserError(f"{given[0]}: for a {'probes' if branches else 'branches'} trace; "
+                        f"{args.trace} is a {'branches' if branches else 'probes'} trace")
+    if branches:
         return dynasor_offline_search(args)
 
     trajs, stride = load_trajectories(args.trace)
-    rows = tokens_to_accuracy(trajs, stride, windows=args.windows,
+    rows = tokens_to_accuracy(trajs, stride, windows=args.windows or [2, 3, 4, 5],
                               intervals=args.intervals or [stride, 2 * stride],
-                              budgets=args.budgets)
+                              budgets=args.budgets or [32, 64, 96, 128, 160, 192, 256])
     out = Path(args.out)
     png = plot_tokens_to_accuracy(rows, out / "tokens_to_accuracy.png")
     (out / "tokens_to_accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -47,7 +54,7 @@ def dynasor_offline_search(args: argparse.Namespace) -> int:
     """`reasonsim dynasor offline` on a branches trace."""
     from sim.families.dynasor.search import plot_search_curves, search_tokens_to_accuracy
 
-    rows = search_tokens_to_accuracy(args.trace, sc_per_round=args.per_round)
+    rows = search_tokens_to_accuracy(args.trace, sc_per_round=args.per_round or 2)
     out = Path(args.out)
     png = plot_search_curves(rows, out / "search_tokens_to_accuracy.png")
     (out / "search_tokens_to_accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -75,6 +82,13 @@ def cmd_dynasor_calibrate(args: argparse.Namespace) -> int:
     """`reasonsim dynasor calibrate`."""
     from sim.families.dynasor.search import calibrate
 
+    if args.method != "sc" and args.per_round:
+        raise UserError(f"--per-round: only sc launches its solutions in rounds, not "
+                        f"{args.method}")
+    if args.method == "sc" and not args.per_round and args.detect is None:
+        # every path at once: no checkpoint before the last, so no threshold can stop one
+        raise UserError("--method sc launches every path at once without --per-round N (or "
+                        "--detect): certaindex would never stop a program")
     try:
         result = calibrate(args.trace, args.method, args.cap, args.signal, args.thresholds,
                            args.detect, args.per_round, args.split_seed)
@@ -114,6 +128,11 @@ def cmd_dynasor_online(args: argparse.Namespace) -> int:
                          out / "sweep", backend, progress=not args.json)
     except (OSError, ValueError) as e:
         raise UserError(str(e)) from None
+    first: dict[str, str] = {}  # policy -> the config that ran it
+    for r in rows:  # the table keys by policy: two configs' points would be pooled
+        if first.setdefault(r["policy"], r["config"]) != r["config"]:
+            raise UserError(f"{r['config']} and {first[r['policy']]} run the same policy "
+                            f"({r['policy']}); compare configs of different policies")
     best = max_sustainable_rate(rows, args.target)
     pngs = plot(rows, out)
     result = {"points": rows, "max_sustainable_rate": best}
@@ -169,14 +188,16 @@ def _add_offline_parser(dysub) -> None:
                            "and Rebase.")
     off.add_argument("trace", help="probes or branches trace directory (reasonsim trace ...)")
     off.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
-    off.add_argument("--windows", type=ints, default=[2, 3, 4, 5], help="e.g. 2,3,4,5")
+    off.add_argument("--windows", type=ints, default=None,
+                     help="probes traces: e.g. 2,3,4,5 (the default)")
     off.add_argument("--intervals", type=ints, default=None,
                      help="probe intervals in tokens (multiples of the stride; default: stride, "
                      "2 x stride)")
-    off.add_argument("--budgets", type=ints, default=[32, 64, 96, 128, 160, 192, 256])
+    off.add_argument("--budgets", type=ints, default=None,
+                     help="probes traces: fixed budgets in tokens (default 32,64,...,256)")
     off.add_argument("--json", action="store_true")
-    off.add_argument("--per-round", type=int, default=2,
-                     help="branches traces: self-consistency paths per round")
+    off.add_argument("--per-round", type=int_at_least(1), default=None,
+                     help="branches traces: self-consistency paths per round (default 2)")
     off.set_defaults(func=cmd_dynasor_offline)
 
 
@@ -215,11 +236,11 @@ def _add_online_parser(dysub) -> None:
                           "and the SLO scale; report the max rate at the target attainment.")
     on.add_argument("configs", nargs="+", help="program workload configs (examples/dynasor-*.yaml)")
     on.add_argument("-o", "--out", default="reports/dynasor", help="directory for plots + JSON")
-    on.add_argument("--schedulers", type=lambda t: t.split(","),
+    on.add_argument("--schedulers", type=names,
                     default=["fcfs", "lpm", "app_fifo", "dynasor"])
     on.add_argument("--rates", type=floats, default=[1, 2, 3, 4, 5, 6])
     on.add_argument("--slo-scales", type=floats, default=[0.5, 1, 1.5, 2, 3, 4])
-    on.add_argument("--target", type=float, default=0.9, help="attainment target")
+    on.add_argument("--target", type=fraction, default=0.9, help="attainment target")
     on.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=cmd_dynasor_online)

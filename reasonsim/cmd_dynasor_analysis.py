@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError
+from reasonsim.common import UserError, fraction, int_at_least, names
 
 
 def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
@@ -20,6 +20,11 @@ def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
 
     try:
         kind = read_run(args.trace)["kind"]
+        given = [f for f, v in (("--method", args.method), ("--cap", args.cap)) if v is not None] \
+            if kind != "branches" else ["--window"] * (args.window is not None)
+        if given:  # a flag of the other trace kind: it would be ignored
+            raise ValueError(f"{given[0]}: not read on a {kind} trace ({args.trace})")
+        args.method, args.window = args.method or "sc", args.window or 3
         if kind == "branches":
             caps = traced_caps(args.trace).get(args.method)
             if not caps or (args.cap is not None and args.cap not in caps):
@@ -89,15 +94,16 @@ def add_correlate_parser(dysub) -> None:
                           "trace.")
     co.add_argument("trace", help="branches or probes trace directory")
     co.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
-    co.add_argument("--method", choices=("sc", "mcts", "rebase"), default="sc",
+    co.add_argument("--method", choices=("sc", "mcts", "rebase"), default=None,
                     help="a branches trace's programs to read (certaindex: answer entropy for "
-                    "sc; the reward model's mean (mcts) or max (rebase) score)")
+                    "sc, the default; the reward model's mean (mcts) or max (rebase) score)")
     co.add_argument("--cap", type=int, default=None,
                     help="a branches trace's cap (default: the largest traced)")
     co.add_argument("--detect", type=ints, default=None,
                     help="detection points: samples seen (SC; default 2,4,8), solutions found "
                     "(MCTS, Rebase; default 1,2,3) or reasoning tokens (CoT; default 32,64,128)")
-    co.add_argument("--window", type=int, default=3, help="CoT: probe answers certaindex reads")
+    co.add_argument("--window", type=int_at_least(1), default=None,
+                    help="CoT: probe answers certaindex reads (default 3)")
     co.add_argument("--json", action="store_true")
     co.set_defaults(func=cmd_dynasor_correlate)
 
@@ -148,7 +154,7 @@ def add_fairness_parser(dysub) -> None:
                           "its summary and CDF per scheduler (Dynasor's Fig 20).")
     fa.add_argument("config", help="a program workload config")
     fa.add_argument("-o", "--out", default="reports/dynasor", help="directory for plot + JSON")
-    fa.add_argument("--schedulers", type=lambda t: t.split(","),
+    fa.add_argument("--schedulers", type=names,
                     default=["fcfs", "lpm", "app_fifo", "dynasor", "dynasor_sjf"],
                     help="inter-program schedulers, comma-separated")
     fa.add_argument("--count", type=int, default=None, help="override the number of programs")
@@ -210,6 +216,31 @@ def add_allocation_parser(dysub) -> None:
     al.set_defaults(func=cmd_dynasor_allocation)
 
 
+def _stops(policy: dict) -> bool:
+    """Whether a Dynasor policy spec stops programs early (certaindex, a frontier, a length)."""
+    return policy.get("type") in ("certaindex", "frontier", "length") or any(
+        k in policy for k in ("entropy_threshold", "reward_threshold", "length_tokens"))
+
+
+def _check_ablation_pair(even: str, certaindex: str) -> None:
+    """The two configs of `dynasor ablation`: program workloads of one method on one trace, the
+    first without an early stop, the second with one (each row's ratio is against the first)."""
+    from sim.config import read_yaml
+
+    progs = []
+    for path in (even, certaindex):
+        d = read_yaml(Path(path))
+        p = (d.get("workload") or {}).get("programs") if isinstance(d, dict) else None
+        if not isinstance(p, dict) or not isinstance(p.get("policy"), dict):
+            raise ValueError(f"{path}: not a program config (workload.programs.policy)")
+        progs.append((p, p.get("method"), (Path(path).parent / str(p.get("trace"))).resolve()))
+    if progs[0][1:] != progs[1][1:]:
+        raise ValueError(f"{even} and {certaindex}: not one method on one trace")
+    if _stops(progs[0][0]["policy"]) or not _stops(progs[1][0]["policy"]):
+        raise ValueError(f"the first config ({even}) must allocate evenly (no early stop) and "
+                         f"the second ({certaindex}) stop early (certaindex)")
+
+
 def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
     """`reasonsim dynasor ablation`."""
     from sim.families.dynasor.online import ABLATION_SCHEDULERS, ablation, plot_ablation, sweep
@@ -217,6 +248,7 @@ def cmd_dynasor_ablation(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     try:
+        _check_ablation_pair(args.even, args.certaindex)
         with Backend(args.workers) as backend:
             rows = sweep([args.even, args.certaindex], list(ABLATION_SCHEDULERS), args.rates, [],
                          out / "sweep", backend, progress=not args.json)
@@ -261,7 +293,7 @@ def add_ablation_parser(dysub) -> None:
     ab.add_argument("even", help="a program config with an even (fixed) allocation")
     ab.add_argument("certaindex", help="the same workload with a certaindex allocation")
     ab.add_argument("--rates", type=floats, default=[1, 2, 3, 4])
-    ab.add_argument("--target", type=float, default=0.9, help="attainment target")
+    ab.add_argument("--target", type=fraction, default=0.9, help="attainment target")
     ab.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
     ab.add_argument("-o", "--out", default="reports/dynasor", help="directory for JSON")
     ab.add_argument("--json", action="store_true")

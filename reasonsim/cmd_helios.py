@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, ints
+from reasonsim.common import UserError, fraction, ints_in_order
 
 
 def cmd_helios_offline(args: argparse.Namespace) -> int:
@@ -25,6 +25,9 @@ def cmd_helios_offline(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from None
         name = Path(m.model_id).name
+        if name in result:  # one row per model: the second would replace the first
+            raise UserError(f"{trace}: a second trace of model {name!r} (the first: "
+                            f"{result[name]['trace']}); give one trace per model")
         rows = exit_summary(m, args.thresholds)
         result[name] = {"trace": str(trace), "tokens": int(len(m.max_prob)),
                         "thresholds": rows, "depths": depth_summary(m, args.breach_threshold)}
@@ -289,7 +292,7 @@ def _add_offline_parser(hesub) -> None:
                           "per loaded depth the confidence-breach rate.")
     ho.add_argument("traces", nargs="+", help="exits trace directories")
     ho.add_argument("--thresholds", type=floats, default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
-    ho.add_argument("--breach-threshold", type=float, default=0.9,
+    ho.add_argument("--breach-threshold", type=fraction, default=0.9,
                     help="a token at the last loaded layer below it is a confidence breach")
     ho.add_argument("-o", "--out", help="write exits.json and exit_shares.png here")
     ho.add_argument("--json", action="store_true")
@@ -315,7 +318,7 @@ def _add_replay_parser(hesub) -> None:
     hr.add_argument("--prompts-per-phase", type=int,
                     help="with --retrace: a longer (or shorter) stream than the trace's, so "
                     "live runs last long enough to average a shared machine's speed spells")
-    hr.add_argument("--waves", type=ints,
+    hr.add_argument("--waves", type=ints_in_order,
                     help="with --retrace: prompts per arrival wave, cycled (`trace exits "
                     "--waves`; default the trace's own): the prefill sizes the step-time fit "
                     "sees, e.g. as large as the rounds the policies admit")

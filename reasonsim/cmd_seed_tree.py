@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
-                              print_summary, program_config)
+                              ints, names, print_summary, program_config)
 
 MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 
@@ -65,7 +65,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from traces.store import read_table
 
     path, out = Path(args.config), Path(args.out)
-    modes = args.modes.split(",")
+    modes = args.modes
     try:
         cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
     except (OSError, ValueError) as e:
@@ -174,8 +174,8 @@ def cmd_seed_modes(args: argparse.Namespace) -> int:
     from sim.families.seed.report import mode_sweep, plot_speedup, plot_timeline
 
     path = Path(args.config)
-    modes = args.modes.split(",")
-    depths = [int(x) for x in args.depths.split(",")] if args.depths else [None]
+    modes = args.modes
+    depths = args.depths or [None]
 
     def load(mode, depth):
         try:
@@ -311,7 +311,7 @@ def add_replay_parser(ssub) -> None:
                         "speedup over ar and sd, simulated and live.")
     r.add_argument("config", help="a ToT config (workload.programs.method: tot)")
     r.add_argument("-o", "--out", required=True, help="directory for the runs and compare.json")
-    r.add_argument("--modes", default="ar,sd,seed", help=f"of {MODES_DEFAULT}")
+    r.add_argument("--modes", type=names, default="ar,sd,seed", help=f"of {MODES_DEFAULT}")
     r.add_argument("--repeats", type=int, default=2)
     r.add_argument("--count", type=int, help="programs (default: the config's)")
     r.add_argument("--seed", type=int, help="the config's seed, overridden (other traffic)")
@@ -333,8 +333,8 @@ def add_replay_parser(ssub) -> None:
                         "seed_modes.json, the speedup-vs-depth figure and a one-tree timeline "
                         "of draft and target busy time under sd and seed.")
     m.add_argument("config", help="a ToT config (workload.programs.method: tot)")
-    m.add_argument("--modes", default=MODES_DEFAULT)
-    m.add_argument("--depths", help="comma-separated depths (default: the config's)")
+    m.add_argument("--modes", type=names, default=MODES_DEFAULT)
+    m.add_argument("--depths", type=ints, help="comma-separated depths (default: the config's)")
     m.add_argument("--count", type=int, help="programs (default: the config's)")
     m.add_argument("-o", "--out", help="write seed_modes.json and the figures here")
     m.add_argument("--json", action="store_true")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, print_summary
+from reasonsim.common import UserError, int_at_least, print_summary
 
 
 def cmd_trace_steps(args: argparse.Namespace) -> int:
@@ -316,7 +316,7 @@ def add_branches_parser(tsub) -> None:
 
 def add_exits_parser(tsub) -> None:
     """`reasonsim trace exits`."""
-    from reasonsim.common import DEFAULT_MODEL, ints
+    from reasonsim.common import DEFAULT_MODEL, ints_in_order
     from testbed.streams import ExitsWorkload
 
     ex = tsub.add_parser("exits", help="every exit's view of every token on the PyTorch engine "
@@ -335,7 +335,7 @@ def add_exits_parser(tsub) -> None:
     ex.add_argument("--prompts-per-phase", type=int, default=30)
     ex.add_argument("--max-tokens", type=int, default=96)
     ex.add_argument("--max-num-seqs", type=int, default=32)
-    ex.add_argument("--waves", type=ints, default=list(ExitsWorkload.waves),
+    ex.add_argument("--waves", type=ints_in_order, default=list(ExitsWorkload.waves),
                     help="prompts per arrival wave, cycled within each phase (e.g. 1,4,2,8); a "
                     "wave waits for a free slot per prompt, so it is prefilled in one step")
     ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
@@ -356,7 +356,7 @@ def add_traces_parser(sub) -> None:
                          description="Validate schema, version, columns, times; name file, "
                          "column and row of every violation. Exit 2 if any path fails.")
     c.add_argument("paths", nargs="+", metavar="PATH")
-    c.add_argument("--max-errors", type=int, default=20)
+    c.add_argument("--max-errors", type=int_at_least(0), default=20)
     c.set_defaults(func=cmd_traces_check)
     s = trsub.add_parser("seal", help="write the manifest of whole trace directories written "
                          "before manifests",

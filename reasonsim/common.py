@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,14 +47,18 @@ def calibrate_pools(engine_dirs: dict[str, list], host_runs: list, cal_dir: Path
     return out
 
 
-def _positive_list(text: str, cast, kind: str, zero_ok: bool = False) -> list:
+def _positive_list(text: str, cast, kind: str, zero_ok: bool = False,
+                   unique: bool = True) -> list:
     try:
         values = [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}")
-    if not values or any(v < 0 or (v == 0 and not zero_ok) for v in values):
+    if not values or any(not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok)
+                         for v in values):
         sign = "non-negative" if zero_ok else "positive"
         raise argparse.ArgumentTypeError(f"expected {sign} {kind}, got {text!r}")
+    if unique and len(set(values)) < len(values):  # a repeated value is a repeated row
+        raise argparse.ArgumentTypeError(f"a value repeats in {text!r}")
     return values
 
 
@@ -67,9 +72,61 @@ def ints(text: str) -> list[int]:
     return _positive_list(text, int, "integers")
 
 
+def ints_in_order(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers, a sequence (values may repeat)."""
+    return _positive_list(text, int, "integers", unique=False)
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in (0, 1] (a share, an attainment target, a threshold)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    if not 0 < v <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return v
+
+
+def int_at_least(low: int):
+    """argparse type: an integer >= `low`."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = low - 1
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return v
+
+    return parse
+
+
+def names(text: str) -> list[str]:
+    """argparse type: comma-separated names, none repeated."""
+    values = [v for v in text.split(",") if v]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    if len(set(values)) < len(values):  # a repeated name is a repeated row
+        raise argparse.ArgumentTypeError(f"a name repeats in {text!r}")
+    return values
+
+
 def counts(text: str) -> list[int]:
     """argparse type: comma-separated non-negative integers."""
     return _positive_list(text, int, "integers", zero_ok=True)
+
+
+def strict_json(obj):
+    """`obj` with every NaN or infinite float as null: JSON has no NaN (strict parsers refuse
+    Python's `NaN`)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

@@ -164,6 +164,9 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
             raise ValueError("workload: a program workload has only the 'programs' key")
         programs = program_workload(spec.workload["programs"], base)
         make_scheduler(scheduler)
+        if spec.slo is not None:  # the programs' deadlines would replace it unread
+            raise ValueError("slo: a program workload's attainment is its programs' deadlines "
+                             "(workload.programs.deadline); slo is a request workload's")
     _check_eviction(spec, programs)
     slo = spec.slo
     return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,

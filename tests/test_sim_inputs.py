@@ -210,6 +210,12 @@ def test_a_killed_writers_partial_output_is_removed_by_the_next_write(tmp_path):
      "reward_threshold: Input should be less than or equal to 1"),
     ("dynasor-cot-certaindex.yaml", {"effort": "high"},
      "effort sets window and interval_tokens; give it or interval_tokens, not both"),
+    ("dynasor-mcts-certaindex.yaml", {"every": 100},
+     "every 100: more than the cap .16. solutions, so certaindex would never be checked"),
+    ("dynasor-certaindex.yaml", {"detect_round": 10},
+     "detect_round 10: 8 samples 2 a round make only 4 rounds"),
+    ("dynasor-baseline-even.yaml", {"detect_round": 1},
+     "detect_round 1: it says when certaindex .entropy_threshold. or length_tokens is read"),
 ])
 def test_a_policy_key_that_would_be_ignored_is_refused(example, change, message):
     """A knob the method never reads, a threshold no path can reach (rewards lie in (0, 1]),
@@ -222,15 +228,32 @@ def test_a_policy_key_that_would_be_ignored_is_refused(example, change, message)
         simulate(parse_config(d, REPO / "examples"))
 
 
-def test_a1_without_a_draft_pool_is_refused_not_priced_on_the_target():
+@pytest.mark.parametrize("keep, pool, role", [("target", "target", "draft"),
+                                              ("both", "draft", "target")])
+def test_a1_without_a_pool_of_each_role_is_refused(keep, pool, role):
+    """Without a draft pool the draft's steps would be priced on the target's calibration;
+    with both engines in a pool named draft, the target's on a mix of both."""
     from sim.config import read_yaml
 
     d = read_yaml(REPO / "examples" / "a1-async.yaml")
     d["workload"]["programs"]["count"] = 4
-    d["cluster"]["replicas"] = [g for g in d["cluster"]["replicas"] if g["pool"] == "target"]
-    with pytest.raises(ValueError, match="no replica pool serves role 'draft'; pools: "
-                                         r"\['target'\]"):
+    groups = d["cluster"]["replicas"]
+    d["cluster"]["replicas"] = [dict(g, pool=pool) for g in groups
+                                if keep == "both" or g["pool"] == keep]
+    with pytest.raises(ValueError, match=f"no replica pool serves role '{role}'; pools: "
+                                         rf"\['{pool}'\]"):
         simulate(parse_config(d, REPO / "examples"))
+
+
+def test_a_program_workload_refuses_a_request_slo():
+    """Its attainment is its programs' deadlines: a request SLO would be replaced unread."""
+    from sim.config import read_yaml
+
+    d = read_yaml(REPO / "examples" / "dynasor-certaindex.yaml")
+    d["slo"] = {"ttft_s": 0.001}
+    with pytest.raises(ValueError, match="slo: a program workload's attainment is its "
+                                         "programs' deadlines"):
+        parse_config(d, REPO / "examples")
 
 
 def test_validate_gives_no_verdict_on_two_simulations(tmp_path):

@@ -180,9 +180,10 @@ class Cluster:
 
     def pool_for(self, role: str) -> str:
         """The pool serving requests of a model role (the only pool serves the target role,
-        whatever its name; another role needs a pool of its own name)."""
-        if self._single_pool is not None and role in ("target", self._single_pool):
-            return self._single_pool
+        whatever its name but another role's; another role needs a pool of its own name)."""
+        single = self._single_pool
+        if single is not None and (role == single or role == "target" and single != "draft"):
+            return single
         if role not in self.pools:
             raise ValueError(f"no replica pool serves role {role!r}; pools: {sorted(self.pools)}")
         return role

@@ -59,20 +59,10 @@ def _length_sampler(spec: Length, where: str) -> Sampler:
     return lambda rng, n: rng.choice(choices, size=n, p=probs)
 
 
-CAPPED_MEAN_SHARE = 0.75
-"""a lognormal's `max` may take at most this share off its `mean` (the rest is the cap's)"""
-
-
 def _lognormal(spec: Lognormal, where: str) -> Sampler:
     mean, sigma, cap = spec.mean, spec.sigma, spec.max
     # `mean` is the mean of the token counts: E[exp(N(mu, s^2))] = exp(mu + s^2/2).
     mu = math.log(mean) - sigma ** 2 / 2
-    if cap is not None and sigma > 0:
-        capped = capped_lognormal_mean(mu, sigma, cap)
-        if capped < CAPPED_MEAN_SHARE * mean:  # the cap, not the distribution, sets the lengths
-            raise ValueError(f"{where}: max {cap} with sigma {sigma} cuts the mean {mean} to "
-                             f"{capped:.0f} tokens; the workload would not have the mean asked "
-                             "for (raise max or lower sigma)")
 
     def lognormal(rng: np.random.Generator, n: int) -> np.ndarray:
         # Rounded to whole tokens, at least 1 and at most `max`: part of the distribution's
@@ -88,15 +78,6 @@ def _lognormal(spec: Lognormal, where: str) -> Sampler:
         return tokens.astype(np.int64)
 
     return lognormal
-
-
-def capped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
-    """E[min(X, cap)] for X = exp(N(mu, sigma^2)): the mean below the cap plus the cap's mass."""
-    def phi(z: float) -> float:
-        return 0.5 * (1 + math.erf(z / math.sqrt(2)))
-
-    z = (math.log(cap) - mu) / sigma
-    return math.exp(mu + sigma ** 2 / 2) * phi(z - sigma) + cap * (1 - phi(z))
 
 
 def _gap_sampler(spec: Poisson | Gamma | Constant) -> Sampler:

@@ -8,6 +8,7 @@ whole number of tokens or a mapping whose `kind` picks its model; an arrival pro
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
@@ -52,7 +53,27 @@ class Lognormal(Strict):
     def _mean_within_max(self):
         if self.max is not None and self.mean > self.max:
             raise ValueError(f"mean ({self.mean}) must be <= max ({self.max})")
+        if self.max is not None and self.sigma > 0:
+            capped = capped_lognormal_mean(self.mean, self.sigma, self.max)
+            if capped < CAPPED_MEAN_SHARE * self.mean:  # the cap sets the lengths, not `mean`
+                raise ValueError(f"max {self.max} with sigma {self.sigma} cuts the mean "
+                                 f"{self.mean} to {capped:.0f} tokens; the workload would not "
+                                 "have the mean asked for (raise max or lower sigma)")
         return self
+
+
+CAPPED_MEAN_SHARE = 0.75
+"""a lognormal's `max` may take at most this share off its `mean`"""
+
+
+def capped_lognormal_mean(mean: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for a lognormal X of mean `mean`: its mass below the cap, plus the cap's."""
+    def phi(z: float) -> float:
+        return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+    mu = math.log(mean) - sigma ** 2 / 2
+    z = (math.log(cap) - mu) / sigma
+    return mean * phi(z - sigma) + cap * (1 - phi(z))
 
 
 class Choice(Strict):
