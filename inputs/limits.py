@@ -34,6 +34,11 @@ MAX_SIGMA = 4.0
 """a lognormal length's sigma beyond this is no length distribution (its mass sits at 1 token)"""
 MAX_CV = 100.0
 """a gamma arrival's coefficient of variation beyond this has a shape that underflows"""
+MIN_CV = 1e-3
+"""below this a gamma arrival's shape (1/cv^2) overflows; its gaps are constant anyway"""
+MAX_ARRIVAL_S = 1e12
+"""an arrival later than this (30,000 years) leaves latencies below the clock's float
+precision (0.1 ms there); the slowest synthetic arrivals stay inside it"""
 MAX_COEF_MS = 1e6
 """a step-time coefficient beyond this (ms per token, sequence or step) is no measurement"""
 MAX_LOG_RESIDUAL = 10.0

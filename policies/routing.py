@@ -64,9 +64,13 @@ def make_router(name: str):
         module, cls = name.split(":", 1)
         try:
             factory = getattr(importlib.import_module(module), cls)
-        except (ImportError, AttributeError) as e:
+        except (ImportError, AttributeError, TypeError, ValueError) as e:  # "", ".rel"
             raise ValueError(f"router {name!r}: cannot load ({e})") from None
-        router = factory() if isinstance(factory, type) else None
+        try:
+            router = factory() if isinstance(factory, type) else None
+        except TypeError as e:  # a constructor that needs arguments
+            raise ValueError(f"cluster.router {name!r}: a router class is built with no "
+                             f"arguments ({e})") from None
         if not callable(getattr(router, "route", None)):
             raise ValueError(f"cluster.router {name!r}: not a class with route(request, "
                              "cluster)")

@@ -18,9 +18,13 @@ lowest first and breaks ties by arrival (vLLM's `scheduling_policy="priority"`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 _RANKS = 100_000  # program ranks below this stay ordered inside one priority class
+MAX_ESTIMATE_TOKENS = (2**31 - 1) // _RANKS - 1
+"""a remaining-work estimate given in a config at most this: its priority (x `_RANKS`) fits
+the requests table's int32"""
 
 
 class ProgramView(NamedTuple):
@@ -154,8 +158,12 @@ class DynasorGang:
     name = "dynasor"
 
     def __post_init__(self) -> None:
-        if self.escalate_after_s <= 0:
-            raise ValueError(f"escalate_after_s must be > 0, got {self.escalate_after_s}")
+        e, d = self.escalate_after_s, self.default_remaining_tokens
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e < math.inf:
+            raise ValueError(f"escalate_after_s must be a number > 0, got {e!r}")
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_ESTIMATE_TOKENS:
+            raise ValueError(f"default_remaining_tokens must be a whole number from 0 to "
+                             f"{MAX_ESTIMATE_TOKENS}, got {d!r}")
         if self.estimate not in ("finished", "program"):
             raise ValueError(f"estimate must be finished or program, got {self.estimate!r}")
 
@@ -218,5 +226,5 @@ def make_scheduler(spec: str | dict):
         raise ValueError(f"scheduler {kind!r} unknown; known: {sorted(SCHEDULERS)}")
     try:
         return SCHEDULERS[kind](**args)
-    except TypeError as e:
-        raise ValueError(f"scheduler {kind!r}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cluster.scheduler {kind!r}: {e}") from None

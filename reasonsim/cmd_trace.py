@@ -162,9 +162,14 @@ def cmd_traces_seal(args: argparse.Namespace) -> int:
     from traces.store import read_run
 
     for path in args.paths:
-        for d in sorted({p.parent.parent for p in Path(path).rglob("runs/part-*.parquet")},
-                        key=lambda d: -len(d.parts)):  # nested runs before the one holding them
+        dirs = sorted({p.parent.parent for p in Path(path).rglob("runs/part-*.parquet")},
+                      key=lambda d: -len(d.parts))  # nested runs before the one holding them
+        if not dirs:  # nothing sealed, nothing to seal: not a trace
+            raise UserError(f"{path}: not a trace directory (no runs table under it)")
+        for d in dirs:
             if (d / MANIFEST).exists():
+                if bad := check_trace(d):  # sealed, then changed: its manifest no longer holds
+                    raise UserError(f"{bad[0]} (sealed, but it no longer matches its manifest)")
                 print(f"ok   {d} (already sealed)")
                 continue
             bad = [str(v) for v in check_trace(d) if not v.path.endswith(MANIFEST)] or \

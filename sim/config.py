@@ -239,7 +239,9 @@ def load_config(path: str | Path) -> SimConfig:
 def kv_blocks_from_memory(model_config: Path, memory_gb: float, block_size: int,
                           utilization: float = 0.9, dtype_bytes: int = 2) -> int:
     """KV blocks that fit beside the weights: (memory x utilization - weights) / bytes per block."""
-    cfg = json.loads(Path(model_config).read_text())
+    from sim.model_shape import read_model_config
+
+    cfg = read_model_config(model_config)
     layers = cfg["num_hidden_layers"]
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]

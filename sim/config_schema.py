@@ -59,11 +59,14 @@ class GroupSpec(Strict):
     """whose code composes each step: the simulator's own, or the installed vLLM's `Scheduler`"""
 
     @model_validator(mode="after")
-    def _utilization_of_a_memory(self) -> "GroupSpec":
-        if "gpu_memory_utilization" in self.model_fields_set and self.memory_gb is None:
-            # only a device memory (with the model's config) sizes the KV cache from it
-            raise ValueError("gpu_memory_utilization is the share of memory_gb the engine "
-                             "takes; give memory_gb (and model_config) or drop it")
+    def _one_kv_size(self) -> "GroupSpec":
+        # a device memory (with the model's config) sizes the KV cache; kv_blocks gives it
+        if self.memory_gb is None and ("gpu_memory_utilization" in self.model_fields_set
+                                       or self.model_config_path is not None):
+            raise ValueError("gpu_memory_utilization and model_config size the KV cache from "
+                             "memory_gb; give memory_gb or drop them")
+        if self.memory_gb is not None and self.kv_blocks is not None:
+            raise ValueError("kv_blocks and memory_gb both size the KV cache; give one")
         return self
 
     @field_validator("calibration", "model_config_path", mode="before")
@@ -141,6 +144,19 @@ class HostSpec(Strict):
     step_gap_ms: HostMs = 0.0
 
 
+class ProvenanceSpec(BaseModel):
+    """A calibration's `provenance`: where its traces came from (what a simulation's output and
+    `validate` name); further keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
+    device: Annotated[str, Field(min_length=1)]
+    device_count: Annotated[int, Field(ge=1)]
+    engine: Annotated[str, Field(min_length=1)]
+    model_id: str
+    model_config_hash: str
+    dtype: str
+
+
 class CalibrationSpec(Strict):
     """A calibration artifact's envelope (its step-time model is checked by its own kind; a
     misspelled top-level key is refused, as a misspelled `host` would drop the host terms)."""
@@ -150,7 +166,7 @@ class CalibrationSpec(Strict):
     kind: Literal["reasonsim.calibration"]
     version: Literal[1, 2]
     engine_limits: EngineLimitsSpec
-    provenance: dict
+    provenance: ProvenanceSpec
     heldout: dict
     host: HostSpec | None = None
     step_time_model: Any = None

@@ -12,10 +12,34 @@ REPO = Path(__file__).resolve().parents[1]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+"""the keys of a config.json every shape needs; `OPTIONAL_KEYS` default from them"""
+OPTIONAL_KEYS = ("num_key_value_heads", "head_dim", "intermediate_size", "ffn_dim")
+
+
+def read_model_config(config_path: str | Path) -> dict:
+    """A Hugging Face config.json with its shape's keys checked: whole numbers >= 1 (a one-line
+    error naming the file and the key, not a KeyError or a division by zero later)."""
+    try:
+        cfg = json.loads(Path(config_path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model config {config_path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"model config {config_path}: not a JSON object")
+    for key in SHAPE_KEYS + OPTIONAL_KEYS:
+        v = cfg.get(key)
+        if v is None and key in SHAPE_KEYS:
+            raise ValueError(f"model config {config_path}: no {key}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"model config {config_path}: {key} is {v!r}, must be a whole "
+                             "number >= 1")
+    return cfg
+
+
 def layer_shape(config_path: str | Path, dtype_bytes: int = 2) -> tuple[int, int, int, int, int]:
     """(layers, weight bytes per layer, matmul parameters per layer, KV bytes per token-layer,
     embedding and head bytes)."""
-    return _shape(json.loads(Path(config_path).read_text()), dtype_bytes)
+    return _shape(read_model_config(config_path), dtype_bytes)
 
 
 def _shape(cfg: dict, dtype_bytes: int) -> tuple[int, int, int, int, int]:
@@ -56,7 +80,7 @@ def step_intensity(config_path: str | Path, dtype_bytes: int, tokens: np.ndarray
     `context_tokens` summed context: matmul FLOPs 2 x params per token plus attention 4 x
     layers x width per context token (each sequence's context read once), over the weights and
     the KV read and written. A roofline estimate from the shape, not a measurement."""
-    cfg = json.loads(Path(config_path).read_text())
+    cfg = read_model_config(config_path)
     layers, weight_bytes, params, kv_bytes, embed_bytes = _shape(cfg, dtype_bytes)
     width = int(cfg["num_attention_heads"]) * int(
         cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))

@@ -55,3 +55,45 @@ def test_online_refuses_two_configs_of_one_policy(tmp_path):
     proc = run_cli("dynasor", "online", str(one), str(two), "--rates", "1", "--slo-scales", "1",
                    "--schedulers", "fcfs", "-o", str(tmp_path / "o"), check=False, timeout=600)
     assert proc.returncode == 2 and "run the same policy" in proc.stderr, proc.stderr
+
+
+def test_files_a_config_names_are_checked_where_they_are_read(tmp_path):
+    """A model config with a zero or missing shape key, a calibration without its device, a
+    Mooncake block id out of range, a trace's arrival beyond the clock's precision: one-line
+    errors naming the file, not a ZeroDivisionError, KeyError or OverflowError (or latencies of
+    0) later."""
+    import json
+
+    from policies.scheduling import make_scheduler
+    from sim.model_shape import read_model_config
+    from sim.step_time.calibration import load_calibration
+    from sim.workloads.traces import replay
+    from sim.workloads.schema import workload_spec
+
+    shape = {"hidden_size": 64, "num_attention_heads": 0, "num_hidden_layers": 2,
+             "vocab_size": 100}
+    (tmp_path / "m.json").write_text(json.dumps(shape))
+    with pytest.raises(ValueError, match="m.json: num_attention_heads is 0, must be a whole"):
+        read_model_config(tmp_path / "m.json")
+    (tmp_path / "m.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ValueError, match="m.json: no num_attention_heads"):
+        read_model_config(tmp_path / "m.json")
+    cal = json.loads((REPO / "sim" / "data" / "testbed-large-cpu.calib.json").read_text())
+    cal["provenance"] = {}
+    (tmp_path / "c.json").write_text(json.dumps(cal))
+    with pytest.raises(ValueError, match="c.json: provenance.device: required"):
+        load_calibration(tmp_path / "c.json")
+    with pytest.raises(ValueError, match="default_remaining_tokens must be a whole number"):
+        make_scheduler({"type": "dynasor", "default_remaining_tokens": "abc"})
+    rows = [{"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [-1, 2]},
+            {"timestamp": 5, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="hash_ids' holds -1..2; block ids are integers"):
+        replay(workload_spec({"trace": {"format": "mooncake", "path": "m.jsonl"}}).trace,
+               tmp_path)
+    (tmp_path / "v.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                    "0,100,20\n1e17,100,20\n")
+    with pytest.raises(ValueError, match=r"v.csv \(time_scale 1\): Workload.arrival_s row 1"):
+        replay(workload_spec({"trace": {"format": "vidur", "path": "v.csv"}}).trace, tmp_path)
+    proc = run_cli("traces", "seal", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "not a trace directory" in proc.stderr, proc.stderr

@@ -232,12 +232,21 @@ def test_prefixes_are_shared_live_and_simulated(quick):
         assert (reqs.cached_prompt_tokens >= 128).sum() >= len(reqs) // 2, run
 
 
-def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ("base: {shipped}\nworkloads: {{a: {{seed: 1}}}}", "workloads.a: needs exactly one of"),
+    ("base: {shipped}\nworkloads: {{w: {{workload: {{arrival: 5}}}}}}",
+     "workloads.w: workload.arrival: expected a mapping with kind"),
+    ("base: {shipped}\nworkloads: {{p: {{program: demo.yaml}}}}",
+     "workloads.p: program: demo.yaml is not a program config"),
+    ("grid: {{}}\nquick_grid: {{}}\nworkloads: {{a: {{seed: 1}}}}",
+     "grid: not a trace-steps grid"),
+    ("base: suite.yaml\nworkloads: {{a: {{seed: 1}}}}", "leads back to itself"),
+])
+def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path, text, message):
     suite = tmp_path / "suite.yaml"
-    suite.write_text("grid: {}\nquick_grid: {}\nworkloads: {a: {seed: 1}}\n")
+    suite.write_text(text.format(shipped=REPO / "examples" / "fidelity" / "suite.yaml") + "\n")
     proc = run_cli("fidelity", "--suite", str(suite), "-o", str(tmp_path / "o"), check=False)
-    assert proc.returncode == 2
-    assert "workloads.a: needs exactly one of `workload:`" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     used = tmp_path / "used"
     used.mkdir()
     (used / "x").write_text("")

@@ -100,14 +100,19 @@ def test_a_two_role_program_sends_every_request_to_its_pool():
                                               [roles == "target"])
 
 
-def test_single_pool_configs_are_unchanged_and_unknown_roles_fail():
+def test_a_single_pool_serves_the_target_role_and_unknown_roles_fail():
     cfg = parse_config(_two_pools())
     cluster = Cluster(cfg, 1, lambda rid, r: None)
     with pytest.raises(ValueError, match="no replica pool serves role 'verifier'"):
         cluster.pool_for("verifier")
     one = parse_config({"workload": {"num_requests": 1}, "cluster": {"replicas": [
         {"calibration": str(TARGET_CAL), "count": 2, "pool": "anything"}]}})
-    assert Cluster(one, 1, lambda rid, r: None).pool_for("draft") == "anything"
+    single = Cluster(one, 1, lambda rid, r: None)
+    assert single.pool_for("target") == "anything"  # the only pool serves the target role
+    # another role on it would be priced on the target's calibration: it needs its own pool
+    with pytest.raises(ValueError, match="no replica pool serves role 'draft'; pools: "
+                                         r"\['anything'\]"):
+        single.pool_for("draft")
     # A plain workload on a two-pool cluster goes to the target pool.
     d = _two_pools()
     d["workload"] = {"arrival": {"kind": "poisson", "rate_per_s": 5}, "num_requests": 20,

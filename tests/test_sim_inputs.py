@@ -49,9 +49,15 @@ _GROUP_OK = "{calibration: %s}" % CAL
     ("cluster: {replicas: [{calibration: C}]}\nnoise_seed: 3",
      "noise_seed 3: it draws the step-time noise, which only latency: sampled has"),
     ("cluster: {replicas: [{calibration: C, gpu_memory_utilization: 0.5}]}",
-     "cluster.replicas[0]: gpu_memory_utilization is the share of memory_gb"),
+     "cluster.replicas[0]: gpu_memory_utilization and model_config size the KV cache from "
+     "memory_gb"),
     ("cluster: {replicas: [{calibration: C, speculative: {acceptance_rates: [0.9], "
      "temperature: 0.7}}]}", "temperature picks the acceptance_trace's rows"),
+    ("cluster: {replicas: [{calibration: C, kv_blocks: 2, memory_gb: 80}]}",
+     "kv_blocks and memory_gb both size the KV cache; give one"),
+    ("cluster: {replicas: [{calibration: C}], router: 'zipfile:ZipFile'}",
+     "a router class is built with no arguments"),
+    ("cluster: {replicas: [{calibration: C}], router: '.foo:Bar'}", "cannot load"),
 ])
 def test_bad_config_values_are_one_line_errors_naming_file_and_key(tmp_path, snippet, message):
     path = tmp_path / "bad.yaml"

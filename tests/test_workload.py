@@ -139,7 +139,7 @@ def test_random_prefix_groups():
     (_cfg(arrival={"kind": "poisson", "rate_per_s": 1e-300}),  # latencies would vanish
      r"^workload.arrival.rate_per_s: Input should be greater than or equal to 0.00001"),
     (_cfg(arrival={"kind": "gamma", "rate_per_s": 1, "cv": 0}),
-     r"^workload.arrival.cv: Input should be greater than 0"),
+     r"^workload.arrival.cv: Input should be greater than or equal to 0.001"),
     (_cfg(arrival={"kind": "gamma", "rate_per_s": 1}), r"^workload.arrival.cv: required"),
     (_cfg(arrival={"kind": "weibull", "rate_per_s": 1}),
      r"^workload.arrival: expected a mapping with kind poisson, gamma or constant"),

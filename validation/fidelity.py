@@ -30,8 +30,9 @@ REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s
                    "ttft_s.p90", "throughput_tok_s")
 
 
-def load_suite(path: Path) -> dict:
-    """The suite file, checked enough to fail before any engine starts."""
+def load_suite(path: Path, seen: tuple = ()) -> dict:
+    """The suite file, checked enough to fail before any engine starts (`seen`: the suites
+    whose `base:` led here)."""
     from sim.config import read_yaml
 
     try:
@@ -41,10 +42,15 @@ def load_suite(path: Path) -> dict:
     if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
             not suite["workloads"]:
         raise ValueError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
-    suite = with_base(Path(path), suite)
+    suite = with_base(Path(path), suite, seen)
     for key in ("grid", "quick_grid", "sampling_grid"):
         if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
             raise ValueError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
+        if isinstance(suite.get(key), dict):
+            try:
+                step_grid(suite[key])
+            except ValueError as e:
+                raise ValueError(f"{path}: {key}: {e}") from None
     traffic = suite.get("calibration_traffic") or {}
     if not isinstance(traffic, dict) or not all(
             isinstance(t, dict) and isinstance(t.get("workload"), dict) for t in traffic.values()):
@@ -57,15 +63,31 @@ def load_suite(path: Path) -> dict:
         if not isinstance(spec.get("programs", {}), dict):
             raise ValueError(f"{path}: workloads.{name}.programs: expected a mapping of the "
                             "example's workload.programs settings")
-        if "program" in spec:
-            try:
+        try:
+            if "program" in spec:
                 check_program_spec(spec)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{path}: workloads.{name}: {e}") from None
+            else:
+                from sim.workloads.schema import workload_spec
+
+                workload_spec(spec["workload"])
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: workloads.{name}: {e}") from None
     return suite
 
 
-def with_base(path: Path, suite: dict) -> dict:
+def step_grid(g: dict):
+    """A suite's grid mapping as the step profiler's `StepGrid`; a one-line error naming the
+    key it lacks or does not know."""
+    from tracers.step_profile import StepGrid
+
+    try:
+        return StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
+                           for k, v in g.items()})
+    except TypeError as e:  # a missing or unknown key
+        raise ValueError(f"not a trace-steps grid ({e})") from None
+
+
+def with_base(path: Path, suite: dict, seen: tuple = ()) -> dict:
     """A suite whose `base:` names another suite file (relative to it) takes that suite's grids,
     calibration traffic and engine settings, and its own workloads only: held-out workloads
     judged on the calibration the base suite's runs have."""
@@ -74,7 +96,9 @@ def with_base(path: Path, suite: dict) -> dict:
     base = suite["base"]
     if not isinstance(base, str) or not (path.parent / base).is_file():
         raise ValueError(f"{path}: base: {base!r} is not a suite file beside it")
-    parent = load_suite(path.parent / base)
+    if (path.parent / base).resolve() in seen + (path.resolve(),):
+        raise ValueError(f"{path}: base: {base!r} leads back to itself")
+    parent = load_suite(path.parent / base, seen + (path.resolve(),))
     own = {k: v for k, v in suite.items() if k != "base"}
     return {**{k: v for k, v in parent.items() if k != "workloads"}, **own}
 
@@ -113,7 +137,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
 def trace_grids(out: Path, suite: dict, quick: bool, progress: bool, engine: str,
                 device: str) -> list[Path]:
     """The suite's step grids traced here, each in a fresh process; their directories."""
-    from tracers.step_profile import StepGrid, profile_steps
+    from tracers.step_profile import profile_steps
     from tracers.torch_steps import profile_torch_steps
 
     from validation.replay import DEFAULT_MODEL
@@ -130,8 +154,7 @@ def trace_grids(out: Path, suite: dict, quick: bool, progress: bool, engine: str
     for name, g in grids:
         if not g:
             continue
-        spec = StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
-                           for k, v in g.items()})
+        spec = step_grid(g)
         if engine == "torch":
             fresh_process(profile_torch_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
                           serving=True, device=device, progress=progress)

@@ -54,6 +54,8 @@ def check_program_spec(spec: dict) -> None:
     example = REPO / "examples" / str(spec["program"])
     if not example.is_file():
         raise ValueError(f"program: no example config {example.name} in examples/")
+    if "programs" not in (read_yaml(example).get("workload") or {}):
+        raise ValueError(f"program: {example.name} is not a program config (workload.programs)")
     if "programs" in spec or "seed" in spec:
         cal = example.parent / read_yaml(example)["cluster"]["replicas"][0]["calibration"]
         parse_config(program_config(spec, cal, False), example.parent)

@@ -139,7 +139,8 @@ def load_calibration(path: str | Path) -> Calibration:
     lim = spec.engine_limits
     host = spec.host or HostSpec()
     return Calibration(model, lim.max_num_seqs, lim.max_num_batched_tokens, lim.block_size,
-                       lim.kv_blocks_total, spec.provenance, spec.heldout, lim.max_model_len,
+                       lim.kv_blocks_total, dict(d["provenance"]), spec.heldout,
+                       lim.max_model_len,
                        host.add_request_ms, host.logprob_token_ms, host.logprob_top_k_ms,
                        host.wake_ms, host.logprob_step_ms, host.seeded_step_ms,
                        host.seeded_seq_ms, host.add_next_ms, host.step_gap_ms)

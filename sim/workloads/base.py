@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from inputs.limits import MAX_ARRIVAL_S
+
 NO_PREFIX_GROUP = -1
 """prefix_group of a request that shares no prefix"""
 
@@ -53,6 +55,11 @@ class Workload:
                                  "is not finite")
             if arrival[0] < 0:
                 raise ValueError(f"Workload.arrival_s starts at {arrival[0]}, must be >= 0")
+            if arrival.max() > MAX_ARRIVAL_S:  # latencies would vanish in float precision
+                row = first_index(arrival > MAX_ARRIVAL_S)
+                raise ValueError(f"Workload.arrival_s row {row} is {arrival[row]!r} s, beyond "
+                                 f"{MAX_ARRIVAL_S:.0e} s (latencies would vanish in the clock's "
+                                 "precision)")
             if np.any(np.diff(arrival) < 0):
                 raise ValueError(f"Workload.arrival_s decreases at row "
                                  f"{first_index(np.diff(arrival) < 0) + 1}: sort by arrival")

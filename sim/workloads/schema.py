@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
 
-from inputs.limits import INT32_MAX, MAX_CV, MAX_REQUESTS, MAX_SIGMA, MIN_RATE_PER_S
+from inputs.limits import (INT32_MAX, MAX_CV, MAX_REQUESTS, MAX_SIGMA, MIN_CV,
+                           MIN_RATE_PER_S)
 from inputs.strict import Strict, one_line
 
 Tokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
@@ -119,7 +120,7 @@ class Gamma(Strict):
 
     kind: Literal["gamma"]
     rate_per_s: Rate
-    cv: Annotated[float, Field(gt=0, le=MAX_CV)]
+    cv: Annotated[float, Field(ge=MIN_CV, le=MAX_CV)]
 
 
 class Constant(Strict):

@@ -205,6 +205,9 @@ def _read_mooncake(path: Path, opts: TraceFile) -> tuple:
             if not isinstance(ids, list) or not all(
                     isinstance(h, int) and not isinstance(h, bool) for h in ids):
                 raise ValueError(f"{where}: field 'hash_ids' must be a list of ints, got {ids!r}")
+            if any(not 0 <= h < 2**62 for h in ids):  # a group id: >= 0 (-1 is no prefix), int64
+                raise ValueError(f"{where}: field 'hash_ids' holds {min(ids)}..{max(ids)}; block "
+                                 "ids are integers from 0 to 2^62")
             for key in ("input_length", "output_length"):
                 if row[key] < 1:
                     raise ValueError(f"{where}: {key} is {row[key]}, must be >= 1")
@@ -271,4 +274,7 @@ def replay(spec: TraceFile, base_dir: Path) -> Workload:
     if hashes is not None:
         group, shared = mooncake_prefixes([hashes[i] for i in order], prompt)
     # Shift so the first request arrives at 0, then stretch inter-arrival times by time_scale.
-    return Workload((arrival - arrival[0]) * time_scale, prompt, output, group, shared)
+    try:
+        return Workload((arrival - arrival[0]) * time_scale, prompt, output, group, shared)
+    except ValueError as e:  # arrivals spread past the clock's precision, say
+        raise ValueError(f"{path} (time_scale {time_scale:g}): {e}") from None
