@@ -110,6 +110,14 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
                   int(wl["seed"]))
 
 
+def _a1_roles(policy) -> tuple[str, ...]:
+    """The draft writes steps where the policy drafts; the target writes or scores the rest
+    (draft-only: never the target)."""
+    step = policy.step
+    return ("draft",) * step.needs_draft + ("target",) * (step.needs_score or not step.needs_draft)
+
+
 register_family(ProgramFamily("a1", ("a1",),
-                              lambda wl: load_conformity(wl.trace, wl.policy.samples)))
+                              lambda wl: load_conformity(wl.trace, wl.policy.samples),
+                              roles=_a1_roles))
 

@@ -61,6 +61,9 @@ class ProgramFamily:
     samples: Callable | None = None
     """(ProgramWorkload, question, drawn sample index) -> the traced samples a program's paths
     replay, in launch order; None: none (the program decides its own requests)"""
+    roles: Callable = lambda policy: ("target",)
+    """(policy) -> the model roles its programs send requests to (each needs a pool serving
+    it: a pool of that name, or the only pool for the target)"""
 
 
 class Registry:

@@ -140,5 +140,6 @@ def _load_seed(wl) -> ToTBank:
 
 
 # SEED's programs are ToT trees: its configs name the method `tot`
-register_family(ProgramFamily("seed", ("tot",), _load_seed))
+register_family(ProgramFamily("seed", ("tot",), _load_seed, roles=lambda policy: (
+    ("draft", "target") if policy.speculative else ("target",))))
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, int_at_least, names
+from reasonsim.common import UserError, fraction, int_at_least, names, refuse_unread
 
 
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
@@ -15,13 +15,11 @@ def cmd_dynasor_offline(args: argparse.Namespace) -> int:
     from sim.families.dynasor.reasoning import plot_tokens_to_accuracy, tokens_to_accuracy
     from traces.store import read_run
 
-    branches = read_run(args.trace)["kind"] == "branches"
-    given = [f for f, v in (("--windows", args.windows), ("--intervals", args.intervals),
-                            ("--budgets", args.budgets)) if v is not None] if branches \
-        else ["--per-round"] * (args.per_round is not None)
-    if given:  # a flag of the other trace kind: it would be ignored
-        raise UserError(f"{given[0]}: for a {'probes' if branches else 'branches'} trace; "
-                        f"{args.trace} is a {'branches' if branches else 'probes'} trace")
+    kind = read_run(args.trace)["kind"]
+    branches = kind == "branches"
+    refuse_unread(args.trace, kind, {"--windows": args.windows, "--intervals": args.intervals,
+                                     "--budgets": args.budgets} if branches
+                  else {"--per-round": args.per_round})
     if branches:
         return dynasor_offline_search(args)
 

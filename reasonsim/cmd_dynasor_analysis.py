@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, int_at_least, names
+from reasonsim.common import UserError, fraction, int_at_least, names, refuse_unread
 
 
 def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
@@ -20,10 +20,8 @@ def cmd_dynasor_correlate(args: argparse.Namespace) -> int:
 
     try:
         kind = read_run(args.trace)["kind"]
-        given = [f for f, v in (("--method", args.method), ("--cap", args.cap)) if v is not None] \
-            if kind != "branches" else ["--window"] * (args.window is not None)
-        if given:  # a flag of the other trace kind: it would be ignored
-            raise ValueError(f"{given[0]}: not read on a {kind} trace ({args.trace})")
+        refuse_unread(args.trace, kind, {"--method": args.method, "--cap": args.cap}
+                      if kind != "branches" else {"--window": args.window})
         args.method, args.window = args.method or "sc", args.window or 3
         if kind == "branches":
             caps = traced_caps(args.trace).get(args.method)

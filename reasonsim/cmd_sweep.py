@@ -33,7 +33,7 @@ def _values(text: str) -> list:
 def _grid(pairs: list[tuple[str, str]], sets: list[tuple[str, str]]) -> dict[str, list]:
     """--grid KEY=V1,V2 flags as a grid; a key given twice, a repeated value, or a key that a
     --set also fixes is an error (one would silently win)."""
-    from sim.sweep.file import value_key
+    from inputs.repeats import repeated
 
     grid: dict[str, list] = {}
     for key, text in pairs:
@@ -41,7 +41,7 @@ def _grid(pairs: list[tuple[str, str]], sets: list[tuple[str, str]]) -> dict[str
             raise UserError(f"--grid {key} given twice (list every value in one: "
                             f"--grid {key}=A,B,C)")
         values = _values(text)
-        if len({value_key(v) for v in values}) < len(values):
+        if repeated(values):
             raise UserError(f"--grid {key}={text}: a value repeats")
         grid[key] = values
     both = sorted(set(grid) & {k for k, _ in sets})
@@ -209,14 +209,15 @@ def _fmt(v) -> str:
 
 def _unique_sets(sets: list[tuple[str, str]]) -> None:
     """A key given to --set twice is an error: the last would silently win."""
-    keys = [k for k, _ in sets]
-    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+    from inputs.repeats import repeated
+
+    if twice := repeated(k for k, _ in sets):
         raise UserError(f"--set {twice[0]} given twice: give each key once")
 
 
 def _variants(configs: list[str], policies: tuple[str, str] | None) -> list[tuple]:
     """(label, config path, extra overrides) per config x policy value."""
-    from sim.sweep.file import value_key
+    from inputs.repeats import repeated
 
     out = []
     for path in configs:
@@ -225,7 +226,7 @@ def _variants(configs: list[str], policies: tuple[str, str] | None) -> list[tupl
             out.append((stem, path, []))
             continue
         key, values = policies
-        if len({value_key(v) for v in _values(values)}) < len(_values(values)):
+        if repeated(_values(values)):
             raise UserError(f"--policies {key}={values}: a value repeats")
         for v in _values(values):
             out.append((f"{stem} {key.split('.')[-1]}={v}", path, [(key, v)]))

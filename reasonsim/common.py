@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from inputs.repeats import repeated
+
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "models" / "testbed"
 DEFAULT_MODEL = TESTBED / "target-large"  # the trained testbed target: real latency and behaviour
@@ -57,7 +59,7 @@ def _positive_list(text: str, cast, kind: str, zero_ok: bool = False,
                          for v in values):
         sign = "non-negative" if zero_ok else "positive"
         raise argparse.ArgumentTypeError(f"expected {sign} {kind}, got {text!r}")
-    if unique and len(set(values)) < len(values):  # a repeated value is a repeated row
+    if unique and repeated(values):  # a repeated value is a repeated row
         raise argparse.ArgumentTypeError(f"a value repeats in {text!r}")
     return values
 
@@ -107,7 +109,7 @@ def names(text: str) -> list[str]:
     values = [v for v in text.split(",") if v]
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
-    if len(set(values)) < len(values):  # a repeated name is a repeated row
+    if repeated(values):  # a repeated name is a repeated row
         raise argparse.ArgumentTypeError(f"a name repeats in {text!r}")
     return values
 
@@ -115,6 +117,14 @@ def names(text: str) -> list[str]:
 def counts(text: str) -> list[int]:
     """argparse type: comma-separated non-negative integers."""
     return _positive_list(text, int, "integers", zero_ok=True)
+
+
+def refuse_unread(trace: str, kind: str, flags: dict) -> None:
+    """A flag (name -> value, None when not given) the trace's kind never reads is an error: it
+    would be silently ignored."""
+    given = [flag for flag, value in flags.items() if value is not None]
+    if given:
+        raise UserError(f"{given[0]}: not read on a {kind} trace ({trace})")
 
 
 def strict_json(obj):

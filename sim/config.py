@@ -126,6 +126,33 @@ def _check_eviction(spec, programs) -> None:
                          "replicas only (a group sets scheduler: vllm)")
 
 
+def serving_pool(pools, role: str) -> str:
+    """The pool serving requests of a model role: the only pool serves the target role whatever
+    its name but another role's; another role needs a pool of its own name (priced on the
+    target's calibration it would time a draft as the target)."""
+    if len(pools) == 1:
+        single = next(iter(pools))
+        if role == single or role == "target" and single != "draft":
+            return single
+    if role not in pools:
+        raise ValueError(f"no replica pool serves role {role!r}; pools: {sorted(pools)}")
+    return role
+
+
+def _check_roles(groups: list, programs) -> None:
+    """Every model role the programs' family sends requests to has a pool serving it."""
+    from programs.families import family_of
+
+    family = family_of(programs.method, programs.policy)
+    pools = {g.pool for g in groups}
+    for role in family.roles(programs.policy):
+        try:
+            serving_pool(pools, role)
+        except ValueError as e:
+            raise ValueError(f"cluster.replicas: the {family.name} family's programs send "
+                             f"{role} requests: {e} (name a group's pool {role})") from None
+
+
 def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
     """Validate a config mapping (strict: `sim.config_schema`) and resolve its paths."""
     from sim.config_schema import MAX_REPLICAS, validate_config
@@ -163,6 +190,7 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
         if set(spec.workload) != {"programs"}:
             raise ValueError("workload: a program workload has only the 'programs' key")
         programs = program_workload(spec.workload["programs"], base)
+        _check_roles(groups, programs)
         make_scheduler(scheduler)
         if spec.slo is not None:  # the programs' deadlines would replace it unread
             raise ValueError("slo: a program workload's attainment is its programs' deadlines "

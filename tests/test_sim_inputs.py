@@ -234,21 +234,37 @@ def test_a_policy_key_that_would_be_ignored_is_refused(example, change, message)
         simulate(parse_config(d, REPO / "examples"))
 
 
-@pytest.mark.parametrize("keep, pool, role", [("target", "target", "draft"),
-                                              ("both", "draft", "target")])
-def test_a1_without_a_pool_of_each_role_is_refused(keep, pool, role):
+@pytest.mark.parametrize("example, keep, pool, role", [
+    ("a1-async.yaml", "target", "target", "draft"), ("a1-async.yaml", "both", "draft", "target"),
+    ("seed-greedy-small.yaml", "target", "target", "draft")])
+def test_programs_without_a_pool_of_each_role_are_refused(example, keep, pool, role):
     """Without a draft pool the draft's steps would be priced on the target's calibration;
-    with both engines in a pool named draft, the target's on a mix of both."""
+    with both engines in a pool named draft, the target's on a mix of both: refused where the
+    config is read, before anything is simulated."""
     from sim.config import read_yaml
 
-    d = read_yaml(REPO / "examples" / "a1-async.yaml")
-    d["workload"]["programs"]["count"] = 4
+    d = read_yaml(REPO / "examples" / example)
     groups = d["cluster"]["replicas"]
     d["cluster"]["replicas"] = [dict(g, pool=pool) for g in groups
                                 if keep == "both" or g["pool"] == keep]
-    with pytest.raises(ValueError, match=f"no replica pool serves role '{role}'; pools: "
-                                         rf"\['{pool}'\]"):
-        simulate(parse_config(d, REPO / "examples"))
+    family = "a1" if example.startswith("a1") else "seed"
+    with pytest.raises(ValueError, match=f"cluster.replicas: the {family} family's programs send "
+                                         f"{role} requests: no replica pool serves role '{role}'; "
+                                         rf"pools: \['{pool}'\]"):
+        parse_config(d, REPO / "examples")
+
+
+def test_target_only_programs_need_no_draft_pool():
+    """A1's target-only baseline and SEED's autoregressive mode send the target alone."""
+    from sim.config import read_yaml
+
+    for example, policy in (("a1-target-only.yaml", None), ("seed-greedy-small.yaml", "ar")):
+        d = read_yaml(REPO / "examples" / example)
+        d["workload"]["programs"]["count"] = 2
+        if policy:
+            d["workload"]["programs"]["policy"]["type"] = policy
+        d["cluster"]["replicas"] = [g for g in d["cluster"]["replicas"] if g["pool"] == "target"]
+        assert simulate(parse_config(d, REPO / "examples")).summary["programs"] == 2
 
 
 def test_a_program_workload_refuses_a_request_slo():

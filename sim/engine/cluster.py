@@ -19,7 +19,7 @@ import simpy
 
 from policies.routing import ClusterView, RequestView, make_router
 from sim.step_time.calibration import Calibration, load_calibration
-from sim.config import SimConfig, kv_blocks_from_memory
+from sim.config import SimConfig, kv_blocks_from_memory, serving_pool
 from sim.engine.lazy_replica import LazyReplica
 from sim.engine.replica import Replica, ReplicaConfig
 from sim.engine.replica_kinds import OWN, replica_factory
@@ -175,18 +175,12 @@ class Cluster:
         self.pools = {name: np.array([i for i, p in enumerate(pool_of) if p == name])
                       for name in dict.fromkeys(pool_of)}
         self.routers = {name: make_router(cfg.router) for name in self.pools}
-        self._single_pool = next(iter(self.pools)) if len(self.pools) == 1 else None
         self.view = ClusterView(outstanding_tokens=self.outstanding, num_requests=self.in_flight)
 
     def pool_for(self, role: str) -> str:
         """The pool serving requests of a model role (the only pool serves the target role,
         whatever its name but another role's; another role needs a pool of its own name)."""
-        single = self._single_pool
-        if single is not None and (role == single or role == "target" and single != "draft"):
-            return single
-        if role not in self.pools:
-            raise ValueError(f"no replica pool serves role {role!r}; pools: {sorted(self.pools)}")
-        return role
+        return serving_pool(self.pools, role)
 
     def route(self, request: RequestView, tokens: int, role: str = "target") -> int:
         """The replica the pool's router picks for a unit of `tokens` outstanding tokens; books

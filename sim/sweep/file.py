@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from inputs.limits import MAX_SEEDS, SEED_MAX
+from inputs.repeats import repeated
 from inputs.strict import Strict, one_line
 
 
@@ -33,7 +34,7 @@ class SweepFile(Strict):
             return v
         if isinstance(v, list) and 0 < len(v) <= MAX_SEEDS and \
                 all(whole(x) and 0 <= x <= SEED_MAX for x in v):
-            if len(set(v)) < len(v):
+            if repeated(v):
                 raise ValueError(f"seeds repeat ({v})")
             return v
         raise ValueError(f"a count from 1 to {MAX_SEEDS} or a list of distinct seeds from 0 to "
@@ -44,7 +45,7 @@ class SweepFile(Strict):
         if self.seeds is not None and self.noise_seeds is not None:
             raise ValueError("give seeds or noise_seeds, not both")
         for key, values in self.grid.items():
-            if len({value_key(v) for v in values}) < len(values):
+            if repeated(values):
                 raise ValueError(f"grid.{key}: a value repeats")
         return self
 
@@ -54,14 +55,6 @@ class SweepFile(Strict):
         if given is None:
             return None
         return list(range(given)) if isinstance(given, int) else list(given)
-
-
-def value_key(v: Any) -> str:
-    """What makes two grid values the same point: 16 and 16.0 are (a config reads both as the
-    same number), true and 1 are not."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return repr(float(v))
-    return repr(v)
 
 
 def parse_sweep_file(d: dict, path: Path) -> SweepFile:

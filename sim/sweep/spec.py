@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inputs.repeats import repeated, value_key
 from sim.config import parse_config, read_yaml
 
 FILE_KEYS = ("calibration", "trace", "path", "model_config", "exits", "config")
@@ -70,7 +71,7 @@ class Sweep:
             raise ValueError(f"sweep: seed_key must be seed or noise_seed, not {self.seed_key!r}")
         if not self.seeds:
             raise ValueError("sweep: seeds is empty")
-        if len(set(self.seeds)) != len(self.seeds):
+        if repeated(self.seeds):
             raise ValueError(f"sweep: seeds repeat ({self.seeds})")
         if self.seed_key in self.grid or any(self.seed_key in c for c in self.cases
                                              if isinstance(c, dict)):
@@ -146,8 +147,6 @@ class Sweep:
 
 def _case_key(case: dict) -> str:
     """A case's overrides (its name apart) as one comparable text."""
-    from sim.sweep.file import value_key
-
     return repr(sorted((k, value_key(v)) for k, v in case.items() if k != "name"))
 
 
