@@ -46,12 +46,18 @@ def test_azure_bad_timestamp_names_row(tmp_path):
 def test_azure_mixed_timezones_name_the_row(tmp_path):
     _write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
            "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.1+01:00,1,1\n")
-    with pytest.raises(ValueError, match=r"a.csv: row 2 .*has another timezone than row 1"):
+    with pytest.raises(ValueError, match=r"a.csv: row 2 .*has a timezone and row 1 none"):
         workload_from_config({"trace": {"format": "azure", "path": "a.csv"}}, 0, tmp_path)
     _write(tmp_path / "z.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
            "2023-11-16 18:15:46Z,374,44\n2023-11-16 18:15:48Z,1,1\n")
     wl = workload_from_config({"trace": {"format": "azure", "path": "z.csv"}}, 0, tmp_path)
     assert wl.arrival_s == pytest.approx([0.0, 2.0])
+    # Offsets in either spelling name instants: 19:15:49+01:00 is 18:15:49Z, 3 s after row 1.
+    _write(tmp_path / "o.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+           "2023-11-16 18:15:46Z,374,44\n2023-11-16 19:15:49+01:00,1,1\n"
+           "2023-11-16 20:15:50+0200,1,1\n")
+    wl = workload_from_config({"trace": {"format": "azure", "path": "o.csv"}}, 0, tmp_path)
+    assert wl.arrival_s == pytest.approx([0.0, 3.0, 4.0])
 
 
 def test_vidur_trace_roundtrip_and_unsorted_rows(tmp_path):

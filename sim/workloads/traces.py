@@ -111,16 +111,15 @@ def _read_azure(path: Path, opts: TraceFile) -> tuple:
     df = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
     # ISO8601 mode reads the trace's 7 fractional digits (pandas keeps nanoseconds).
     text = df["TIMESTAMP"].astype(str).str.strip()
-    # One timezone for the whole file: a zone suffix (Z, +01:00) on some rows but not others, or
-    # different zones, would be compared as if they were one clock.
-    zone = text.str.extract(r"(Z|[+-]\d\d:?\d\d)$", expand=False).fillna("")
-    first_zone = zone.iloc[0] if len(zone) else ""
-    if zone.nunique() > 1:
-        r = first_index((zone != first_zone).to_numpy())
+    # Zoned stamps (Z, +01:00, +0100) are read as UTC instants, whatever their offsets; a stamp
+    # without a zone among zoned ones names no instant (local time of which zone?).
+    zoned = text.str.contains(r"(?:Z|[+-]\d\d:?\d\d)$", regex=True).to_numpy()
+    if len(zoned) and zoned.any() and not zoned.all():
+        r = first_index(zoned != zoned[0])
         raise ValueError(f"{path}: {_csv_row(r)}: column 'TIMESTAMP' value "
-                         f"{df['TIMESTAMP'].iloc[r]!r} has another timezone than row 1 "
-                         f"({first_zone or 'none'})")
-    stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=bool(first_zone))
+                         f"{df['TIMESTAMP'].iloc[r]!r} has {'no' if zoned[0] else 'a'} timezone "
+                         f"and row 1 {'has' if zoned[0] else 'none'}: give every row one or none")
+    stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=bool(zoned.any()))
     bad = stamps.isna().to_numpy()
     if np.any(bad):
         r = first_index(bad)
