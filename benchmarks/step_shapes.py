@@ -40,7 +40,7 @@ GAPS_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3)
 IDLE_LENGTHS = (64, 128, 256, 400)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(REPO / "models" / "testbed" / "target-large"))
     ap.add_argument("--repeats", type=int, default=5)
@@ -52,7 +52,11 @@ def main() -> None:
                     help="order of the lengths in each pass")
     ap.add_argument("--bands", type=int, default=1, help="bands of lengths in the table")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = _parser().parse_args()
     idle_lengths = [int(n) for n in args.idle_lengths.split(",")]
     lengths = sorted({int(n) for r in args.lengths.split(",")
                       for n in np.arange(*(int(v) for v in r.split(":")))})
@@ -99,8 +103,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    f = out["first_shape_ratio"]
-    print(f"{args.model} on {out['device']}, {heap} heap, lengths in {args.order} order")
+    _print(out, args, idle_lengths)
+
+
+def _print(out: dict, args: argparse.Namespace, idle_lengths: list[int]) -> None:
+    f, busy = out["first_shape_ratio"], out["busy_ms"]
+    print(f"{args.model} on {out['device']}, {out['heap']} heap, lengths in {args.order} order")
     print(f"first step of a token count / the same count seen: median {f['median']:.2f} "
           f"(P10 {f['p10']:.2f}, P90 {f['p90']:.2f}) over {f['lengths']} lengths")
     for b in out["by_band"]:

@@ -66,7 +66,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         return run_helios_simulate(args.config, args.out, args.json)
     from sim.bands import MAX_DRAWS
-    from sim.output import calibration_fingerprints, write_sim
+    from sim.output import write_sim
 
     if args.seeds is not None and not 2 <= args.seeds <= MAX_DRAWS:  # before simulating
         raise UserError(f"--seeds {args.seeds}: a band needs 2 to {MAX_DRAWS} noise draws")
@@ -76,10 +76,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         check_out_dir(args.out, resume=False, can_resume=False)
     if not args.json:  # which device's timings this simulation stands on
-        for c in calibration_fingerprints(cfg):
-            print(f"pool {c['pool']}: {c['calibration']} (traced on {c['device']}, "
-                  f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})"
-                  + (f"; speculative: {c['speculative']}" if c["speculative"] else ""))
+        _print_fingerprints(cfg)
     try:
         result = simulate(cfg)
     except ValueError as e:  # workload generation and limits: name the config they came from
@@ -89,13 +86,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     summary = dict(result.summary)
     band = None
     if args.seeds:
-        from sim.bands import bands
-
-        try:
-            band = bands(cfg, args.seeds)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        lo, hi = band["band"]
+        band = _band(cfg, args.seeds)
         summary.update({f"band_{k}": [round(v["lo"], 6), round(v["hi"], 6)]
                         for k, v in band["metrics"].items()
                         if k.endswith((".p50", ".p90")) or k.startswith(("throughput",
@@ -105,6 +96,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                   {"bands.json": json.dumps(band, indent=1) + "\n"})
     print_summary(summary, args.json)
     return 0
+
+
+def _print_fingerprints(cfg) -> None:
+    """Each pool's calibration and the device, cores and engine it was traced on."""
+    from sim.output import calibration_fingerprints
+
+    for c in calibration_fingerprints(cfg):
+        print(f"pool {c['pool']}: {c['calibration']} (traced on {c['device']}, "
+              f"{c['device_count']} cores/devices, {c['engine']} {c['engine_version']})"
+              + (f"; speculative: {c['speculative']}" if c["speculative"] else ""))
+
+
+def _band(cfg, draws: int) -> dict:
+    """The noise band of `draws` seeded simulations (`sim.bands`), its errors one line."""
+    from sim.bands import bands
+
+    try:
+        return bands(cfg, draws)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

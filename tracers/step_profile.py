@@ -148,20 +148,32 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     writer = TraceWriter(out_dir, run, resume=resume)
     done = writer.done_units()
     todo = [c for c in grid.cells() if c[0] not in done]
-    t0 = time.perf_counter()
     wall0 = time.perf_counter()
-
-    from rich.progress import Progress
-
     if grid.warm_s:
         engine.warm_prefills(max(grid.prompt_tokens), grid.warm_s, seed)
-        t0 = time.perf_counter()  # the trace's clock starts with its first cell
-    rec = StepRecorder(engine, writer, t0)
-    warmup = WarmupFlagger(grid.warmup_steps)
+    # the trace's clock starts with its first cell
+    rec = StepRecorder(engine, writer, time.perf_counter())
     written = read_table(out_dir, "steps", validate=False).column("step_id").to_pylist()
     rec.step_id = max(written) + 1 if written else 0  # step ids stay unique across --resume
+    _profile_cells(rec, grid, done, len(todo), seed, vocab, progress)
+    if REFERENCE_UNIT not in done:  # the machine's speed now, for live runs' probes to meet
+        run_speed_probe(engine, writer, "reference", engine.max_num_seqs, seed)
+        writer.flush(REFERENCE_UNIT)
+    writer.seal()
+    wall_s = time.perf_counter() - wall0
+    return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
+        c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
+
+
+def _profile_cells(rec, grid: StepGrid, done: set, todo: int, seed: int, vocab: int,
+                   progress: bool) -> None:
+    """Run every grid cell not `done`, each to its end, flushing it as a unit."""
+    from rich.progress import Progress
+
+    engine, writer = rec.engine, rec.writer
+    warmup = WarmupFlagger(grid.warmup_steps)
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("profiling cells", total=len(todo))
+        task = bar.add_task("profiling cells", total=todo)
         for cell_index, (cell_id, batch, prompt, output, regime) in enumerate(grid.cells()):
             if cell_id in done:
                 continue
@@ -171,13 +183,6 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
                 rec.step(cell_id=cell_id, warmup=warmup)
             writer.flush(cell_id)
             bar.advance(task)
-    if REFERENCE_UNIT not in done:  # the machine's speed now, for live runs' probes to meet
-        run_speed_probe(engine, writer, "reference", engine.max_num_seqs, seed)
-        writer.flush(REFERENCE_UNIT)
-    writer.seal()
-    wall_s = time.perf_counter() - wall0
-    return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
-        c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
 
 
 def _grid_limits(grid: StepGrid, max_model_len: int | None,
