@@ -91,11 +91,17 @@ def load_conformity(trace_dir: str | Path, samples: int) -> A1Bank:
     evaluation = table.filter(pc.ends_with(table["program_id"], "eva")).select(NODE_COLUMNS)
     for r in evaluation.to_pylist():
         by_question.setdefault(r["question_id"], []).append(r)
+    if not by_question:
+        raise ValueError(f"{trace_dir}: no evaluation programs (program ids ending 'eva') in "
+                         "its conformity table")
     questions = []
     for qid in sorted(by_question):
         rows = by_question[qid]
         nodes = {(int(r["sample"]), r["path"]): r for r in rows}
-        root = next(r for r in rows if r["path"] == "")
+        root = next((r for r in rows if r["path"] == ""), None)
+        if root is None or root["difficulty"] is None:
+            raise ValueError(f"{trace_dir}: question {qid} has no root node (path '') with a "
+                             "difficulty in its conformity table")
         target_only = [r["target_tokens"] for r in rows if "target-only" in r["policies"]]
         questions.append(A1Question(qid, int(root["difficulty"]), int(root["context_tokens"]),
                                     root["gold_answer"], nodes,

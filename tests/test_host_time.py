@@ -57,6 +57,9 @@ def test_calibrate_takes_the_host_time_from_the_live_replays_it_is_given(tmp_pat
     reqs = read_table(bare, "requests")
     assert reqs.num_rows
     shutil.rmtree(bare / "requests")
+    from traces.manifest import seal
+
+    seal(bare, reqs.column("run_id")[0].as_py())
     assert fit_host_ms([bare]) == HostTimes(0.0, None, 0.0, 0.0)
 
 

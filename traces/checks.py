@@ -13,9 +13,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.manifest import parts, verify
+from traces.manifest import MANIFEST, parts, verify
 from traces.schema import (ADDED_COLUMNS, COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION,
-                           ORDERED_TIMES, SCHEMAS, TIME_COLUMNS, UNIQUE_KEYS, table_version)
+                           NOT_ABOVE, ORDERED_TIMES, RANGE_COLUMNS, RUN_PARAMS, SCHEMAS,
+                           TIME_COLUMNS,
+                           UNIQUE_KEYS, table_version)
 
 PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
 """a hidden sibling an output directory is written into before its rename"""
@@ -166,14 +168,102 @@ def _value_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
         if bad:
             out.append(Violation(p, f"{values[bad[0]]!r} is not one of {', '.join(allowed)} "
                                     f"({len(bad)} rows)", column=col, row=bad[0]))
-    if name == "requests":
-        cached = data.column("cached_prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
-        prompt = data.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(float)
-        bad = np.flatnonzero(cached > prompt)
+    if name == "runs":
+        out += _params_violations(p, data)
+    return out + _range_violations(p, name, data)
+
+
+def _params_violations(p: str, data: pa.Table) -> list[Violation]:
+    """Each run's params_json: a JSON object holding what its kind's readers look up
+    (`RUN_PARAMS`)."""
+    import json
+
+    out = []
+    kinds = data.column("kind").to_pylist()
+    # a nested run (one engine of a two-engine trace) holds its engine's parameters alone
+    nested = (Path(p).parent.parent.parent / "runs").is_dir()
+    for r, text in enumerate(data.column("params_json").to_pylist()):
+        try:
+            params = json.loads(text or "{}")
+        except json.JSONDecodeError as e:
+            out.append(Violation(p, f"not JSON ({e})", column="params_json", row=r))
+            continue
+        if not isinstance(params, dict):
+            out.append(Violation(p, f"not a JSON object ({type(params).__name__})",
+                                 column="params_json", row=r))
+            continue
+        for key, what in ({} if nested else RUN_PARAMS.get(kinds[r], {})).items():
+            problem = _param_problem(params, key.lstrip("?"), what, key.startswith("?"))
+            if problem:
+                out.append(Violation(p, f"{key.lstrip('?')} {problem} (a {kinds[r]} run's "
+                                        "readers need it)", column="params_json", row=r))
+    return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+_PARAM_CHECKS = {
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+              "a whole number >= 1"),
+    "whole": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "a whole number >= 0"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "numbers": (lambda v: isinstance(v, dict) and all(
+        _number(x) or isinstance(x, (bool, list)) or x is None for x in v.values()),
+        "an object of numbers"),
+    "counts": (lambda v: isinstance(v, list) and v and all(
+        _PARAM_CHECKS["count"][0](x) for x in v), "a list of whole numbers >= 1"),
+    "fractions": (lambda v: isinstance(v, list) and v and all(
+        _number(x) and 0 <= x <= 1 for x in v), "a list of numbers in [0, 1]"),
+    "names": (lambda v: isinstance(v, list) and v and all(isinstance(x, str) for x in v),
+              "a list of names"),
+}
+
+
+def _param_problem(params: dict, key: str, what: str, optional: bool) -> str | None:
+    """What is wrong with dotted `key` of `params` as `what` (None: nothing)."""
+    node = params
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None if optional else "missing"
+        node = node[part]
+    ok, expected = _PARAM_CHECKS[what]
+    return None if ok(node) else f"is {json_text(node)}, expected {expected}"
+
+
+def json_text(v) -> str:
+    """A value as JSON text, cut to 40 characters."""
+    import json
+
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _numbers(data: pa.Table, col: str) -> np.ndarray:
+    return data.column(col).to_numpy(zero_copy_only=False).astype(float)  # nulls -> nan
+
+
+def _range_violations(p: str, name: str, data: pa.Table) -> list[Violation]:
+    """Numbers outside their physical range (`RANGE_COLUMNS`), counts above their bound
+    (`NOT_ABOVE`)."""
+    out: list[Violation] = []
+    for col, (low, high) in RANGE_COLUMNS.get(name, {}).items():
+        v = _numbers(data, col)
+        valid = ~data.column(col).is_null().to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(valid & ~((v >= low) & (v <= high)))  # NaN fails too
         if bad.size:
-            out.append(Violation(p, f"cached_prompt_tokens {cached[bad[0]]:g} > prompt_tokens "
-                                    f"{prompt[bad[0]]:g} ({bad.size} rows)",
-                                 column="cached_prompt_tokens", row=int(bad[0])))
+            out.append(Violation(p, f"{v[bad[0]]:g} outside [{low:g}, {high:g}] ({bad.size} "
+                                    "rows)", column=col, row=int(bad[0])))
+    for col, bound in NOT_ABOVE.get(name, ()):
+        v, limit = _numbers(data, col), _numbers(data, bound)
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(v > limit)
+        if bad.size:
+            out.append(Violation(p, f"{col} {v[bad[0]]:g} > {bound} {limit[bad[0]]:g} "
+                                    f"({bad.size} rows)", column=col, row=int(bad[0])))
     return out
 
 
@@ -211,6 +301,47 @@ def check_trace(path: str | Path) -> list[Violation]:
         out.extend(_check_unique(path))
     if parts(path, "runs"):  # after the contents: their violations say more than a hash does
         out.extend(Violation(f, message) for f, message in verify(path))
+    return out
+
+
+_CHECKED: dict[Path, tuple] = {}
+"""per trace directory read in this process: the state of its files when its checks passed"""
+
+
+def check_sealed_once(trace_dir: str | Path) -> None:
+    """Refuse (TraceError) a sealed directory whose bytes changed since it was sealed: a reader
+    must not compute from them. Once per state of its files in a process (a reader reads a
+    trace many times); an unsealed one is `traces check`'s to judge."""
+    path = Path(trace_dir).resolve()
+    if not (path / MANIFEST).exists():
+        return
+    state = tuple(sorted((str(f), s.st_mtime_ns, s.st_size) for f in path.rglob("*")
+                         if f.is_file() for s in (f.stat(),)))
+    if _CHECKED.get(path) != state:
+        raise_if(Violation(f, m) for f, m in verify(path))
+        _CHECKED[path] = state
+
+
+def key_violations(trace_dir: Path, name: str, data: pa.Table) -> list[Violation]:
+    """A table as read whole: a key that repeats (`UNIQUE_KEYS`), a row of a run the
+    directory's runs table does not hold."""
+    out = []
+    key = UNIQUE_KEYS.get(name)
+    if key and data.num_rows:
+        counts = data.select(list(key)).group_by(list(key)).aggregate([([], "count_all")])
+        dup = counts.filter(pc.greater(counts["count_all"], 1))
+        if dup.num_rows:
+            first = dup.slice(0, 1).to_pylist()[0]
+            ident = ", ".join(f"{k}={first[k]!r}" for k in key)
+            out.append(Violation(str(trace_dir / name), f"duplicate {ident} ({dup.num_rows} "
+                                 f"keys repeat in {name})", column=key[-1]))
+    if name != "runs" and data.num_rows:
+        runs = {i for f in parts(trace_dir, "runs")
+                for i in pq.read_table(f, columns=["run_id"]).column("run_id").to_pylist()}
+        other = set(pc.unique(data["run_id"]).to_pylist()) - runs
+        if other:
+            out.append(Violation(str(trace_dir / name), f"run_id {sorted(other)[0]!r} not in "
+                                 "runs", column="run_id"))
     return out
 
 

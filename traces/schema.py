@@ -306,8 +306,53 @@ COUNT_COLUMNS: dict[str, tuple[str, ...]] = {
 
 # Enumerated text columns: the values each may hold (nulls aside).
 ENUM_COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
+    "runs": {"kind": ("steps", "serve", "probes", "branches", "exits", "spec", "conformity", "tot",
+                      "sim", "replay", "program_replay")},
     "requests": {"finish_reason": ("length", "stop", "abort", "error")},
     "trajectories": {"finish_reason": ("stop", "length")},
+}
+
+_ANY = float("inf")
+# Numbers with a physical range: finite and within [low, high] when present (probabilities,
+# rewards as geometric-mean likelihoods, p-values, mean NLL scores, 1-based layers, indices).
+RANGE_COLUMNS: dict[str, dict[str, tuple[float, float]]] = {
+    "exits": {"max_prob": (0, 1), "layer": (1, _ANY), "token_index": (0, _ANY)},
+    "layers": {"layer": (1, _ANY)},
+    "probes": {"position_tokens": (0, _ANY), "sample_id": (0, _ANY)},
+    "branches": {"reward": (0, 1), "cap": (1, _ANY), "branch_id": (0, _ANY),
+                 "depth": (0, _ANY), "round": (0, _ANY)},
+    "conformity": {"p_value_marginal": (0, 1), "p_value_conditional": (0, 1),
+                   "score": (0, _ANY), "target_score": (0, _ANY), "sample": (0, _ANY),
+                   "turn": (0, _ANY)},
+    "tot_requests": {"value": (0, 1), "level": (1, _ANY), "round": (0, _ANY)},
+    "spec_steps": {"temperature": (0, _ANY), "num_speculative_tokens": (1, _ANY),
+                   "step_index": (0, _ANY)},
+}
+
+# The run parameters (runs.params_json, dotted keys) each kind's readers look up, with what each
+# holds: count (whole >= 1), whole (>= 0), object, numbers (an object of numbers or flags),
+# counts (a non-empty list of counts), fractions (a non-empty list in [0, 1]), names (a
+# non-empty list of text); a key led by `?` may be absent.
+RUN_PARAMS: dict[str, dict[str, str]] = {
+    "steps": {"?engine": "object", "?grid": "object"},
+    "probes": {"workload": "object", "workload.stride_tokens": "count",
+               "workload.budget_tokens": "count", "workload.seed": "whole"},
+    "branches": {"workload": "object", "workload.settings": "numbers", "workload.methods": "names",
+                 "workload.sc_samples": "count", "workload.mcts_iterations": "count",
+                 "workload.rebase_widths": "counts", "workload.seed": "whole"},
+    "conformity": {"workload": "object", "workload.settings": "numbers",
+                   "workload.alphas": "fractions", "workload.samples": "count",
+                   "workload.seed": "whole"},
+    "tot": {"workload": "object", "workload.settings": "object", "workload.seed": "whole",
+            "probe_tokens": "count"},
+}
+
+# Within a row, a count that cannot exceed another (both present).
+NOT_ABOVE: dict[str, tuple[tuple[str, str], ...]] = {
+    "requests": (("cached_prompt_tokens", "prompt_tokens"),),
+    "spec_steps": (("accepted_tokens", "proposed_tokens"),
+                   ("proposed_tokens", "num_speculative_tokens")),
+    "tot_requests": (("accepted_tokens", "drafted_tokens"),),
 }
 
 # Columns that identify a row: unique within a trace directory (across its parts).

@@ -20,7 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.checks import TraceError, checked_part, raise_if
+from traces.checks import (TraceError, check_sealed_once, checked_part, key_violations,
+                           raise_if)
 from traces.manifest import parts, seal as seal_dir, unseal
 from traces.schema import schema_of
 
@@ -156,7 +157,9 @@ def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.T
         return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
     checked = [checked_part(f, table) for f in files]
     raise_if(v for violations, _ in checked for v in violations)
-    return pa.concat_tables([data for _, data in checked])
+    data = pa.concat_tables([d for _, d in checked])
+    raise_if(key_violations(Path(trace_dir), table, data))
+    return data
 
 
 def read_run(trace_dir: str | Path) -> dict[str, Any]:
@@ -166,6 +169,12 @@ def read_run(trace_dir: str | Path) -> dict[str, Any]:
     rows = read_table(trace_dir, "runs").to_pylist()
     if len(rows) != 1:
         raise TraceError(f"{trace_dir}: expected one run, found {len(rows)}")
+    check_sealed_once(trace_dir)
     row = rows[0]
-    row["params"] = json.loads(row["params_json"] or "{}")
+    try:
+        row["params"] = json.loads(row["params_json"] or "{}")
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{trace_dir}: runs.params_json is not JSON ({e})") from None
+    if not isinstance(row["params"], dict):
+        raise TraceError(f"{trace_dir}: runs.params_json is not a JSON object")
     return row

@@ -62,6 +62,9 @@ def load_trace(trace_dir: str | Path) -> Trace:
         nodes[(r["program_id"], r["sample"], r["path"])] = r
         questions[r["program_id"]] = (r["question_id"], r["gold_answer"], r["difficulty"],
                                       r["family"])
+    if not questions:
+        raise ValueError(f"{trace_dir}: no evaluation programs (program ids ending 'eva') in "
+                         "its conformity table")
     kd = int(wl["settings"]["draft_tokens"])
     return Trace(nodes, questions, int(wl["samples"]), int(wl["settings"]["turns"]),
                  tuple(wl["alphas"]), calibration, kd, int(wl.get("calib_draft_tokens") or kd),

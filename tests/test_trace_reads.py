@@ -1,0 +1,132 @@
+"""What a reader of a shipped trace refuses when the trace was changed: values outside their
+physical range, counts above their bound, keys that repeat across parts, rows of another run,
+run parameters a kind's readers need, and bytes changed since the directory was sealed. Each
+corrupted copy is sealed again (but the last case), so the content checks are what refuses it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import REPO
+from traces import TraceError, check_trace, read_table
+from traces.manifest import seal
+from traces.store import read_run
+
+DATA = REPO / "traces" / "data"
+
+
+def _copy(tmp_path, name: str):
+    d = tmp_path / name
+    shutil.copytree(DATA / name, d)
+    return d
+
+
+def _edit(d, table: str, fn, reseal: bool = True):
+    """Rewrite the first part of `table` through `fn` (its schema and metadata kept)."""
+    part = sorted((d / table).glob("part-*.parquet"))[0]
+    t = pq.read_table(part)
+    pq.write_table(fn(t).replace_schema_metadata(t.schema.metadata), part)
+    if reseal:
+        seal(d, read_table(d, "runs", validate=False).column("run_id")[0].as_py())
+    return part
+
+
+def _set(col: str, row: int, value):
+    def fn(t: pa.Table) -> pa.Table:
+        values = t.column(col).to_pylist()
+        values[row] = value
+        i = t.schema.get_field_index(col)
+        return t.set_column(i, t.schema.field(i), pa.array(values, t.schema.field(i).type))
+
+    return fn
+
+
+def _params(change):
+    def fn(t: pa.Table) -> pa.Table:
+        params = json.loads(t.column("params_json")[0].as_py())
+        change(params)
+        return _set("params_json", 0, json.dumps(params))(t)
+
+    return fn
+
+
+CASES = {
+    "reward NaN": ("testbed-branches-cpu", "branches", _set("reward", 3, float("nan")),
+                   r"column 'reward' row 3: nan outside \[0, 1\]"),
+    "p-value above 1": ("testbed-conformity-cpu", "conformity",
+                        _set("p_value_marginal", 5, 7.5),
+                        r"column 'p_value_marginal' row 5: 7.5 outside \[0, 1\]"),
+    "exit layer 0": ("testbed-exits-target-small-cpu", "exits", _set("layer", 0, 0),
+                     r"column 'layer' row 0: 0 outside \[1, inf\]"),
+    "max_prob above 1": ("testbed-exits-target-small-cpu", "exits", _set("max_prob", 1, 1.5),
+                         r"column 'max_prob' row 1: 1.5 outside \[0, 1\]"),
+    "accepted above proposed": ("testbed-spec-cpu", "spec_steps", _set("accepted_tokens", 0, 99),
+                                r"row 0: accepted_tokens 99 > proposed_tokens"),
+    "run kind unknown": ("testbed-probes-cpu", "runs", _set("kind", 0, "bogus"),
+                         r"column 'kind' row 0: 'bogus' is not one of steps"),
+    "no probe stride": ("testbed-probes-cpu", "runs",
+                        _params(lambda p: p["workload"].pop("stride_tokens")),
+                        r"workload.stride_tokens missing \(a probes run's readers need it\)"),
+    "iterations as text": ("testbed-branches-cpu", "runs",
+                           _params(lambda p: p["workload"].update(mcts_iterations="16")),
+                           r"workload.mcts_iterations is \"16\", expected a whole number >= 1"),
+    "params a list": ("testbed-large-cpu", "runs", _set("params_json", 0, "[1, 2]"),
+                      r"column 'params_json' row 0: not a JSON object \(list\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_changed_trace_is_refused_by_its_readers_and_its_check(tmp_path, case):
+    name, table, fn, pattern = CASES[case]
+    d = _copy(tmp_path, name)
+    _edit(d, table, fn)
+    with pytest.raises(TraceError, match=pattern):
+        read_table(d, table)
+    assert re.search(pattern, "\n".join(map(str, check_trace(d))))
+
+
+def test_repeated_keys_and_rows_of_another_run_are_refused_where_the_table_is_read(tmp_path):
+    d = _copy(tmp_path, "testbed-branches-cpu")
+    run_id = read_run(d)["run_id"]
+    part = sorted((d / "branches").glob("part-*.parquet"))[0]
+    shutil.copy(part, part.with_name("part-again.parquet"))  # a part copied twice
+    seal(d, run_id)
+    with pytest.raises(TraceError, match=r"duplicate program_id='.+', branch_id=\d+ \(\d+ keys "
+                                         r"repeat in branches\)"):
+        read_table(d, "branches")
+    part.with_name("part-again.parquet").unlink()
+    seal(d, run_id)
+    _edit(d, "branches", _set("run_id", 0, "another-run"))  # a row of another run
+    with pytest.raises(TraceError, match="run_id 'another-run' not in runs"):
+        read_table(d, "branches")
+
+
+def test_a_sealed_trace_changed_since_is_refused_by_its_readers(tmp_path):
+    from programs.traced import load_search
+
+    d = _copy(tmp_path, "testbed-branches-cpu")
+    assert load_search(d, "sc", 16).questions  # as shipped
+    part = _edit(d, "branches", _set("output_tokens", 2, 7), reseal=False)
+    with pytest.raises(TraceError, match=f"{re.escape(str(part))}: its bytes changed since the "
+                                         "directory was sealed"):
+        load_search(d, "sc", 16)
+
+
+def test_conformity_without_evaluation_questions_or_their_difficulty_is_refused(tmp_path):
+    import pyarrow.compute as pc
+
+    from programs.a1_traced import load_conformity
+
+    d = _copy(tmp_path, "testbed-conformity-cpu")
+    t = pq.read_table(sorted((d / "conformity").glob("part-*"))[0])
+    roots = pc.and_(pc.equal(t["path"], ""), pc.ends_with(t["program_id"], "eva"))
+    _edit(d, "conformity", _set("difficulty", roots.to_pylist().index(True), None))
+    with pytest.raises(ValueError, match=r"question .+ has no root node \(path ''\) with a "
+                                         "difficulty"):
+        load_conformity(d, 4)
