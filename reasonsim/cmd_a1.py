@@ -9,8 +9,9 @@ from pathlib import Path
 
 from reasonsim.cmd_a1_analysis import add_analysis_parsers
 from reasonsim.cmd_a1_scaling import add_scaling_parsers
-from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
-                              int_at_least, print_summary, program_config)
+from reasonsim.common import (CACHE_GB, CALIBRATION_SEED_OFFSET, TEMPERATURE, TESTBED, UserError,
+                             calibrate_pools, int_at_least, print_summary, program_config,
+                             seed_int)
 
 
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
@@ -49,23 +50,23 @@ def add_trace_parser(tsub) -> None:
     c.add_argument("--target", default=str(TESTBED / "target-large"),
                    help="target model directory")
     c.add_argument("-o", "--out", required=True, help="trace directory to write")
-    c.add_argument("--questions", type=int, default=3,
+    c.add_argument("--questions", type=int_at_least(1), default=3,
                    help="evaluation questions per family x level (as many for calibration)")
-    c.add_argument("--samples", type=int, default=8, help="evaluated paths per question")
+    c.add_argument("--samples", type=int_at_least(1), default=8, help="evaluated paths per question")
     c.add_argument("--calib-samples", type=int_at_least(1), default=8,
                    help="calibration paths per evaluated question (conditional coverage)")
     c.add_argument("--alphas", type=floats, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-    c.add_argument("--turns", type=int, default=16, help="T: most steps a path takes")
-    c.add_argument("--draft-tokens", type=int, default=32, help="Kd: longest draft step")
-    c.add_argument("--calib-draft-tokens", type=int, default=None,
+    c.add_argument("--turns", type=int_at_least(1), default=16, help="T: most steps a path takes")
+    c.add_argument("--draft-tokens", type=int_at_least(1), default=32, help="Kd: longest draft step")
+    c.add_argument("--calib-draft-tokens", type=int_at_least(1), default=None,
                    help="Kd of the calibration phase (default: --draft-tokens; another length "
                    "is A1's calibration-sampling mismatch)")
     c.add_argument("--thresholds", type=floats, default=None,
                    help="fixed-threshold baselines (mean NLL) traced beside the conformal grid")
-    c.add_argument("--target-tokens", type=int, default=32, help="Kt: longest target step")
-    c.add_argument("--temperature", type=float, default=0.8)
-    c.add_argument("--kv-cache-gb", type=float, default=0.5, help="KV cache per engine")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--target-tokens", type=int_at_least(1), default=32, help="Kt: longest target step")
+    c.add_argument("--temperature", type=TEMPERATURE, default=0.8)
+    c.add_argument("--kv-cache-gb", type=CACHE_GB, default=0.5, help="KV cache per engine")
+    c.add_argument("--seed", type=seed_int, default=0)
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=cmd_trace_conformity)
@@ -84,9 +85,9 @@ def add_a1_parser(sub) -> None:
                         "decision string per path) and sim-vs-live latency and throughput errors.")
     r.add_argument("config", help="an A1 program config with a draft and a target replica")
     r.add_argument("-o", "--out", default="reports/a1-replay")
-    r.add_argument("--count", type=int, default=None, help="override the number of programs")
-    r.add_argument("--repeats", type=int, default=2, help="live runs (>= 2 gives the spread)")
-    r.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    r.add_argument("--count", type=int_at_least(1), default=None, help="override the number of programs")
+    r.add_argument("--repeats", type=int_at_least(1), default=2, help="live runs (>= 2 gives the spread)")
+    r.add_argument("--seed", type=seed_int, default=None, help="override the config's seed")
     r.add_argument("--calibrate-here", action="store_true",
                    help="first serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live, and simulate with draft and target "
@@ -132,7 +133,7 @@ def live_job(config: str, count: int | None, seed: int | None, out_dir: str) -> 
 
 def cmd_a1_replay(args: argparse.Namespace) -> int:
     """`reasonsim a1 replay`: the config live (twice: the noise floor) and simulated, compared."""
-    from traces.store import read_table
+    from traces.store import check_out_dir, read_table
     from validation.a1 import replay_result
     from validation.judge import machine_speed
     from validation.replay import fresh_process
@@ -142,7 +143,7 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
         cfg, _ = _config(path, args.count, args.seed)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
-    out = Path(args.out)
+    out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
     if args.calibrate_here:  # other programs first, live here: each pool calibrated on them
         cal = out / "calibration"
         fresh_process(live_job, str(path), args.count, cfg.seed + CALIBRATION_SEED_OFFSET,

@@ -159,7 +159,7 @@ def add_analysis_parsers(asub) -> None:
                    help="conformal alphas (both coverages; default 0.4)")
     t.add_argument("--thresholds", type=floats, default=None,
                    help="fixed-threshold baselines beside them")
-    t.add_argument("--samples", type=int, default=None,
+    t.add_argument("--samples", type=int_at_least(1), default=None,
                    help="samples per question (default: the trace's)")
     t.add_argument("-o", "--out", help="write per_turn.json and per_turn.png here")
     t.add_argument("--json", action="store_true")

@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError
+from reasonsim.common import RATE, UserError
 
 
 def _variants(d: dict) -> dict:
@@ -127,7 +127,7 @@ def add_scaling_parsers(asub) -> None:
     b.add_argument("config", help="an A1 program config")
     b.add_argument("--turns", type=ints, default=[2, 4, 8, 16],
                    help="turns per path (at most the conformity trace's)")
-    b.add_argument("--rate", type=float, default=None,
+    b.add_argument("--rate", type=RATE, default=None,
                    help="programs per second (default the config's; a high rate measures "
                    "what the replicas sustain)")
     b.add_argument("-o", "--out", help="write throughput_vs_budget.{png,json} here")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, int_at_least, names, refuse_unread
+from reasonsim.common import UserError, fraction, int_at_least, names, refuse_unread, seed_int
 
 
 def cmd_dynasor_offline(args: argparse.Namespace) -> int:
@@ -211,15 +211,15 @@ def _add_calibrate_parser(dysub) -> None:
                           "the held-out half against baseline-even.")
     ca.add_argument("trace", help="branches trace directory (reasonsim trace branches)")
     ca.add_argument("--method", choices=["sc", "mcts", "rebase"], required=True)
-    ca.add_argument("--cap", type=int, required=True,
+    ca.add_argument("--cap", type=int_at_least(1), required=True,
                     help="samples (sc), iterations (mcts) or width (rebase)")
     ca.add_argument("--signal", choices=["entropy", "reward"], default="entropy")
     ca.add_argument("--thresholds", type=floats, default=None,
                     help="candidates; default: 0.05..0.95 (entropy), the traced rewards (reward)")
-    ca.add_argument("--detect", type=int, default=None,
+    ca.add_argument("--detect", type=int_at_least(1), default=None,
                     help="detect@knob: check once at this many solutions (default: every round)")
-    ca.add_argument("--per-round", type=int, default=0, help="sc: paths per round")
-    ca.add_argument("--split-seed", type=int, default=0)
+    ca.add_argument("--per-round", type=int_at_least(0), default=0, help="sc: paths per round")
+    ca.add_argument("--split-seed", type=seed_int, default=0)
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_dynasor_calibrate)
 
@@ -239,6 +239,6 @@ def _add_online_parser(dysub) -> None:
     on.add_argument("--rates", type=floats, default=[1, 2, 3, 4, 5, 6])
     on.add_argument("--slo-scales", type=floats, default=[0.5, 1, 1.5, 2, 3, 4])
     on.add_argument("--target", type=fraction, default=0.9, help="attainment target")
-    on.add_argument("--workers", type=int, default=2, help="simulations at once (process pool)")
+    on.add_argument("--workers", type=int_at_least(1), default=2, help="simulations at once (process pool)")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=cmd_dynasor_online)

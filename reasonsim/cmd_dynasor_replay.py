@@ -10,7 +10,8 @@ from functools import partial
 from pathlib import Path
 
 from sim.output import write_sim
-from reasonsim.common import CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, print_summary
+from reasonsim.common import (CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, int_at_least,
+                             print_summary, refuse_inside)
 
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
@@ -30,6 +31,11 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UserError(f"--repeats {args.repeats}: serve the programs live at least once")
     out = Path(args.out)
+    refuse_inside(out, [wl.trace], "--out")
+    if not out.exists() or not any(out.iterdir()):  # an engine must not start to find it used
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        raise UserError(f"--out {out}: not empty; choose a new directory")
     calibration = None
     if args.calibrate_here:
         cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
@@ -180,7 +186,7 @@ def add_replay_parser(dysub) -> None:
                           "sim-vs-live errors.")
     rp.add_argument("config", help="a program workload config with one replica")
     rp.add_argument("-o", "--out", default="reports/dynasor-replay")
-    rp.add_argument("--count", type=int, default=None, help="override the number of programs")
+    rp.add_argument("--count", type=int_at_least(1), default=None, help="override the number of programs")
     rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
     rp.add_argument("--url", default=None,
                     help="run on this OpenAI-compatible server instead of an in-process engine "

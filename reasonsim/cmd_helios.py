@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, ints_in_order
+from reasonsim.common import UserError, fraction, int_at_least, ints_in_order
 
 
 def cmd_helios_offline(args: argparse.Namespace) -> int:
@@ -309,13 +309,13 @@ def _add_replay_parser(hesub) -> None:
     hr.add_argument("config", help="a config with a helios: section (examples/helios-*.yaml)")
     hr.add_argument("--policies", type=lambda t: t.split(","),
                     help="policy names to replay (default: all)")
-    hr.add_argument("--repeats", type=int, default=2, help="live runs per policy")
+    hr.add_argument("--repeats", type=int_at_least(1), default=2, help="live runs per policy")
     hr.add_argument("--retrace", metavar="DIR",
                     help="first trace every model's exits again on this machine, with its "
                     "trace's own workload, into DIR/<model>, the models' phases taking turns (each "
                     "model sees the machine's same spells), and simulate from those (profiles "
                     "belong to the device that traced them)")
-    hr.add_argument("--prompts-per-phase", type=int,
+    hr.add_argument("--prompts-per-phase", type=int_at_least(1),
                     help="with --retrace: a longer (or shorter) stream than the trace's, so "
                     "live runs last long enough to average a shared machine's speed spells")
     hr.add_argument("--waves", type=ints_in_order,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from reasonsim.cmd_seed_tree import add_replay_parser, add_tot_trace_parser
-from reasonsim.common import TESTBED, UserError, counts, ints, print_summary
+from reasonsim.common import (CACHE_GB, TESTBED, UserError, counts, int_at_least, ints,
+                             print_summary, seed_int, temperatures)
 
 
 def cmd_trace_spec(args: argparse.Namespace) -> int:
@@ -51,21 +52,21 @@ def add_trace_parser(tsub) -> None:
     s.add_argument("-o", "--out", required=True, help="trace directory to write")
     s.add_argument("--k", type=ints, default=[2, 4], help="num_speculative_tokens values")
     s.add_argument("--batch-sizes", type=ints, default=[1, 4, 8])
-    s.add_argument("--questions", type=int, default=8, help="questions per K x mode x batch")
-    s.add_argument("--max-tokens", type=int, default=160)
-    s.add_argument("--temperatures", type=lambda t: [float(x) for x in t.split(",")],
+    s.add_argument("--questions", type=int_at_least(1), default=8, help="questions per K x mode x batch")
+    s.add_argument("--max-tokens", type=int_at_least(1), default=160)
+    s.add_argument("--temperatures", type=temperatures,
                    default=[0.0, 0.8], help="0 = greedy acceptance")
     s.add_argument("--prompt-tokens", type=counts, default=[0],
                    help="prompt lengths, a pass of the waves each (0: the question itself; n: n "
                    "tokens cut from the testbed's questions)")
-    s.add_argument("--kv-cache-gb", type=float, default=0.5)
+    s.add_argument("--kv-cache-gb", type=CACHE_GB, default=0.5)
     s.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
                    help="torch: greedy speculative decoding on two PyTorch engines (CUDA where "
                    "torch sees a GPU; --temperatures 0 only)")
     s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy (torch engine): random weights from config.json, a real "
                    "draft/target shape pair for draft and verify times (acceptance is ~0)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_int, default=0)
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_trace_spec)

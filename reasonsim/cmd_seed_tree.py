@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import (CALIBRATION_SEED_OFFSET, TESTBED, UserError, calibrate_pools,
-                              ints, names, print_summary, program_config)
+from reasonsim.common import (CACHE_GB, CALIBRATION_SEED_OFFSET, TEMPERATURE, TESTBED, UserError,
+                             calibrate_pools, int_at_least, ints, names, print_summary,
+                             program_config, seed_int)
 
 MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 
@@ -62,14 +63,16 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from sim.simulate import simulate
     from validation.judge import machine_speed
     from validation.seed import add_at_live_speed, compare_modes
-    from traces.store import read_table
+    from traces.store import check_out_dir, read_table
 
     path, out = Path(args.config), Path(args.out)
     modes = args.modes
-    try:
-        cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
+    try:  # every mode's config, before any engine starts
+        cfg = [_config(path, mode, args.count, seed=args.seed)[0] for mode in modes][0]
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
+    if not args.rejudge:  # a rejudge reads the live runs already there
+        check_out_dir(out, resume=False, can_resume=False)
     cal_seed = (cfg.seed if args.seed is None else args.seed) + CALIBRATION_SEED_OFFSET
     lives = _live_runs(args, path, out, modes, cal_seed)
     try:
@@ -277,25 +280,25 @@ def add_tot_trace_parser(tsub) -> None:
     s.add_argument("--target", default=str(TESTBED / "target-large"),
                    help="target model directory")
     s.add_argument("-o", "--out", required=True, help="trace directory to write")
-    s.add_argument("--questions", type=int, default=2, help="questions per family x level")
-    s.add_argument("--breadth", type=int, default=2, help="states kept per level (b)")
-    s.add_argument("--thoughts", type=int, default=3, help="thoughts per state (n)")
-    s.add_argument("--depth", type=int, default=4, help="levels (T)")
-    s.add_argument("--thought-tokens", type=int, default=24, help="cap on one thought")
-    s.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    s.add_argument("--draft-tokens", type=int, default=4, help="K drafted per round")
+    s.add_argument("--questions", type=int_at_least(1), default=2, help="questions per family x level")
+    s.add_argument("--breadth", type=int_at_least(1), default=2, help="states kept per level (b)")
+    s.add_argument("--thoughts", type=int_at_least(1), default=3, help="thoughts per state (n)")
+    s.add_argument("--depth", type=int_at_least(1), default=4, help="levels (T)")
+    s.add_argument("--thought-tokens", type=int_at_least(1), default=24, help="cap on one thought")
+    s.add_argument("--temperature", type=TEMPERATURE, default=0.7, help="0 = greedy")
+    s.add_argument("--draft-tokens", type=int_at_least(1), default=4, help="K drafted per round")
     s.add_argument("--k-config", action="append", default=[], metavar="K1,K2,..",
                    help="also grow the tree of multi-candidate rounds (MCSD; SEED's tree "
                    "drafts) with this many candidates per drafted position, e.g. 2,1,1,1 "
                    "(repeatable)")
-    s.add_argument("--eval-tokens", type=int, default=1,
+    s.add_argument("--eval-tokens", type=int_at_least(1), default=1,
                    help="tokens a value prompt writes (the state's answer; its value is the "
                    "probability of the first)")
     s.add_argument("--speculative-eval", action="store_true",
                    help="also grow the tree whose value prompts' answers are drafted and "
                    "verified too (sd-se: SEED's State Evaluator under speculative execution)")
-    s.add_argument("--kv-cache-gb", type=float, default=0.5)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--kv-cache-gb", type=CACHE_GB, default=0.5)
+    s.add_argument("--seed", type=seed_int, default=0)
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_trace_tot)
@@ -312,9 +315,9 @@ def add_replay_parser(ssub) -> None:
     r.add_argument("config", help="a ToT config (workload.programs.method: tot)")
     r.add_argument("-o", "--out", required=True, help="directory for the runs and compare.json")
     r.add_argument("--modes", type=names, default="ar,sd,seed", help=f"of {MODES_DEFAULT}")
-    r.add_argument("--repeats", type=int, default=2)
-    r.add_argument("--count", type=int, help="programs (default: the config's)")
-    r.add_argument("--seed", type=int, help="the config's seed, overridden (other traffic)")
+    r.add_argument("--repeats", type=int_at_least(1), default=2)
+    r.add_argument("--count", type=int_at_least(1), help="programs (default: the config's)")
+    r.add_argument("--seed", type=seed_int, help="the config's seed, overridden (other traffic)")
     r.add_argument("--calibrate-here", action="store_true",
                    help="before each validation run, serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live under the same mode, and simulate with "
@@ -335,7 +338,7 @@ def add_replay_parser(ssub) -> None:
     m.add_argument("config", help="a ToT config (workload.programs.method: tot)")
     m.add_argument("--modes", type=names, default=MODES_DEFAULT)
     m.add_argument("--depths", type=ints, help="comma-separated depths (default: the config's)")
-    m.add_argument("--count", type=int, help="programs (default: the config's)")
+    m.add_argument("--count", type=int_at_least(1), help="programs (default: the config's)")
     m.add_argument("-o", "--out", help="write seed_modes.json and the figures here")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_seed_modes)

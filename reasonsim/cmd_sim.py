@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reasonsim.common import REPO, UserError, print_summary
+from reasonsim.common import REPO, UserError, int_at_least, print_summary, refuse_inside
 
 DEMO_CONFIG = REPO / "examples" / "demo.yaml"
 
@@ -18,6 +18,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from sim.step_time.calibration import calibrate
     from sim.step_time.host_time import fit_host_ms
 
+    refuse_inside(args.out, args.trace_dirs + (args.host_from or []), "-o")
     cal = calibrate(args.trace_dirs, seed=args.seed, model=args.model, spec_k=args.spec_k)
     if args.host_from:
         p = cal.provenance
@@ -223,7 +224,7 @@ def add_calibrate_parser(sub) -> None:
                      "or a directory of one per engine), on the traces' engine and device: "
                      "fit the host time per added request and after idle from them (default: "
                      "from the live replays among the traces)")
-    cal.add_argument("--spec-k", type=int, default=None, metavar="K",
+    cal.add_argument("--spec-k", type=int_at_least(1), default=None, metavar="K",
                      help="fit the steps of vLLM's speculative decoding with K draft tokens (a "
                      "spec trace's K cells, or live replays of a speculative engine)")
     cal.add_argument("--json", action="store_true")

@@ -34,7 +34,7 @@ def cmd_testbed_eval(args: argparse.Namespace) -> int:
 
 def add_testbed_parser(sub) -> None:
     """The `testbed` command group."""
-    from reasonsim.common import TESTBED
+    from reasonsim.common import POSITIVE, TESTBED, int_at_least, seed_int
 
     tb = sub.add_parser("testbed", help="build and measure the small trained testbed models")
     tbsub = tb.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
@@ -43,9 +43,9 @@ def add_testbed_parser(sub) -> None:
                          "deterministically (seeded data and initialisation).")
     b.add_argument("-o", "--out", default=str(TESTBED), help="directory for the model folders")
     b.add_argument("--models", nargs="+", default=None, help="subset of models to train")
-    b.add_argument("--steps-scale", type=float, default=1.0,
+    b.add_argument("--steps-scale", type=POSITIVE, default=1.0,
                    help="multiply every model's step budget (e.g. 0.01 for a smoke run)")
-    b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    b.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads (default: torch's)")
     b.add_argument("--init-from", default=None,
                    help="directory of models that finished stage 1: run only the later stages")
     b.add_argument("--quiet", action="store_true")
@@ -54,9 +54,9 @@ def add_testbed_parser(sub) -> None:
                          description="Evaluate the testbed models on held-out items and print "
                          "one JSON object.")
     e.add_argument("--models", default=str(TESTBED), help="directory holding the model folders")
-    e.add_argument("--items", type=int, default=24, help="held-out items per family x level")
-    e.add_argument("--samples", type=int, default=8, help="samples per item at temperature 0.7")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--items", type=int_at_least(1), default=24, help="held-out items per family x level")
+    e.add_argument("--samples", type=int_at_least(1), default=8, help="samples per item at temperature 0.7")
+    e.add_argument("--seed", type=seed_int, default=0)
     e.add_argument("--save", default=None, help="also write the JSON object to this file")
     e.add_argument("--json", action="store_true", help="print compact JSON, no progress")
     e.add_argument("--quiet", action="store_true")

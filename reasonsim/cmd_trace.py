@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, int_at_least, print_summary
+from reasonsim.common import (CACHE_GB, RATE, TEMPERATURE, UserError, int_at_least, print_summary,
+                             seed_int)
 
 
 def cmd_trace_steps(args: argparse.Namespace) -> int:
@@ -196,9 +197,9 @@ def add_steps_parser(tsub) -> None:
     s.add_argument("--batch-sizes", type=ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
     s.add_argument("--prompt-tokens", type=ints, default=[32, 128, 512, 1024])
     s.add_argument("--output-tokens", type=ints, default=[16, 64, 128, 256])
-    s.add_argument("--repeats", type=int, default=2,
+    s.add_argument("--repeats", type=int_at_least(1), default=2,
                    help="repeats of each grid cell (>= 2 gives every shape warm samples)")
-    s.add_argument("--warmup-steps", type=int, default=3,
+    s.add_argument("--warmup-steps", type=int_at_least(0), default=3,
                    help="first N iterations of the run flagged is_warmup; the first iteration "
                    "of each new shape is flagged too")
     s.add_argument("--idle-ms", type=counts, default=[0], help="idle time before each cell, "
@@ -206,13 +207,13 @@ def add_steps_parser(tsub) -> None:
     s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy = random weights from config.json alone")
     s.add_argument("--dtype", default="auto", help="auto = float32 on CPU, bfloat16 on GPU")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--max-num-seqs", type=int, default=None)
-    s.add_argument("--max-num-batched-tokens", type=int, default=None)
-    s.add_argument("--max-model-len", type=int, default=None,
+    s.add_argument("--seed", type=seed_int, default=0)
+    s.add_argument("--max-num-seqs", type=int_at_least(1), default=None)
+    s.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=None)
+    s.add_argument("--max-model-len", type=int_at_least(1), default=None,
                    help="the engine's longest request (prompt + output); the calibration "
                    "carries it, so set it to the deployment's (default: the grid's longest)")
-    s.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU KV cache space (GiB)")
+    s.add_argument("--kv-cache-gb", type=CACHE_GB, default=1.0, help="CPU KV cache space (GiB)")
     s.add_argument("--regimes", type=lambda t: tuple(x for x in t.split(",") if x),
                    default=("greedy",), help="sampling regimes, each cell run in each: greedy, "
                    "seeded (temperature 0.7, top-p 0.95, a seed per request), logprobs (seeded "
@@ -245,15 +246,15 @@ def add_serve_parser(tsub) -> None:
     v.add_argument("--model", default=None, help="model name on the server (default: first "
                    "model listed by /v1/models)")
     v.add_argument("-o", "--out", required=True, help="trace directory to write")
-    v.add_argument("--num-requests", type=int, default=32)
-    v.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second "
+    v.add_argument("--num-requests", type=int_at_least(1), default=32)
+    v.add_argument("--rate", type=RATE, default=4.0, help="Poisson arrivals per second "
                    "(0 = all at once)")
     v.add_argument("--prompt-tokens", type=ints, default=[64, 256], help="choices, sampled")
     v.add_argument("--output-tokens", type=ints, default=[32, 128], help="choices, sampled")
-    v.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
-    v.add_argument("--warmup-requests", type=int, default=2,
+    v.add_argument("--concurrency", type=int_at_least(1), default=64, help="max requests in flight")
+    v.add_argument("--warmup-requests", type=int_at_least(0), default=2,
                    help="unrecorded requests sent before the clock starts (server warm-up)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=seed_int, default=0)
     v.add_argument("--resume", action="store_true")
     v.add_argument("--json", action="store_true")
     v.add_argument("-q", "--quiet", action="store_true")
@@ -277,15 +278,15 @@ def add_probes_parser(tsub) -> None:
     pr.add_argument("--model", default=str(DEFAULT_MODEL),
                     help="trained model directory; default: the testbed's target-large")
     pr.add_argument("-o", "--out", required=True, help="trace directory to write")
-    pr.add_argument("--questions", type=int, default=4, help="questions per family x level")
-    pr.add_argument("--samples", type=int, default=4, help="reasoning samples per question")
-    pr.add_argument("--stride", type=int, default=16, help="reasoning tokens between probes")
-    pr.add_argument("--budget", type=int, default=256, help="reasoning token budget")
-    pr.add_argument("--probe-tokens", type=int, default=20, help="tokens per probe")
-    pr.add_argument("--temperature", type=float, default=0.7, help="reasoning temperature")
-    pr.add_argument("--probe-temperature", type=float, default=0.6,
+    pr.add_argument("--questions", type=int_at_least(1), default=4, help="questions per family x level")
+    pr.add_argument("--samples", type=int_at_least(1), default=4, help="reasoning samples per question")
+    pr.add_argument("--stride", type=int_at_least(1), default=16, help="reasoning tokens between probes")
+    pr.add_argument("--budget", type=int_at_least(1), default=256, help="reasoning token budget")
+    pr.add_argument("--probe-tokens", type=int_at_least(1), default=20, help="tokens per probe")
+    pr.add_argument("--temperature", type=TEMPERATURE, default=0.7, help="reasoning temperature")
+    pr.add_argument("--probe-temperature", type=TEMPERATURE, default=0.6,
                     help="probe temperature (0.6 is the public reference's; 0 is greedy)")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--seed", type=seed_int, default=0)
     _engine_arguments(pr)
     pr.add_argument("--resume", action="store_true", help="continue a killed trace")
     pr.add_argument("--json", action="store_true")
@@ -304,14 +305,14 @@ def add_branches_parser(tsub) -> None:
     br.add_argument("--model", default=str(DEFAULT_MODEL),
                     help="trained model directory; default: the testbed's target-large")
     br.add_argument("-o", "--out", required=True, help="trace directory to write")
-    br.add_argument("--questions", type=int, default=6, help="questions per family x level")
+    br.add_argument("--questions", type=int_at_least(1), default=6, help="questions per family x level")
     br.add_argument("--methods", type=lambda t: t.split(","), default=["sc", "mcts", "rebase"])
-    br.add_argument("--samples", type=int, default=16, help="self-consistency samples")
-    br.add_argument("--iterations", type=int, default=16, help="MCTS iterations")
+    br.add_argument("--samples", type=int_at_least(1), default=16, help="self-consistency samples")
+    br.add_argument("--iterations", type=int_at_least(1), default=16, help="MCTS iterations")
     br.add_argument("--widths", type=ints, default=[4, 8, 16], help="Rebase widths")
-    br.add_argument("--budget", type=int, default=256, help="reasoning tokens per path")
-    br.add_argument("--temperature", type=float, default=0.7)
-    br.add_argument("--seed", type=int, default=0)
+    br.add_argument("--budget", type=int_at_least(1), default=256, help="reasoning tokens per path")
+    br.add_argument("--temperature", type=TEMPERATURE, default=0.7)
+    br.add_argument("--seed", type=seed_int, default=0)
     _engine_arguments(br)
     br.add_argument("--resume", action="store_true", help="continue a killed trace")
     br.add_argument("--json", action="store_true")
@@ -337,9 +338,9 @@ def add_exits_parser(tsub) -> None:
     ex.add_argument("-o", "--out", required=True, help="trace directory to write")
     ex.add_argument("--phases", type=lambda t: tuple(t.split(",")),
                     default=("mod", "count", "mod", "count"), help="task family per phase")
-    ex.add_argument("--prompts-per-phase", type=int, default=30)
-    ex.add_argument("--max-tokens", type=int, default=96)
-    ex.add_argument("--max-num-seqs", type=int, default=32)
+    ex.add_argument("--prompts-per-phase", type=int_at_least(1), default=30)
+    ex.add_argument("--max-tokens", type=int_at_least(1), default=96)
+    ex.add_argument("--max-num-seqs", type=int_at_least(1), default=32)
     ex.add_argument("--waves", type=ints_in_order, default=list(ExitsWorkload.waves),
                     help="prompts per arrival wave, cycled within each phase (e.g. 1,4,2,8); a "
                     "wave waits for a free slot per prompt, so it is prefilled in one step")
@@ -347,7 +348,7 @@ def add_exits_parser(tsub) -> None:
     ex.add_argument("--ee-thresholds", type=lambda t: tuple(float(x) for x in t.split(",") if x),
                     default=(0.9,), help="thresholds of the layer-skipping passes (EE-full "
                     "baseline); '' for none. Default: 0.9")
-    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--seed", type=seed_int, default=0)
     ex.add_argument("--json", action="store_true")
     ex.add_argument("-q", "--quiet", action="store_true")
     ex.set_defaults(func=cmd_trace_exits)

@@ -79,6 +79,14 @@ def ints_in_order(text: str) -> list[int]:
     return _positive_list(text, int, "integers", unique=False)
 
 
+def temperatures(text: str) -> list[float]:
+    """argparse type: comma-separated sampling temperatures (>= 0), none repeated."""
+    values = _positive_list(text, float, "numbers", zero_ok=True)
+    if max(values) > 100:
+        raise argparse.ArgumentTypeError(f"expected temperatures in [0, 100], got {text!r}")
+    return values
+
+
 def fraction(text: str) -> float:
     """argparse type: a number in (0, 1] (a share, an attainment target, a threshold)."""
     try:
@@ -104,6 +112,46 @@ def int_at_least(low: int):
     return parse
 
 
+def number_in(low: float, high: float = math.inf, low_open: bool = False):
+    """argparse type: a finite number in [low, high] ((low, high] with `low_open`): NaN, inf
+    and a negative temperature, cache size or rate never reach an engine."""
+    what = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and (v > low if low_open else v >= low) and v <= high):
+            raise argparse.ArgumentTypeError(f"expected a finite number in {what}, got {text!r}")
+        return v
+
+    return parse
+
+
+TEMPERATURE = number_in(0, 100)
+"""argparse type: a sampling temperature (0: greedy)"""
+CACHE_GB = number_in(0, 1e4, low_open=True)
+"""argparse type: a KV cache size in GiB"""
+POSITIVE = number_in(0, low_open=True)
+"""argparse type: a finite number > 0"""
+RATE = number_in(1e-5)
+"""argparse type: an arrival rate per second (`inputs.limits.MIN_RATE_PER_S` at least)"""
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, a whole number in 0..2^63-1 (what numpy's generators take)."""
+    from inputs.limits import SEED_MAX
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed in 0..2^63-1, got {text!r}")
+    return v
+
+
 def names(text: str) -> list[str]:
     """argparse type: comma-separated names, none repeated."""
     values = [v for v in text.split(",") if v]
@@ -127,6 +175,16 @@ def refuse_unread(trace: str, kind: str, flags: dict) -> None:
         raise UserError(f"{given[0]}: not read on a {kind} trace ({trace})")
 
 
+def refuse_inside(out: str | Path, inputs, flag: str) -> None:
+    """An output path at or inside an input trace directory would change the input (its
+    manifest, its tables): refused."""
+    o = Path(out).resolve()
+    for given in inputs:
+        d = Path(given).resolve()
+        if o == d or d in o.parents:
+            raise UserError(f"{flag} {out}: inside the input trace {given}; write elsewhere")
+
+
 def strict_json(obj):
     """`obj` with every NaN or infinite float as null: JSON has no NaN (strict parsers refuse
     Python's `NaN`)."""
@@ -141,8 +199,8 @@ def strict_json(obj):
 
 def print_summary(summary: dict, as_json: bool) -> None:
     """A summary as one JSON line or a table."""
-    if as_json:
-        print(json.dumps(summary, sort_keys=True))
+    if as_json:  # strict JSON: a figure with no value is null, not NaN
+        print(json.dumps(strict_json(summary), sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table
@@ -166,7 +224,11 @@ def program_config(path: Path, method: str, count: int | None = None, seed: int 
     from sim.config import parse_config, read_yaml
 
     d = read_yaml(path)
-    progs = d["workload"]["programs"]
+    progs = d.get("workload", {}).get("programs") if isinstance(d, dict) and isinstance(
+        d.get("workload"), dict) else None
+    if not isinstance(progs, dict) or progs.get("method") != method:
+        raise ValueError(f"not a {method} program config: needs workload.programs.method: "
+                         f"{method} (`reasonsim simulate` runs any config)")
     if count is not None:
         progs["count"] = count
     if seed is not None:
@@ -178,7 +240,5 @@ def program_config(path: Path, method: str, count: int | None = None, seed: int 
             group["calibration"] = str(calibrations[group["pool"]])
     cfg = parse_config(d, Path(path).parent)
     wl = cfg.programs
-    if wl is None or wl.method != method:
-        raise ValueError(f"needs workload.programs.method: {method}")
     load_bank(wl)
     return cfg, wl

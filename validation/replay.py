@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from sim.model_shape import model_dir_of
+from traces.store import check_out_dir
 
 REPO = Path(__file__).resolve().parent.parent
 """the checkout: `models/` and `examples/` under it"""
@@ -79,6 +80,8 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
         raise ValueError(f"--engine {engine}: {group.calibration} was fitted on the {traced} "
                          f"engine's traces; calibrate on {engine}'s to simulate it")
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
+    _check_lengths(w, cal, group.calibration)
+    check_out_dir(out_dir, resume=False, can_resume=False)  # before the engine starts
     model = model or resolve_model(cal.provenance["model_id"])
     if traced == "torch":
         return _replay_torch(cfg, cal, w, out_dir, model, device, progress)
@@ -92,6 +95,21 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
                        enable_prefix_caching=group.enable_prefix_caching,
                        speculative=live_speculative(group, cal, cfg.base_dir),
                        prompt_text=cfg.workload.get("prompt_text", "random"))
+
+
+def _check_lengths(w, cal, path) -> None:
+    """A request longer than the calibration's max_model_len is one the simulation refuses and
+    the engine it was traced on would reject: refused here, before an engine sized otherwise
+    serves it."""
+    import numpy as np
+
+    limit = cal.max_model_len
+    total = np.asarray(w.prompt_tokens) + np.asarray(w.output_tokens)
+    if limit is not None and len(total) and total.max() > limit:
+        i = int(np.argmax(total))
+        raise ValueError(f"request {i} (prompt {int(w.prompt_tokens[i])} + output "
+                         f"{int(w.output_tokens[i])} tokens) exceeds max_model_len {limit} of "
+                         f"{path}, the engine it was traced on")
 
 
 def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool) -> dict:

@@ -1,0 +1,64 @@
+"""The commands that start an engine refuse a bad input before it starts: a number no engine
+can take (NaN, inf, negative, zero counts), a config of another family, a used output
+directory, an output inside an input trace, a request longer than the calibration's engine
+took. None of these cases starts an engine (each would have taken 10-30 s to fail inside one)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import REPO, run_cli
+
+DATA, EX = REPO / "traces" / "data", REPO / "examples"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["trace", "probes", "-o", "{tmp}/p", "--temperature", "-1"],
+     "--temperature: expected a finite number in [0, 100], got '-1'"),
+    (["trace", "probes", "-o", "{tmp}/p", "--probe-temperature", "nan"],
+     "expected a finite number in [0, 100], got 'nan'"),
+    (["trace", "steps", "-o", "{tmp}/s", "--kv-cache-gb", "inf"],
+     "--kv-cache-gb: expected a finite number in (0, 10000], got 'inf'"),
+    (["trace", "steps", "-o", "{tmp}/s", "--max-num-seqs", "0"],
+     "--max-num-seqs: expected an integer >= 1, got '0'"),
+    (["trace", "branches", "-o", "{tmp}/b", "--budget", "0"], "--budget: expected an integer"),
+    (["trace", "serve", "--rate", "nan", "-o", "{tmp}/v", "--url", "http://127.0.0.1:1"],
+     "--rate: expected a finite number in [1e-05, inf]"),
+    (["trace", "spec", "-o", "{tmp}/k", "--temperatures", "0,0"], "a value repeats"),
+    (["a1", "replay", str(EX / "a1-async.yaml"), "--repeats", "0"], "--repeats: expected"),
+    (["a1", "replay", str(EX / "replay-small.yaml")],
+     "not a a1 program config: needs workload.programs.method: a1"),
+    (["seed", "replay", str(EX / "a1-async.yaml"), "-o", "{tmp}/r"], "not a tot program config"),
+    (["seed", "replay", str(EX / "seed-greedy-small.yaml"), "--modes", "ar,foo", "-o", "{tmp}/r"],
+     "'foo' is not a tot policy"),
+    (["a1", "replay", str(EX / "a1-async.yaml"), "-o", "{used}"], "not empty"),
+    (["seed", "replay", str(EX / "seed-greedy-small.yaml"), "-o", "{used}"], "not empty"),
+    (["replay", str(EX / "replay-small.yaml"), "-o", "{used}"], "not empty"),
+])
+def test_a_bad_input_is_refused_before_any_engine_starts(tmp_path, args, message):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "earlier.txt").write_text("a run's output\n")
+    args = [a.format(tmp=tmp_path, used=used) for a in args]
+    proc = run_cli(*args, check=False, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and (used / "earlier.txt").exists()
+
+
+def test_an_output_inside_an_input_trace_is_refused(tmp_path):
+    """calibrate's output over a trace's manifest, a replay writing into its programs' trace."""
+    trace = tmp_path / "steps"
+    shutil.copytree(DATA / "testbed-large-cpu", trace)
+    proc = run_cli("calibrate", str(trace), "-o", str(trace / "_manifest.json"), check=False)
+    assert proc.returncode == 2 and "inside the input trace" in proc.stderr, proc.stderr
+    probes = tmp_path / "probes"
+    shutil.copytree(DATA / "testbed-probes-cpu", probes)
+    text = (EX / "dynasor-cot-certaindex.yaml").read_text()
+    config = tmp_path / "cot.yaml"
+    config.write_text(text.replace("../traces/data/testbed-probes-cpu", str(probes))
+                      .replace("../", f"{REPO}/"))
+    proc = run_cli("dynasor", "replay", str(config), "-o", str(probes / "out"), check=False)
+    assert proc.returncode == 2 and "inside the input trace" in proc.stderr, proc.stderr
+    assert not (probes / "out").exists()
