@@ -261,7 +261,8 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
         parents = g.parent_branch_id.fillna(0).astype(int)
         # pandas reads a null answer as NaN where a whole group's are null: no answer
         reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o),
-                                   a if isinstance(a, str) else None, float(w), bool(leaf), int(up))
+                                   a if isinstance(a, str) else None, float(w), bool(leaf),
+                                   int(up))
                      for b, r, p, o, a, w, leaf, up in zip(
                          g.branch_id, g["round"], g.prompt_tokens, g.output_tokens, g.answer,
                          g.reward, g.is_leaf, parents))

@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `reasonsim` console script."""
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "device", None) not in (None, "auto"):
+            from reasonsim.cmd_trace import check_device
+
+            check_device(args)
         return args.func(args)
     except (UserError, ValueError, OSError, RuntimeError) as e:
         # Bad input, unreachable servers, dead engines: one line. REASONSIM_DEBUG=1 shows where.

@@ -52,18 +52,21 @@ def add_trace_parser(tsub) -> None:
     c.add_argument("-o", "--out", required=True, help="trace directory to write")
     c.add_argument("--questions", type=int_at_least(1), default=3,
                    help="evaluation questions per family x level (as many for calibration)")
-    c.add_argument("--samples", type=int_at_least(1), default=8, help="evaluated paths per question")
+    c.add_argument("--samples", type=int_at_least(1), default=8,
+                   help="evaluated paths per question")
     c.add_argument("--calib-samples", type=int_at_least(1), default=8,
                    help="calibration paths per evaluated question (conditional coverage)")
     c.add_argument("--alphas", type=floats, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     c.add_argument("--turns", type=int_at_least(1), default=16, help="T: most steps a path takes")
-    c.add_argument("--draft-tokens", type=int_at_least(1), default=32, help="Kd: longest draft step")
+    c.add_argument("--draft-tokens", type=int_at_least(1), default=32,
+                   help="Kd: longest draft step")
     c.add_argument("--calib-draft-tokens", type=int_at_least(1), default=None,
                    help="Kd of the calibration phase (default: --draft-tokens; another length "
                    "is A1's calibration-sampling mismatch)")
     c.add_argument("--thresholds", type=floats, default=None,
                    help="fixed-threshold baselines (mean NLL) traced beside the conformal grid")
-    c.add_argument("--target-tokens", type=int_at_least(1), default=32, help="Kt: longest target step")
+    c.add_argument("--target-tokens", type=int_at_least(1), default=32,
+                   help="Kt: longest target step")
     c.add_argument("--temperature", type=TEMPERATURE, default=0.8)
     c.add_argument("--kv-cache-gb", type=CACHE_GB, default=0.5, help="KV cache per engine")
     c.add_argument("--seed", type=seed_int, default=0)
@@ -85,8 +88,10 @@ def add_a1_parser(sub) -> None:
                         "decision string per path) and sim-vs-live latency and throughput errors.")
     r.add_argument("config", help="an A1 program config with a draft and a target replica")
     r.add_argument("-o", "--out", default="reports/a1-replay")
-    r.add_argument("--count", type=int_at_least(1), default=None, help="override the number of programs")
-    r.add_argument("--repeats", type=int_at_least(1), default=2, help="live runs (>= 2 gives the spread)")
+    r.add_argument("--count", type=int_at_least(1), default=None,
+                   help="override the number of programs")
+    r.add_argument("--repeats", type=int_at_least(1), default=2,
+                   help="live runs (>= 2 gives the spread)")
     r.add_argument("--seed", type=seed_int, default=None, help="override the config's seed")
     r.add_argument("--calibrate-here", action="store_true",
                    help="first serve other programs of the config (seed "

@@ -239,6 +239,7 @@ def _add_online_parser(dysub) -> None:
     on.add_argument("--rates", type=floats, default=[1, 2, 3, 4, 5, 6])
     on.add_argument("--slo-scales", type=floats, default=[0.5, 1, 1.5, 2, 3, 4])
     on.add_argument("--target", type=fraction, default=0.9, help="attainment target")
-    on.add_argument("--workers", type=int_at_least(1), default=2, help="simulations at once (process pool)")
+    on.add_argument("--workers", type=int_at_least(1), default=2,
+                    help="simulations at once (process pool)")
     on.add_argument("--json", action="store_true")
     on.set_defaults(func=cmd_dynasor_online)

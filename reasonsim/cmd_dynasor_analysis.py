@@ -155,7 +155,8 @@ def add_fairness_parser(dysub) -> None:
     fa.add_argument("--schedulers", type=names,
                     default=["fcfs", "lpm", "app_fifo", "dynasor", "dynasor_sjf"],
                     help="inter-program schedulers, comma-separated")
-    fa.add_argument("--count", type=int_at_least(1), default=None, help="override the number of programs")
+    fa.add_argument("--count", type=int_at_least(1), default=None,
+                    help="override the number of programs")
     fa.add_argument("--json", action="store_true")
     fa.set_defaults(func=cmd_dynasor_fairness)
 
@@ -205,9 +206,12 @@ def add_allocation_parser(dysub) -> None:
                           "tokens and savings reported on the other half (Dynasor's Table 4).")
     al.add_argument("trace", help="branches trace directory")
     al.add_argument("--method", choices=["sc", "mcts", "rebase"], required=True)
-    al.add_argument("--cap", type=int_at_least(1), required=True, help="solutions per program at most")
-    al.add_argument("--detect", type=int_at_least(1), default=4, help="static reads: at this solution")
-    al.add_argument("--every", type=int_at_least(1), default=5, help="k-step threshold: every k solutions")
+    al.add_argument("--cap", type=int_at_least(1), required=True,
+                    help="solutions per program at most")
+    al.add_argument("--detect", type=int_at_least(1), default=4,
+                    help="static reads: at this solution")
+    al.add_argument("--every", type=int_at_least(1), default=5,
+                    help="k-step threshold: every k solutions")
     al.add_argument("--split-seed", type=seed_int, default=0)
     al.add_argument("-o", "--out", default="reports/dynasor", help="directory for the JSON")
     al.add_argument("--json", action="store_true")
@@ -292,7 +296,8 @@ def add_ablation_parser(dysub) -> None:
     ab.add_argument("certaindex", help="the same workload with a certaindex allocation")
     ab.add_argument("--rates", type=floats, default=[1, 2, 3, 4])
     ab.add_argument("--target", type=fraction, default=0.9, help="attainment target")
-    ab.add_argument("--workers", type=int_at_least(1), default=2, help="simulations at once (process pool)")
+    ab.add_argument("--workers", type=int_at_least(1), default=2,
+                    help="simulations at once (process pool)")
     ab.add_argument("-o", "--out", default="reports/dynasor", help="directory for JSON")
     ab.add_argument("--json", action="store_true")
     ab.set_defaults(func=cmd_dynasor_ablation)

@@ -186,7 +186,8 @@ def add_replay_parser(dysub) -> None:
                           "sim-vs-live errors.")
     rp.add_argument("config", help="a program workload config with one replica")
     rp.add_argument("-o", "--out", default="reports/dynasor-replay")
-    rp.add_argument("--count", type=int_at_least(1), default=None, help="override the number of programs")
+    rp.add_argument("--count", type=int_at_least(1), default=None,
+                    help="override the number of programs")
     rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
     rp.add_argument("--url", default=None,
                     help="run on this OpenAI-compatible server instead of an in-process engine "

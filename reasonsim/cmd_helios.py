@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, int_at_least, ints_in_order
+from reasonsim.common import UserError, fraction, int_at_least, ints_in_order, names
 
 
 def cmd_helios_offline(args: argparse.Namespace) -> int:
@@ -307,7 +307,7 @@ def _add_replay_parser(hesub) -> None:
                           "and compare: decision agreement, throughput, TTFT, TPOT, batch, "
                           "perplexity, with the live-vs-live spread over --repeats runs.")
     hr.add_argument("config", help="a config with a helios: section (examples/helios-*.yaml)")
-    hr.add_argument("--policies", type=lambda t: t.split(","),
+    hr.add_argument("--policies", type=names,
                     help="policy names to replay (default: all)")
     hr.add_argument("--repeats", type=int_at_least(1), default=2, help="live runs per policy")
     hr.add_argument("--retrace", metavar="DIR",

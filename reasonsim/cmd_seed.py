@@ -52,7 +52,8 @@ def add_trace_parser(tsub) -> None:
     s.add_argument("-o", "--out", required=True, help="trace directory to write")
     s.add_argument("--k", type=ints, default=[2, 4], help="num_speculative_tokens values")
     s.add_argument("--batch-sizes", type=ints, default=[1, 4, 8])
-    s.add_argument("--questions", type=int_at_least(1), default=8, help="questions per K x mode x batch")
+    s.add_argument("--questions", type=int_at_least(1), default=8,
+                   help="questions per K x mode x batch")
     s.add_argument("--max-tokens", type=int_at_least(1), default=160)
     s.add_argument("--temperatures", type=temperatures,
                    default=[0.0, 0.8], help="0 = greedy acceptance")

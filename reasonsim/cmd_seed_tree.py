@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from inputs.repeats import repeated
 from reasonsim.common import (CACHE_GB, CALIBRATION_SEED_OFFSET, TEMPERATURE, TESTBED, UserError,
                              calibrate_pools, int_at_least, ints, names, print_summary,
                              program_config, seed_int)
@@ -26,6 +27,8 @@ def cmd_trace_tot(args: argparse.Namespace) -> int:
             draft_tokens=args.draft_tokens, eval_tokens=args.eval_tokens)
         k_configs = tuple(ToTSettings(draft_tokens=args.draft_tokens, k_config=tuple(
             int(x) for x in k.split(","))).k_config for k in args.k_config)
+        if repeated(k_configs):  # the same trees grown twice
+            raise ValueError(f"--k-config {repeated(k_configs)[0]} given twice")
         wl = TotWorkload(args.questions, settings, args.seed, k_configs, args.speculative_eval)
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -124,6 +127,7 @@ def _live_runs(args, path: Path, out: Path, modes: list[str], cal_seed: int) -> 
             if args.rejudge:  # the live runs are there: judge them again, nothing runs live
                 if not (d / "tot_requests").is_dir():
                     raise UserError(f"--rejudge: {d} holds no live run (tot_requests)")
+                _check_served(d, _config(path, mode, args.count, seed=args.seed)[0])
             else:
                 if args.calibrate_here:
                     fresh_process(live_job, str(path), mode, args.count, cal_seed,
@@ -132,6 +136,23 @@ def _live_runs(args, path: Path, out: Path, modes: list[str], cal_seed: int) -> 
             lives[mode].append((read_table(d, "programs").to_pandas(),
                                 read_table(d, "tot_requests").to_pandas()))
     return lives
+
+
+def _check_served(live_dir: Path, cfg) -> None:
+    """A live run judged again was served from this config (its count, seed and mode): judged
+    against another, its decisions would agree or not by chance."""
+    import json
+
+    from traces.store import read_run
+
+    served = read_run(live_dir)["params"].get("config")
+    wanted = json.loads(cfg.to_json())
+    if served != wanted:
+        keys = sorted(k for k in set(served or {}) | set(wanted)
+                      if (served or {}).get(k) != wanted.get(k))
+        raise UserError(f"--rejudge: {live_dir} was served from another config than this one "
+                        f"(differs in {', '.join(keys) or 'everything'}); give the config, "
+                        "--count and --seed it was served with")
 
 
 def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[dict]:
@@ -280,7 +301,8 @@ def add_tot_trace_parser(tsub) -> None:
     s.add_argument("--target", default=str(TESTBED / "target-large"),
                    help="target model directory")
     s.add_argument("-o", "--out", required=True, help="trace directory to write")
-    s.add_argument("--questions", type=int_at_least(1), default=2, help="questions per family x level")
+    s.add_argument("--questions", type=int_at_least(1), default=2,
+                   help="questions per family x level")
     s.add_argument("--breadth", type=int_at_least(1), default=2, help="states kept per level (b)")
     s.add_argument("--thoughts", type=int_at_least(1), default=3, help="thoughts per state (n)")
     s.add_argument("--depth", type=int_at_least(1), default=4, help="levels (T)")

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from inputs.repeats import repeated
 from reasonsim.common import (CACHE_GB, RATE, TEMPERATURE, UserError, int_at_least, print_summary,
                              seed_int)
 
@@ -44,7 +45,8 @@ def cmd_trace_steps(args: argparse.Namespace) -> int:
                             load_format=args.load_format, dtype=args.dtype, seed=args.seed,
                             resume=args.resume, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
-                            max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb, progress=not args.quiet)
+                            max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
+                            progress=not args.quiet)
     print_summary(summary, args.json)
     return 0
 
@@ -107,8 +109,10 @@ def cmd_trace_exits(args: argparse.Namespace) -> int:
         raise UserError(f"--phases: unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
     if min(args.prompts_per_phase, args.max_tokens, args.max_num_seqs) < 1:
         raise UserError("--prompts-per-phase, --max-tokens and --max-num-seqs must be >= 1")
-    if any(not 0 < t <= 1 for t in args.ee_thresholds):
+    if any(not 0 < t <= 1 for t in args.ee_thresholds):  # NaN fails too
         raise UserError("--ee-thresholds: each must be in (0, 1]")
+    if repeated(args.ee_thresholds):  # the same runs twice, one row kept
+        raise UserError(f"--ee-thresholds: {repeated(args.ee_thresholds)[0]:g} repeats")
     wl = ExitsWorkload(phases=args.phases, prompts_per_phase=args.prompts_per_phase,
                        max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs, seed=args.seed,
                        waves=tuple(args.waves))
@@ -206,7 +210,9 @@ def add_steps_parser(tsub) -> None:
                    "cycling (e.g. 0,20,100: steps after idle, as live traffic has them)")
     s.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy = random weights from config.json alone")
-    s.add_argument("--dtype", default="auto", help="auto = float32 on CPU, bfloat16 on GPU")
+    s.add_argument("--dtype", default="auto",
+                   choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
+                   help="auto = float32 on CPU, bfloat16 on GPU")
     s.add_argument("--seed", type=seed_int, default=0)
     s.add_argument("--max-num-seqs", type=int_at_least(1), default=None)
     s.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=None)
@@ -251,7 +257,8 @@ def add_serve_parser(tsub) -> None:
                    "(0 = all at once)")
     v.add_argument("--prompt-tokens", type=ints, default=[64, 256], help="choices, sampled")
     v.add_argument("--output-tokens", type=ints, default=[32, 128], help="choices, sampled")
-    v.add_argument("--concurrency", type=int_at_least(1), default=64, help="max requests in flight")
+    v.add_argument("--concurrency", type=int_at_least(1), default=64,
+                   help="max requests in flight")
     v.add_argument("--warmup-requests", type=int_at_least(0), default=2,
                    help="unrecorded requests sent before the clock starts (server warm-up)")
     v.add_argument("--seed", type=seed_int, default=0)
@@ -259,6 +266,21 @@ def add_serve_parser(tsub) -> None:
     v.add_argument("--json", action="store_true")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(func=cmd_trace_serve)
+
+
+def check_device(args) -> None:
+    """`--device cuda` where torch sees no GPU, or beside vLLM (this build runs where it was
+    built): refused before any engine starts."""
+    device = getattr(args, "device", "auto")
+    if device == "auto":
+        return
+    if getattr(args, "engine", None) == "vllm":
+        raise UserError(f"--device {device}: only with --engine torch (vLLM runs where it was "
+                        "built)")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch sees no GPU on this machine")
 
 
 def _engine_arguments(parser) -> None:
@@ -278,9 +300,12 @@ def add_probes_parser(tsub) -> None:
     pr.add_argument("--model", default=str(DEFAULT_MODEL),
                     help="trained model directory; default: the testbed's target-large")
     pr.add_argument("-o", "--out", required=True, help="trace directory to write")
-    pr.add_argument("--questions", type=int_at_least(1), default=4, help="questions per family x level")
-    pr.add_argument("--samples", type=int_at_least(1), default=4, help="reasoning samples per question")
-    pr.add_argument("--stride", type=int_at_least(1), default=16, help="reasoning tokens between probes")
+    pr.add_argument("--questions", type=int_at_least(1), default=4,
+                    help="questions per family x level")
+    pr.add_argument("--samples", type=int_at_least(1), default=4,
+                    help="reasoning samples per question")
+    pr.add_argument("--stride", type=int_at_least(1), default=16,
+                    help="reasoning tokens between probes")
     pr.add_argument("--budget", type=int_at_least(1), default=256, help="reasoning token budget")
     pr.add_argument("--probe-tokens", type=int_at_least(1), default=20, help="tokens per probe")
     pr.add_argument("--temperature", type=TEMPERATURE, default=0.7, help="reasoning temperature")
@@ -305,12 +330,14 @@ def add_branches_parser(tsub) -> None:
     br.add_argument("--model", default=str(DEFAULT_MODEL),
                     help="trained model directory; default: the testbed's target-large")
     br.add_argument("-o", "--out", required=True, help="trace directory to write")
-    br.add_argument("--questions", type=int_at_least(1), default=6, help="questions per family x level")
+    br.add_argument("--questions", type=int_at_least(1), default=6,
+                    help="questions per family x level")
     br.add_argument("--methods", type=lambda t: t.split(","), default=["sc", "mcts", "rebase"])
     br.add_argument("--samples", type=int_at_least(1), default=16, help="self-consistency samples")
     br.add_argument("--iterations", type=int_at_least(1), default=16, help="MCTS iterations")
     br.add_argument("--widths", type=ints, default=[4, 8, 16], help="Rebase widths")
-    br.add_argument("--budget", type=int_at_least(1), default=256, help="reasoning tokens per path")
+    br.add_argument("--budget", type=int_at_least(1), default=256,
+                    help="reasoning tokens per path")
     br.add_argument("--temperature", type=TEMPERATURE, default=0.7)
     br.add_argument("--seed", type=seed_int, default=0)
     _engine_arguments(br)

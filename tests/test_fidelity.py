@@ -252,6 +252,13 @@ def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path, text, message
     (used / "x").write_text("")
     proc = run_cli("fidelity", "--quick", "-o", str(used), check=False)
     assert proc.returncode == 2 and "not empty" in proc.stderr
+    # --quick over a suite none of whose workloads is quick would judge nothing, "ok"
+    suite.write_text(f"base: {REPO / 'examples' / 'fidelity' / 'suite.yaml'}\nworkloads: "
+                     "{w: {workload: {arrival: {kind: poisson, rate_per_s: 2}, num_requests: 4, "
+                     "prompt_tokens: 32, output_tokens: 8}}}\n")
+    proc = run_cli("fidelity", "--quick", "--suite", str(suite), "-o", str(tmp_path / "q"),
+                   check=False)
+    assert proc.returncode == 2 and "no workload marked quick: true" in proc.stderr
 
 
 def test_held_out_suites_take_the_base_suites_grids_and_vary_its_programs(tmp_path):

@@ -27,6 +27,13 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
     (["trace", "serve", "--rate", "nan", "-o", "{tmp}/v", "--url", "http://127.0.0.1:1"],
      "--rate: expected a finite number in [1e-05, inf]"),
     (["trace", "spec", "-o", "{tmp}/k", "--temperatures", "0,0"], "a value repeats"),
+    (["trace", "exits", "-o", "{tmp}/e", "--ee-thresholds", "0.9,0.9"], "0.9 repeats"),
+    (["trace", "probes", "-o", "{tmp}/p", "--device", "cuda"], "--device cuda: only with --engine "
+                                                             "torch"),
+    (["trace", "steps", "-o", "{tmp}/s", "--dtype", "foo"], "argument --dtype: invalid choice"),
+    (["helios", "replay", str(EX / "helios-testbed.yaml"), "--policies", "a,a"],
+     "a name repeats in 'a,a'"),
+    (["testbed", "eval", "--save", "{tmp}/no/such/dir/x.json"], "no directory"),
     (["a1", "replay", str(EX / "a1-async.yaml"), "--repeats", "0"], "--repeats: expected"),
     (["a1", "replay", str(EX / "replay-small.yaml")],
      "not a a1 program config: needs workload.programs.method: a1"),

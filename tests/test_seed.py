@@ -305,6 +305,9 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     missing = run_cli("seed", "replay", se, "--modes", "seed",
                       "--repeats", "2", "-o", str(tmp_path / "rep"), "--rejudge", check=False)
     assert missing.returncode != 0 and "holds no live run" in missing.stderr
+    other = run_cli("seed", "replay", se, "--modes", "seed", "--repeats", "1", "--count", "3",
+                    "-o", str(tmp_path / "rep"), "--rejudge", check=False)  # not what was served
+    assert other.returncode == 2 and "was served from another config" in other.stderr
     assert result["sim_mean_s"] > 0 and result["live_mean_s"][0] > 0
     assert result["error"] == pytest.approx(result["sim_mean_s"] / result["live_mean_s"][0] - 1)
     # the errors move with what else the machine runs, at the live run's own step speed too

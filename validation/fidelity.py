@@ -263,6 +263,10 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     DIR/fidelity.json and DIR/report.md and returns the result."""
 
     suite = load_suite(suite_path)
+    if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
+        # nothing would be judged: "ok" over no workloads says nothing
+        raise ValueError(f"{suite_path}: no workload {'marked quick: true ' if quick else ''}"
+                         "to judge")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; choose a new directory")
