@@ -71,11 +71,15 @@ def _trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], dict, dict]:
     same = _same_text(p)
     trajs = []
     table = read_table(trace_dir, "trajectories").to_pydict()
+    orphans = sorted(set(by_request) - set(table["request_id"]))
+    if orphans:  # they would be dropped unread
+        raise ValueError(f"{trace_dir}: probes of request {orphans[0]} have no trajectory row")
     for row in zip(*(table[c] for c in _TRAJECTORY_COLUMNS)):
         rid, qid, sample, difficulty, gold, final, reasoning, seed = row
         rows = by_request.get(rid)
         if rows is None:
             raise ValueError(f"{trace_dir}: trajectory {rid} has no probes")
+        _check_positions(trace_dir, rid, [p["position_tokens"][i] for i in rows], reasoning)
         trajs.append(Trajectory(
             question_id=qid, sample_id=int(sample),
             difficulty=None if difficulty is None else int(difficulty),
@@ -87,6 +91,15 @@ def _trajectories(trace_dir: str | Path) -> tuple[list[Trajectory], dict, dict]:
             same_text_as=tuple(same[i] for i in rows)))
     trajs.sort(key=lambda t: (t.question_id, t.sample_id))
     return trajs, run, table
+
+
+def _check_positions(trace_dir, rid: str, positions: list[int], reasoning: int) -> None:
+    """A trajectory's probe positions (sorted) rise, each within the reasoning it probed."""
+    if any(b <= a for a, b in zip(positions, positions[1:])):
+        raise ValueError(f"{trace_dir}: request {rid} is probed twice at one position")
+    if positions and positions[-1] > reasoning:
+        raise ValueError(f"{trace_dir}: request {rid} is probed at {positions[-1]} tokens, past "
+                         f"its {reasoning} reasoning tokens")
 
 
 _TRAJECTORY_COLUMNS = ("request_id", "question_id", "sample_id", "difficulty", "gold_answer",
@@ -259,6 +272,12 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
     questions = []
     for qid, g in d.groupby("question_id", sort=True):
         parents = g.parent_branch_id.fillna(0).astype(int)
+        known = set(g.branch_id)  # a parent is a node of its tree, created before its child
+        bad = [(int(b), int(p)) for b, p in zip(g.branch_id, parents)
+               if p and (p >= b or p not in known)]
+        if bad:
+            raise ValueError(f"{trace_dir}: question {qid}'s branch {bad[0][0]} extends branch "
+                             f"{bad[0][1]}, which its tree does not hold before it")
         # pandas reads a null answer as NaN where a whole group's are null: no answer
         reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o),
                                    a if isinstance(a, str) else None, float(w), bool(leaf),

@@ -130,3 +130,23 @@ def test_conformity_without_evaluation_questions_or_their_difficulty_is_refused(
     with pytest.raises(ValueError, match=r"question .+ has no root node \(path ''\) with a "
                                          "difficulty"):
         load_conformity(d, 4)
+
+
+def test_probes_and_branches_that_describe_no_tree_or_trajectory_are_refused(tmp_path):
+    """A probe past the reasoning it probed, or twice at one position; a branch extending one
+    its tree does not hold before it: refused by the loaders every Dynasor command reads."""
+    from programs.traced import load_search, load_trajectories
+
+    d = _copy(tmp_path, "testbed-probes-cpu")
+    _edit(d, "probes", _set("position_tokens", 0, 100_000))
+    with pytest.raises(ValueError, match=r"is probed at 100000 tokens, past its \d+ reasoning"):
+        load_trajectories(d)
+    b = _copy(tmp_path, "testbed-branches-cpu")
+    t = pq.read_table(sorted((b / "branches").glob("part-*"))[0])
+    row = t["parent_branch_id"].to_pylist().index(next(
+        p for p in t["parent_branch_id"].to_pylist() if p))
+    _edit(b, "branches", _set("parent_branch_id", row, 999))
+    method, cap = t["method"][row].as_py(), t["cap"][row].as_py()
+    with pytest.raises(ValueError, match=r"extends branch 999, which its tree does not hold"):
+        load_search(b, method, cap)
+
