@@ -54,9 +54,15 @@ def load_exits(trace_dir: str | Path, depth: int | None = None) -> ExitMatrix:
     if df.empty:
         raise ValueError(f"{trace_dir}: no tokens generated with {depth} layers loaded")
     layers = depth
-    counts = df.groupby(["request_id", "token_index"]).layer.count()
-    if (counts != layers).any():
-        raise ValueError(f"{trace_dir}: some tokens lack exits (expected {layers} per token)")
+    if int(df.layer.max()) > depth:  # each token's exits are layers 1..depth, once each
+        raise ValueError(f"{trace_dir}: an exit at layer {int(df.layer.max())}, past the "
+                         f"{depth} layers loaded")
+    counts = df.groupby(["request_id", "token_index"]).layer.nunique()
+    if (counts != layers).any() or len(df) != len(counts) * layers:
+        r, i = counts.index[(counts != layers).to_numpy()][0] if (counts != layers).any() \
+            else counts.index[0]
+        raise ValueError(f"{trace_dir}: token {i} of request {r} lacks an exit or has one "
+                         f"twice (expected layers 1..{layers} once each)")
     reqs = read_table(trace_dir, "requests").to_pandas()
     reqs = reqs[reqs.request_id.isin(set(df.request_id))].sort_values("arrival_s", kind="stable")
     order = {r: i for i, r in enumerate(reqs.request_id)}
