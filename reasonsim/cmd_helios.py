@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from reasonsim.common import UserError, fraction, int_at_least, ints_in_order, names
+from reasonsim.common import (UserError, fraction, int_at_least, ints_in_order, names,
+                              refuse_inside)
 
 
 def cmd_helios_offline(args: argparse.Namespace) -> int:
@@ -100,6 +101,10 @@ def retrace_models(config: dict, base_dir: Path, out_dir: Path,
             wl = replace(wl, prompts_per_phase=prompts_per_phase)
         if waves is not None:
             wl = replace(wl, waves=tuple(waves))
+        refuse_inside(out_dir / old.name, [path], "--retrace")
+        if (out_dir / old.name).exists() and any((out_dir / old.name).iterdir()):
+            raise ValueError(f"--retrace {out_dir}: {out_dir / old.name} is not empty; choose a "
+                             "new directory")
         jobs.append(ExitsJob(old.model_dir, out_dir / old.name, wl,
                              params["engine"].get("load_format", "auto"),
                              tuple(params.get("ee_thresholds", ()))))

@@ -78,3 +78,15 @@ def test_a_resumed_step_trace_of_another_kind_or_grid_is_refused_before_the_engi
         proc = run_cli("trace", "steps", "-o", str(tmp_path / name), "--resume",
                        check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_retrace_into_its_own_input_trace_is_refused(tmp_path):
+    exits = tmp_path / "exits"
+    shutil.copytree(DATA / "testbed-exits-target-small-cpu", exits)
+    config = tmp_path / "helios.yaml"
+    config.write_text((EX / "helios-testbed.yaml").read_text()
+                      .replace("../traces/data/testbed-exits-target-large-cpu", str(exits))
+                      .replace("../traces/data/testbed-exits-target-small-cpu", str(exits))
+                      .replace("../", f"{REPO}/"))
+    proc = run_cli("helios", "replay", str(config), "--retrace", str(exits), check=False)
+    assert proc.returncode == 2 and "inside the input trace" in proc.stderr, proc.stderr
