@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from reasonsim.cmd_a1 import add_a1_parser
@@ -40,6 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: Exception) -> str:
+    """An error in one line: its first, and for a validation error from an engine's own config
+    ("2 validation errors for ModelConfig") the first field and what is wrong with it."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if re.match(r"\d+ validation errors? for ", lines[0]) and len(lines) >= 3:
+        return f"{lines[0]}: {lines[1]}: {lines[2].split(' [type=')[0]}"
+    return lines[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `reasonsim` console script."""
     args = build_parser().parse_args(argv)
@@ -53,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input, unreachable servers, dead engines: one line. REASONSIM_DEBUG=1 shows where.
         if os.environ.get("REASONSIM_DEBUG"):
             raise
-        print(f"reasonsim: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
+        print(f"reasonsim: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("reasonsim: interrupted", file=sys.stderr)

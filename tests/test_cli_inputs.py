@@ -97,3 +97,21 @@ def test_files_a_config_names_are_checked_where_they_are_read(tmp_path):
         replay(workload_spec({"trace": {"format": "vidur", "path": "v.csv"}}).trace, tmp_path)
     proc = run_cli("traces", "seal", str(tmp_path), check=False)
     assert proc.returncode == 2 and "not a trace directory" in proc.stderr, proc.stderr
+
+
+def test_an_engines_validation_error_names_its_first_field():
+    """vLLM's own config errors ("2 validation errors for ModelConfig") name the field."""
+    from pydantic import BaseModel, ValidationError
+
+    from reasonsim.cli import _one_line
+
+    class ModelConfig(BaseModel):
+        max_model_len: int
+        dtype: str
+
+    with pytest.raises(ValidationError) as e:
+        ModelConfig(max_model_len="long", dtype=3)
+    assert _one_line(e.value) == ("2 validation errors for ModelConfig: max_model_len: Input "
+                                  "should be a valid integer, unable to parse string as an "
+                                  "integer")
+    assert _one_line(ValueError("first\nsecond")) == "first"
