@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "device", None) not in (None, "auto"):
-            from reasonsim.cmd_trace import check_device
+            from reasonsim.common import check_device
 
             check_device(args)
         return args.func(args)

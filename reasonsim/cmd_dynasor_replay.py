@@ -20,7 +20,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     from sim.engine.tables import cached_share
     from sim.program_metrics import compare
     from sim.simulate import simulate
-    from traces.store import read_table
+    from traces.store import check_out_dir, read_table
     from validation.fidelity_programs import replay_at_live_speed
     from validation.judge import machine_speed
     from validation.replay import fresh_process
@@ -30,12 +30,8 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     wl = cfg.programs
     if args.repeats < 1:
         raise UserError(f"--repeats {args.repeats}: serve the programs live at least once")
-    out = Path(args.out)
-    refuse_inside(out, [wl.trace], "--out")
-    if not out.exists() or not any(out.iterdir()):  # an engine must not start to find it used
-        out.mkdir(parents=True, exist_ok=True)
-    else:
-        raise UserError(f"--out {out}: not empty; choose a new directory")
+    refuse_inside(args.out, [wl.trace], "--out")
+    out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
     calibration = None
     if args.calibrate_here:
         cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")

@@ -268,21 +268,6 @@ def add_serve_parser(tsub) -> None:
     v.set_defaults(func=cmd_trace_serve)
 
 
-def check_device(args) -> None:
-    """`--device cuda` where torch sees no GPU, or beside vLLM (this build runs where it was
-    built): refused before any engine starts."""
-    device = getattr(args, "device", "auto")
-    if device == "auto":
-        return
-    if getattr(args, "engine", None) == "vllm":
-        raise UserError(f"--device {device}: only with --engine torch (vLLM runs where it was "
-                        "built)")
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: torch sees no GPU on this machine")
-
-
 def _engine_arguments(parser) -> None:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "torch"],
                         help="vLLM, or the PyTorch engine's serving mode (no prefix cache)")

@@ -175,6 +175,21 @@ def refuse_unread(trace: str, kind: str, flags: dict) -> None:
         raise UserError(f"{given[0]}: not read on a {kind} trace ({trace})")
 
 
+def check_device(args) -> None:
+    """`--device cuda` where torch sees no GPU, or beside vLLM (this build runs where it was
+    built): refused before any engine starts."""
+    device = getattr(args, "device", "auto")
+    if device == "auto":
+        return
+    if getattr(args, "engine", None) == "vllm":
+        raise UserError(f"--device {device}: only with --engine torch (vLLM runs where it was "
+                        "built)")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch sees no GPU on this machine")
+
+
 def refuse_inside(out: str | Path, inputs, flag: str) -> None:
     """An output path at or inside an input trace directory would change the input (its
     manifest, its tables): refused."""
