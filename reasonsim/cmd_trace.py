@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from inputs.repeats import repeated
-from reasonsim.common import (CACHE_GB, RATE, TEMPERATURE, UserError, int_at_least, print_summary,
-                             seed_int)
+from reasonsim.common import (CACHE_GB, RATE, TEMPERATURE, UserError, int_at_least, names,
+                             print_summary, seed_int)
 
 
 def cmd_trace_steps(args: argparse.Namespace) -> int:
@@ -317,7 +317,7 @@ def add_branches_parser(tsub) -> None:
     br.add_argument("-o", "--out", required=True, help="trace directory to write")
     br.add_argument("--questions", type=int_at_least(1), default=6,
                     help="questions per family x level")
-    br.add_argument("--methods", type=lambda t: t.split(","), default=["sc", "mcts", "rebase"])
+    br.add_argument("--methods", type=names, default=["sc", "mcts", "rebase"])
     br.add_argument("--samples", type=int_at_least(1), default=16, help="self-consistency samples")
     br.add_argument("--iterations", type=int_at_least(1), default=16, help="MCTS iterations")
     br.add_argument("--widths", type=ints, default=[4, 8, 16], help="Rebase widths")

@@ -24,6 +24,7 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
     (["trace", "steps", "-o", "{tmp}/s", "--max-num-seqs", "0"],
      "--max-num-seqs: expected an integer >= 1, got '0'"),
     (["trace", "branches", "-o", "{tmp}/b", "--budget", "0"], "--budget: expected an integer"),
+    (["trace", "branches", "-o", "{tmp}/b", "--methods", "sc,sc"], "a name repeats in 'sc,sc'"),
     (["trace", "serve", "--rate", "nan", "-o", "{tmp}/v", "--url", "http://127.0.0.1:1"],
      "--rate: expected a finite number in [1e-05, inf]"),
     (["trace", "spec", "-o", "{tmp}/k", "--temperatures", "0,0"], "a value repeats"),
