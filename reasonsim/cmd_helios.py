@@ -234,6 +234,13 @@ def _replay_experiment(args: argparse.Namespace) -> tuple:
         raise UserError("--prompts-per-phase needs --retrace and must be >= 1")
     if args.waves is not None and (not args.retrace or not args.waves or min(args.waves) < 1):
         raise UserError("--waves needs --retrace and prompts per wave >= 1")
+    from sim.config import read_yaml
+
+    helios = read_yaml(args.config).get("helios")
+    if isinstance(helios, dict) and "what_if" in helios:  # no model of it was traced or exists
+        raise UserError(f"{args.config}: a what-if config (helios.what_if): its models are "
+                        "stated, not traced, and cannot run live; replay a config of traced "
+                        "models (examples/helios-testbed.yaml)")
     exp = _experiment(args.config, args.retrace, args.prompts_per_phase, args.waves)
     if exp.spec.helios.replicas > 1:
         raise UserError(f"{args.config}: helios.replicas is {exp.spec.helios.replicas}; live "

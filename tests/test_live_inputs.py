@@ -35,6 +35,7 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
     (["helios", "replay", str(EX / "helios-testbed.yaml"), "--policies", "a,a"],
      "a name repeats in 'a,a'"),
     (["testbed", "eval", "--save", "{tmp}/no/such/dir/x.json"], "no directory"),
+    (["helios", "replay", str(EX / "helios-opt-whatif.yaml")], "a what-if config"),
     (["a1", "replay", str(EX / "a1-async.yaml"), "--repeats", "0"], "--repeats: expected"),
     (["a1", "replay", str(EX / "replay-small.yaml")],
      "not a a1 program config: needs workload.programs.method: a1"),
