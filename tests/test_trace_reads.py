@@ -68,8 +68,6 @@ CASES = {
                          r"column 'max_prob' row 1: 1.5 outside \[0, 1\]"),
     "accepted above proposed": ("testbed-spec-cpu", "spec_steps", _set("accepted_tokens", 0, 99),
                                 r"row 0: accepted_tokens 99 > proposed_tokens"),
-    "run kind unknown": ("testbed-probes-cpu", "runs", _set("kind", 0, "bogus"),
-                         r"column 'kind' row 0: 'bogus' is not one of steps"),
     "no probe stride": ("testbed-probes-cpu", "runs",
                         _params(lambda p: p["workload"].pop("stride_tokens")),
                         r"workload.stride_tokens missing \(a probes run's readers need it\)"),

@@ -306,8 +306,6 @@ COUNT_COLUMNS: dict[str, tuple[str, ...]] = {
 
 # Enumerated text columns: the values each may hold (nulls aside).
 ENUM_COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
-    "runs": {"kind": ("steps", "serve", "probes", "branches", "exits", "spec", "conformity", "tot",
-                      "sim", "replay", "program_replay")},
     "requests": {"finish_reason": ("length", "stop", "abort", "error")},
     "trajectories": {"finish_reason": ("stop", "length")},
 }
@@ -332,7 +330,8 @@ RANGE_COLUMNS: dict[str, dict[str, tuple[float, float]]] = {
 # The run parameters (runs.params_json, dotted keys) each kind's readers look up, with what each
 # holds: count (whole >= 1), whole (>= 0), object, numbers (an object of numbers or flags),
 # counts (a non-empty list of counts), fractions (a non-empty list in [0, 1]), names (a
-# non-empty list of text); a key led by `?` may be absent.
+# non-empty list of text); a key led by `?` may be absent. A kind not named here (a plug-in
+# tracer's) is its readers' to check.
 RUN_PARAMS: dict[str, dict[str, str]] = {
     "steps": {"?engine": "object", "?grid": "object"},
     "probes": {"workload": "object", "workload.stride_tokens": "count",
