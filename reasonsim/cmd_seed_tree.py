@@ -71,7 +71,9 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     path, out = Path(args.config), Path(args.out)
     modes = args.modes
     try:  # every mode's config, before any engine starts
-        cfg = [_config(path, mode, args.count, seed=args.seed)[0] for mode in modes][0]
+        cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
+        for mode in modes[1:]:
+            _config(path, mode, args.count, seed=args.seed)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
     if not args.rejudge:  # a rejudge reads the live runs already there

@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 from traces.manifest import MANIFEST, parts, verify
 from traces.schema import (ADDED_COLUMNS, COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION,
                            NOT_ABOVE, ORDERED_TIMES, RANGE_COLUMNS, RUN_PARAMS, SCHEMAS,
-                           TIME_COLUMNS,
-                           UNIQUE_KEYS, table_version)
+                           TIME_COLUMNS, UNIQUE_KEYS, table_version)
 
 PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
 """a hidden sibling an output directory is written into before its rename"""
@@ -230,10 +229,10 @@ def _param_problem(params: dict, key: str, what: str, optional: bool) -> str | N
             return None if optional else "missing"
         node = node[part]
     ok, expected = _PARAM_CHECKS[what]
-    return None if ok(node) else f"is {json_text(node)}, expected {expected}"
+    return None if ok(node) else f"is {_json_text(node)}, expected {expected}"
 
 
-def json_text(v) -> str:
+def _json_text(v) -> str:
     """A value as JSON text, cut to 40 characters."""
     import json
 
