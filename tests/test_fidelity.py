@@ -241,12 +241,39 @@ def test_prefixes_are_shared_live_and_simulated(quick):
     ("grid: {{}}\nquick_grid: {{}}\nworkloads: {{a: {{seed: 1}}}}",
      "grid: not a trace-steps grid"),
     ("base: suite.yaml\nworkloads: {{a: {{seed: 1}}}}", "leads back to itself"),
+    # what the loop would otherwise meet after the grid's tracing (a minute in, in a child)
+    ("base: {shipped}\nmax_model_len: -5\nworkloads: {{w: {{workload: {small}}}}}",
+     "max_model_len: expected a positive integer, got -5"),
+    ("base: {shipped}\nmax_model_len: 1000\nworkloads: {{w: {{workload: {small}}}}}",
+     "grid: max_model_len 1000 < the grid's longest request (1664 tokens)"),
+    ("base: {shipped}\nworkloads: {{w: {{replica: {{nonsense: 1}}, workload: {small}}}}}",
+     "workloads.w: cluster.replicas[0]: unknown key 'nonsense'"),
+    ("base: {shipped}\nworkloads: {{w: {{quick: true, quick_requests: 0, workload: {small}}}}}",
+     "workloads.w: workload.num_requests: Input should be greater than or equal to 1"),
+    ("base: {shipped}\nworkloads: {{w: {{quick_request: 3, workload: {small}}}}}",
+     "workloads.w: unknown key 'quick_request'"),
+    ("base: {shipped}\nworkloads: {{w: {{workload: {{arrival: {{kind: poisson, rate_per_s: 2}}, "
+     "num_requests: 4, prompt_tokens: 1800, output_tokens: 400}}}}}}",
+     "request 0 (prompt 1800 + output 400 tokens) exceeds the suite's max_model_len 2048"),
+    ("base: {shipped}\nworkloads: {{p: {{program: a1-async.yaml}}}}",
+     "workloads.p: program: a1-async.yaml is of the a1 family; the loop replays one-engine"),
+    ("base: {shipped}\nworkloads: {{p: {{program: dynasor-mcts-certaindex.yaml, "
+     "quick_count: 0}}}}", "workloads.p: workload.programs.count: Input should be greater"),
+    ("base: {shipped}\nmax_model_length: 4096\nworkloads: {{w: {{workload: {small}}}}}",
+     "unknown key 'max_model_length'"),
 ])
 def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path, text, message):
     suite = tmp_path / "suite.yaml"
-    suite.write_text(text.format(shipped=REPO / "examples" / "fidelity" / "suite.yaml") + "\n")
+    small = ("{arrival: {kind: poisson, rate_per_s: 2}, num_requests: 4, prompt_tokens: 32, "
+             "output_tokens: 8}")
+    suite.write_text(text.format(shipped=REPO / "examples" / "fidelity" / "suite.yaml",
+                                 small=small) + "\n")
     proc = run_cli("fidelity", "--suite", str(suite), "-o", str(tmp_path / "o"), check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_used_directory_or_a_suite_with_no_quick_workload_is_refused(tmp_path):
+    suite = tmp_path / "suite.yaml"
     used = tmp_path / "used"
     used.mkdir()
     (used / "x").write_text("")

@@ -162,6 +162,10 @@ def _exit_3() -> None:
     raise SystemExit(3)
 
 
+def _refuse(value: int) -> None:
+    raise ValueError(f"value {value}: refused")
+
+
 def test_engine_jobs_fork_from_a_preloaded_server_in_the_callers_environment(tmp_path,
                                                                                monkeypatch):
     from validation.replay import fresh_process
@@ -176,6 +180,9 @@ def test_engine_jobs_fork_from_a_preloaded_server_in_the_callers_environment(tmp
     assert all(s["preloaded"] for s in seen) and seen[0]["pid"] != seen[1]["pid"]
     with pytest.raises(RuntimeError, match="_exit_3 failed in its own process"):
         fresh_process(_exit_3)
+    # a job's bad-input error is the caller's one-line error, not a child's traceback
+    with pytest.raises(ValueError, match="^value 7: refused$"):
+        fresh_process(_refuse, 7)
 
 
 def test_replay_refuses_multi_replica_config(tmp_path):

@@ -22,85 +22,13 @@ import yaml
 from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
                                          probe_levels, sampled_medians, scaled_config,
                                          simulate_with_band, table_summary)
-from validation.fidelity_programs import check_program_spec, program_workload
-from validation.replay import REPO, fresh_process
+from validation.fidelity_programs import program_workload
+from validation.fidelity_suite import SUITE, load_suite, request_config, step_grid
+from validation.replay import fresh_process
 
-SUITE = REPO / "examples" / "fidelity" / "suite.yaml"
+__all__ = ["SUITE", "load_suite", "request_config", "run_fidelity"]
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
                    "ttft_s.p90", "throughput_tok_s")
-
-
-def load_suite(path: Path, seen: tuple = ()) -> dict:
-    """The suite file, checked enough to fail before any engine starts (`seen`: the suites
-    whose `base:` led here)."""
-    from sim.config import read_yaml
-
-    try:
-        suite = read_yaml(path)
-    except ValueError as e:
-        raise ValueError(f"not a readable suite: {e}") from None
-    if not isinstance(suite, dict) or not isinstance(suite.get("workloads"), dict) or \
-            not suite["workloads"]:
-        raise ValueError(f"{path}: expected a mapping with a non-empty `workloads:` mapping")
-    suite = with_base(Path(path), suite, seen)
-    for key in ("grid", "quick_grid", "sampling_grid"):
-        if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
-            raise ValueError(f"{path}: `{key}:` must be a mapping of trace-steps grid settings")
-        if isinstance(suite.get(key), dict):
-            try:
-                step_grid(suite[key])
-            except ValueError as e:
-                raise ValueError(f"{path}: {key}: {e}") from None
-    traffic = suite.get("calibration_traffic") or {}
-    if not isinstance(traffic, dict) or not all(
-            isinstance(t, dict) and isinstance(t.get("workload"), dict) for t in traffic.values()):
-        raise ValueError(f"{path}: calibration_traffic: expected a mapping of name -> "
-                        "{workload: ...}")
-    for name, spec in suite["workloads"].items():
-        if not isinstance(spec, dict) or ("workload" in spec) == ("program" in spec):
-            raise ValueError(f"{path}: workloads.{name}: needs exactly one of `workload:` "
-                            "(requests) or `program:` (an example program config)")
-        if not isinstance(spec.get("programs", {}), dict):
-            raise ValueError(f"{path}: workloads.{name}.programs: expected a mapping of the "
-                            "example's workload.programs settings")
-        try:
-            if "program" in spec:
-                check_program_spec(spec)
-            else:
-                from sim.workloads.schema import workload_spec
-
-                workload_spec(spec["workload"])
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: workloads.{name}: {e}") from None
-    return suite
-
-
-def step_grid(g: dict):
-    """A suite's grid mapping as the step profiler's `StepGrid`; a one-line error naming the
-    key it lacks or does not know."""
-    from tracers.step_profile import StepGrid
-
-    try:
-        return StepGrid(**{k: (tuple(v) if k in ("idle_ms", "regimes") else v)
-                           for k, v in g.items()})
-    except TypeError as e:  # a missing or unknown key
-        raise ValueError(f"not a trace-steps grid ({e})") from None
-
-
-def with_base(path: Path, suite: dict, seen: tuple = ()) -> dict:
-    """A suite whose `base:` names another suite file (relative to it) takes that suite's grids,
-    calibration traffic and engine settings, and its own workloads only: held-out workloads
-    judged on the calibration the base suite's runs have."""
-    if "base" not in suite:
-        return suite
-    base = suite["base"]
-    if not isinstance(base, str) or not (path.parent / base).is_file():
-        raise ValueError(f"{path}: base: {base!r} is not a suite file beside it")
-    if (path.parent / base).resolve() in seen + (path.resolve(),):
-        raise ValueError(f"{path}: base: {base!r} leads back to itself")
-    parent = load_suite(path.parent / base, seen + (path.resolve(),))
-    own = {k: v for k, v in suite.items() if k != "base"}
-    return {**{k: v for k, v in parent.items() if k != "workloads"}, **own}
 
 
 def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
@@ -120,12 +48,7 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
     for name, traffic in (suite.get("calibration_traffic") or {}).items():
         if (quick and not traffic.get("quick", True)) or unserved(traffic, engine):
             continue
-        workload = dict(traffic["workload"])
-        if quick and "quick_requests" in traffic:
-            workload["num_requests"] = traffic["quick_requests"]
-        cfg = parse_config({"seed": traffic.get("seed", 0), "workload": workload,
-                            "cluster": {"replicas": [{"calibration": str(path),
-                                                      **traffic.get("replica", {})}]}}, out)
+        cfg = parse_config(request_config(traffic, path, quick), out)
         fresh_process(replay_config, cfg, out / f"calibration_traffic_{name}", device=device)
         traces.append(out / f"calibration_traffic_{name}")
     if len(traces) > 1:
@@ -245,16 +168,6 @@ def step_speed(speed: dict | None) -> dict:
     speed = speed or {}
     return {"decode": speed.get("decode_step_ratio"), "prefill": speed.get("prefill_step_ratio"),
             "tail": speed.get("step_tail"), "calibration_tail": speed.get("calibration_tail")}
-
-
-def request_config(spec: dict, cal: Path, quick: bool) -> dict:
-    """The simulation config of a suite's request workload on calibration `cal`."""
-    workload = dict(spec["workload"])
-    if quick and "quick_requests" in spec:
-        workload["num_requests"] = spec["quick_requests"]
-    return {"seed": spec.get("seed", 0), "workload": workload,
-            "cluster": {"replicas": [{"calibration": str(cal), "count": 1,
-                                      **spec.get("replica", {})}]}}
 
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,

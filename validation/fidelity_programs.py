@@ -47,8 +47,11 @@ def program_config(spec: dict, cal: Path, quick: bool, trace: Path | None = None
 
 
 def check_program_spec(spec: dict) -> None:
-    """Fail before any engine starts on a program entry whose example is missing, or whose
-    `programs:` / `seed:` settings the example's config does not take."""
+    """Fail before any engine starts on a program entry whose example is missing, is of a
+    family the loop cannot replay on one engine, or whose `programs:` / `seed:` / count
+    settings the example's config does not take (quick and full)."""
+    from live.families import FAMILIES as LIVE
+    from programs.families import family_of
     from sim.config import parse_config, read_yaml
 
     example = REPO / "examples" / str(spec["program"])
@@ -56,9 +59,14 @@ def check_program_spec(spec: dict) -> None:
         raise ValueError(f"program: no example config {example.name} in examples/")
     if "programs" not in (read_yaml(example).get("workload") or {}):
         raise ValueError(f"program: {example.name} is not a program config (workload.programs)")
-    if "programs" in spec or "seed" in spec:
-        cal = example.parent / read_yaml(example)["cluster"]["replicas"][0]["calibration"]
-        parse_config(program_config(spec, cal, False), example.parent)
+    cal = example.parent / read_yaml(example)["cluster"]["replicas"][0]["calibration"]
+    for quick in (False, True):
+        wl = parse_config(program_config(spec, cal, quick), example.parent).programs
+        family = family_of(wl.method, wl.policy).name
+        if family not in LIVE.all():
+            raise ValueError(f"program: {example.name} is of the {family} family; the loop "
+                             f"replays one-engine families live ({', '.join(sorted(LIVE.all()))})"
+                             f"; `reasonsim {family} replay` replays its configs")
 
 
 def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,

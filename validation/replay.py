@@ -42,18 +42,26 @@ def fresh_process(fn, *args, **kwargs):
         if proc.exitcode != 0:
             raise RuntimeError(f"{fn.__name__} failed in its own process (exit "
                                f"{proc.exitcode}); its error is printed above")
-        return pickle.loads(result.read_bytes())
+        kind, value = pickle.loads(result.read_bytes())
+        if kind == "refused":  # bad input: the one-line error it would raise in this process
+            raise ValueError(value)
+        return value
 
 
 def _in_environment(environ: dict, fn, args: tuple, kwargs: dict, result_path: str) -> None:
     """Call fn in the caller's environment of the moment (the fork server keeps the one it
-    started with); its result pickled to result_path."""
+    started with); its result (or the message of the ValueError it raised) pickled to
+    result_path."""
     import os
     import pickle
 
     os.environ.clear()
     os.environ.update(environ)
-    Path(result_path).write_bytes(pickle.dumps(fn(*args, **kwargs)))
+    try:
+        result = ("returned", fn(*args, **kwargs))
+    except ValueError as e:
+        result = ("refused", str(e))
+    Path(result_path).write_bytes(pickle.dumps(result))
 
 
 def resolve_model(model_id: str) -> str:
