@@ -36,3 +36,20 @@ def check_model(model: str | Path, load_format: str) -> Path:
         raise FileNotFoundError(f"{path}: no weights (*.safetensors/*.bin); use "
                                 "--load-format dummy to profile with random weights")
     return path
+
+
+def check_same_model(model: str | Path, want_hash: str | None, what: str) -> Path:
+    """`--model` names where `what`'s model is (a config.json hashing `want_hash`), not
+    another model, whose step times and sampling are not the ones recorded."""
+    from traces.provenance import config_hash
+
+    try:
+        path = check_model_dir(model)
+    except FileNotFoundError as e:
+        raise ValueError(f"--model: {e}") from None
+    got = config_hash(path)
+    if want_hash is not None and got != want_hash:
+        raise ValueError(f"--model {model}: not the model {what} (its config.json hashes {got}, "
+                         f"the recorded model's {want_hash})")
+    return path
+

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sim.output import write_sim
 from reasonsim.common import (CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, int_at_least,
-                             print_summary, refuse_inside)
+                             print_summary, refuse_inside, server_url)
 
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
@@ -138,7 +138,12 @@ def _check_engine(args, trace, cfg) -> None:
     and eviction hints."""
     from traces.store import read_run
 
-    traced = read_run(trace)["engine"]
+    run = read_run(trace)
+    traced = run["engine"]
+    if args.model is not None:
+        from engines.model_dir import check_same_model
+
+        check_same_model(args.model, run["model_config_hash"], f"{trace} was recorded on")
     if (args.url or traced == "torch") and (cfg.kv_eviction != "free_order"
                                             or cfg.replicas[0].kv_blocks is not None):
         where = "--url's server" if args.url else "the PyTorch engine (the trace's)"
@@ -185,7 +190,7 @@ def add_replay_parser(dysub) -> None:
     rp.add_argument("--count", type=int_at_least(1), default=None,
                     help="override the number of programs")
     rp.add_argument("--model", default=None, help="model directory (default: the trace's)")
-    rp.add_argument("--url", default=None,
+    rp.add_argument("--url", default=None, type=server_url,
                     help="run on this OpenAI-compatible server instead of an in-process engine "
                     "(start it with the trace's block size and, for non-fcfs schedulers, "
                     "--scheduling-policy priority)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from inputs.repeats import repeated
 from reasonsim.common import (CACHE_GB, RATE, TEMPERATURE, UserError, int_at_least, names,
-                             print_summary, seed_int)
+                             print_summary, seed_int, server_url)
 
 
 def cmd_trace_steps(args: argparse.Namespace) -> int:
@@ -248,7 +248,7 @@ def add_serve_parser(tsub) -> None:
                         description="Send a seeded Poisson workload to /v1/completions with "
                         "streaming and record per-token arrival times (token_times) and "
                         "per-request timings (requests).")
-    v.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    v.add_argument("--url", required=True, type=server_url, help="server base URL, e.g. http://127.0.0.1:8000")
     v.add_argument("--model", default=None, help="model name on the server (default: first "
                    "model listed by /v1/models)")
     v.add_argument("-o", "--out", required=True, help="trace directory to write")

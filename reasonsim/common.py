@@ -152,6 +152,21 @@ def seed_int(text: str) -> int:
     return v
 
 
+def server_url(text: str) -> str:
+    """argparse type: an OpenAI-compatible server's base URL, http(s)://HOST[:PORT][/PATH]."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected a server URL such as "
+                                         f"http://127.0.0.1:8000, got {text!r}")
+    return text
+
+
 def names(text: str) -> list[str]:
     """argparse type: comma-separated names, none repeated."""
     values = [v for v in text.split(",") if v]

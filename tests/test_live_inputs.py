@@ -45,6 +45,16 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
     (["a1", "replay", str(EX / "a1-async.yaml"), "-o", "{used}"], "not empty"),
     (["seed", "replay", str(EX / "seed-greedy-small.yaml"), "-o", "{used}"], "not empty"),
     (["replay", str(EX / "replay-small.yaml"), "-o", "{used}"], "not empty"),
+    (["replay", str(EX / "replay-small.yaml"), "-o", "{tmp}/r", "--model",
+      str(REPO / "models" / "testbed" / "draft")], "not the model"),
+    (["replay", str(EX / "replay-small.yaml"), "-o", "{tmp}/r", "--model", "/nonexistent"],
+     "--model: model directory /nonexistent does not exist"),
+    (["dynasor", "replay", str(EX / "dynasor-cot-certaindex.yaml"), "-o", "{tmp}/d", "--model",
+      str(REPO / "models" / "testbed" / "draft")], "testbed-probes-cpu was recorded on"),
+    (["dynasor", "replay", str(EX / "dynasor-cot-certaindex.yaml"), "-o", "{tmp}/d", "--url",
+      "notaurl"], "expected a server URL such as http://127.0.0.1:8000, got 'notaurl'"),
+    (["trace", "serve", "-o", "{tmp}/v", "--url", "http://127.0.0.1:port"],
+     "expected a server URL"),
 ])
 def test_a_bad_input_is_refused_before_any_engine_starts(tmp_path, args, message):
     used = tmp_path / "used"

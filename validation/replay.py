@@ -90,6 +90,11 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
     _check_lengths(w, cal, group.calibration)
     check_out_dir(out_dir, resume=False, can_resume=False)  # before the engine starts
+    if model is not None:
+        from engines.model_dir import check_same_model
+
+        check_same_model(model, cal.provenance.get("model_config_hash"),
+                         f"{group.calibration} was fitted on")
     model = model or resolve_model(cal.provenance["model_id"])
     if traced == "torch":
         return _replay_torch(cfg, cal, w, out_dir, model, device, progress)
