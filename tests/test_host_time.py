@@ -65,7 +65,8 @@ def test_calibrate_takes_the_host_time_from_the_live_replays_it_is_given(tmp_pat
 
 def test_host_times_come_from_live_runs_of_the_calibrations_engine_and_device(tmp_path):
     """`calibrate --host-from` checks what it is given as the traces are checked: another
-    device's run, a simulation's output or a directory with no engine trace is refused."""
+    device's run, a step grid, a simulation's output or a directory with no engine trace is
+    refused."""
     from traces.store import read_run
 
     run = read_run(REPLAY)
@@ -75,6 +76,9 @@ def test_host_times_come_from_live_runs_of_the_calibrations_engine_and_device(tm
     with pytest.raises(ValueError, match="ran on torch on NVIDIA H100.*host times are the "
                                          "engine's and the device's"):
         fit_host_ms([h100], here)
+    grid = REPO / "traces" / "data" / "testbed-large-cpu"  # a profiler's gaps: no loop's
+    with pytest.raises(ValueError, match="a step grid \\(runs kind 'steps'\\)"):
+        fit_host_ms([grid], here)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty: no engine trace"):
         fit_host_ms([tmp_path / "empty"], here)

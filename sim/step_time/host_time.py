@@ -27,6 +27,8 @@ from traces.store import read_run, read_table
 
 GAP_CAP_MS = 5.0
 """gaps between steps longer than this are waits for work, not host time"""
+GRID_KINDS = ("steps", "spec")
+"""runs kinds of step-profiler grids (`trace steps`, `trace spec`): no live loop's gaps"""
 WAKE_MIN_IDLE_MS = 1.0
 """an arrival this long after the last step, with nothing unfinished, found the loop asleep
 (a program's next request submitted right after a step is not a wake)"""
@@ -85,6 +87,9 @@ def _check_engines(run: Path, engines: list[Path], engine: tuple[str, str] | Non
             raise ValueError(f"{d}: ran on {r['engine']} on {r['device']}, the calibration's "
                              f"traces on {engine[0]} on {engine[1]}: host times are the "
                              "engine's and the device's")
+        if r["kind"] in GRID_KINDS:  # a profiler adds whole cells at once, after set gaps
+            raise ValueError(f"{d}: a step grid (runs kind {r['kind']!r}), whose gaps are the "
+                             "profiler's; host times come from live runs")
 
 
 def _first_and_next(nexts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float | None]:
