@@ -39,6 +39,8 @@ def prepare_env() -> None:
     # In-process engine core so the scheduler is reachable.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # Its log lines on stderr: stdout is the command's output (a `--json` summary).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     check_kv_env()
     steady_heap()

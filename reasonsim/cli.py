@@ -55,6 +55,9 @@ def _one_line(e: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `reasonsim` console script."""
     args = build_parser().parse_args(argv)
+    # vLLM's log lines on stderr, from its first import on (a job's fork server imports it
+    # before any engine starts): stdout is the command's output, a `--json` summary.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         if getattr(args, "device", None) not in (None, "auto"):
             from reasonsim.common import check_device

@@ -136,6 +136,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from validation.replay import replay_config
 
     cfg = load_config(args.config)
+    if cfg.programs is not None:
+        raise UserError(f"{args.config}: a program workload (workload.programs); `reasonsim "
+                        "dynasor replay` replays one-engine program configs, `reasonsim a1 "
+                        "replay` and `reasonsim seed replay` A1's and SEED's")
     if sum(g.count for g in cfg.replicas) != 1:
         raise UserError(f"{args.config}: live replay drives one engine; the config has "
                         f"{sum(g.count for g in cfg.replicas)} replicas")

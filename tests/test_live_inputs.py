@@ -55,6 +55,10 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
       "notaurl"], "expected a server URL such as http://127.0.0.1:8000, got 'notaurl'"),
     (["trace", "serve", "-o", "{tmp}/v", "--url", "http://127.0.0.1:port"],
      "expected a server URL"),
+    (["testbed", "build", "-o", "{tmp}/t", "--init-from", "{tmp}/none"],
+     "--init-from: model directory"),
+    (["replay", str(EX / "dynasor-cot-certaindex.yaml"), "-o", "{tmp}/r"],
+     "a program workload (workload.programs); `reasonsim dynasor replay` replays"),
 ])
 def test_a_bad_input_is_refused_before_any_engine_starts(tmp_path, args, message):
     used = tmp_path / "used"

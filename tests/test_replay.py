@@ -21,7 +21,9 @@ def test_replay_then_validate(tmp_path, local_calibration):
                    .replace("../sim/data/testbed-large-cpu.calib.json", str(local_calibration)))
     assert str(local_calibration) in cfg.read_text()
     live, sim = tmp_path / "live", tmp_path / "sim"
-    run_cli("replay", str(cfg), "-o", str(live), "-q")
+    # stdout is the summary alone: vLLM's warnings go to stderr
+    assert json.loads(run_cli("replay", str(cfg), "-o", str(live), "-q", "--json").stdout)[
+        "requests"] == 60
     run_cli("simulate", str(cfg), "-o", str(sim), "--json")
     assert check_trace(live) == [] and check_trace(sim) == []
     assert read_run(live)["kind"] == "replay" and read_run(sim)["kind"] == "sim"
