@@ -14,10 +14,18 @@ def cmd_testbed_build(args: argparse.Namespace) -> int:
     """`reasonsim testbed build`."""
     import torch
 
-    from testbed.train import build
+    from testbed.train import SPECS, build
 
     if args.models and repeated(args.models):  # one model trained twice, over itself
         raise UserError(f"--models: {repeated(args.models)[0]} given twice")
+    if args.init_from is not None:  # every model's, before the first trains for minutes
+        from engines.model_dir import check_model
+
+        for name in [n for n in args.models or SPECS if n in SPECS]:  # build names others
+            try:
+                check_model(Path(args.init_from) / name, "auto")
+            except FileNotFoundError as e:
+                raise UserError(f"--init-from: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     build(args.out, names=args.models, steps_scale=args.steps_scale, init_dir=args.init_from,

@@ -234,14 +234,6 @@ def build(out_dir: str | Path, names: list[str] | None = None, steps_scale: floa
     unknown = sorted(set(names) - set(SPECS))
     if unknown:
         raise ValueError(f"unknown testbed model(s) {unknown}; expected some of {list(SPECS)}")
-    if init_dir is not None:  # every model's, before the first trains for minutes
-        from engines.model_dir import check_model
-
-        for name in names:
-            try:
-                check_model(Path(init_dir) / name, "auto")
-            except FileNotFoundError as e:
-                raise ValueError(f"--init-from: {e}") from None
     results = {}
     for name in names:
         spec = SPECS[name]
