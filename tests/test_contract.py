@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -76,6 +77,14 @@ def test_resume_refuses_different_run(tmp_path):
     _write_sample(tmp_path / "t")
     with pytest.raises(TraceError, match="cannot resume: model_config_hash differs"):
         TraceWriter(tmp_path / "t", {**RUN, "model_config_hash": "other"}, resume=True)
+    # other parameters are named by key, not printed whole
+    params = {"grid": {"batch_sizes": [1, 4], "repeats": 2}, "seed": 0, "workload": {"n": 8}}
+    TraceWriter(tmp_path / "p", {**RUN, "params_json": json.dumps(params)}).seal()
+    other = {**params, "grid": {"batch_sizes": [1, 8], "repeats": 2}, "workload": {"m": 8}}
+    with pytest.raises(TraceError, match=r"params_json differs \(grid\.batch_sizes: trace has "
+                       r"\[1, 4\], now \[1, 8\]; workload\.m: trace has '\(none\)', now 8; "
+                       r"workload\.n: trace has 8, now '\(none\)'\)$"):
+        TraceWriter(tmp_path / "p", {**RUN, "params_json": json.dumps(other)}, resume=True)
 
 
 def test_resume_rewrites_unfinished_units_without_duplicates(tmp_path):

@@ -1,7 +1,9 @@
 """What a reader of a shipped trace refuses when the trace was changed: values outside their
 physical range, counts above their bound, keys that repeat across parts, rows of another run,
-run parameters a kind's readers need, and bytes changed since the directory was sealed. Each
-corrupted copy is sealed again (but the last case), so the content checks are what refuses it."""
+run parameters a kind's readers need, steps of no time or out of order, probes off their stride,
+exits the layers table contradicts, accepted positions their counts contradict, and bytes changed
+since the directory was sealed. Each corrupted copy is sealed again (but the last case), so the
+content checks are what refuses it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 import shutil
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -76,6 +79,29 @@ CASES = {
                            r"workload.mcts_iterations is \"16\", expected a whole number >= 1"),
     "params a list": ("testbed-large-cpu", "runs", _set("params_json", 0, "[1, 2]"),
                       r"column 'params_json' row 0: not a JSON object \(list\)"),
+    "step of no time": ("testbed-large-cpu", "steps", _set("duration_ms", 4, 0.0),
+                        r"column 'duration_ms' row 4: a step of zero duration \(1 rows\)"),
+    "decode seqs above context": ("testbed-large-cpu", "steps", _set("decode_seqs", 3, 5000),
+                                  r"row 3: decode_seqs 5000 > context_tokens 1027"),
+    "step starts before the last": ("testbed-large-cpu", "steps", _set("start_s", 5, 9.7),
+                                    r"column 'start_s' row 5: step 1477 starts at 9.7, before "
+                                    r"step 1476 at 9.78"),
+    "probe off the stride": ("testbed-probes-cpu", "probes", _set("position_tokens", 0, 17),
+                             r"probes: column 'position_tokens': request 'q0000-mod-1-s0' probed "
+                             r"at 17 tokens: off its run's 16-token stride and not at the end of "
+                             r"its reasoning \(79 tokens\)"),
+    "a layer short of the exits": ("testbed-exits-target-small-cpu", "layers",
+                                   lambda t: t.slice(0, 1),
+                                   r"tokens traced at loaded depths 1, 2 with exits at layers 1, "
+                                   r"2, but the layers table holds layers 1 "),
+    "positions past the drafted": ("testbed-spec-cpu", "spec_steps",
+                                   _set("accepted_positions", 0, [True, True, False]),
+                                   r"column 'accepted_positions' row 0: 3 positions, "
+                                   r"proposed_tokens 2"),
+    "positions against accepted": ("testbed-spec-cpu", "spec_steps",
+                                   _set("accepted_positions", 1, [True, False]),
+                                   r"column 'accepted_positions' row 1: 1 accepted, "
+                                   r"accepted_tokens 2"),
 }
 
 
@@ -87,6 +113,46 @@ def test_a_changed_trace_is_refused_by_its_readers_and_its_check(tmp_path, case)
     with pytest.raises(TraceError, match=pattern):
         read_table(d, table)
     assert re.search(pattern, "\n".join(map(str, check_trace(d))))
+
+
+def test_steps_start_in_order_within_a_part_and_a_resumed_clock_starts_again(tmp_path):
+    """A resumed trace's clock starts again at 0 while its step ids go on: a later part's steps
+    start before an earlier part's, and that is no violation."""
+    d = _copy(tmp_path, "testbed-large-cpu")
+
+    def restarted(t: pa.Table) -> pa.Table:
+        i = t.schema.get_field_index("start_s")
+        return t.set_column(i, t.schema.field(i), pc.subtract(t["start_s"], pc.min(t["start_s"])))
+
+    _edit(d, "steps", restarted)  # the first part by name: its step ids are not the lowest
+    assert check_trace(d) == [] and read_table(d, "steps").num_rows
+
+
+def test_a_verification_with_more_positions_than_it_drafted_is_refused(tmp_path):
+    d = _copy(tmp_path, "testbed-tot-small-cpu")
+    run_id, part = read_run(d)["run_id"], d / "tot_requests" / "part-sd-tot.parquet"
+    t = pq.read_table(part)
+    row = [p is not None for p in t["accepted_positions"].to_pylist()].index(True)
+    drafted = t["drafted_tokens"][row].as_py()
+    pq.write_table(_set("accepted_positions", row, [False] * (drafted + 1))(t), part)
+    seal(d, run_id)
+    pattern = (f"column 'accepted_positions' row {row}: {drafted + 1} positions, drafted_tokens "
+               f"{drafted} ")
+    with pytest.raises(TraceError, match=re.escape(pattern)):
+        read_table(d, "tot_requests")
+    assert pattern in "\n".join(map(str, check_trace(d)))
+
+
+def test_an_exits_trace_whose_layers_table_stops_short_is_refused_by_helios(tmp_path):
+    """One layer of two left in the layers table: HELIOS read the depth-1 stream as the full
+    model's; now its profile is refused."""
+    from sim.families.helios.profile import load_profile
+
+    d = _copy(tmp_path, "testbed-exits-target-small-cpu")
+    _edit(d, "layers", lambda t: t.slice(0, 1))
+    with pytest.raises(TraceError, match=r"loaded depths 1, 2 .+ the layers table holds "
+                                         r"layers 1 "):
+        load_profile(d)
 
 
 def test_repeated_keys_and_rows_of_another_run_are_refused_where_the_table_is_read(tmp_path):

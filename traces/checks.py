@@ -4,7 +4,6 @@ keys, joins and seal; every violation located by file, column and row."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -17,6 +16,8 @@ from traces.manifest import MANIFEST, parts, verify
 from traces.schema import (ADDED_COLUMNS, COUNT_COLUMNS, ENUM_COLUMNS, META_TABLE, META_VERSION,
                            NOT_ABOVE, ORDERED_TIMES, RANGE_COLUMNS, RUN_PARAMS, SCHEMAS,
                            TIME_COLUMNS, UNIQUE_KEYS, table_version)
+from traces.value_checks import directory_violations, part_violations
+from traces.violation import Violation
 
 PARTIAL_RE = re.compile(r"^\..+\.partial-\d+$")
 """a hidden sibling an output directory is written into before its rename"""
@@ -25,24 +26,6 @@ MAX_REPORTED = 20
 
 class TraceError(ValueError):
     """A trace violates the data contract; the message names file, column and row."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One contract violation, located precisely."""
-
-    path: str
-    message: str
-    column: str | None = None
-    row: int | None = None
-
-    def __str__(self) -> str:
-        where = self.path
-        if self.column is not None:
-            where += f": column {self.column!r}"
-        if self.row is not None:
-            where += f" row {self.row}"
-        return f"{where}: {self.message}"
 
 
 def _table_name_of(path: Path, schema: pa.Schema) -> str | None:
@@ -81,7 +64,7 @@ def checked_part(path: str | Path, table: str | None = None
         data = _conformed(pf.read(use_threads=pf.metadata.num_rows > 65_536), SCHEMAS[name])
     except Exception as e:  # a footer that parses over pages that do not
         return [Violation(p, f"not a readable Parquet file ({type(e).__name__}: {e})")], None
-    out += _value_violations(p, name, data)
+    out += _value_violations(p, name, data) + part_violations(p, name, data)
     if name == "runs" and data.num_rows != 1:
         out.append(Violation(p, f"runs part must hold exactly one row, has {data.num_rows}"))
     return out, data
@@ -298,6 +281,7 @@ def check_trace(path: str | Path) -> list[Violation]:
     if not out:
         out.extend(_check_joins(path))
         out.extend(_check_unique(path))
+        out.extend(directory_violations(path))  # the readers' `trace_violations`
     if parts(path, "runs"):  # after the contents: their violations say more than a hash does
         out.extend(Violation(f, message) for f, message in verify(path))
     return out

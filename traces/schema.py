@@ -346,9 +346,12 @@ RUN_PARAMS: dict[str, dict[str, str]] = {
             "probe_tokens": "count"},
 }
 
-# Within a row, a count that cannot exceed another (both present).
+# Within a row, a count that cannot exceed another (both present). A step's sequences count
+# against its tokens (each prefilling one computes a prompt token, each decoding one spans a
+# context token), not num_running: read after the step, its finished sequences have left it.
 NOT_ABOVE: dict[str, tuple[tuple[str, str], ...]] = {
     "requests": (("cached_prompt_tokens", "prompt_tokens"),),
+    "steps": (("prefill_seqs", "prefill_tokens"), ("decode_seqs", "context_tokens")),
     "spec_steps": (("accepted_tokens", "proposed_tokens"),
                    ("proposed_tokens", "num_speculative_tokens")),
     "tot_requests": (("accepted_tokens", "drafted_tokens"),),

@@ -24,6 +24,7 @@ from traces.checks import (TraceError, check_sealed_once, checked_part, key_viol
                            raise_if)
 from traces.manifest import parts, seal as seal_dir, unseal
 from traces.schema import schema_of
+from traces.value_checks import trace_violations
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
 
@@ -56,6 +57,23 @@ def to_table(name: str, columns: dict[str, list[Any]] | pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _params_differ(old: str, new: str) -> str:
+    """Where two runs' parameters differ, by key path (the first three), not the whole blobs."""
+    def leaves(v, path: str = "") -> dict:
+        if isinstance(v, dict) and v:
+            return {k: x for key, sub in v.items()
+                    for k, x in leaves(sub, f"{path}.{key}" if path else str(key)).items()}
+        return {path or "(all)": v}
+
+    try:
+        a, b = leaves(json.loads(old or "{}")), leaves(json.loads(new or "{}"))
+    except ValueError:
+        return f"trace has {old!r}, now {new!r}"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, ...) != b.get(k, ...))
+    return "; ".join(f"{k}: trace has {a.get(k, '(none)')!r}, now {b.get(k, '(none)')!r}"
+                     for k in keys[:3]) + (f"; {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
 def check_out_dir(trace_dir: str | Path, resume: bool, can_resume: bool = True) -> Path:
     """A trace directory to write: empty or new, or any when resuming (tracers call this before
     they start an engine, so the error comes at once)."""
@@ -76,8 +94,9 @@ class TraceWriter:
             old = pq.read_table(runs_part).to_pylist()[0]
             for key in ("kind", "model_config_hash", "load_format", "dtype", "params_json"):
                 if key in run and old[key] != run[key]:
-                    raise TraceError(f"{runs_part}: cannot resume: {key} differs "
-                                     f"(trace has {old[key]!r}, now {run[key]!r})")
+                    what = (_params_differ(old[key], run[key]) if key == "params_json" else
+                            f"trace has {old[key]!r}, now {run[key]!r}")
+                    raise TraceError(f"{runs_part}: cannot resume: {key} differs ({what})")
             self.run_id = old["run_id"]
         else:
             self.run_id = run.get("run_id") or uuid.uuid4().hex[:12]
@@ -158,7 +177,8 @@ def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.T
     checked = [checked_part(f, table) for f in files]
     raise_if(v for violations, _ in checked for v in violations)
     data = pa.concat_tables([d for _, d in checked])
-    raise_if(key_violations(Path(trace_dir), table, data))
+    raise_if(key_violations(Path(trace_dir), table, data)
+             + trace_violations(Path(trace_dir), table, data))
     return data
 
 
