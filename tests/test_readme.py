@@ -62,3 +62,31 @@ def test_the_reference_pages_are_generated_from_the_code():
     for command in ("simulate", "sweep", "capacity", "validate", "fidelity", "traces seal",
                     "a1 replay", "seed replay", "helios replay", "dynasor replay"):
         assert f"## `reasonsim {command}`" in page, command
+
+
+def test_every_example_says_which_machine_its_step_times_come_from():
+    """An example's `# Machine:` line names the device of every calibration (or exits trace) it
+    simulates with, as their provenance records it: a replay elsewhere is warned of in advance."""
+    import json
+
+    import yaml
+
+    from traces.store import read_run
+
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        d = yaml.safe_load(path.read_text())
+        seen = set()
+        for g in (d.get("cluster") or {}).get("replicas") or []:
+            p = json.loads((path.parent / g["calibration"]).read_text())["provenance"]
+            seen.add(f"{p['device']} x{p['device_count']} ({p['engine']})")
+        for m in (d.get("helios") or {}).get("models") or []:
+            if "exits" in m:
+                r = read_run(path.parent / m["exits"])
+                seen.add(f"{r['device']} x{r['device_count']} ({r['engine']})")
+        header = " ".join(line.lstrip("#").strip() for line in path.read_text().splitlines()
+                          if line.startswith("#"))
+        said = re.search(r"Machine: its step times were traced on (.*?); to replay", header)
+        if not seen:
+            assert said is None, path.name
+            continue
+        assert said and said.group(1) == " and ".join(sorted(seen)), path.name
