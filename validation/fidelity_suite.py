@@ -88,7 +88,9 @@ def _check_entry(suite: dict, spec: dict, where: str, base_dir: Path) -> None:
         else:
             _check_requests(spec, suite.get("max_model_len", DEFAULT_MAX_MODEL_LEN), base_dir)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from None
+        # a request entry's `replica:` is its config's one replica group
+        message = str(e) if program else str(e).replace("cluster.replicas[0]", "replica")
+        raise ValueError(f"{where}: {message}") from None
 
 
 def _check_requests(spec: dict, max_model_len: int, base_dir: Path) -> None:
