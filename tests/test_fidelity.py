@@ -248,6 +248,8 @@ def test_prefixes_are_shared_live_and_simulated(quick):
      "grid: max_model_len 1000 < the grid's longest request (1664 tokens)"),
     ("base: {shipped}\nworkloads: {{w: {{replica: {{nonsense: 1}}, workload: {small}}}}}",
      "workloads.w: replica: unknown key 'nonsense'"),
+    ("base: {shipped}\nworkloads: {{w: {{replica: {{count: 3}}, workload: {small}}}}}",
+     "workloads.w.replica.count: the loop serves one engine live"),
     ("base: {shipped}\nworkloads: {{w: {{quick: true, quick_requests: 0, workload: {small}}}}}",
      "workloads.w: workload.num_requests: Input should be greater than or equal to 1"),
     ("base: {shipped}\nworkloads: {{w: {{quick_request: 3, workload: {small}}}}}",

@@ -82,6 +82,10 @@ def _check_entry(suite: dict, spec: dict, where: str, base_dir: Path) -> None:
     for key in ("programs", "replica", "retrace"):
         if not isinstance(spec.get(key, {}), dict):
             raise ValueError(f"{where}.{key}: expected a mapping")
+    for key, why in (("calibration", "the loop calibrates on this machine"),
+                     ("count", "the loop serves one engine live")):
+        if key in spec.get("replica", {}):
+            raise ValueError(f"{where}.replica.{key}: {why}; the entry sets no {key}")
     try:
         if program:
             check_program_spec(spec)
