@@ -12,6 +12,8 @@ from pathlib import Path
 def check_model_dir(model: str | Path) -> Path:
     """A model directory must exist and hold config.json; raise naming what is missing."""
     path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} is a file, not a directory")
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():

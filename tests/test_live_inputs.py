@@ -57,6 +57,9 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
      "expected a server URL"),
     (["testbed", "build", "-o", "{tmp}/t", "--init-from", "{tmp}/none"],
      "--init-from: model directory"),
+    (["trace", "spec", "-o", "{tmp}/k", "--target", "{tmp}/none"], "none does not exist"),
+    (["trace", "tot", "-o", "{tmp}/t", "--draft", str(REPO / "models" / "testbed" / "eval.json")],
+     "eval.json is a file, not a directory"),
     (["replay", str(EX / "dynasor-cot-certaindex.yaml"), "-o", "{tmp}/r"],
      "a program workload (workload.programs); `reasonsim dynasor replay` replays"),
 ])

@@ -102,10 +102,9 @@ class DraftTimer:
 def trace_spec(target: str, draft: str, out_dir: str | Path, workload: SpecWorkload,
                kv_cache_gb: float = 0.5, progress: bool = True) -> dict:
     """Record speculative decoding for each K x sampling mode x batch size."""
-    from vllm import SamplingParams
-
     target_dir, draft_dir = check_model(target, "auto"), check_model(draft, "auto")
     out_dir = check_out_dir(out_dir, False, can_resume=False)
+    from vllm import SamplingParams  # after the checks: its import takes seconds
     n_cells = len(tasks.FAMILIES) * len(tasks.LEVELS)
     items = tasks.items(workload.seed, max(workload.questions_per_wave, n_cells))
     params = {"workload": asdict(workload),
