@@ -310,14 +310,11 @@ def key_violations(trace_dir: Path, name: str, data: pa.Table) -> list[Violation
     directory's runs table does not hold."""
     out = []
     key = UNIQUE_KEYS.get(name)
-    if key and data.num_rows:
-        counts = data.select(list(key)).group_by(list(key)).aggregate([([], "count_all")])
-        dup = counts.filter(pc.greater(counts["count_all"], 1))
-        if dup.num_rows:
-            first = dup.slice(0, 1).to_pylist()[0]
-            ident = ", ".join(f"{k}={first[k]!r}" for k in key)
-            out.append(Violation(str(trace_dir / name), f"duplicate {ident} ({dup.num_rows} "
-                                 f"keys repeat in {name})", column=key[-1]))
+    repeats = _repeats(data, key) if key else None
+    if repeats is not None:
+        first, _, keys = repeats
+        out.append(Violation(str(trace_dir / name), f"duplicate {_ident(data, key, first)} "
+                             f"({keys} keys repeat in {name})", column=key[-1]))
     if name != "runs" and data.num_rows:
         runs = {i for f in parts(trace_dir, "runs")
                 for i in pq.read_table(f, columns=["run_id"]).column("run_id").to_pylist()}
@@ -328,25 +325,48 @@ def key_violations(trace_dir: Path, name: str, data: pa.Table) -> list[Violation
     return out
 
 
-def _check_unique(trace_dir: Path) -> list[Violation]:
-    import pandas as pd
+def _repeats(data: pa.Table, key: tuple) -> tuple[int, int, int] | None:
+    """Rows whose key an earlier row has: (the first such row, how many rows, how many keys
+    repeat); None where every key is its own. One rule for `traces check` and the readers."""
+    n = data.num_rows
+    if n < 2:
+        return None
+    # a stable sort keeps each key's rows in table order: a row after its key's first repeats it
+    order = pc.sort_indices(data.select(list(key)), [(k, "ascending") for k in key]).to_numpy()
+    t = data.select(list(key)).take(order)
+    same = np.ones(n - 1, dtype=bool)
+    for k in key:
+        same &= pc.fill_null(pc.equal(t[k].slice(1), t[k].slice(0, n - 1)), False).to_numpy(
+            zero_copy_only=False)
+    if not same.any():
+        return None
+    starts = same & ~np.concatenate(([False], same[:-1]))  # a key's first repeat
+    return int(order[1:][same].min()), int(same.sum()), int(starts.sum())
 
+
+def _ident(data: pa.Table, key: tuple, row: int) -> str:
+    """A row's key as `name=value` pairs."""
+    values = data.select(list(key)).slice(row, 1).to_pylist()[0]
+    return ", ".join(f"{k}={values[k]!r}" for k in key)
+
+
+def _check_unique(trace_dir: Path) -> list[Violation]:
     out = []
     for name, key in UNIQUE_KEYS.items():
         files = parts(trace_dir, name)
         if not files:
             continue
-        cols = [pq.read_table(f, columns=list(key)).to_pandas().assign(_part=f.name,
-                                                                       _row=lambda d: d.index)
-                for f in files]
-        rows = pd.concat(cols, ignore_index=True)
-        dup = rows[rows.duplicated(list(key), keep="first")]
-        if len(dup):
-            first = dup.iloc[0]
-            ident = ", ".join(f"{k}={first[k]!r}" for k in key)
-            out.append(Violation(str(trace_dir / name / first["_part"]),
-                                 f"duplicate {ident} ({len(dup)} duplicate rows in {name})",
-                                 column=key[-1], row=int(first["_row"])))
+        tables = [pq.read_table(f, columns=list(key)) for f in files]
+        data = pa.concat_tables(tables)
+        repeats = _repeats(data, key)
+        if repeats is None:
+            continue
+        first, rows, _ = repeats
+        starts = np.cumsum([0] + [t.num_rows for t in tables])
+        i = int(np.searchsorted(starts, first, side="right")) - 1  # the part it is in
+        out.append(Violation(str(files[i]), f"duplicate {_ident(data, key, first)} ({rows} "
+                             f"duplicate rows in {name})", column=key[-1],
+                             row=first - int(starts[i])))
     return out
 
 
