@@ -55,3 +55,19 @@ def check_same_model(model: str | Path, want_hash: str | None, what: str) -> Pat
                          f"the recorded model's {want_hash})")
     return path
 
+
+def check_model_len(model: Path, max_model_len: int) -> None:
+    """A `max_model_len` past the model's positions (config.json's max_position_embeddings,
+    no rope scaling) is refused before vLLM starts, as vLLM itself refuses it (unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN allows it, as the scheduler-only replica does)."""
+    import json
+    import os
+
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+        return
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    limit = cfg.get("max_position_embeddings")
+    if type(limit) is int and not cfg.get("rope_scaling") and max_model_len > limit:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the model's "
+                         f"max_position_embeddings {limit} ({Path(model) / 'config.json'})")
+

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.allocator import steady_heap
-from engines.model_dir import check_model, has_tokenizer
+from engines.model_dir import check_model, check_model_len, has_tokenizer
 from traces.provenance import config_hash, cpu_count, cpu_model, run_row
 
 
@@ -127,6 +127,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec):
         model = check_model(spec.model, spec.load_format)
+        check_model_len(model, spec.max_model_len)  # before vLLM's import (seconds)
         prepare_env()
         import torch
         from vllm import EngineArgs, LLMEngine

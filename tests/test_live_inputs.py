@@ -58,6 +58,8 @@ DATA, EX = REPO / "traces" / "data", REPO / "examples"
     (["testbed", "build", "-o", "{tmp}/t", "--init-from", "{tmp}/none"],
      "--init-from: model directory"),
     (["trace", "spec", "-o", "{tmp}/k", "--target", "{tmp}/none"], "none does not exist"),
+    (["trace", "steps", "-o", "{tmp}/s", "--max-model-len", "100000"],
+     "max_model_len 100000 exceeds the model's max_position_embeddings 2048"),
     (["trace", "tot", "-o", "{tmp}/t", "--draft", str(REPO / "models" / "testbed" / "eval.json")],
      "eval.json is a file, not a directory"),
     (["replay", str(EX / "dynasor-cot-certaindex.yaml"), "-o", "{tmp}/r"],
