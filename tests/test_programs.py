@@ -6,6 +6,7 @@ import copy
 import json
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 import simpy
 
@@ -344,3 +345,19 @@ def test_every_registered_policy_type_declares_its_parameters():
     for method, makers in POLICIES.items():
         for kind in makers:
             assert issubclass(PARAMS[method][kind], Params), (method, kind)
+
+
+def test_a_request_aborted_before_it_was_scheduled_is_written_with_null_times(tmp_path):
+    """A certaindex stop can abort a request the engine never scheduled: its output holds null
+    (none), not NaN, for when it was scheduled and first emitted, so the run's tables pass the
+    contract and every reader reads them."""
+    from traces import read_table
+
+    run_cli("simulate", str(REPO / "examples" / "dynasor-cot-certaindex.yaml"), "-o",
+            str(tmp_path / "s"), "--json")
+    assert check_trace(tmp_path / "s") == []
+    reqs = read_table(tmp_path / "s", "requests")
+    never = reqs.filter(pc.is_null(reqs["scheduled_s"]))
+    assert never.num_rows >= 1  # the case this test is about
+    assert set(never["finish_reason"].to_pylist()) == {"abort"}
+    assert never["first_token_s"].null_count == never.num_rows

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traces.checks import (TraceError, check_sealed_once, checked_part, key_violations,
@@ -47,9 +48,14 @@ def to_table(name: str, columns: dict[str, list[Any]] | pa.Table) -> pa.Table:
     arrays = []
     for field in schema:
         if field.name in columns:
-            arrays.append(pa.array(columns[field.name], type=field.type)
-                          if not isinstance(columns[field.name], (pa.Array, pa.ChunkedArray))
-                          else columns[field.name].cast(field.type))
+            v = columns[field.name]
+            v = v.cast(field.type) if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(
+                v, type=field.type)
+            if field.nullable and pa.types.is_floating(field.type) and v.null_count < len(v):
+                # NaN in a nullable column means none (a request aborted before it was
+                # scheduled): stored as null, which the checks allow; a NaN time they refuse
+                v = pc.if_else(pc.is_nan(v), pa.scalar(None, field.type), v)
+            arrays.append(v)
         elif field.nullable:
             arrays.append(pa.nulls(n, type=field.type))
         else:
