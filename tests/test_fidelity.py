@@ -244,6 +244,8 @@ def test_prefixes_are_shared_live_and_simulated(quick):
     # what the loop would otherwise meet after the grid's tracing (a minute in, in a child)
     ("base: {shipped}\nmax_model_len: -5\nworkloads: {{w: {{workload: {small}}}}}",
      "max_model_len: expected a positive integer, got -5"),
+    ("base: {shipped}\nmax_model_len: 4096\nworkloads: {{w: {{workload: {small}}}}}",
+     "max_model_len 4096 exceeds the model's max_position_embeddings 2048"),
     ("base: {shipped}\nmax_model_len: 1000\nworkloads: {{w: {{workload: {small}}}}}",
      "grid: max_model_len 1000 < the grid's longest request (1664 tokens)"),
     ("base: {shipped}\nworkloads: {{w: {{replica: {{nonsense: 1}}, workload: {small}}}}}",

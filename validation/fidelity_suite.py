@@ -57,9 +57,13 @@ def _check_grids(suite: dict) -> None:
     grid's longest request."""
     from tracers.step_profile import _grid_limits
 
+    from engines.model_dir import check_model_len
+    from validation.replay import DEFAULT_MODEL
+
     limit = suite.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
     if type(limit) is not int or limit < 1:
         raise ValueError(f"max_model_len: expected a positive integer, got {limit!r}")
+    check_model_len(DEFAULT_MODEL, limit)  # the model every engine of the loop serves
     for key in ("grid", "quick_grid", "sampling_grid"):
         if not isinstance(suite.get(key), dict) and (key != "sampling_grid" or key in suite):
             raise ValueError(f"`{key}:` must be a mapping of trace-steps grid settings")
