@@ -70,4 +70,3 @@ def check_model_len(model: Path, max_model_len: int) -> None:
     if type(limit) is int and not cfg.get("rope_scaling") and max_model_len > limit:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's "
                          f"max_position_embeddings {limit} ({Path(model) / 'config.json'})")
-

@@ -60,6 +60,8 @@ def _in_environment(environ: dict, fn, args: tuple, kwargs: dict, result_path: s
     try:
         result = ("returned", fn(*args, **kwargs))
     except ValueError as e:
+        if os.environ.get("REASONSIM_DEBUG"):  # where it was raised, as `cli.main` shows it
+            raise
         result = ("refused", str(e))
     Path(result_path).write_bytes(pickle.dumps(result))
 
