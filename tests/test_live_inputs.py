@@ -111,3 +111,16 @@ def test_a_retrace_into_its_own_input_trace_is_refused(tmp_path):
                       .replace("../", f"{REPO}/"))
     proc = run_cli("helios", "replay", str(config), "--retrace", str(exits), check=False)
     assert proc.returncode == 2 and "inside the input trace" in proc.stderr, proc.stderr
+
+
+def test_a_request_longer_than_the_calibrations_engine_is_refused_before_replay(tmp_path):
+    cfg = tmp_path / "long.yaml"
+    cal = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
+    cfg.write_text("seed: 1\nworkload: {arrival: {kind: poisson, rate_per_s: 3}, num_requests: 4,"
+                   f" prompt_tokens: 3000, output_tokens: 8}}\ncluster: {{replicas: "
+                   f"[{{calibration: {cal}}}]}}\n")
+    proc = run_cli("replay", str(cfg), "-o", str(tmp_path / "r"), check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "request 0 (prompt 3000 + output 8 tokens) exceeds max_model_len 1280 of " \
+        f"{cal}, the engine it was traced on" in proc.stderr
+    assert not (tmp_path / "r").exists()

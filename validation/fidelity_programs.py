@@ -57,9 +57,10 @@ def check_program_spec(spec: dict) -> None:
     example = REPO / "examples" / str(spec["program"])
     if not example.is_file():
         raise ValueError(f"program: no example config {example.name} in examples/")
-    if "programs" not in (read_yaml(example).get("workload") or {}):
+    d = read_yaml(example)
+    if "programs" not in (d.get("workload") or {}):
         raise ValueError(f"program: {example.name} is not a program config (workload.programs)")
-    cal = example.parent / read_yaml(example)["cluster"]["replicas"][0]["calibration"]
+    cal = example.parent / d["cluster"]["replicas"][0]["calibration"]
     for quick in (False, True):
         wl = parse_config(program_config(spec, cal, quick), example.parent).programs
         family = family_of(wl.method, wl.policy).name

@@ -104,21 +104,15 @@ def _check_entry(suite: dict, spec: dict, where: str, base_dir: Path) -> None:
 def _check_requests(spec: dict, max_model_len: int, base_dir: Path) -> None:
     """A request entry's config, quick and full, read as the loop reads it; every request
     within the engines' `max_model_len`."""
-    import numpy as np
-
     from sim.config import parse_config
     from sim.workloads.requests import workload_from_config
+    from validation.replay import check_lengths
 
     for quick in (False, True):
         # The calibration is not read here: the loop writes it after the grid's tracing.
         cfg = parse_config(request_config(spec, Path("calibration.json"), quick), base_dir)
-        w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
-        total = np.asarray(w.prompt_tokens) + np.asarray(w.output_tokens)
-        if len(total) and total.max() > max_model_len:
-            i = int(np.argmax(total))
-            raise ValueError(f"request {i} (prompt {int(w.prompt_tokens[i])} + output "
-                             f"{int(w.output_tokens[i])} tokens) exceeds the suite's "
-                             f"max_model_len {max_model_len}")
+        check_lengths(workload_from_config(cfg.workload, cfg.seed, cfg.base_dir),
+                      max_model_len, f"the suite's max_model_len {max_model_len}")
 
 
 def _refuse_unknown(d: dict, known: tuple, where: str) -> None:

@@ -90,7 +90,8 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
         raise ValueError(f"--engine {engine}: {group.calibration} was fitted on the {traced} "
                          f"engine's traces; calibrate on {engine}'s to simulate it")
     w = workload_from_config(cfg.workload, cfg.seed, cfg.base_dir)
-    _check_lengths(w, cal, group.calibration)
+    check_lengths(w, cal.max_model_len, f"max_model_len {cal.max_model_len} of "
+                  f"{group.calibration}, the engine it was traced on")
     check_out_dir(out_dir, resume=False, can_resume=False)  # before the engine starts
     if model is not None:
         from engines.model_dir import check_same_model
@@ -112,19 +113,17 @@ def replay_config(cfg, out_dir, model: str | None = None, progress: bool = False
                        prompt_text=cfg.workload.get("prompt_text", "random"))
 
 
-def _check_lengths(w, cal, path) -> None:
-    """A request longer than the calibration's max_model_len is one the simulation refuses and
-    the engine it was traced on would reject: refused here, before an engine sized otherwise
-    serves it."""
+def check_lengths(w, limit: int | None, what: str) -> None:
+    """A request longer than `limit` tokens (prompt + output) is one the simulation refuses and
+    the engine would reject: refused before an engine sized otherwise serves it (`what`: the
+    limit, named for the message)."""
     import numpy as np
 
-    limit = cal.max_model_len
     total = np.asarray(w.prompt_tokens) + np.asarray(w.output_tokens)
     if limit is not None and len(total) and total.max() > limit:
         i = int(np.argmax(total))
         raise ValueError(f"request {i} (prompt {int(w.prompt_tokens[i])} + output "
-                         f"{int(w.output_tokens[i])} tokens) exceeds max_model_len {limit} of "
-                         f"{path}, the engine it was traced on")
+                         f"{int(w.output_tokens[i])} tokens) exceeds {what}")
 
 
 def _replay_torch(cfg, cal, w, out_dir, model: str, device: str, progress: bool) -> dict:
