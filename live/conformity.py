@@ -125,14 +125,14 @@ def trace_conformity(draft_model: str, target_model: str, out_dir: str | Path,
     jobs += [(q, it, "evaluation", (DraftOnly(),), calib_settings, True) for q, it in eval_q]
     calib_rows = run_phase("calibration", jobs)
     marginal, by_q = calibration_sets((r["question_split"], r["question_id"], r["score"])
-                                      for r in calib_rows)
+                                      for r in calib_rows if r["score"] is not None)
     policies = eval_policies(workload, marginal, by_q)
     eval_rows = run_phase("evaluation",
                           [(q, it, "evaluation", policies, s, False) for q, it in eval_q])
     for row in calib_rows + eval_rows:
-        row["p_value_marginal"] = marginal.p_value(row["score"]) if "score" in row else None
-        cal = by_q.get(row["question_id"])
-        row["p_value_conditional"] = cal.p_value(row["score"]) if "score" in row and cal else None
+        score, cal = row["score"], by_q.get(row["question_id"])
+        row["p_value_marginal"] = marginal.p_value(score) if score is not None else None
+        row["p_value_conditional"] = cal.p_value(score) if score is not None and cal else None
         writer.add("conformity", **row)
     writer.flush("conformity")
     for w in (*writers.values(), writer):

@@ -23,19 +23,27 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
+from itertools import chain, repeat
 
 from policies.a1 import A1Settings, mean_nll
 from policies.certaindex import extract_boxed
 from policies.search import majority_vote
 from programs.base import Outcome, RequestSpec, Sampling
+from programs.rowlog import RowLog
 from traces import ids
 
 ROLE_SEED = {"draft": 1, "target": 2}
 STEP_FIELDS = {kind: tuple(f"{kind}_{f}" for f in ("tokens", "text", "request", "answer", "ended"))
                for kind in ROLE_SEED}
 """a step's record fields (a node's conformity columns) by the step's kind"""
+ROW_FIELDS = {"sample": "q", "turn": "q", "path": "", "policies": "", "context_tokens": "q",
+              "accepted_by": "", **dict.fromkeys(STEP_FIELDS["draft"], ""), "score": "",
+              "score_request": "", "score_prefill_tokens": "",
+              **dict.fromkeys(STEP_FIELDS["target"], ""), "target_score": ""}
+"""a node's conformity row as a program logs it: its fields and their `RowLog` codes (a step's
+fields are None where the node had no such step)"""
+RECORD_FIELDS = tuple(ROW_FIELDS)[6:]
+"""the fields a node's steps record (`Node.record`)"""
 
 
 def a1_program_seed(seed: int, question_id: str, calibration: bool = False) -> int:
@@ -106,8 +114,11 @@ class A1Program:
         self.final_paths: dict[int, list] = {i: [""] * settings.samples
                                              for i in range(len(policies))}
         """each policy's decision string per sample, once the path ended"""
-        self.rows: list[dict] = []
-        self.request_log: list[tuple[int, str, int]] = []
+        self.rows = RowLog(ROW_FIELDS)
+        """one per node whose turn is complete (the `conformity` table)"""
+        self._names: dict[tuple, tuple] = {}
+        """policy indices -> their names (one tuple shared by the rows that name them)"""
+        self.request_log = RowLog({"index": "q", "kind": "", "sample": "q"})
         """(request index, kind, sample) of every request sent"""
         self._index = 0
         self._flight: dict[RequestSpec, Node] = {}
@@ -129,7 +140,7 @@ class A1Program:
         # made for every request, where keywords cost twice as much
         spec = RequestSpec(kind, self._index, prompt_tokens, sampling, node.sample, node.tokens,
                            prompt_tokens, (), ids, role)
-        self.request_log.append((self._index, kind, node.sample))
+        self.request_log.add(self._index, kind, node.sample)
         self._index += 1
         self._flight[spec] = node
         return spec
@@ -245,12 +256,15 @@ class A1Program:
 
     def _emit(self, node: Node) -> None:
         """One conformity row per node whose turn is complete."""
-        row = dict(sample=node.sample, turn=node.turn, path=node.path,
-                   policies=tuple(self.policies[i].name for i in node.policies),
-                   context_tokens=self.prompt_tokens + node.tokens,
-                   accepted_by=tuple(self.policies[i].name for i in node.accept))
-        row.update(node.record)
-        self.rows.append(row)
+        self.rows.add(node.sample, node.turn, node.path, self._names_of(node.policies),
+                      self.prompt_tokens + node.tokens, self._names_of(node.accept),
+                      *map(node.record.get, RECORD_FIELDS))
+
+    def _names_of(self, policies: tuple[int, ...]) -> tuple[str, ...]:
+        names = self._names.get(policies)
+        if names is None:
+            names = self._names[policies] = tuple(self.policies[i].name for i in policies)
+        return names
 
     # -- the synchronous barrier ------------------------------------------------------------
 
@@ -341,23 +355,19 @@ class A1Program:
 def conformity_columns(programs: list[tuple[A1Program, str, str, dict]]) -> dict[str, list]:
     """The `conformity` table of many programs' nodes as columns, as their `node_rows` give it
     row by row (each entry: program, program id, gold answer, question columns; the simulator's
-    table, read column by column rather than through a dictionary per row)."""
+    table, read from the programs' columns rather than through a dictionary per row)."""
     own = [(prog.rows, prog._node_fields(program_id, gold_answer, "evaluation", question))
            for prog, program_id, gold_answer, question in programs]
-    rows = [r for prog_rows, _ in own for r in prog_rows]
-    # a column's place: where `node_rows`' rows, read in order, first name it
-    shapes = dict.fromkeys(tuple(r) + tuple(fields) for prog_rows, fields in own
-                           for r in prog_rows)
-    keys = dict.fromkeys(k for shape in shapes for k in shape if not k.endswith("_request"))
-    owned = {k for _, fields in own for k in fields}
+    own = [(rows, fields) for rows, fields in own if len(rows)]
+    if not own:
+        return {}
+    keys = dict.fromkeys([k for k in ROW_FIELDS if not k.endswith("_request")] +
+                         [k for _, fields in own for k in fields])
     cols = {}
-    for k in keys:
-        if k in owned:  # a program's own column overrides a node's of the same name
-            cols[k] = [v for prog_rows, fields in own
-                       for v in ([fields[k]] * len(prog_rows) if k in fields
-                                 else map(dict.get, prog_rows, repeat(k)))]
-        elif k in ("policies", "accepted_by"):
-            cols[k] = list(map(list, map(itemgetter(k), rows)))
-        else:
-            cols[k] = list(map(dict.get, rows, repeat(k)))
+    for k in keys:  # a program's own column overrides a node's of the same name
+        cols[k] = list(chain.from_iterable(
+            repeat(fields[k], len(rows)) if k in fields
+            else map(list, rows.column(k)) if k in ("policies", "accepted_by")
+            else rows.column(k) if k in ROW_FIELDS else repeat(None, len(rows))
+            for rows, fields in own))
     return cols

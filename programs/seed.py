@@ -32,8 +32,17 @@ from policies.seed import SeedPolicy, VerifyQueue, select, verify
 from programs.base import Outcome, RequestSpec, Sampling
 from programs.seed_branch import BranchRound, DraftPath, MultiCandidateRounds, content_link, \
     tot_seed
+from programs.rowlog import RowLog
 from programs.seed_eval import EVAL_KINDS, Evaluation, SpeculativeEvaluation
 from traces import ids
+
+ROW_FIELDS = {"node": "", "level": "q", "round": "q", "kind": "", "role": "", "request_index": "q",
+              "prompt_tokens": "q", "output_tokens": "q", "text": "", "ended": "", "eos": "",
+              "drafted_tokens": "", "accepted_tokens": "", "accepted_positions": "", "value": "",
+              "answer": ""}
+"""a `tot_requests` row as a program logs it: its fields and their `RowLog` codes (8-byte
+integers where a value is always an integer; drafted and accepted tokens are None for the
+kinds that do not draft or verify)"""
 
 
 @dataclass(eq=False)
@@ -109,7 +118,7 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.rounds = 0
-        self.rows: list[dict] = []
+        self.rows = RowLog(ROW_FIELDS)
         """one per finished request: what it asked and returned (the `tot_requests` table)"""
         self.finals: list[State] = []
         self.best: State | None = None
@@ -262,18 +271,14 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         return self._begin_level(keep)
 
     def _log(self, spec: RequestSpec, t: Thought, o: Outcome) -> None:
-        row = dict(node=t.key, level=t.parent.level + 1, round=self._round(t, spec.kind),
-                   kind=spec.kind,
-                   role=spec.role, request_index=spec.index, prompt_tokens=spec.prompt_tokens,
-                   output_tokens=o.tokens, text=o.text, ended=o.ended, eos=o.eos,
-                   drafted_tokens=None, accepted_tokens=None, accepted_positions=None,
-                   value=o.score, answer=o.answer)
+        drafted = accepted = positions = None
         if spec.kind in ("verify", "eval-verify"):
-            row.update(drafted_tokens=o.step[1], accepted_tokens=o.step[0],
-                       accepted_positions=list(o.step[2]))
+            accepted, drafted, positions = o.step[0], o.step[1], tuple(o.step[2])
         elif spec.kind.startswith("draft") or spec.kind == "eval-draft":
-            row.update(drafted_tokens=o.tokens)
-        self.rows.append(row)
+            drafted = o.tokens
+        self.rows.add(t.key, t.parent.level + 1, self._round(t, spec.kind), spec.kind, spec.role,
+                      spec.index, spec.prompt_tokens, o.tokens, o.text, o.ended, o.eos, drafted,
+                      accepted, positions, o.score, o.answer)
 
     def key_of(self, spec: RequestSpec) -> tuple[str, str, int]:
         """(thought key, request kind, round) of a request in flight: its identity in a trace."""

@@ -94,3 +94,20 @@ def test_ids_round_trip_and_reject_what_they_did_not_make():
         "q0017-mod-3-mcts16-r3"
     with pytest.raises(ValueError, match="not a question id"):
         ids.question_index("prog-00001")
+
+
+def test_a_row_log_keeps_rows_as_typed_columns_and_refuses_a_wrong_row():
+    """A program's row log (`programs.rowlog`): rows read back as added, column by column or
+    as dictionaries; an integer column refuses None rather than storing a stand-in."""
+    from programs.rowlog import RowLog
+
+    log = RowLog({"index": "q", "kind": "", "value": ""})
+    log.add(0, "draft", None)
+    log.add(300, "verify", 0.5)
+    assert len(log) == 2 and log.column("index") == [0, 300]
+    assert list(log) == [{"index": 0, "kind": "draft", "value": None},
+                         {"index": 300, "kind": "verify", "value": 0.5}]
+    with pytest.raises(ValueError, match="2 values for 3 fields"):
+        log.add(1, "eval")
+    with pytest.raises(TypeError):
+        log.add(None, "eval", 1.0)

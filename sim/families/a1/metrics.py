@@ -49,10 +49,12 @@ def takeovers_by_turn(programs: list[A1Program]) -> list[int]:
     counts: dict[int, int] = {}
     for p in programs:
         name = p.policies[0].name
-        for row in p.rows:
-            if row.get("score") is not None and name in row["policies"] and \
-                    name not in row["accepted_by"]:
-                counts[row["turn"]] = counts.get(row["turn"], 0) + 1
+        rows = p.rows
+        for score, turn, names, accepted_by in zip(
+                rows.column("score"), rows.column("turn"), rows.column("policies"),
+                rows.column("accepted_by")):
+            if score is not None and name in names and name not in accepted_by:
+                counts[turn] = counts.get(turn, 0) + 1
     return [counts.get(t, 0) for t in range(max(counts, default=-1) + 1)]
 
 
@@ -64,7 +66,8 @@ def request_log(programs: dict, requests: pd.DataFrame) -> pd.DataFrame:
     req = requests.set_index("request_id")
     rows = []
     for key, prog in programs.items():
-        for index, _kind, sample in prog.request_log:
+        log = prog.request_log
+        for index, sample in zip(log.column("index"), log.column("sample")):
             rid = ids.search_request_id(key, index)
             r = req.loc[rid]
             finish = req.loc[f"{rid}~full"].finish_s if f"{rid}~full" in req.index else r.finish_s

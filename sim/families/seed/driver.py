@@ -14,10 +14,10 @@ the trace holds the request that did it.
 
 from __future__ import annotations
 
-import operator
+from itertools import chain
 
 from programs.base import Outcome, RequestSpec
-from programs.seed import ToTProgram, tot_program_seed
+from programs.seed import ROW_FIELDS, ToTProgram, tot_program_seed
 from programs.seed_branch import content_link
 from programs.seed_traced import ToTBank
 from sim.families.registry import SimFamily, register_sim_family
@@ -99,18 +99,17 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
 
     res = cluster.res
     at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
-    logged = [k for k in runs[0].program.rows[0] if k != "request_index"]
-    values = operator.itemgetter(*logged)  # a row's columns as one tuple, in C
-    rows, idx, own = [], [], []  # the logged columns; each row's request idx; its program's
+    logged = [k for k in ROW_FIELDS if k != "request_index"]
+    cols = {k: list(chain.from_iterable(run.program.rows.column(k) for run in runs))
+            for k in logged}
+    idx, own = [], []  # each row's request idx; its program's columns
     for run in runs:
         q, prog = run.question, run.program
         pid = run.plan.program_id
         mine = (pid, q.question_id, q.difficulty, q.gold_answer, prog.policy.mode)
-        for r in prog.rows:
-            rows.append(values(r))
-            idx.append(at[(run.idx, r["request_index"])])
-            own.append(mine + (ids.search_request_id(pid, r["request_index"]),))
-    cols = dict(zip(logged, map(list, zip(*rows))))
+        for index in prog.rows.column("request_index"):
+            idx.append(at[(run.idx, index)])
+            own.append(mine + (ids.search_request_id(pid, index),))
     cols.update(zip(("program_id", "question_id", "difficulty", "gold_answer", "mode",
                      "request_id"), map(list, zip(*own))))
     cols.update(sent_s=res.arrival_s[idx].tolist(), finish_s=res.finish_s[idx].tolist(),
