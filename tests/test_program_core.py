@@ -111,3 +111,30 @@ def test_a_row_log_keeps_rows_as_typed_columns_and_refuses_a_wrong_row():
         log.add(1, "eval")
     with pytest.raises(TypeError):
         log.add(None, "eval", 1.0)
+
+
+@pytest.mark.parametrize("example", ["a1-async-separate.yaml", "a1-sync.yaml",
+                                     "seed-separate.yaml", "seed-evaluator.yaml"])
+def test_a1_and_seed_programs_send_the_same_requests_under_other_step_times(example, tmp_path):
+    """A1 and SEED programs decide from their requests' outcomes alone: with the draft pool's
+    steps twice as fast and the target's twice as slow, requests finish in another order, yet
+    each program sends the same requests (prompt and output tokens), in another order."""
+    from sim.simulate import simulate
+    from sim.step_time.live_speed import scaled_calibration
+
+    def requests(d: dict) -> tuple[list, list]:
+        """The run's request ids in the table's (send) order; each program's requests."""
+        t = simulate(parse_config(d, REPO / "examples")).requests
+        rids, prompt, output = (t[c].to_pylist() for c in ("request_id", "prompt_tokens",
+                                                           "output_tokens"))
+        return rids, sorted((r.rsplit("-", 1)[0], p, o) for r, p, o in zip(rids, prompt, output))
+
+    d = _config(example, count=24)
+    scaled = json.loads(json.dumps(d))
+    for i, group in enumerate(scaled["cluster"]["replicas"]):
+        factor = 0.5 if group["pool"] == "draft" else 2.0
+        group["calibration"] = str(scaled_calibration(
+            REPO / "examples" / group["calibration"], factor, tmp_path / f"cal{i}.json"))
+    (order, sent), (other_order, other_sent) = requests(d), requests(scaled)
+    assert other_order != order  # the requests went in another order
+    assert other_sent == sent
