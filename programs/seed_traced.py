@@ -99,6 +99,8 @@ def load_tot(trace_dir: str | Path, trees: Iterable[str] | None = None) -> ToTBa
         [p for p, tree in tree_of.items() if tree in wanted], pa.string())))
     for qid, pid, r in zip(kept["question_id"].to_pylist(), kept["program_id"].to_pylist(),
                            kept.select(list(ROW_COLUMNS)).to_pylist()):
+        if r["accepted_positions"] is not None:  # one tuple, shared by every outcome made of it
+            r["accepted_positions"] = tuple(r["accepted_positions"])
         by_id[qid].setdefault(tree_of[pid], {})[(r["node"], r["kind"], int(r["round"]))] = r
     tokens = np.array([q.expected_tokens for q in questions], dtype=float)
     level = np.array([q.difficulty or 0 for q in questions])
