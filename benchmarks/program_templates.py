@@ -31,9 +31,9 @@ def request_sets(example: str, count: int, replicas: int) -> tuple[int, dict]:
     question = dict(zip(programs["program_id"], programs["question_id"]))
     requests = res.requests.to_pydict()
     sent = defaultdict(list)
-    for rid, prompt, output in zip(requests["request_id"], requests["prompt_tokens"],
-                                   requests["output_tokens"]):
-        sent[rid.rsplit("-", 1)[0]].append((prompt, output))  # program id, request index
+    for program, prompt, output in zip(requests["program_id"], requests["prompt_tokens"],
+                                       requests["output_tokens"]):
+        sent[program].append((prompt, output))
     by_question = defaultdict(set)
     for program, reqs in sent.items():
         by_question[question[program]].add(tuple(sorted(reqs)))

@@ -125,9 +125,9 @@ def test_a1_and_seed_programs_send_the_same_requests_under_other_step_times(exam
     def requests(d: dict) -> tuple[list, list]:
         """The run's request ids in the table's (send) order; each program's requests."""
         t = simulate(parse_config(d, REPO / "examples")).requests
-        rids, prompt, output = (t[c].to_pylist() for c in ("request_id", "prompt_tokens",
-                                                           "output_tokens"))
-        return rids, sorted((r.rsplit("-", 1)[0], p, o) for r, p, o in zip(rids, prompt, output))
+        rids, programs, prompt, output = (t[c].to_pylist() for c in (
+            "request_id", "program_id", "prompt_tokens", "output_tokens"))
+        return rids, sorted(zip(programs, prompt, output))
 
     d = _config(example, count=24)
     scaled = json.loads(json.dumps(d))
