@@ -468,3 +468,61 @@ def test_a_fit_whose_gap_terms_price_every_step_is_fitted_without_them():
     fitted = fit_serving(steps)
     assert all(fitted.coef_ms[FEATURES.index(f)] == 0.0 for f in GAP_TERMS)
     assert fitted.step_ms(0, 1, 100) > 1.0
+
+
+def _kind_trace(path, kind: str, extra_ms: float):
+    """A sealed trace of a run of `kind` whose back-to-back steps take a linear model's time
+    plus `extra_ms`."""
+    from traces import TraceWriter
+
+    run = {"kind": kind, "engine": "vllm-cpu", "engine_version": "0", "device": "cpu",
+           "device_count": 2, "model_id": "m", "model_config_hash": "h", "dtype": "float32",
+           "load_format": "dummy", "seed": 0, "git_rev": "x", "command": "c",
+           "created_at": pd.Timestamp.now(tz="UTC").to_pydatetime(),
+           "params_json": json.dumps({"engine": {"max_num_seqs": 8,
+                                                 "max_num_batched_tokens": 2048,
+                                                 "block_size": 16, "kv_blocks_total": 400}})}
+    w, t = TraceWriter(path, run), 0.0
+    rng = np.random.default_rng(len(kind))
+    for i in range(400):
+        d = int(rng.integers(1, 9))
+        c = d * int(rng.integers(50, 800))
+        ms = 2.0 + 0.05 * d + 0.0002 * c + extra_ms
+        w.add("steps", replica_id=0, step_id=i, cell_id=None, start_s=t, duration_ms=ms,
+              prefill_tokens=0, prefill_seqs=0, decode_seqs=d, num_running=d, num_waiting=0,
+              context_tokens=c, kv_blocks_used=1, kv_blocks_total=400, preemptions=0,
+              is_warmup=False)
+        t += ms / 1e3
+    w.flush("all")
+    w.seal()
+    return path
+
+
+def test_a_profiled_grid_step_is_priced_below_a_serving_step_of_its_shape(tmp_path):
+    # A grid's steps (run kind "steps") run 0.1 ms faster than a live replay's of the same
+    # shapes: the fit prices the serving step (what the simulator runs) and keeps the
+    # difference apart, for the traced grid's steps alone.
+    from sim.step_time.calibration import calibrate
+    from sim.step_time.live_speed import scaled_calibration
+
+    grid = _kind_trace(tmp_path / "grid", "steps", 0.0)
+    live = _kind_trace(tmp_path / "live", "replay", 0.1)
+    model = calibrate([grid, live]).stepping
+    assert model.profiled_ms == pytest.approx(0.1, rel=0.02)
+    assert model.step_ms(0, 4, 1000) == pytest.approx(2.0 + 0.2 + 0.2 + 0.1, rel=0.005)
+    steps = pd.DataFrame({"prefill_tokens": [0, 0], "prefill_seqs": 0, "decode_seqs": 4,
+                          "context_tokens": 1000, "new_shape": 0.0, "idle_ms": 0.0,
+                          "profiled": [True, False]})
+    assert model.predict_ms(steps) == pytest.approx([2.4, 2.5], rel=0.005)
+    assert model.predict_ms(steps.drop(columns="profiled"))[0] == pytest.approx(2.5, rel=0.005)
+    # written and read back; scaled with the other times
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(calibrate([grid, live]).to_json()))
+    assert load_calibration(cal).stepping.profiled_ms == model.profiled_ms
+    scaled = json.loads(scaled_calibration(cal, 2.0, tmp_path / "x2.json").read_text())
+    assert scaled["step_time_model"]["profiled_ms"] == pytest.approx(2 * model.profiled_ms)
+    # one kind alone cannot tell the term from the constant: none
+    for alone, const in ((grid, 2.0), (live, 2.1)):
+        m = calibrate([alone]).stepping
+        assert m.profiled_ms == 0.0 and "profiled_ms" not in m.to_json()
+        assert m.step_ms(0, 4, 1000) == pytest.approx(const + 0.4, rel=0.005)

@@ -24,6 +24,7 @@ from sim.step_time.live_speed import probe_reference
 from sim.step_time.logprob_cost import (MIN_PLAIN_STEPS, attach_logprobs, fit_logprob_cost,
                                         logprob_ms)
 from sim.step_time.sampling_cost import MIN_STEPS, attach_seeded, fit_seeded_cost, seeded_ms
+from sim.step_time.serving_features import with_profiled
 from sim.step_time.serving_latency import ServingModel  # noqa: F401 (registers `serving`)
 from traces import read_run, read_table
 from traces.manifest import check_sealed
@@ -222,7 +223,8 @@ def _read_steps(trace_dirs: list, spec_k: int | None) -> tuple[list, list, set]:
         if run["kind"] == "exits":  # steps at several loaded depths: one linear fit is wrong
             raise ValueError(f"{d}: an exits trace (steps at several loaded depths); a helios: "
                              "config fits its per-layer step time (sim/step_time/layered.py)")
-        steps = read_table(d, "steps").to_pandas()
+        # a profiled grid's steps run faster than serving ones of their shape (`profiled_ms`)
+        steps = with_profiled(read_table(d, "steps").to_pandas(), run["kind"])
         steps, draft = speculative_steps(d, run, steps, spec_k)
         drafts.add(draft)
         if steps.empty:

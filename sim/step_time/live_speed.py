@@ -20,7 +20,7 @@ from sim.step_time import serving_features
 from sim.step_time import registry as step_time
 from sim.step_time.logprob_cost import attach_logprobs, logprob_ms
 from sim.step_time.sampling_cost import attach_seeded, seeded_ms
-from traces import read_table
+from traces import read_run, read_table
 
 # Every term of a step-time model that is a time (linear and serving: coef_ms; layered: the rest)
 _MS_KEYS = ("coef_ms", "fixed_ms", "layer_ms", "prefill_seq_ms")
@@ -73,7 +73,8 @@ def step_ratios(calibration: str | Path, steps_dir: str | Path, all_seeded: bool
     (`step_seeded`), or with `all_seeded` on every sequence where the trace predates that table
     (a Dynasor program replay: all sample with a seed)."""
     cal = json.loads(Path(calibration).read_text())
-    steps = read_table(steps_dir, "steps").to_pandas()
+    steps = serving_features.with_profiled(read_table(steps_dir, "steps").to_pandas(),
+                                           read_run(steps_dir)["kind"])
     if not len(steps):
         return None
     host = cal.get("host", {})
@@ -131,6 +132,8 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
                          f"apart, not a {model.get('kind')!r} model's")
     for k in keys:
         model[k] = [c * factor for c in model[k]]
+    if "profiled_ms" in model:  # a serving model's profiled-grid term, a time too
+        model["profiled_ms"] *= factor
     if prefill_factor is not None:
         model["coef_ms"] = [c / factor * prefill_factor
                             if name in serving_features.PREFILL_FEATURES else c

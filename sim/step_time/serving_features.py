@@ -98,6 +98,24 @@ def feature_matrix(steps: pd.DataFrame, idle_seen_ms: float = IDLE_CAP_MS,
                             w, w * echo_idle, w * echo_k, span, span_ctx_k, hit_m])
 
 
+PROFILED_KINDS = ("steps",)
+"""trace run kinds whose steps are a profiled grid's (`trace steps`, the PyTorch engine's
+grid): cells of one shape in a tight loop, faster than serving steps of their shape"""
+
+
+def with_profiled(steps: pd.DataFrame, run_kind: str) -> pd.DataFrame:
+    """The steps of a trace whose run is of `run_kind`, marked `profiled` or not."""
+    return steps.assign(profiled=run_kind in PROFILED_KINDS)
+
+
+def profiled(steps: pd.DataFrame) -> np.ndarray:
+    """1.0 for each step of a profiled grid (its `profiled` column, `with_profiled`), else 0.0:
+    a serving step's, as every simulated one."""
+    if "profiled" not in steps:
+        return np.zeros(len(steps))
+    return steps.profiled.fillna(False).to_numpy(float)
+
+
 def engine_features(steps: pd.DataFrame) -> pd.DataFrame:
     """Steps with `idle_ms` (since the previous step ended), `new_shape` (first step of the
     engine's life with this many scheduled tokens) and the after-prefill echo (`echo_w`, and the

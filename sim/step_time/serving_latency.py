@@ -38,6 +38,11 @@ Why each term (what it measured and where: docs/measurements/serving_model_terms
   simulator alike (a replica without prefix caching never pays it); it is per chunk, new
   tokens x that chunk's earlier context (`step_prefill.prefill_span_pair_tokens`), as a step's
   prefill tokens x its summed earlier context would count k chunks' cross terms k times over.
+- profiled: a step of a profiled grid (`tracers.step_profile`: cells of one shape in a tight
+  loop) runs faster than a serving step of the same shape (a live replay's): on two fidelity
+  runs' decode steps the grid's single sequences ran 3% below the calibration traffic's. The
+  fit prices a serving step and carries what a profiled one costs less as `profiled_ms` (on the
+  traced steps, read from their run's kind); the simulator serves, so it never subtracts it.
 The extra terms are zero inside a run of decode-only steps (same shape, no idle, past the echo),
 so decode runs keep the linear model's closed form and fast-forwarding is unchanged.
 """
@@ -54,7 +59,7 @@ from scipy.optimize import nnls
 from pydantic import Field
 
 from sim.step_time.latency import LatencyModel, check_prices_steps, midpoints
-from sim.step_time.schema import LogResiduals, ModelJson, coefs
+from sim.step_time.schema import Coef, LogResiduals, ModelJson, coefs
 from sim.step_time.spells import fit_speed_levels
 from sim.step_time.registry import register
 from sim.step_time.serving_features import (FEATURES, FEATURES_V1, FEATURES_V2, FEATURES_V3,
@@ -62,7 +67,7 @@ from sim.step_time.serving_features import (FEATURES, FEATURES_V1, FEATURES_V2, 
                                             IDLE_CAP_MS, IDLE_SHORT_MS, LINEAR, MIN_SPAN_SHAPES,
                                             NEW_SHAPE_TOKENS_CAP, NO_ECHO, PREFILL_FEATURES,
                                             SPAN_TERMS, attach_spans, engine_features,
-                                            feature_matrix)
+                                            feature_matrix, profiled)
 
 class ServingJson(ModelJson):
     """A serving model's parameters (older versions wrote fewer features and optional terms)."""
@@ -80,6 +85,8 @@ class ServingJson(ModelJson):
     step_log_quantiles: LogResiduals | None = None
     """fitted before a step's residual was split into its window's level and its own noise:
     none (sampled latency draws the whole residual)"""
+    profiled_ms: Coef = 0.0
+    """fitted before the profiled-grid term: none"""
 
 
 @register
@@ -120,6 +127,9 @@ class ServingModel:
     """quantiles of log(a step's residual / its SPELL_S window's median) + log(all steps'
     median): the step's own noise, which sampled latency draws per step beside the window's
     level (`sim.step_time.spells.step_noise`); () for a calibration fitted before"""
+    profiled_ms: float = 0.0
+    """what a step of a profiled grid takes less than a serving step of its shape (`const`
+    prices the serving step); 0 for a calibration fitted before the term or without both"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
@@ -163,9 +173,11 @@ class ServingModel:
         return any(self.coef_ms[11:14])
 
     def predict_ms(self, steps: pd.DataFrame) -> np.ndarray:
-        """Vectorised step_ms over steps with engine features."""
-        return feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens, self.pairs) \
+        """Vectorised step_ms over steps with engine features (less `profiled_ms` where a
+        `profiled` column marks a profiled grid's steps)."""
+        ms = feature_matrix(steps, self.idle_seen_ms, self.new_shape_cap_tokens, self.pairs) \
             @ np.asarray(self.coef_ms)
+        return ms - self.profiled_ms * profiled(steps)
 
     def prefill_split_ms(self, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """`predict_ms` in two parts: (the rest, the PREFILL_FEATURES' terms)."""
@@ -213,6 +225,8 @@ class ServingModel:
         pairs = {"prefill_pairs": True} if self.pairs else {}
         own = {"step_log_quantiles": list(self.step_log_quantiles)} \
             if self.step_log_quantiles else {}
+        if self.profiled_ms:
+            own["profiled_ms"] = self.profiled_ms
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
                 "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms, **cap, **pairs,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
@@ -239,7 +253,7 @@ class ServingModel:
                    tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
                    tuple(d.get("spell_log_quantiles", (0.0,))),
                    float("inf") if cap is None else cap, d.get("prefill_pairs", False),
-                   tuple(d.get("step_log_quantiles") or ()))
+                   tuple(d.get("step_log_quantiles") or ()), d.get("profiled_ms", 0.0))
 
 
 GAP_TERMS = ("new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short", "echo",
@@ -260,20 +274,17 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
                 without: tuple[str, ...] = ()) -> ServingModel:
     """NNLS on relative error over steps with engine features (`engine_features`); the
     FEATURES named in `without` are fitted at 0 (an ablation); GAP_TERMS too where the fit
-    would price a steady decode step at 0."""
+    would price a steady decode step at 0. Where the steps are of profiled grids and of
+    serving runs both, a serving-step term beside `const` (folded into it) is `profiled_ms`."""
     unknown = sorted(set(without) - set(FEATURES))
     if unknown:
         raise ValueError(f"without: {unknown} are not serving-model features {list(FEATURES)}")
     y = steps.duration_ms.to_numpy(float)
-    x = feature_matrix(steps)
-    span = x[:, FEATURES.index("spanning_prefill_tokens")] > 0
-    shapes = x[span][:, [FEATURES.index("prefill_tokens"), FEATURES.index("span_context_k")]]
-    if len(np.unique(shapes, axis=0)) < MIN_SPAN_SHAPES:
-        without = tuple(without) + SPAN_TERMS  # too few to tell the terms from a one-off
-    hit = x[:, HIT] > 0
-    if len(np.unique(x[hit][:, [FEATURES.index("prefill_tokens"), HIT]], axis=0)) \
-            < MIN_SPAN_SHAPES:
-        without = tuple(without) + ("hit_pairs_m",)
+    serving = 1.0 - profiled(steps)
+    both = bool(serving.any() and not serving.all())
+    # the serving-step column last, where both kinds are there to tell it from `const`
+    x = np.column_stack([feature_matrix(steps), serving if both else np.zeros_like(y)])
+    without = tuple(without) + _untold_terms(x)
     x[:, [FEATURES.index(f) for f in without]] = 0.0
     # a step per feature the steps exercise (one never nonzero, e.g. the echo of a grid without
     # decode after prefills, gets 0 and asks for no step)
@@ -282,21 +293,40 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
         raise ValueError(f"need >= {need} finite positive step durations, got {y.size}")
     coef = _relative_nnls(x, y)
     try:
-        check_prices_steps(coef)
+        check_prices_steps(_served(coef))
     except ValueError:
         # Every step followed a gap or was a new shape (a pool that serves in bursts, on a busy
         # machine): the gap terms stood in for the constant, and a steady step would be free.
         # Those terms cannot be told from a steady step's cost on such steps: fit without them.
         x[:, [FEATURES.index(f) for f in GAP_TERMS]] = 0.0
         coef = _relative_nnls(x, y)
-        check_prices_steps(coef)  # refused here, not by the loader after it was written
+        check_prices_steps(_served(coef))  # refused here, not by the loader after it was written
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
     levels, own = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
                                    steps.start_s.to_numpy(), ratio, quantiles)
-    return ServingModel(tuple(float(c) for c in coef), tuple(float(v) for v in q), (0.0,),
+    return ServingModel(_served(coef), tuple(float(v) for v in q), (0.0,),
                         float(min(IDLE_CAP_MS, steps.idle_ms.max())), levels,
-                        NEW_SHAPE_TOKENS_CAP, True, own)
+                        NEW_SHAPE_TOKENS_CAP, True, own, float(coef[-1]))
+
+
+def _served(coef: np.ndarray) -> tuple[float, ...]:
+    """FEATURES' coefficients of a fit with the serving-step column last, folded into `const`:
+    a serving step's (every simulated step is one)."""
+    return (float(coef[0] + coef[-1]), *(float(c) for c in coef[1:-1]))
+
+
+def _untold_terms(x: np.ndarray) -> tuple[str, ...]:
+    """Terms the steps cannot tell from a one-off: the spanning terms over fewer than
+    MIN_SPAN_SHAPES shapes of spanning steps, the hit term over fewer of hit steps."""
+    span = x[:, FEATURES.index("spanning_prefill_tokens")] > 0
+    shapes = x[span][:, [FEATURES.index("prefill_tokens"), FEATURES.index("span_context_k")]]
+    untold = SPAN_TERMS if len(np.unique(shapes, axis=0)) < MIN_SPAN_SHAPES else ()
+    hit = x[:, HIT] > 0
+    if len(np.unique(x[hit][:, [FEATURES.index("prefill_tokens"), HIT]], axis=0)) \
+            < MIN_SPAN_SHAPES:
+        untold += ("hit_pairs_m",)
+    return untold
 
 
 def serving_errors(model: ServingModel, steps: pd.DataFrame) -> dict:
