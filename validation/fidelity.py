@@ -135,9 +135,9 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
         cfg = scaled_config(d, probe["decode"], out_dir / "sim_at_probe", out_dir,
                             probe["prefill_factor"])
         write_sim(cfg, simulate(cfg), out_dir / "sim_at_probe" / "sim")
-        at_probe = compare(out_dir / "sim_at_probe" / "sim", lives[0])
+        at_probe, med = compare(out_dir / "sim_at_probe" / "sim", lives[0]), sampled_medians(cfg)
         for m in REQUEST_METRICS:
-            judge_at_probe(metrics[m], at_probe[m]["sim"])
+            judge_at_probe(metrics[m], med[m], at_probe[m]["sim"])
     return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
             **probe_levels(probe)}
 

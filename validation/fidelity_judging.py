@@ -82,6 +82,7 @@ def table_summary(result: dict) -> dict:
             "ok_at_probe_speed": sum(m.get("ok_at_probe_speed", False) for m in ms),
             "p50_median_abs": median_abs("error"),
             "p50_median_abs_at_live_speed": median_abs("error_sampled_at_live_speed"),
+            "p50_median_abs_at_probe_speed": median_abs("error_at_probe_speed"),
             "decode_levels": [min(levels), max(levels)] if levels else None,
             "live_steal": [min(steal), max(steal)] if steal else None,
             "live_runs_stalled": [sum(stall_share(x) > TOLERANCE["e2e_s.p50"] for x in steal),

@@ -36,7 +36,8 @@ def summary_lines(s: dict | None) -> list[str]:
             f"as judged, {s['ok_at_live_speed']} of {s['at_live_speed']} at the live runs' "
             f"decode speed, {s['ok_at_probe_speed']} of {s['at_probe_speed']} at probe speed. "
             f"Median absolute e2e/program P50 error: {pct(s['p50_median_abs'])} as judged, "
-            f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed. Live decode steps "
+            f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed, "
+            f"{pct(s.get('p50_median_abs_at_probe_speed'))} at probe speed. Live decode steps "
             + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
                "not measured.") + stolen + burst_text(s)
             + f" Live values inside the noise band: {s['in_band']} of {s['band_of']}.", ""]
@@ -148,7 +149,8 @@ def report(result: dict) -> str:
               "steps and its one-prompt prefills against the same probe run around the "
               "calibration's traces, pooled, or, for a calibration without one, against the "
               "prediction; "
-              "the prefill terms scaled apart to take the latter): how far the model is "
+              "the prefill terms scaled apart to take the latter), its noise band's median as "
+              "judged: how far the model is "
               "off once the shared machine's drift since calibrating is known. `ok` judges the "
               "raw simulation, `ok at probe speed` that one, against the same tolerance or "
               "spread."]

@@ -41,15 +41,19 @@ def judge(sim: float, live: list[float], tolerance: float, band: dict | None = N
     return out
 
 
-def judge_at_probe(metric: dict, sim: float) -> None:
-    """Add to a `judge` result the error of a simulation leveled to the live runs' speed probe
-    (`sim.step_time.live_speed.probes_level`) and whether that is within the tolerance or the
-    spread."""
+def judge_at_probe(metric: dict, sim: float, sim_mean: float) -> None:
+    """Add to a `judge` result the error of the simulation leveled to the live runs' speed
+    probe (`sim.step_time.live_speed.probes_level`): `sim`, its estimate as the judged one is
+    taken (the noise band's median), and whether that is within the tolerance or the spread;
+    the mean-latency run's error beside it."""
     mean = float(np.mean(metric["live"]))
-    err = (sim - mean) / mean if mean else float("nan")
-    metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=float(err),
-                  ok_at_probe_speed=bool(abs(err) <= max(metric["tolerance"],
-                                                         metric["spread"])))
+
+    def rel(x: float) -> float:
+        return float((x - mean) / mean) if mean else float("nan")
+    metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=rel(sim),
+                  ok_at_probe_speed=bool(abs(rel(sim)) <= max(metric["tolerance"],
+                                                              metric["spread"])),
+                  error_mean_at_probe_speed=rel(sim_mean))
 
 
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
