@@ -40,7 +40,8 @@ def cals(tmp_path_factory):
     """Calibrations by (model, host): the shipped linear one, a serving one with every term
     nonzero (the shipped one's coefficients, then echo, attention pairs, spanned context, a
     prefix-cache hit's attention over it, a first-of-shape cap, an idle seen below the cap, a
-    GPU calibration's speed spells, a step's own noise apart from its residual), each with and
+    GPU calibration's speed spells, a step's own noise apart from its residual and a prefill
+    step's apart from it), each with and
     without the loop's host terms (they shift every step)."""
     out, folder = {}, tmp_path_factory.mktemp("cal")
     serving = json.loads(SERVING.read_text())
@@ -50,7 +51,8 @@ def cals(tmp_path_factory):
              prefill_pairs=True, new_shape_cap_tokens=256.0, idle_seen_ms=50.0,
              spell_log_quantiles=json.loads(SPELLS.read_text())["step_time_model"][
                  "spell_log_quantiles"],
-             step_log_quantiles=[q / 2 for q in m["residual_log_quantiles"]])
+             step_log_quantiles=[q / 2 for q in m["residual_log_quantiles"]],
+             prefill_log_quantiles=[q + 0.1 for q in m["residual_log_quantiles"]])
     for model, d in (("linear", json.loads(CAL.read_text())), ("serving", serving)):
         for host in HOSTS:
             if host:

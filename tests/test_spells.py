@@ -90,3 +90,39 @@ def test_sampled_steps_run_at_their_windows_level_and_no_run_spans_two(tmp_path)
     flat = _calibration(tmp_path, [1.0, 1.0], "flat")
     assert simulate(_config(cal, "mean")).requests.to_pandas().equals(
         simulate(_config(flat, "mean")).requests.to_pandas())
+
+
+def test_prefill_steps_draw_their_own_noise_apart_from_every_steps(tmp_path):
+    """A fit takes the serving prefill steps' own noise apart (here 0.8x or 1.25x, where decode
+    steps wiggle 0.95x or 1.05x), only over enough of them; sampled latency draws a step that
+    prefills from it and every other step from the steps' own noise."""
+    import pandas as pd
+
+    from sim.step_time.serving_latency import MIN_PREFILL_NOISE_STEPS, prefill_noise_quantiles
+
+    n = 400
+    prefill = np.arange(n) % 8 == 0
+    wiggle = np.where(np.arange(n) % 16 < 8, 0.95, 1.05)
+    ratio = np.where(prefill, np.where(np.arange(n) % 16 == 0, 0.8, 1.25), wiggle)
+    steps = pd.DataFrame({"prefill_tokens": np.where(prefill, 64, 0)})
+    run, start_s = np.array(["a"] * n), np.arange(n) * 0.01
+    q = np.exp(prefill_noise_quantiles(steps, run, start_s, ratio, 100))
+    assert len(q) == 100 and q.min() < 0.85 and q.max() > 1.2
+    few = steps.assign(prefill_tokens=np.where(np.arange(n) < MIN_PREFILL_NOISE_STEPS - 1, 64, 0))
+    assert prefill_noise_quantiles(few, run, start_s, ratio, 100) == ()
+    # drawn: prefill steps at 2x of their prediction, every other step at 1x
+    d = json.loads(Path(_calibration(tmp_path, [1.0, 1.0])).read_text())
+    d["step_time_model"].update(step_log_quantiles=[0.0, 0.0],
+                                prefill_log_quantiles=[math.log(2.0)] * 2)
+    path = tmp_path / "prefill.calib.json"
+    path.write_text(json.dumps(d))
+    model = step_time.from_json(d["step_time_model"])
+    assert model.prefill_log_quantiles == (math.log(2.0),) * 2
+    assert step_time.from_json(step_time.to_json(model)).prefill_log_quantiles == \
+        (math.log(2.0),) * 2
+    steps = simulate(_config(str(path), "sampled")).steps.to_pandas().assign(run_id="sim")
+    ratio, steps = live_over_predicted(model, steps)
+    pre = steps.prefill_tokens.to_numpy() > 0
+    assert pre.any() and (~pre).any()
+    assert np.allclose(ratio[pre] / np.median(ratio[~pre]), 2.0)
+    assert np.allclose(ratio[~pre], np.median(ratio[~pre]))

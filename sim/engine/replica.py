@@ -31,7 +31,7 @@ from sim.engine.prefix_cache import PrefixCache
 from sim.engine.request_state import (FINISHED, RUNNING, WAITING, PriorityWaiting,
                                       Req, Results, entry_totals, priority_key, step_totals)
 from sim.engine.engine_state import EngineState
-from sim.step_time.spells import speed_levels, step_noise
+from sim.step_time.spells import prefill_noise, speed_levels, step_noise
 from sim.engine.replica_config import ReplicaConfig
 from sim.engine.run_length import decode_run_length
 from sim.engine.spec_decode import spec_tokens
@@ -55,6 +55,7 @@ class Replica(KvPool):
         # residual ratio's mean (a smearing estimate) restores it in mean mode; sampled latency
         # draws each step's own noise beside the levels below (`step_time.spells.step_noise`).
         self._noise_q, self.noise_mean, self.noise_std = step_noise(self.lat, rng is not None)
+        self._prefill_q = prefill_noise(self.lat, rng is not None)
         # Sampled latency: the machine's speed for the run and its spells per window of time
         # (`step_time.spells`), where the model has measured them; they multiply each residual.
         self.drift, self.spells = speed_levels(self.lat, rng)
@@ -245,7 +246,7 @@ class Replica(KvPool):
             plan.prefill_tokens, plan.decode_seqs, plan.context_tokens, plan.preempted
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
-        factor = self._noise(1)
+        factor = self._noise(1, prefill_tokens > 0)
         k = 1
         a_ms, b_ms = step_ms, 0.0
         closed = None
@@ -296,12 +297,12 @@ class Replica(KvPool):
         need = self._blocks_for(self.waiting[0].target)
         return need <= self.free_blocks + self.prefix_cache.evictable
 
-    def _noise(self, k: int) -> float:
+    def _noise(self, k: int, prefill: bool = False) -> float:
         if self.rng is None:
             return self.noise_mean
         # Sum of k iid multiplicative residuals ~ normal (CLT); exact for k == 1 via resampling.
         if k == 1:
-            q = self._noise_q
+            q = self._prefill_q if prefill else self._noise_q
             return self.run_factor * math.exp(q[int(self.rng.integers(len(q)))])
         return self.run_factor * max(0.05, self.noise_mean + self.noise_std / math.sqrt(k)
                                      * self.rng.standard_normal())

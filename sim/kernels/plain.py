@@ -133,23 +133,26 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
 
 def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
     """Each replica's noise generator (seeded as `Cluster` seeds its replicas'), residual
-    quantiles (rows padded; their count in rp[:, N_QUANTILES]; their factor's mean and std in
+    quantiles (rows padded, a prefill step's after every replica's; their count in
+    rp[:, N_QUANTILES]; their factor's mean and std in
     rf, `step_noise`) and engine state and speed levels (`sim.kernels.serving`, drawn first as
     `Replica.__init__` draws them)."""
     from numba.typed import List
 
     from sim.kernels import state as S
     from sim.kernels.serving import serving_state
-    from sim.step_time.spells import step_noise
+    from sim.step_time.spells import prefill_noise, step_noise
 
     sampled = cfg.latency == "sampled"
     seeds = noise_seeds(cfg, len(specs))
     gens = [np.random.default_rng(seeds[j] if sampled else 0) for j in range(len(specs))]
     eng = serving_state(specs, gens, sampled)
     noise = [step_noise(cal.latency, sampled) for cal, _ in specs]
-    quantiles = np.zeros((len(specs), max(len(q) for q, _, _ in noise)))
+    # a prefill step's quantiles in the rows after every replica's (as many as its others)
+    quantiles = np.zeros((2 * len(specs), max(len(q) for q, _, _ in noise)))
     for j, (q, mean, std) in enumerate(noise):
         quantiles[j, :len(q)] = q
+        quantiles[len(specs) + j, :len(q)] = prefill_noise(specs[j][0].latency, sampled)
         rp[j, S.N_QUANTILES] = len(q)
         rf[j, S.NOISE], rf[j, S.NOISE_STD] = mean, std
     rp[:, S.SAMPLED] = sampled

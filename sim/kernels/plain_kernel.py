@@ -38,14 +38,16 @@ def _step_ms(rf, j, p, d, c):
 
 
 @njit(cache=True)
-def _noise(rp, rf, rngs, quantiles, j, k):
+def _noise(rp, rf, rngs, quantiles, j, k, prefill):
     """`Replica._noise`: the step's residual factor (mean, or drawn from the replica's
-    generator: numba's Generator draws NumPy's stream)."""
+    generator: numba's Generator draws NumPy's stream); a prefill step's from its own
+    quantiles (the rows after every replica's, `plain._noise`)."""
     if rp[j, SAMPLED] == 0:
         return rf[j, NOISE]
     g = rngs[j]
     if k == 1:
-        return rf[j, RUN_FACTOR] * math.exp(quantiles[j, g.integers(0, rp[j, N_QUANTILES])])
+        row = j + rp.shape[0] if prefill else j
+        return rf[j, RUN_FACTOR] * math.exp(quantiles[row, g.integers(0, rp[j, N_QUANTILES])])
     return rf[j, RUN_FACTOR] * max(0.05, rf[j, NOISE] + rf[j, NOISE_STD] / math.sqrt(k)
                                    * g.standard_normal())
 
@@ -191,7 +193,7 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     spells = sv[j, V.N_SPELLS] > 0.0
     if spells:
         rf[j, RUN_FACTOR] = sv[j, V.DRIFT] * V.spell_level(eng, j, now)
-    factor = _noise(rp, rf, rngs, quantiles, j, 1)
+    factor = _noise(rp, rf, rngs, quantiles, j, 1, prefill_tokens > 0)
     k = 1
     a_ms, b_ms = step, 0.0
     if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
@@ -210,7 +212,7 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
                 / (rf[j, RUN_FACTOR] * rf[j, NOISE]))))
         if k > 1:
             a_ms, b_ms = closed_a, closed_b
-            factor = _noise(rp, rf, rngs, quantiles, j, k)
+            factor = _noise(rp, rf, rngs, quantiles, j, k, False)
     # (the reference adds a log-probability term here: plain requests have none)
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
                prefill_seqs, decode_seqs, context, preempted, 0)

@@ -60,7 +60,7 @@ from pydantic import Field
 
 from sim.step_time.latency import LatencyModel, check_prices_steps, midpoints
 from sim.step_time.schema import Coef, LogResiduals, ModelJson, coefs
-from sim.step_time.spells import fit_speed_levels
+from sim.step_time.spells import fit_speed_levels, window_parts
 from sim.step_time.registry import register
 from sim.step_time.serving_features import (FEATURES, FEATURES_V1, FEATURES_V2, FEATURES_V3,
                                             FEATURES_V4, FEATURES_V5, FEATURES_V6, HIT,
@@ -87,6 +87,8 @@ class ServingJson(ModelJson):
     none (sampled latency draws the whole residual)"""
     profiled_ms: Coef = 0.0
     """fitted before the profiled-grid term: none"""
+    prefill_log_quantiles: LogResiduals | None = None
+    """fitted before prefill steps' own noise was taken apart: none (they draw every step's)"""
 
 
 @register
@@ -130,6 +132,11 @@ class ServingModel:
     profiled_ms: float = 0.0
     """what a step of a profiled grid takes less than a serving step of its shape (`const`
     prices the serving step); 0 for a calibration fitted before the term or without both"""
+    prefill_log_quantiles: tuple[float, ...] = ()
+    """quantiles of a serving prefill step's own noise as `step_log_quantiles` takes it (its
+    residual over its window's level, times all steps'), which sampled latency draws for a
+    step that prefills (`sim.step_time.spells.prefill_noise`); () for a calibration fitted
+    before or on fewer than MIN_PREFILL_NOISE_STEPS such steps"""
 
     def step_ms(self, prefill_tokens: float, decode_seqs: float, context_tokens: float,
                 new_shape: bool = False, idle_ms: float = 0.0, prefill_seqs: int = 1,
@@ -227,6 +234,8 @@ class ServingModel:
             if self.step_log_quantiles else {}
         if self.profiled_ms:
             own["profiled_ms"] = self.profiled_ms
+        if self.prefill_log_quantiles:
+            own["prefill_log_quantiles"] = list(self.prefill_log_quantiles)
         return {"features": list(FEATURES), "coef_ms": list(self.coef_ms),
                 "idle_cap_ms": IDLE_CAP_MS, "idle_seen_ms": self.idle_seen_ms, **cap, **pairs,
                 "residual_log_quantiles": list(self.residual_log_quantiles),
@@ -253,8 +262,12 @@ class ServingModel:
                    tuple(d.get("run_log_quantiles", (0.0,))), d.get("idle_seen_ms", IDLE_CAP_MS),
                    tuple(d.get("spell_log_quantiles", (0.0,))),
                    float("inf") if cap is None else cap, d.get("prefill_pairs", False),
-                   tuple(d.get("step_log_quantiles") or ()), d.get("profiled_ms", 0.0))
+                   tuple(d.get("step_log_quantiles") or ()), d.get("profiled_ms", 0.0),
+                   tuple(d.get("prefill_log_quantiles") or ()))
 
+
+MIN_PREFILL_NOISE_STEPS = 30
+"""serving prefill steps a fit needs to draw their own noise apart from every step's"""
 
 GAP_TERMS = ("new_shape", "new_shape_x_tokens_100", "idle_100ms", "idle_short", "echo",
              "echo_idle_100ms", "echo_prefill_k")
@@ -303,11 +316,23 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
         check_prices_steps(_served(coef))  # refused here, not by the loader after it was written
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
-    levels, own = fit_speed_levels(steps.run_id.astype(str).to_numpy(),
-                                   steps.start_s.to_numpy(), ratio, quantiles)
+    run_ids, start_s = steps.run_id.astype(str).to_numpy(), steps.start_s.to_numpy()
+    levels, own = fit_speed_levels(run_ids, start_s, ratio, quantiles)
     return ServingModel(_served(coef), tuple(float(v) for v in q), (0.0,),
                         float(min(IDLE_CAP_MS, steps.idle_ms.max())), levels,
-                        NEW_SHAPE_TOKENS_CAP, True, own, float(coef[-1]))
+                        NEW_SHAPE_TOKENS_CAP, True, own, float(coef[-1]),
+                        prefill_noise_quantiles(steps, run_ids, start_s, ratio, quantiles))
+
+
+def prefill_noise_quantiles(steps: pd.DataFrame, run_ids: np.ndarray, start_s: np.ndarray,
+                            ratio: np.ndarray, quantiles: int) -> tuple[float, ...]:
+    """Log quantiles of the serving prefill steps' own noise (their window's level taken out as
+    for every step), or () on fewer than MIN_PREFILL_NOISE_STEPS of them."""
+    serving = (steps.prefill_tokens.to_numpy() > 0) & (profiled(steps) == 0)
+    if serving.sum() < MIN_PREFILL_NOISE_STEPS:
+        return ()
+    own = window_parts(run_ids, start_s, ratio)[1][serving]
+    return tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
 
 
 def _served(coef: np.ndarray) -> tuple[float, ...]:

@@ -4,12 +4,14 @@ Live steps on a shared CPU run at a level that holds for about a second and then
 of 1.4-1.9x a run's median), and the level itself drifts over minutes. A calibration's step
 residual (actual over predicted) is taken in two parts: its `SPELL_S` window's level over all
 its steps' median (`ServingModel.spell_log_quantiles`: spells and drift alike) and the step's
-own noise within its window (`step_log_quantiles`). Sampled latency draws a level per replica
-and window and each step's own noise, so each part of the variance counts once and a sampled
-step's mean is about the mean run's; the spells sit inside a run, where they make the
-per-request TPOT tail, and a run of decode iterations ends at a window's edge so that no run
-spans two levels. Calibrations fitted before the split draw their whole residual per step, a
-run level per replica (`run_log_quantiles`) and spells over it.
+own noise within its window (`step_log_quantiles`; a serving prefill step's apart,
+`prefill_log_quantiles`: prefill steps scatter two to three times as wide as decode steps, and
+drawn from every step's noise a simulated TTFT tail came out too narrow). Sampled latency draws
+a level per replica and window and each step's own noise, so each part of the variance counts
+once and a sampled step's mean is about the mean run's; the spells sit inside a run, where they
+make the per-request TPOT tail, and a run of decode iterations ends at a window's edge so that
+no run spans two levels. Calibrations fitted before the split draw their whole residual per
+step, a run level per replica (`run_log_quantiles`) and spells over it.
 
 Why levels per window rather than per run: docs/measurements/spells.md; why in two parts:
 docs/measurements/2026-11-30-noise-parts.md.
@@ -70,21 +72,27 @@ def fit_speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray
     """Log quantiles of each step's SPELL_S window's speed level over all steps' (the levels
     sampled latency draws per window; taken per step, so that a window of few long steps, often
     a shape the model misprices rather than the machine's speed, weighs as little as its steps)
-    and of each step's ratio over its window's level, times all steps' (its own noise, drawn per
-    step: the two multiply back to its ratio); levels are medians of actual / predicted, robust
-    to the odd stalled step."""
-    import pandas as pd
-
+    and of each step's own noise (`window_parts`, drawn per step: the two multiply back to its
+    ratio)."""
     from sim.step_time.latency import midpoints
+
+    levels, own = window_parts(run_ids, start_s, ratio)
+    return tuple(float(v) for v in np.quantile(levels, midpoints(21))), \
+        tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
+
+
+def window_parts(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the log of its SPELL_S window's speed level over all steps' and of its ratio
+    over its window's level, times all steps' (its own noise); levels are medians of actual /
+    predicted, robust to the odd stalled step."""
+    import pandas as pd
 
     df = pd.DataFrame({"run": run_ids, "window": (start_s // SPELL_S).astype(int),
                        "r": np.log(ratio)})
     every = float(df.r.median())
     level = df.groupby(["run", "window"]).r.transform("median").to_numpy()
-    own = df.r.to_numpy() - level + every
-    levels = level - every
-    return tuple(float(v) for v in np.quantile(levels, midpoints(21))), \
-        tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
+    return level - every, df.r.to_numpy() - level + every
 
 
 def step_noise(model, sampled: bool) -> tuple[tuple[float, ...], float, float]:
@@ -95,3 +103,19 @@ def step_noise(model, sampled: bool) -> tuple[tuple[float, ...], float, float]:
         model.residual_log_quantiles
     e = np.exp(np.asarray(q, float))
     return tuple(q), float(e.mean()), float(e.std())
+
+
+def prefill_noise(model, sampled: bool) -> tuple[float, ...]:
+    """The log quantiles a prefill step's residual factor is drawn from in sampled latency: the
+    model's prefill steps' own noise (`prefill_log_quantiles`) where it has them, taken at as
+    many midpoints as `step_noise`'s (one draw of one generator either way), else
+    `step_noise`'s."""
+    q = step_noise(model, sampled)[0]
+    own = getattr(model, "prefill_log_quantiles", ()) if sampled else ()
+    if not own:
+        return q
+    if len(own) == len(q):
+        return tuple(own)
+    from sim.step_time.latency import midpoints
+
+    return tuple(float(v) for v in np.quantile(np.asarray(own, float), midpoints(len(q))))
