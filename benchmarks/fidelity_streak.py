@@ -61,11 +61,12 @@ def streak(results: list[dict]) -> dict:
         passing = [r[key] for r in rows]
         return [sum(passing[i:i + WINDOW]) for i in range(max(len(rows) - WINDOW + 1, 0))]
     counts = Counter(m for r in rows for m in r["missed"])
+    judged, at_probe = windows("passes"), windows("passes_at_probe")
     return {"runs": rows, "passing": sum(r["passes"] for r in rows),
-            "best_window": max(windows("passes")) if windows("passes") else None,
-            "goal_met": any(w >= NEEDED for w in windows("passes")),
+            "best_window": max(judged) if judged else None,
+            "goal_met": any(w >= NEEDED for w in judged),
             "passing_at_probe": sum(r["passes_at_probe"] for r in rows),
-            "goal_met_at_probe": any(w >= NEEDED for w in windows("passes_at_probe")),
+            "goal_met_at_probe": any(w >= NEEDED for w in at_probe),
             "missed_repeatedly": {m: n for m, n in counts.most_common() if n > 1}}
 
 

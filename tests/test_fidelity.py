@@ -383,6 +383,17 @@ def test_a_streak_of_runs_is_judged_against_the_fidelity_goal(quick, tmp_path):
     for r in good["workloads"]:
         for m, v in r["metrics"].items():
             v["ok"], v["error"] = True, 0.0 if "p50" in m else v["error"]
+            if "ok_at_probe_speed" in v:
+                v["ok_at_probe_speed"] = True
+                v["error_at_probe_speed"] = 0.0 if "p50" in m else v["error_at_probe_speed"]
+    probed = [v for r in good["workloads"] for v in r["metrics"].values()
+              if "ok_at_probe_speed" in v]
+    if probed:  # one metric missed at probe speed alone: passes as judged, not at probe speed
+        probed[0]["ok_at_probe_speed"] = False
+        assert run_row(good)["passes"] and not run_row(good)["passes_at_probe"]
+        assert not streak([good] * 5)["goal_met_at_probe"]
+        probed[0]["ok_at_probe_speed"] = True
+        assert run_row(good)["passes_at_probe"] and streak([good] * 5)["goal_met_at_probe"]
     bad = copy.deepcopy(good)
     first = bad["workloads"][0]
     name = next(iter(first["metrics"]))
@@ -498,6 +509,28 @@ def again_equal(a: dict, b: dict) -> bool:
         return x == y or both_nan
 
     return all(same(a.get(k), b.get(k)) for k in keys)
+
+
+def test_step_noise_by_kind_reads_each_trace_and_the_calibrations_tables(quick, monkeypatch,
+                                                                         capsys):
+    """`benchmarks/step_noise_by_kind.py`: a row per calibration traffic and live run, then the
+    calibration's noise tables (a prefill steps' table where the fit saw enough of them, as
+    many quantiles as every step's)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import step_noise_by_kind
+
+    out, _ = quick
+    monkeypatch.setattr(sys, "argv", ["step_noise_by_kind.py", str(out)])
+    step_noise_by_kind.main()
+    text = capsys.readouterr().out
+    assert "poisson/live1" in text and "poisson/live2" in text
+    assert "calibration_traffic_mixed" in text
+    assert "step_log_quantiles: " in text and "prefill_log_quantiles: " in text
+    model = json.loads((out / "calibration.json").read_text())["step_time_model"]
+    if model.get("prefill_log_quantiles"):
+        assert len(model["prefill_log_quantiles"]) == len(model["step_log_quantiles"])
 
 
 def test_step_noise_floor_scores_a_live_run_against_its_own_shapes(quick):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,7 @@ def judge(sim: float, live: list[float], tolerance: float, band: dict | None = N
     # noise makes of it; a mean-latency run has no noise, so it narrows the distribution it
     # takes percentiles of (TPOT P90 2-4 points low over the 11-27 full runs, every one).
     mean = float(np.mean(live))
-
-    def rel(x: float) -> float:
-        return float((x - mean) / mean) if mean else float("nan")
+    rel = partial(_rel, mean=mean)
     est = band["median"] if band is not None else sim
     spread = (max(live) - min(live)) / mean if mean else float("nan")
     out = {"sim": float(est), "live": [float(v) for v in live], "error": rel(est),
@@ -46,14 +45,16 @@ def judge_at_probe(metric: dict, sim: float, sim_mean: float) -> None:
     probe (`sim.step_time.live_speed.probes_level`): `sim`, its estimate as the judged one is
     taken (the noise band's median), and whether that is within the tolerance or the spread;
     the mean-latency run's error beside it."""
-    mean = float(np.mean(metric["live"]))
-
-    def rel(x: float) -> float:
-        return float((x - mean) / mean) if mean else float("nan")
+    rel = partial(_rel, mean=float(np.mean(metric["live"])))
     metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=rel(sim),
                   ok_at_probe_speed=bool(abs(rel(sim)) <= max(metric["tolerance"],
                                                               metric["spread"])),
                   error_mean_at_probe_speed=rel(sim_mean))
+
+
+def _rel(x: float, mean: float) -> float:
+    """x's error against the live runs' mean (NaN where the mean is 0)."""
+    return float((x - mean) / mean) if mean else float("nan")
 
 
 def compare(sim_dir: str | Path, live_dir: str | Path) -> dict:
