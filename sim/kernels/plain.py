@@ -134,9 +134,8 @@ def simulate_compiled(cfg: SimConfig, specs: list[tuple[Calibration, ReplicaConf
 def _noise(cfg: SimConfig, specs: list, rp: np.ndarray, rf: np.ndarray):
     """Each replica's noise generator (seeded as `Cluster` seeds its replicas'), residual
     quantiles (rows padded, a prefill step's after every replica's; their count in
-    rp[:, N_QUANTILES]; their factor's mean and std in
-    rf, `step_noise`) and engine state and speed levels (`sim.kernels.serving`, drawn first as
-    `Replica.__init__` draws them)."""
+    rp[:, N_QUANTILES]; their factor's mean and std in rf, `step_noise`) and engine state and
+    speed levels (`sim.kernels.serving`, drawn first as `Replica.__init__` draws them)."""
     from numba.typed import List
 
     from sim.kernels import state as S
