@@ -13,7 +13,7 @@ from conftest import REPO
 from sim.step_time import registry as step_time
 from sim.config import parse_config
 from sim.step_time.live_speed import live_over_predicted
-from sim.step_time.spells import fit_speed_levels
+from sim.step_time.spells import fit_speed_levels, window_parts
 from sim.simulate import simulate
 from sim.step_time.spells import SPELL_S, Spells
 
@@ -105,11 +105,11 @@ def test_prefill_steps_draw_their_own_noise_apart_from_every_steps(tmp_path):
     wiggle = np.where(np.arange(n) % 16 < 8, 0.95, 1.05)
     ratio = np.where(prefill, np.where(np.arange(n) % 16 == 0, 0.8, 1.25), wiggle)
     steps = pd.DataFrame({"prefill_tokens": np.where(prefill, 64, 0)})
-    run, start_s = np.array(["a"] * n), np.arange(n) * 0.01
-    q = np.exp(prefill_noise_quantiles(steps, run, start_s, ratio, 100))
+    own = window_parts(np.array(["a"] * n), np.arange(n) * 0.01, ratio)[1]
+    q = np.exp(prefill_noise_quantiles(steps, own, 100))
     assert len(q) == 100 and q.min() < 0.85 and q.max() > 1.2
     few = steps.assign(prefill_tokens=np.where(np.arange(n) < MIN_PREFILL_NOISE_STEPS - 1, 64, 0))
-    assert prefill_noise_quantiles(few, run, start_s, ratio, 100) == ()
+    assert prefill_noise_quantiles(few, own, 100) == ()
     # drawn: prefill steps at 2x of their prediction, every other step at 1x
     d = json.loads(Path(_calibration(tmp_path, [1.0, 1.0])).read_text())
     d["step_time_model"].update(step_log_quantiles=[0.0, 0.0],

@@ -60,7 +60,7 @@ from pydantic import Field
 
 from sim.step_time.latency import LatencyModel, check_prices_steps, midpoints
 from sim.step_time.schema import Coef, LogResiduals, ModelJson, coefs
-from sim.step_time.spells import fit_speed_levels, window_parts
+from sim.step_time.spells import part_quantiles, window_parts
 from sim.step_time.registry import register
 from sim.step_time.serving_features import (FEATURES, FEATURES_V1, FEATURES_V2, FEATURES_V3,
                                             FEATURES_V4, FEATURES_V5, FEATURES_V6, HIT,
@@ -316,23 +316,22 @@ def fit_serving(steps: pd.DataFrame, quantiles: int = 100,
         check_prices_steps(_served(coef))  # refused here, not by the loader after it was written
     ratio = y / np.maximum(x @ coef, 1e-9)
     q = np.quantile(np.log(ratio), midpoints(quantiles))
-    run_ids, start_s = steps.run_id.astype(str).to_numpy(), steps.start_s.to_numpy()
-    levels, own = fit_speed_levels(run_ids, start_s, ratio, quantiles)
+    parts = window_parts(steps.run_id.astype(str).to_numpy(), steps.start_s.to_numpy(), ratio)
+    levels, own = part_quantiles(*parts, quantiles)
     return ServingModel(_served(coef), tuple(float(v) for v in q), (0.0,),
                         float(min(IDLE_CAP_MS, steps.idle_ms.max())), levels,
                         NEW_SHAPE_TOKENS_CAP, True, own, float(coef[-1]),
-                        prefill_noise_quantiles(steps, run_ids, start_s, ratio, quantiles))
+                        prefill_noise_quantiles(steps, parts[1], quantiles))
 
 
-def prefill_noise_quantiles(steps: pd.DataFrame, run_ids: np.ndarray, start_s: np.ndarray,
-                            ratio: np.ndarray, quantiles: int) -> tuple[float, ...]:
-    """Log quantiles of the serving prefill steps' own noise (their window's level taken out as
-    for every step), or () on fewer than MIN_PREFILL_NOISE_STEPS of them."""
+def prefill_noise_quantiles(steps: pd.DataFrame, own: np.ndarray, quantiles: int,
+                            ) -> tuple[float, ...]:
+    """Log quantiles of the serving prefill steps' own noise (`own`: every step's, its window's
+    level taken out, `spells.window_parts`), or () on fewer than MIN_PREFILL_NOISE_STEPS."""
     serving = (steps.prefill_tokens.to_numpy() > 0) & (profiled(steps) == 0)
     if serving.sum() < MIN_PREFILL_NOISE_STEPS:
         return ()
-    own = window_parts(run_ids, start_s, ratio)[1][serving]
-    return tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
+    return tuple(float(v) for v in np.quantile(own[serving], midpoints(quantiles)))
 
 
 def _served(coef: np.ndarray) -> tuple[float, ...]:

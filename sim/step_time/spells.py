@@ -74,9 +74,14 @@ def fit_speed_levels(run_ids: np.ndarray, start_s: np.ndarray, ratio: np.ndarray
     a shape the model misprices rather than the machine's speed, weighs as little as its steps)
     and of each step's own noise (`window_parts`, drawn per step: the two multiply back to its
     ratio)."""
+    return part_quantiles(*window_parts(run_ids, start_s, ratio), quantiles)
+
+
+def part_quantiles(levels: np.ndarray, own: np.ndarray, quantiles: int = 100,
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`fit_speed_levels`'s log quantiles from `window_parts`' per-step parts."""
     from sim.step_time.latency import midpoints
 
-    levels, own = window_parts(run_ids, start_s, ratio)
     return tuple(float(v) for v in np.quantile(levels, midpoints(21))), \
         tuple(float(v) for v in np.quantile(own, midpoints(quantiles)))
 
