@@ -14,7 +14,7 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json, engine=args.engine,
-                          device=args.device)
+                          device=args.device, speed_checks=args.speed_checks)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -48,8 +48,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     c = result["band_coverage"]
     ms = [m for r in result["workloads"] for m in r["metrics"].values()]
     probed = [m["ok_at_probe_speed"] for m in ms if "ok_at_probe_speed" in m]
+    traffic = [m["ok_at_traffic_speed"] for m in ms if "ok_at_traffic_speed" in m]
     print(f"within tolerance or spread: {sum(m['ok'] for m in ms)} of {len(ms)} metrics; at the "
-          f"probes' speed {sum(probed)} of {len(probed)}")
+          f"probes' speed {sum(probed)} of {len(probed)}"
+          + (f"; at traffic speed {sum(traffic)} of {len(traffic)}" if traffic else ""))
     print(f"live values inside the step-time noise band ({c['band']}, {c['seeds']} draws): "
           f"{c['inside']} of {c['of']}")
     for name, why in result["skipped"].items():
@@ -84,6 +86,10 @@ def add_fidelity_parser(sub) -> None:
                     help="with --engine torch: where it runs")
     fi.add_argument("--suite", default=None, help="suite YAML (default "
                     "examples/fidelity/suite.yaml)")
+    fi.add_argument("--speed-checks", action="store_true",
+                    help="replay the calibration traffic again after each live pass and judge "
+                    "each live run at the speed of the traffic nearest it too (`at traffic "
+                    "speed`; adds about a third to the run)")
     fi.add_argument("--json", action="store_true")
     fi.add_argument("-q", "--quiet", action="store_true")
     fi.set_defaults(func=cmd_fidelity)

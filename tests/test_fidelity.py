@@ -47,7 +47,7 @@ def quick(tmp_path_factory):
     # a few minutes on a quiet 2-core VM; a busy machine may take it past run_cli's 10-minute
     # default, which is no failure of the loop
     proc = run_cli("fidelity", "--quick", "--suite", small_suite(folder), "-o", str(out),
-                   "--json", timeout=2400)
+                   "--json", "--speed-checks", timeout=2400)
     return out, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -201,6 +201,48 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     sim = read_table(out / "poisson" / "sim", "requests").to_pandas()
     assert poisson["ttft_s.p50"]["sim_mean"] == pytest.approx(
         (sim.first_token_s - sim.arrival_s).median())
+
+
+def test_speed_checks_level_each_live_run_to_the_traffic_nearest_it(quick):
+    """`--speed-checks`: the calibration traffic again after each pass, its levels in time
+    order, and every latency metric judged at the level of the traffic nearest each live run."""
+    from validation.speed_checks import check_dir, live_factor, started_s
+
+    out, result = quick
+    checks = result["speed_checks"]
+    assert [c["pass"] for c in checks] == [0, 1, 2]
+    assert [c["at_s"] for c in checks] == sorted(c["at_s"] for c in checks)
+    assert all(c["decode"] > 0 and c["steps"] > 0 for c in checks)
+    assert (check_dir(out, 2) / "calibration_traffic_mixed" / "steps").is_dir()
+    for r in result["workloads"]:
+        lives = sorted((out / r["workload"]).glob("live[0-9]*"))
+        # pass 1's runs lie nearer the calibration or the first check, pass 2's the later two
+        assert r["traffic_factors"] == [live_factor(checks, started_s(x)) for x in lives]
+        assert r["traffic_factors"][0] in {1.0, checks[1]["decode"] / checks[0]["decode"]}
+        latency = [v for m, v in r["metrics"].items() if m != "tokens_per_program"]
+        for v in latency:
+            assert v["ok_at_traffic_speed"] == (abs(v["error_at_traffic_speed"])
+                                                <= max(v["tolerance"], v["spread"]))
+    s = result["summary"]
+    assert s["at_traffic_speed"] == sum(len(r["metrics"]) for r in result["workloads"]) - 1
+    assert (f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
+            in (out / "report.md").read_text())
+
+
+def test_a_live_run_takes_the_level_of_the_traffic_nearest_it():
+    from validation.speed_checks import live_factor
+
+    levels = [{"pass": 0, "at_s": 0.0, "decode": 0.9}, {"pass": 1, "at_s": 100.0, "decode": 1.2},
+              {"pass": 2, "at_s": 200.0, "decode": 1.5}]
+    assert live_factor(levels, 40.0) == 1.0  # the calibration's own state
+    assert live_factor(levels, 60.0) == pytest.approx(1.2 / 0.9)
+    assert live_factor(levels, 60.0, relative=False) == 1.2
+    assert live_factor(levels, 150.0, relative=False) == 1.2  # a tie: the earlier state
+    assert live_factor(levels, 150.0, "interpolated", relative=False) == pytest.approx(1.35)
+    assert live_factor(levels, 999.0, "interpolated", relative=False) == 1.5  # held at the end
+    assert live_factor([], 10.0) is None
+    with pytest.raises(ValueError, match="nearest or interpolated"):
+        live_factor(levels, 10.0, "mean")
 
 
 def test_quick_suite_agrees_where_the_machine_cannot_move_it(quick):

@@ -25,6 +25,8 @@ from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled
 from validation.fidelity_programs import program_workload
 from validation.fidelity_suite import SUITE, load_suite, request_config, step_grid
 from validation.replay import fresh_process
+from validation.speed_checks import TRAFFIC_PREFIX, at_traffic_speed, check_dir, judge_at_traffic
+from validation.speed_checks import traffic_levels
 
 __all__ = ["SUITE", "load_suite", "request_config", "run_fidelity"]
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
@@ -37,24 +39,34 @@ def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
     `device`), replay the suite's calibration traffic live (workloads of their own, never
     evaluated), and fit a serving calibration on all; its path."""
     from sim.step_time.calibration import calibrate
-    from sim.config import parse_config
-
-    from validation.replay import replay_config
 
     traces = trace_grids(out, suite, quick, progress, engine, device)
     path = out / "calibration.json"
     path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
     # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
-    for name, traffic in (suite.get("calibration_traffic") or {}).items():
-        if (quick and not traffic.get("quick", True)) or unserved(traffic, engine):
-            continue
-        cfg = parse_config(request_config(traffic, path, quick), out)
-        fresh_process(replay_config, cfg, out / f"calibration_traffic_{name}", device=device)
-        traces.append(out / f"calibration_traffic_{name}")
+    traces += replay_traffic(out, suite, path, quick, engine, device)
     if len(traces) > 1:
         path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
                         + "\n")
     return path
+
+
+def replay_traffic(out: Path, suite: dict, cal: Path, quick: bool, engine: str,
+                   device: str) -> list[Path]:
+    """The suite's calibration traffic replayed live under out, each in a fresh process (the
+    config's engine limits from `cal`); their directories."""
+    from sim.config import parse_config
+
+    from validation.replay import replay_config
+
+    dirs = []
+    for name, traffic in (suite.get("calibration_traffic") or {}).items():
+        if (quick and not traffic.get("quick", True)) or unserved(traffic, engine):
+            continue
+        cfg = parse_config(request_config(traffic, cal, quick), out)
+        fresh_process(replay_config, cfg, out / f"{TRAFFIC_PREFIX}{name}", device=device)
+        dirs.append(out / f"{TRAFFIC_PREFIX}{name}")
+    return dirs
 
 
 def trace_grids(out: Path, suite: dict, quick: bool, progress: bool, engine: str,
@@ -138,8 +150,11 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
         at_probe, med = compare(out_dir / "sim_at_probe" / "sim", lives[0]), sampled_medians(cfg)
         for m in REQUEST_METRICS:
             judge_at_probe(metrics[m], med[m], at_probe[m]["sim"])
+    traffic = at_traffic_speed(d, lives, out_dir, out_dir)
+    for m in REQUEST_METRICS if traffic else ():
+        judge_at_traffic(metrics[m], traffic["median"][m])
     return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
-            **probe_levels(probe)}
+            **probe_levels(probe), "traffic_factors": traffic and traffic["factors"]}
 
 
 def at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path) -> dict | None:
@@ -171,9 +186,11 @@ def step_speed(speed: dict | None) -> dict:
 
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
-                 progress: bool = True, engine: str = "vllm", device: str = "auto") -> dict:
+                 progress: bool = True, engine: str = "vllm", device: str = "auto",
+                 speed_checks: bool = False) -> dict:
     """The whole loop on vLLM or the PyTorch engine's serving mode (on `device`); writes
-    DIR/fidelity.json and DIR/report.md and returns the result."""
+    DIR/fidelity.json and DIR/report.md and returns the result. With `speed_checks`, the
+    calibration traffic is replayed again after each live pass (`validation.speed_checks`)."""
 
     suite = load_suite(suite_path)
     if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
@@ -207,6 +224,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         for p in plans:
             started[p.lives[i]] = round(time.perf_counter() - t0, 1)
             p.replay(p.lives[i])
+        if speed_checks:
+            replay_traffic(check_dir(out, i + 1), suite, cal, quick, engine, device)
     rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives],
              "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
     result = {"quick": quick, "calibration": str(cal), "engine": engine,
@@ -214,9 +233,10 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
                                       if k in ("mape", "p90_ape", "rows")},
               "workloads": rows, "calibrated_s": calibrated_s,
-              "calibration_steal": {t.name.removeprefix("calibration_traffic_"):
+              "calibration_steal": {t.name.removeprefix(TRAFFIC_PREFIX):
                                     trace_stolen_share(t)
-                                    for t in sorted(out.glob("calibration_traffic_*"))},
+                                    for t in sorted(out.glob(TRAFFIC_PREFIX + "*"))},
+              "speed_checks": traffic_levels(out, cal),
               "wall_s": round(time.perf_counter() - t0, 1)}
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -106,6 +106,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
     from sim.simulate import simulate
     from validation.bursts import calibration_tail, run_speed
     from validation.judge import judge, judge_at_probe
+    from validation.speed_checks import at_traffic_speed, judge_at_traffic
     from traces.store import read_table
 
     base_dir = REPO / "examples"
@@ -136,6 +137,9 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
         med = sampled_medians(cfg)
         for m in ("program_latency_p50", "program_latency_p90"):
             judge_at_probe(metrics[m], med[m], lat[m[-3:]])
+    traffic = at_traffic_speed(d, lives, out_dir, base_dir)
+    for m in ("program_latency_p50", "program_latency_p90") if traffic else ():
+        judge_at_traffic(metrics[m], traffic["median"][m])
     metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],
                                           [r["live"]["tokens_per_program"] for r in results],
                                           PROGRAM_TOLERANCE["tokens_per_program"])
@@ -146,7 +150,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
             "agreement_ok": agreement >= live_agreement,
             "step_speed": [{"decode": r["decode"], "prefill": None, "tail": r["tail"],
                             "calibration_tail": cal_tail} for r in runs],
-            **probe_levels(probe)}
+            **probe_levels(probe), "traffic_factors": traffic and traffic["factors"]}
 
 
 def programs_at_live_speed(d: dict, factor: float | None, out_dir: Path, live: Path,

@@ -40,7 +40,18 @@ def summary_lines(s: dict | None) -> list[str]:
             f"{pct(s.get('p50_median_abs_at_probe_speed'))} at probe speed. Live decode steps "
             + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
                "not measured.") + stolen + burst_text(s)
+            + traffic_text(s)
             + f" Live values inside the noise band: {s['in_band']} of {s['band_of']}.", ""]
+
+
+def traffic_text(s: dict) -> str:
+    """The counts at the speed checks' levels (`validation.speed_checks`), or ''."""
+    if not s.get("at_traffic_speed"):
+        return ""
+    p50 = s.get("p50_median_abs_at_traffic_speed")
+    return (f" At the speed of the calibration traffic replayed nearest each live run: "
+            f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
+            + (f", median absolute P50 error {p50:.1%}." if p50 is not None else "."))
 
 
 def burst_text(s: dict) -> str:

@@ -1,0 +1,93 @@
+"""Ways of leveling a fidelity run's simulations to its speed checks, judged side by side.
+
+    reasonsim fidelity --speed-checks -o RUN          # calibration traffic after each pass
+    python benchmarks/traffic_speed_variants.py RUN [RUN...] [--json]
+
+For every run (made with `--speed-checks`), every workload is simulated again with each live
+run's step times scaled to the traffic state nearest it or interpolated between the two around
+it, as a level over the calibration traffic's own (`relative`) or as the traffic's level
+against the calibration (`absolute`): `validation.speed_checks.live_factor`. Each variant's
+judged estimate (the noise draws' median, averaged over the live runs) is judged as the run's
+table judges (tolerance or live-vs-live spread) beside the run's own verdict. Prints one line
+per run and variant: metrics within tolerance or spread, the median absolute e2e/program P50
+error, and the traffic levels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from validation.fidelity_judging import P50_METRICS  # noqa: E402
+from validation.speed_checks import at_traffic_speed, traffic_levels  # noqa: E402
+
+VARIANTS = {"nearest, relative": ("nearest", True), "nearest, absolute": ("nearest", False),
+            "interpolated, relative": ("interpolated", True),
+            "interpolated, absolute": ("interpolated", False)}
+
+
+def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dict]:
+    """Every judged metric of RUN at the variant's traffic speed: (workload, metric, error,
+    ok, error as judged, ok as judged)."""
+    result = json.loads((run / "fidelity.json").read_text())
+    rows = []
+    for w in result["workloads"]:
+        name = w["workload"]
+        d = yaml.safe_load((run / name / "config.yaml").read_text())
+        base = REPO / "examples" if w["kind"] == "programs" else run / name
+        lives = sorted((run / name).glob("live[0-9]*"))
+        got = at_traffic_speed(d, lives, work / name, base, how, relative)
+        for m, v in w["metrics"].items():
+            if got is None or m not in got["median"] or "band" not in v:
+                continue
+            live = float(np.mean(v["live"]))
+            err = got["median"][m] / live - 1
+            rows.append({"workload": name, "metric": m, "error": err,
+                         "ok": abs(err) <= max(v["tolerance"], v["spread"]),
+                         "judged_error": v["error"], "judged_ok": v["ok"]})
+    return rows
+
+
+def summary(rows: list[dict], key: str, ok: str) -> tuple[int, int, float | None]:
+    """(metrics ok, metrics, median absolute P50 error) of rows under `key`/`ok`."""
+    p50 = [abs(r[key]) for r in rows if r["metric"] in P50_METRICS]
+    return (sum(r[ok] for r in rows), len(rows), float(np.median(p50)) if p50 else None)
+
+
+def main() -> None:
+    """Parse arguments, judge every run under every variant, print."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    out = []
+    for run in args.runs:
+        levels = traffic_levels(run, json.loads((run / "fidelity.json").read_text())
+                                ["calibration"])
+        for name, (how, relative) in VARIANTS.items():
+            with tempfile.TemporaryDirectory() as work:
+                rows = variant_metrics(run, Path(work), how, relative)
+            out.append({"run": str(run), "variant": name, "rows": rows,
+                        "levels": [round(s["decode"], 3) for s in levels],
+                        "at": summary(rows, "error", "ok"),
+                        "judged": summary(rows, "judged_error", "judged_ok")})
+    if args.json:
+        print(json.dumps(out))
+        return
+    for o in out:
+        (ok, n, p50), (jok, _, jp50) = o["at"], o["judged"]
+        print(f"{o['run']}  {o['variant']:24s} {ok}/{n} (as judged {jok}/{n})  P50 median "
+              f"abs {p50:.1%} (as judged {jp50:.1%})  levels {o['levels']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The machine's speed between a fidelity run's live passes, read from its calibration traffic.
+
+A shared machine's speed moves between calibrating and the live passes minutes later. With
+`reasonsim fidelity --speed-checks` the suite's calibration traffic is replayed again after each
+live pass (under RUN/speed_checks/passK/); its decode steps against the calibration give the
+machine's level at that time, the first traffic (the calibration's own) the level at
+calibration. Each live run is then simulated at the level of the traffic nearest it in time as
+well (`at traffic speed`, beside the raw estimate): the calibration state nearest each live
+run, measured on real serving steps rather than on a seconds-long probe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CHECKS_DIR = "speed_checks"
+TRAFFIC_PREFIX = "calibration_traffic_"
+
+
+def check_dir(out: Path, k: int) -> Path:
+    """Where the traffic replayed after live pass k goes."""
+    return Path(out) / CHECKS_DIR / f"pass{k}"
+
+
+def started_s(trace_dir: str | Path) -> float:
+    """The wall-clock time (epoch seconds) a trace's run started."""
+    from traces import read_run
+
+    return float(read_run(trace_dir)["created_at"].timestamp())
+
+
+def traffic_level(calibration: str | Path, trace_dirs: list) -> dict | None:
+    """One traffic state: the median of its decode-only steps' live-over-predicted ratio,
+    pooled over its traces, and when it ran (the mean of their start times); None without a
+    decode step."""
+    from sim.step_time.live_speed import decode_steps, step_ratios
+
+    ratios, times = [], []
+    for d in trace_dirs:
+        got = step_ratios(calibration, d)
+        if got is None:
+            continue
+        ratio, steps = got
+        ratios.append(ratio[decode_steps(steps)])
+        times.append(started_s(d))
+    pooled = np.concatenate(ratios) if ratios else np.zeros(0)
+    if not len(pooled):
+        return None
+    return {"at_s": float(np.mean(times)), "decode": float(np.median(pooled)),
+            "steps": int(len(pooled))}
+
+
+def traffic_levels(run_dir: str | Path, calibration: str | Path) -> list[dict]:
+    """Every traffic state of a fidelity run in time order: the calibration's own traffic
+    (`pass` 0), then each pass's speed check; empty where the run has no speed check."""
+    run_dir = Path(run_dir)
+    passes = sorted((run_dir / CHECKS_DIR).glob("pass*"), key=lambda p: int(p.name[4:]))
+    if not passes:
+        return []
+    states = [(0, sorted(run_dir.glob(TRAFFIC_PREFIX + "*")))]
+    states += [(int(p.name[4:]), sorted(p.glob(TRAFFIC_PREFIX + "*"))) for p in passes]
+    out = []
+    for k, dirs in states:
+        level = traffic_level(calibration, dirs)
+        if level is not None:
+            out.append({"pass": k, **level})
+    return sorted(out, key=lambda s: s["at_s"])
+
+
+def live_factor(levels: list[dict], at_s: float, how: str = "nearest",
+                relative: bool = True) -> float | None:
+    """The step-time factor a live run started at `at_s` is simulated at: the level of the
+    traffic state nearest it (`how="nearest"`) or interpolated in time between the two around
+    it (`"interpolated"`), over the calibration traffic's own level where `relative` (the
+    calibration already prices that traffic at its level); None without levels."""
+    if not levels:
+        return None
+    times = np.array([s["at_s"] for s in levels])
+    decode = np.array([s["decode"] for s in levels])
+    if how == "nearest":
+        # ties go to the earlier state: the one the run's machine came from
+        level = float(decode[int(np.argmin(np.abs(times - at_s)))])
+    elif how == "interpolated":
+        level = float(np.interp(at_s, times, decode))
+    else:
+        raise ValueError(f"how: {how!r}; nearest or interpolated")
+    own = [s["decode"] for s in levels if s["pass"] == 0]
+    return level / own[0] if relative and own else level
+
+
+def at_traffic_speed(d: dict, lives: list, out_dir: Path, base_dir: Path,
+                     how: str = "nearest", relative: bool = True) -> dict | None:
+    """Each metric's judged estimate (the noise draws' median) with the simulation's step times
+    scaled, for each live run, to the traffic state nearest it (`live_factor`), averaged over
+    the live runs as their values are; with the factors. None where the run has no speed
+    check (the live runs' run directory: their parent's parent)."""
+    from validation.fidelity_judging import sampled_medians, scaled_config
+
+    cal = d["cluster"]["replicas"][0]["calibration"]  # as the judging reads it
+    levels = traffic_levels(Path(lives[0]).parent.parent, cal)
+    if not levels:
+        return None
+    factors = [live_factor(levels, started_s(live), how, relative) for live in lives]
+    meds = [sampled_medians(scaled_config(d, f, out_dir / f"sim_at_traffic{i + 1}", base_dir))
+            for i, f in enumerate(factors)]
+    return {"factors": factors, "levels": levels,
+            "median": {m: float(np.mean([v[m] for v in meds])) for m in meds[0]}}
+
+
+def judge_at_traffic(metric: dict, sim: float) -> None:
+    """Add to a `validation.judge.judge` result the error of the estimate at traffic speed and
+    whether it is within the tolerance or the live-vs-live spread."""
+    live = float(np.mean(metric["live"]))
+    err = (sim - live) / live if live else float("nan")
+    metric.update(sim_at_traffic_speed=float(sim), error_at_traffic_speed=err,
+                  ok_at_traffic_speed=bool(abs(err) <= max(metric["tolerance"],
+                                                          metric["spread"])))
