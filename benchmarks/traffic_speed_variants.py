@@ -6,7 +6,9 @@
 For every run (made with `--speed-checks`), every workload is simulated again with each live
 run's step times scaled to the traffic state nearest it or interpolated between the two around
 it, as a level over the calibration traffic's own (`relative`) or as the traffic's level
-against the calibration (`absolute`): `validation.speed_checks.live_factor`. Each variant's
+against the calibration (`absolute`): `validation.speed_checks.live_factor`; or, needing no
+check, at the mean decode level of the live runs just before and after it (`neighbours`: other
+workloads' runs, the judged one unseen). Each variant's
 judged estimate (the noise draws' median, averaged over the live runs) is judged as the run's
 table judges (tolerance or live-vs-live spread) beside the run's own verdict. Prints one line
 per run and variant: metrics within tolerance or spread, the median absolute e2e/program P50
@@ -28,11 +30,30 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from validation.fidelity_judging import P50_METRICS  # noqa: E402
-from validation.speed_checks import at_traffic_speed, traffic_levels  # noqa: E402
+from validation.speed_checks import at_traffic_speed, medians_at, traffic_levels  # noqa: E402
 
 VARIANTS = {"nearest, relative": ("nearest", True), "nearest, absolute": ("nearest", False),
             "interpolated, relative": ("interpolated", True),
-            "interpolated, absolute": ("interpolated", False)}
+            "interpolated, absolute": ("interpolated", False),
+            "neighbours": ("neighbours", False)}
+
+
+def neighbour_factors(result: dict, levels: list[dict]) -> dict[tuple[str, int], float]:
+    """Per (workload, live run index), the mean decode level of the live runs just before and
+    just after it in time (other workloads' runs: the run judged unseen; at either end of the
+    run, the traffic state there, as a level over the calibration's own traffic)."""
+    own = next((s["decode"] for s in levels if s["pass"] == 0), 1.0)
+    runs = sorted((t, w["workload"], i, (w["step_speed"][i] or {}).get("decode"))
+                  for w in result["workloads"] for i, t in enumerate(w["live_started_s"]))
+    ends = [levels[0]["decode"] / own if levels else None,
+            levels[-1]["decode"] / own if len(levels) > 1 else None]
+    out = {}
+    for k, (_, name, i, _) in enumerate(runs):
+        before = runs[k - 1][3] if k > 0 else ends[0]
+        after = runs[k + 1][3] if k + 1 < len(runs) else ends[1]
+        near = [x for x in (before, after) if x is not None]
+        out[(name, i)] = float(np.mean(near)) if near else 1.0
+    return out
 
 
 def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dict]:
@@ -45,7 +66,12 @@ def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dic
         d = yaml.safe_load((run / name / "config.yaml").read_text())
         base = REPO / "examples" if w["kind"] == "programs" else run / name
         lives = sorted((run / name).glob("live[0-9]*"))
-        got = at_traffic_speed(d, lives, work / name, base, how, relative)
+        if how == "neighbours":
+            near = neighbour_factors(result, traffic_levels(run, result["calibration"]))
+            got = {"median": medians_at(d, [near[(name, i)] for i in range(len(lives))],
+                                        work / name, base)}
+        else:
+            got = at_traffic_speed(d, lives, work / name, base, how, relative)
         for m, v in w["metrics"].items():
             if got is None or m not in got["median"] or "band" not in v:
                 continue
@@ -67,13 +93,19 @@ def main() -> None:
     """Parse arguments, judge every run under every variant, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of: {', '.join(VARIANTS)}")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",")]
+    if set(chosen) - set(VARIANTS):
+        ap.error(f"--variants: {sorted(set(chosen) - set(VARIANTS))} unknown")
     out = []
     for run in args.runs:
         levels = traffic_levels(run, json.loads((run / "fidelity.json").read_text())
                                 ["calibration"])
-        for name, (how, relative) in VARIANTS.items():
+        for name in chosen:
+            how, relative = VARIANTS[name]
             with tempfile.TemporaryDirectory() as work:
                 rows = variant_metrics(run, Path(work), how, relative)
             out.append({"run": str(run), "variant": name, "rows": rows,
@@ -86,7 +118,12 @@ def main() -> None:
     for o in out:
         (ok, n, p50), (jok, _, jp50) = o["at"], o["judged"]
         print(f"{o['run']}  {o['variant']:24s} {ok}/{n} (as judged {jok}/{n})  P50 median "
-              f"abs {p50:.1%} (as judged {jp50:.1%})  levels {o['levels']}")
+              f"abs {pct(p50)} (as judged {pct(jp50)})  levels {o['levels']}")
+
+
+def pct(x: float | None) -> str:
+    """A share as a percent, or '-'."""
+    return "-" if x is None else f"{x:.1%}"
 
 
 if __name__ == "__main__":

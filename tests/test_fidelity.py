@@ -225,6 +225,7 @@ def test_speed_checks_level_each_live_run_to_the_traffic_nearest_it(quick):
                                                 <= max(v["tolerance"], v["spread"]))
     s = result["summary"]
     assert s["at_traffic_speed"] == sum(len(r["metrics"]) for r in result["workloads"]) - 1
+    assert s["traffic_levels"] == [round(c["decode"], 3) for c in checks]
     assert (f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
             in (out / "report.md").read_text())
 

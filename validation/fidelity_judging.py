@@ -86,6 +86,7 @@ def table_summary(result: dict) -> dict:
             "at_traffic_speed": sum("ok_at_traffic_speed" in m for m in ms),
             "ok_at_traffic_speed": sum(m.get("ok_at_traffic_speed", False) for m in ms),
             "p50_median_abs_at_traffic_speed": median_abs("error_at_traffic_speed"),
+            "traffic_levels": [round(c["decode"], 3) for c in result.get("speed_checks", [])],
             "decode_levels": [min(levels), max(levels)] if levels else None,
             "live_steal": [min(steal), max(steal)] if steal else None,
             "live_runs_stalled": [sum(stall_share(x) > TOLERANCE["e2e_s.p50"] for x in steal),

@@ -49,9 +49,12 @@ def traffic_text(s: dict) -> str:
     if not s.get("at_traffic_speed"):
         return ""
     p50 = s.get("p50_median_abs_at_traffic_speed")
+    levels = ", ".join(f"{x:.2f}x" for x in s.get("traffic_levels") or [])
     return (f" At the speed of the calibration traffic replayed nearest each live run: "
             f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
-            + (f", median absolute P50 error {p50:.1%}." if p50 is not None else "."))
+            + (f", median absolute P50 error {p50:.1%}" if p50 is not None else "")
+            + (f" (its decode steps at {levels} of the calibration's prediction, at "
+               "calibration and after each pass)" if levels else "") + ".")
 
 
 def burst_text(s: dict) -> str:

@@ -96,17 +96,23 @@ def at_traffic_speed(d: dict, lives: list, out_dir: Path, base_dir: Path,
     scaled, for each live run, to the traffic state nearest it (`live_factor`), averaged over
     the live runs as their values are; with the factors. None where the run has no speed
     check (the live runs' run directory: their parent's parent)."""
-    from validation.fidelity_judging import sampled_medians, scaled_config
-
     cal = d["cluster"]["replicas"][0]["calibration"]  # as the judging reads it
     levels = traffic_levels(Path(lives[0]).parent.parent, cal)
     if not levels:
         return None
     factors = [live_factor(levels, started_s(live), how, relative) for live in lives]
+    return {"factors": factors, "levels": levels,
+            "median": medians_at(d, factors, out_dir, base_dir)}
+
+
+def medians_at(d: dict, factors: list[float], out_dir: Path, base_dir: Path) -> dict:
+    """Each metric's noise-draw median with the step times scaled by each live run's factor in
+    turn, averaged over the live runs (as the judged live value is their mean)."""
+    from validation.fidelity_judging import sampled_medians, scaled_config
+
     meds = [sampled_medians(scaled_config(d, f, out_dir / f"sim_at_traffic{i + 1}", base_dir))
             for i, f in enumerate(factors)]
-    return {"factors": factors, "levels": levels,
-            "median": {m: float(np.mean([v[m] for v in meds])) for m in meds[0]}}
+    return {m: float(np.mean([v[m] for v in meds])) for m in meds[0]}
 
 
 def judge_at_traffic(metric: dict, sim: float) -> None:
