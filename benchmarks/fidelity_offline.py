@@ -33,6 +33,8 @@ from validation.fidelity import BAND_SEEDS, judge_requests  # noqa: E402
 from validation.fidelity_programs import judge_programs  # noqa: E402
 from validation.fidelity_judging import table_summary  # noqa: E402
 from validation.fidelity_report import report  # noqa: E402
+from validation.speed_checks import (NEIGHBOURS, judge_at_neighbours, medians_at,  # noqa: E402
+                                     traffic_levels)
 
 
 def recorded(run: Path) -> dict:
@@ -70,6 +72,18 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
         # what the live runs measured of the machine (when, the host's steal) stays theirs
         rows.append({**judge(name, d, out / name, lives),
                      **{k: w[k] for k in ("live_started_s", "live_steal") if k in w}})
+    if all("live_started_s" in r for r in rows):  # at the speed of each run's neighbours
+        configs = {w["workload"]: (yaml.safe_load((run / w["workload"] / "config.yaml")
+                                                  .read_text()), w["kind"])
+                   for w in old["workloads"]}
+
+        def medians(r: dict, factors: list[float]) -> dict:
+            d, kind = configs[r["workload"]]
+            d["cluster"]["replicas"][0]["calibration"] = str(calibration)
+            base = REPO / "examples" if kind == "programs" else out / r["workload"]
+            return medians_at(d, factors, out / r["workload"], base, NEIGHBOURS)
+
+        judge_at_neighbours(rows, traffic_levels(run, calibration), medians)
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     return {**old, "calibration": str(calibration), "workloads": rows,
             "band_coverage": {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -30,30 +30,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from validation.fidelity_judging import P50_METRICS  # noqa: E402
-from validation.speed_checks import at_traffic_speed, medians_at, traffic_levels  # noqa: E402
+from validation.speed_checks import (at_traffic_speed, medians_at,  # noqa: E402
+                                     neighbour_factors, traffic_levels)
 
-VARIANTS = {"nearest, relative": ("nearest", True), "nearest, absolute": ("nearest", False),
-            "interpolated, relative": ("interpolated", True),
-            "interpolated, absolute": ("interpolated", False),
+VARIANTS = {"nearest-relative": ("nearest", True), "nearest-absolute": ("nearest", False),
+            "interpolated-relative": ("interpolated", True),
+            "interpolated-absolute": ("interpolated", False),
             "neighbours": ("neighbours", False)}
-
-
-def neighbour_factors(result: dict, levels: list[dict]) -> dict[tuple[str, int], float]:
-    """Per (workload, live run index), the mean decode level of the live runs just before and
-    just after it in time (other workloads' runs: the run judged unseen; at either end of the
-    run, the traffic state there, as a level over the calibration's own traffic)."""
-    own = next((s["decode"] for s in levels if s["pass"] == 0), 1.0)
-    runs = sorted((t, w["workload"], i, (w["step_speed"][i] or {}).get("decode"))
-                  for w in result["workloads"] for i, t in enumerate(w["live_started_s"]))
-    ends = [levels[0]["decode"] / own if levels else None,
-            levels[-1]["decode"] / own if len(levels) > 1 else None]
-    out = {}
-    for k, (_, name, i, _) in enumerate(runs):
-        before = runs[k - 1][3] if k > 0 else ends[0]
-        after = runs[k + 1][3] if k + 1 < len(runs) else ends[1]
-        near = [x for x in (before, after) if x is not None]
-        out[(name, i)] = float(np.mean(near)) if near else 1.0
-    return out
 
 
 def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dict]:
@@ -67,7 +50,8 @@ def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dic
         base = REPO / "examples" if w["kind"] == "programs" else run / name
         lives = sorted((run / name).glob("live[0-9]*"))
         if how == "neighbours":
-            near = neighbour_factors(result, traffic_levels(run, result["calibration"]))
+            near = neighbour_factors(result["workloads"],
+                                     traffic_levels(run, result["calibration"]))
             got = {"median": medians_at(d, [near[(name, i)] for i in range(len(lives))],
                                         work / name, base)}
         else:

@@ -194,10 +194,12 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert result["band_coverage"]["of"] == 2 * 7 * 2 + 2 * 2
     band = json.loads((out / "poisson" / "sim" / "bands.json").read_text())["metrics"]
     assert band["e2e_s.p50"]["lo"] < band["e2e_s.p50"]["hi"]
-    # the judged estimate is the band's median; the mean-latency run's value is kept beside it
+    # the raw estimate is the band's median (the judged one the same draws at the neighbouring
+    # runs' speed); the mean-latency run's value is kept beside it
     poisson = result["workloads"][0]["metrics"]
     for m, v in poisson.items():
-        assert v["sim"] == band[m]["median"] and "sim_mean" in v and "error_mean" in v, m
+        assert v["sim_raw"] == band[m]["median"] and "sim_mean" in v and "error_mean" in v, m
+        assert v["ok_raw"] == (abs(v["error_raw"]) <= max(v["tolerance"], v["spread"]))
     sim = read_table(out / "poisson" / "sim", "requests").to_pandas()
     assert poisson["ttft_s.p50"]["sim_mean"] == pytest.approx(
         (sim.first_token_s - sim.arrival_s).median())
@@ -226,6 +228,19 @@ def test_speed_checks_level_each_live_run_to_the_traffic_nearest_it(quick):
     s = result["summary"]
     assert s["at_traffic_speed"] == sum(len(r["metrics"]) for r in result["workloads"]) - 1
     assert s["traffic_levels"] == [round(c["decode"], 3) for c in checks]
+    # judged at the speed of each live run's neighbours in time: every latency metric of every
+    # workload, the raw estimate beside
+    from validation.speed_checks import neighbour_factors
+
+    near = neighbour_factors(result["workloads"], checks)
+    for r in result["workloads"]:
+        assert r["neighbour_factors"] == [near[(r["workload"], i)] for i in range(2)]
+        for m, v in r["metrics"].items():
+            assert ("ok_raw" in v) == (m != "tokens_per_program")
+    assert s["ok_raw"] == sum(v.get("ok_raw", v["ok"]) for r in result["workloads"]
+                              for v in r["metrics"].values())
+    assert f"{s['ok_raw']} raw (at the calibration's speed alone)" in \
+        (out / "report.md").read_text()
     assert (f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
             in (out / "report.md").read_text())
 
@@ -244,6 +259,28 @@ def test_a_live_run_takes_the_level_of_the_traffic_nearest_it():
     assert live_factor([], 10.0) is None
     with pytest.raises(ValueError, match="nearest or interpolated"):
         live_factor(levels, 10.0, "mean")
+
+
+def test_a_live_run_takes_the_mean_level_of_the_runs_beside_it():
+    """`neighbour_factors`: the runs just before and after in time, whatever their workload;
+    the speed checks (over the calibration traffic's own level) at the suite's two ends."""
+    from validation.speed_checks import neighbour_factors
+
+    rows = [{"workload": "a", "live_started_s": [0.0, 30.0],
+             "step_speed": [{"decode": 1.0}, {"decode": 1.4}]},
+            {"workload": "b", "live_started_s": [10.0, 40.0],
+             "step_speed": [{"decode": 1.2}, {"decode": None}]}]
+    checks = [{"pass": 0, "decode": 0.8}, {"pass": 1, "decode": 1.0},
+              {"pass": 2, "decode": 1.2}]
+    near = neighbour_factors(rows, checks)
+    assert near[("a", 0)] == pytest.approx((1.0 + 1.2) / 2)  # the check at calibration, b
+    assert near[("b", 0)] == pytest.approx((1.0 + 1.4) / 2)  # a's two runs around it
+    assert near[("a", 1)] == pytest.approx(1.2)  # b's second run measured nothing
+    assert near[("b", 1)] == pytest.approx((1.4 + 1.5) / 2)  # the last check, 1.2 / 0.8
+    alone = neighbour_factors(rows, [])  # no speed check: the one neighbour at either end
+    assert alone[("a", 0)] == pytest.approx(1.2) and alone[("b", 1)] == pytest.approx(1.4)
+    # never the judged workload's own other run: one workload alone has no neighbour
+    assert neighbour_factors(rows[:1], []) == {("a", 0): 1.0, ("a", 1): 1.0}
 
 
 def test_quick_suite_agrees_where_the_machine_cannot_move_it(quick):

@@ -25,8 +25,9 @@ from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled
 from validation.fidelity_programs import program_workload
 from validation.fidelity_suite import SUITE, load_suite, request_config, step_grid
 from validation.replay import fresh_process
-from validation.speed_checks import TRAFFIC_PREFIX, at_traffic_speed, check_dir, judge_at_traffic
-from validation.speed_checks import traffic_levels
+from validation.speed_checks import (NEIGHBOURS, TRAFFIC_PREFIX, at_traffic_speed, check_dir,
+                                     judge_at_neighbours, judge_at_traffic, medians_at,
+                                     traffic_levels)
 
 __all__ = ["SUITE", "load_suite", "request_config", "run_fidelity"]
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
@@ -120,7 +121,8 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     return Planned(lives, lambda live: fresh_process(replay_config, parse_config(d, out / name),
                                                      live, device=device),
-                   lambda: judge_requests(name, d, out / name, lives))
+                   lambda: judge_requests(name, d, out / name, lives),
+                   lambda factors: medians_at(d, factors, out / name, out / name, NEIGHBOURS))
 
 
 def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
@@ -228,6 +230,9 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
             replay_traffic(check_dir(out, i + 1), suite, cal, quick, engine, device)
     rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives],
              "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
+    checks = traffic_levels(out, cal)
+    by_name = dict(zip([r["workload"] for r in rows], plans))
+    judge_at_neighbours(rows, checks, lambda r, factors: by_name[r["workload"]].medians(factors))
     result = {"quick": quick, "calibration": str(cal), "engine": engine,
               "device": calibration.provenance["device"], "skipped": skipped,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
@@ -236,7 +241,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
               "calibration_steal": {t.name.removeprefix(TRAFFIC_PREFIX):
                                     trace_stolen_share(t)
                                     for t in sorted(out.glob(TRAFFIC_PREFIX + "*"))},
-              "speed_checks": traffic_levels(out, cal),
+              "speed_checks": checks,
               "wall_s": round(time.perf_counter() - t0, 1)}
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -19,11 +19,14 @@ BAND_SEEDS = 20
 @dataclass(frozen=True)
 class Planned:
     """A suite workload set up to run: its live-run directories, one replay into a given one
-    (in a fresh process), and its judging once every live run is done (the table row)."""
+    (in a fresh process), its judging once every live run is done (the table row), and its
+    noise-draw medians with each live run's step times scaled by a factor
+    (`validation.speed_checks.medians_at`)."""
 
     lives: list[Path]
     replay: Callable[[Path], None]
     judge: Callable[[], dict]
+    medians: Callable[[list[float]], dict]
 
 
 def leveled_errors(metrics: dict, leveled: list) -> None:
@@ -46,9 +49,10 @@ P50_METRICS = ("e2e_s.p50", "program_latency_p50")
 
 
 def table_summary(result: dict) -> dict:
-    """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`), at
-    the live runs' decode speed and at probe speed; the median absolute e2e/program P50 error
-    of each; the live runs' decode speed levels and the host's stolen CPU share while they
+    """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`: at
+    the neighbouring live runs' speed, `validation.speed_checks.judge_at_neighbours`), raw (at
+    the calibration's speed alone), at the live runs' own decode speed and at probe speed; the
+    median absolute e2e/program P50 error of each; the live runs' decode speed levels and the host's stolen CPU share while they
     served (`engines.host_cpu`), and how many live runs it stalled by more than e2e's
     tolerance (`live_runs_stalled`: the host alone could have moved their latency errors); the
     live runs' steps in total over their median speed beside the calibration's (`live_tails`,
@@ -83,6 +87,8 @@ def table_summary(result: dict) -> dict:
             "p50_median_abs": median_abs("error"),
             "p50_median_abs_at_live_speed": median_abs("error_sampled_at_live_speed"),
             "p50_median_abs_at_probe_speed": median_abs("error_at_probe_speed"),
+            "ok_raw": sum(m.get("ok_raw", m["ok"]) for m in ms),
+            "p50_median_abs_raw": median_abs("error_raw"),
             "at_traffic_speed": sum("ok_at_traffic_speed" in m for m in ms),
             "ok_at_traffic_speed": sum(m.get("ok_at_traffic_speed", False) for m in ms),
             "p50_median_abs_at_traffic_speed": median_abs("error_at_traffic_speed"),

@@ -13,6 +13,7 @@ import yaml
 from validation.fidelity_judging import (LIVE_RUNS, Planned, leveled_errors, probe_levels,
                                          sampled_medians, scaled_config, simulate_with_band)
 from validation.replay import REPO, fresh_process, resolve_model
+from validation.speed_checks import NEIGHBOURS, medians_at
 
 PROGRAM_TOLERANCE = {"program_latency_p50": 0.05, "program_latency_p90": 0.05,
                      "tokens_per_program": 0.01}
@@ -93,7 +94,8 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     return Planned(lives, lambda live: fresh_process(
         replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
         **engine_args(cfg), config_json=cfg.to_json(), device=device),
-        lambda: judge_programs(name, d, out / name, lives))
+        lambda: judge_programs(name, d, out / name, lives),
+        lambda factors: medians_at(d, factors, out / name, REPO / "examples", NEIGHBOURS))
 
 
 def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:

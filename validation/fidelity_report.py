@@ -33,9 +33,12 @@ def summary_lines(s: dict | None) -> list[str]:
               f" ({stalled[0]} of {stalled[1]} live runs over {over:.1%}: stalls that alone"
               " could move their latencies beyond tolerance)." if steal else "")
     return [f"Within tolerance or the live-vs-live spread: {s['ok']} of {s['metrics']} metrics "
-            f"as judged, {s['ok_at_live_speed']} of {s['at_live_speed']} at the live runs' "
+            "as judged (at the decode speed of the live runs just before and after each), "
+            f"{s.get('ok_raw', s['ok'])} raw (at the calibration's speed alone), "
+            f"{s['ok_at_live_speed']} of {s['at_live_speed']} at the live runs' own "
             f"decode speed, {s['ok_at_probe_speed']} of {s['at_probe_speed']} at probe speed. "
             f"Median absolute e2e/program P50 error: {pct(s['p50_median_abs'])} as judged, "
+            f"{pct(s.get('p50_median_abs_raw'))} raw, "
             f"{pct(s['p50_median_abs_at_live_speed'])} at live decode speed, "
             f"{pct(s.get('p50_median_abs_at_probe_speed'))} at probe speed. Live decode steps "
             + (f"at {levels[0]:.2f}-{levels[1]:.2f}x of the calibration's." if levels else
@@ -50,7 +53,7 @@ def traffic_text(s: dict) -> str:
         return ""
     p50 = s.get("p50_median_abs_at_traffic_speed")
     levels = ", ".join(f"{x:.2f}x" for x in s.get("traffic_levels") or [])
-    return (f" At the speed of the calibration traffic replayed nearest each live run: "
+    return (" At the speed of the calibration traffic replayed nearest each live run: "
             f"{s['ok_at_traffic_speed']} of {s['at_traffic_speed']} within tolerance or spread"
             + (f", median absolute P50 error {p50:.1%}" if p50 is not None else "")
             + (f" (its decode steps at {levels} of the calibration's prediction, at "
@@ -80,7 +83,8 @@ def traffic_steal(result: dict) -> str:
 
 
 def metric_row(workload: str, m: str, v: dict) -> str:
-    """One metric's table row: as judged, at probe speed, at live decode speed, the band."""
+    """One metric's table row: as judged (raw beside), at probe speed, at live decode speed, the
+    band."""
     def pct(key: str) -> str:
         return f"{v[key]:+.1%}" if key in v else ""
 
@@ -88,8 +92,9 @@ def metric_row(workload: str, m: str, v: dict) -> str:
         return ("yes" if v[key] else "NO") if key in v else ""
     band = (f"{v['band'][0]:.4g}-{v['band'][1]:.4g} | {sum(v['in_band'])}/{len(v['in_band'])} |"
             if "band" in v else " | |")
+    raw = (f" (raw {v['error_raw']:+.1%}, {yes('ok_raw')})" if "error_raw" in v else "")
     return (f"| {workload} | {m} | {v['sim']:.4g} | {', '.join(f'{x:.4g}' for x in v['live'])} | "
-            f"{v['error']:+.1%} | {v['spread']:.1%} | {yes('ok')} | {pct('error_mean')} | "
+            f"{v['error']:+.1%}{raw} | {v['spread']:.1%} | {yes('ok')} | {pct('error_mean')} | "
             f"{pct('error_at_probe_speed')} | {yes('ok_at_probe_speed')} | "
             f"{pct('error_at_live_speed')} | {pct('error_sampled_at_live_speed')} | "
             f"{yes('ok_at_live_speed')} | " + band)

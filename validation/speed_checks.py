@@ -17,6 +17,8 @@ import numpy as np
 
 CHECKS_DIR = "speed_checks"
 TRAFFIC_PREFIX = "calibration_traffic_"
+NEIGHBOURS = "sim_at_neighbours"
+"""where a workload's simulations at its live runs' neighbours' speed go (numbered per run)"""
 
 
 def check_dir(out: Path, k: int) -> Path:
@@ -105,12 +107,14 @@ def at_traffic_speed(d: dict, lives: list, out_dir: Path, base_dir: Path,
             "median": medians_at(d, factors, out_dir, base_dir)}
 
 
-def medians_at(d: dict, factors: list[float], out_dir: Path, base_dir: Path) -> dict:
+def medians_at(d: dict, factors: list[float], out_dir: Path, base_dir: Path,
+               name: str = "sim_at_traffic") -> dict:
     """Each metric's noise-draw median with the step times scaled by each live run's factor in
-    turn, averaged over the live runs (as the judged live value is their mean)."""
+    turn (the scaled calibrations under out_dir/{name}N), averaged over the live runs (as the
+    judged live value is their mean)."""
     from validation.fidelity_judging import sampled_medians, scaled_config
 
-    meds = [sampled_medians(scaled_config(d, f, out_dir / f"sim_at_traffic{i + 1}", base_dir))
+    meds = [sampled_medians(scaled_config(d, f, out_dir / f"{name}{i + 1}", base_dir))
             for i, f in enumerate(factors)]
     return {m: float(np.mean([v[m] for v in meds])) for m in meds[0]}
 
@@ -123,3 +127,44 @@ def judge_at_traffic(metric: dict, sim: float) -> None:
     metric.update(sim_at_traffic_speed=float(sim), error_at_traffic_speed=err,
                   ok_at_traffic_speed=bool(abs(err) <= max(metric["tolerance"],
                                                           metric["spread"])))
+
+
+def neighbour_factors(rows: list[dict], levels: list[dict]) -> dict[tuple[str, int], float]:
+    """Per (workload, live run index) of a fidelity table's rows, the mean decode level of the
+    live runs just before and just after it in time (other workloads' runs, from their
+    `step_speed`: the run judged unseen); at either end of the suite, the speed check there
+    (`traffic_levels`, over the calibration traffic's own level) where the run has one, else
+    the one neighbour. The machine's speed of the moment, read from real serving seconds away."""
+    own = next((s["decode"] for s in levels if s["pass"] == 0), 1.0)
+    runs = sorted((t, w["workload"], i, (w["step_speed"][i] or {}).get("decode"))
+                  for w in rows for i, t in enumerate(w["live_started_s"]))
+    ends = [levels[0]["decode"] / own if levels else None,
+            levels[-1]["decode"] / own if len(levels) > 1 else None]
+    out = {}
+    for k, (_, name, i, _) in enumerate(runs):
+        # the nearest run of another workload on each side (never the judged workload's own)
+        before = next((r[3] for r in reversed(runs[:k]) if r[1] != name), ends[0])
+        after = next((r[3] for r in runs[k + 1:] if r[1] != name), ends[1])
+        near = [x for x in (before, after) if x is not None]
+        out[(name, i)] = float(np.mean(near)) if near else 1.0
+    return out
+
+
+def judge_at_neighbours(rows: list[dict], levels: list[dict], medians) -> None:
+    """Judge each row's latency metrics at its live runs' neighbours' speed: the estimate
+    becomes the noise draws' median with each live run's step times scaled to the decode
+    level of the runs beside it (`neighbour_factors`, kept in the row; `medians(row,
+    factors)`: `medians_at`); the estimate at the calibration's speed alone is kept as
+    `sim_raw`, `error_raw`, `ok_raw`."""
+    factors = neighbour_factors(rows, levels)
+    for r in rows:
+        r["neighbour_factors"] = [factors[(r["workload"], i)]
+                                  for i in range(len(r["live_started_s"]))]
+        med = medians(r, r["neighbour_factors"])
+        for m, v in r["metrics"].items():
+            if "band" not in v or m not in med:
+                continue
+            live = float(np.mean(v["live"]))
+            err = (med[m] - live) / live if live else float("nan")
+            v.update(sim_raw=v["sim"], error_raw=v["error"], ok_raw=v["ok"], sim=med[m],
+                     error=err, ok=bool(abs(err) <= max(v["tolerance"], v["spread"])))
