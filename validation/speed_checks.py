@@ -1,12 +1,13 @@
-"""The machine's speed between a fidelity run's live passes, read from its calibration traffic.
+"""The machine's speed around each live run of a fidelity suite, and the run judged at it.
 
-A shared machine's speed moves between calibrating and the live passes minutes later. With
-`reasonsim fidelity --speed-checks` the suite's calibration traffic is replayed again after each
-live pass (under RUN/speed_checks/passK/); its decode steps against the calibration give the
-machine's level at that time, the first traffic (the calibration's own) the level at
-calibration. Each live run is then simulated at the level of the traffic nearest it in time as
-well (`at traffic speed`, beside the raw estimate): the calibration state nearest each live
-run, measured on real serving steps rather than on a seconds-long probe.
+A shared machine's speed moves between calibrating and the live passes minutes later.
+`reasonsim fidelity` judges each live run at the decode speed of the live runs just before and after it (other workloads', seconds away;
+`neighbour_factors`, `judge_at_neighbours`), the estimate at the calibration's speed alone kept
+beside it as raw. With `--speed-checks` the suite's calibration traffic is also replayed after
+each live pass (under RUN/speed_checks/passK/): the machine's level then, against the
+calibration traffic's own, and each live run judged at the level of the check nearest it as
+well (`at traffic speed`, beside). Why the neighbours and not the checks:
+docs/measurements/2026-12-06-speed-checks.md.
 """
 
 from __future__ import annotations
