@@ -49,16 +49,16 @@ P50_METRICS = ("e2e_s.p50", "program_latency_p50")
 
 
 def table_summary(result: dict) -> dict:
-    """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`: at
-    the neighbouring live runs' speed, `validation.speed_checks.judge_at_neighbours`), raw (at
-    the calibration's speed alone), at the live runs' own decode speed and at probe speed; the
-    median absolute e2e/program P50 error of each; the live runs' decode speed levels and the host's stolen CPU share while they
-    served (`engines.host_cpu`), and how many live runs it stalled by more than e2e's
-    tolerance (`live_runs_stalled`: the host alone could have moved their latency errors); the
-    live runs' steps in total over their median speed beside the calibration's (`live_tails`,
-    `calibration_tail`) and how many exceeded it by `BURST_TOLERANCE` (`live_runs_in_bursts`:
-    they served through a burst of other work, `validation.bursts`); live values inside the
-    noise band."""
+    """A fidelity table in a few counts: metrics within tolerance or spread as judged (`ok`: at the
+    neighbouring live runs' speed, `validation.speed_checks.judge_at_neighbours`), raw (at the
+    calibration's speed alone), at the live runs' own decode speed and at probe speed; the median
+    absolute e2e/program P50 error of each; the live runs' decode speed levels and the host's
+    stolen CPU share while they served (`engines.host_cpu`), and how many live runs it stalled by
+    more than e2e's tolerance (`live_runs_stalled`: the host alone could have moved their latency
+    errors); the live runs' steps in total over their median speed beside the calibration's
+    (`live_tails`, `calibration_tail`) and how many exceeded it by `BURST_TOLERANCE`
+    (`live_runs_in_bursts`: they served through a burst of other work, `validation.bursts`); live
+    values inside the noise band."""
     from engines.host_cpu import stall_share
     from validation.bursts import BURST_TOLERANCE
     from validation.judge import TOLERANCE
