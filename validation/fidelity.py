@@ -6,9 +6,12 @@ as live traffic has them) and live replays of calibration traffic (varied length
 step shapes of real serving), a `serving` calibration of all, then for every workload of the suite
 (examples/fidelity/suite.yaml) a simulation and two live replays on the engine (vLLM, or the
 PyTorch engine's serving mode: `validation.fidelity_programs` retraces program workloads on it),
-one in each of two passes over the suite. Each metric is judged against the simulator's tolerance or, where the two
-live runs differ by more, against that live-vs-live spread (the noise floor of a shared machine
-over the minutes the calibration is used across), printed beside it.
+one in each of two passes over the suite. Each live run is simulated at the decode speed of the
+live runs beside it in time (`validation.speed_checks`: the machine's speed of the moment; the
+estimate at the calibration's speed alone kept beside as raw), and each metric is judged against
+the simulator's tolerance or, where the two live runs differ by more, against that live-vs-live
+spread (the noise floor of a shared machine over the minutes the calibration is used across),
+printed beside it.
 """
 
 from __future__ import annotations
@@ -187,6 +190,22 @@ def step_speed(speed: dict | None) -> dict:
             "tail": speed.get("step_tail"), "calibration_tail": speed.get("calibration_tail")}
 
 
+def run_passes(plans: list[Planned], t0: float, after_pass) -> dict[Path, float]:
+    """Every plan's live runs, pass by pass (`after_pass(i)` after pass i); when each started,
+    in seconds since `t0` (`time.perf_counter`)."""
+    # Pass by pass, not workload by workload: a workload's live runs lie a whole pass apart
+    # (minutes), as its simulation lies minutes from the calibration's traces. Back to back,
+    # two runs share the shared machine's speed of the moment, and their spread missed the
+    # drift every sim-vs-live comparison includes (0.93-1.13x within one suite).
+    started = {}
+    for i in range(LIVE_RUNS):
+        for p in plans:
+            started[p.lives[i]] = round(time.perf_counter() - t0, 1)
+            p.replay(p.lives[i])
+        after_pass(i)
+    return started
+
+
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                  progress: bool = True, engine: str = "vllm", device: str = "auto",
                  speed_checks: bool = False) -> dict:
@@ -217,17 +236,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     plans = [(program_workload if "program" in spec else request_workload)(
         name, spec, cal, out, quick, engine, device) for name, spec in chosen.items()
         if name not in skipped]
-    # Pass by pass, not workload by workload: a workload's live runs lie a whole pass apart
-    # (minutes), as its simulation lies minutes from the calibration's traces. Back to back,
-    # two runs share the shared machine's speed of the moment, and their spread missed the
-    # drift every sim-vs-live comparison includes (0.93-1.13x within one suite).
-    started = {}
-    for i in range(LIVE_RUNS):
-        for p in plans:
-            started[p.lives[i]] = round(time.perf_counter() - t0, 1)
-            p.replay(p.lives[i])
-        if speed_checks:
-            replay_traffic(check_dir(out, i + 1), suite, cal, quick, engine, device)
+    started = run_passes(plans, t0, lambda i: speed_checks and replay_traffic(
+        check_dir(out, i + 1), suite, cal, quick, engine, device))
     rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives],
              "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
     checks = traffic_levels(out, cal)
