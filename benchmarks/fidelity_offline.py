@@ -61,6 +61,7 @@ def recorded(run: Path) -> dict:
 def rejudge(run: Path, out: Path, calibration: Path) -> dict:
     """RUN's result with every simulation redone under `calibration` (written under out)."""
     old = recorded(run)
+    levels = traffic_levels(run, calibration)
     rows = []
     for w in old["workloads"]:
         name = w["workload"]
@@ -70,7 +71,7 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
         (out / name).mkdir(parents=True, exist_ok=True)
         judge = judge_programs if w["kind"] == "programs" else judge_requests
         # what the live runs measured of the machine (when, the host's steal) stays theirs
-        rows.append({**judge(name, d, out / name, lives),
+        rows.append({**judge(name, d, out / name, lives, levels),
                      **{k: w[k] for k in ("live_started_s", "live_steal") if k in w}})
     if all("live_started_s" in r for r in rows):  # at the speed of each run's neighbours
         configs = {w["workload"]: (yaml.safe_load((run / w["workload"] / "config.yaml")
@@ -83,7 +84,7 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
             base = REPO / "examples" if kind == "programs" else out / r["workload"]
             return medians_at(d, factors, out / r["workload"], base, NEIGHBOURS)
 
-        judge_at_neighbours(rows, traffic_levels(run, calibration), medians)
+        judge_at_neighbours(rows, levels, medians)
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     return {**old, "calibration": str(calibration), "workloads": rows,
             "band_coverage": {"inside": sum(inside), "of": len(inside), "band": "5-95%",

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from validation.fidelity_judging import P50_METRICS  # noqa: E402
+from validation.judge import error_within  # noqa: E402
 from validation.speed_checks import (at_traffic_speed, medians_at,  # noqa: E402
                                      neighbour_factors, traffic_levels)
 
@@ -39,10 +40,12 @@ VARIANTS = {"nearest-relative": ("nearest", True), "nearest-absolute": ("nearest
             "neighbours": ("neighbours", False)}
 
 
-def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dict]:
-    """Every judged metric of RUN at the variant's traffic speed: (workload, metric, error,
-    ok, error as judged, ok as judged)."""
+def variant_metrics(run: Path, levels: list[dict], work: Path, how: str,
+                    relative: bool) -> list[dict]:
+    """Every judged metric of RUN at the variant's traffic speed (`levels`: the run's
+    `traffic_levels`): (workload, metric, error, ok, error as judged, ok as judged)."""
     result = json.loads((run / "fidelity.json").read_text())
+    near = neighbour_factors(result["workloads"], levels) if how == "neighbours" else {}
     rows = []
     for w in result["workloads"]:
         name = w["workload"]
@@ -50,19 +53,15 @@ def variant_metrics(run: Path, work: Path, how: str, relative: bool) -> list[dic
         base = REPO / "examples" if w["kind"] == "programs" else run / name
         lives = sorted((run / name).glob("live[0-9]*"))
         if how == "neighbours":
-            near = neighbour_factors(result["workloads"],
-                                     traffic_levels(run, result["calibration"]))
             got = {"median": medians_at(d, [near[(name, i)] for i in range(len(lives))],
                                         work / name, base)}
         else:
-            got = at_traffic_speed(d, lives, work / name, base, how, relative)
+            got = at_traffic_speed(d, lives, levels, work / name, base, how, relative)
         for m, v in w["metrics"].items():
             if got is None or m not in got["median"] or "band" not in v:
                 continue
-            live = float(np.mean(v["live"]))
-            err = got["median"][m] / live - 1
-            rows.append({"workload": name, "metric": m, "error": err,
-                         "ok": abs(err) <= max(v["tolerance"], v["spread"]),
+            err, ok = error_within(v, got["median"][m])
+            rows.append({"workload": name, "metric": m, "error": err, "ok": ok,
                          "judged_error": v["error"], "judged_ok": v["ok"]})
     return rows
 
@@ -91,7 +90,7 @@ def main() -> None:
         for name in chosen:
             how, relative = VARIANTS[name]
             with tempfile.TemporaryDirectory() as work:
-                rows = variant_metrics(run, Path(work), how, relative)
+                rows = variant_metrics(run, levels, Path(work), how, relative)
             out.append({"run": str(run), "variant": name, "rows": rows,
                         "levels": [round(s["decode"], 3) for s in levels],
                         "at": summary(rows, "error", "ok"),

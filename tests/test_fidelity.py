@@ -245,44 +245,6 @@ def test_speed_checks_level_each_live_run_to_the_traffic_nearest_it(quick):
             in (out / "report.md").read_text())
 
 
-def test_a_live_run_takes_the_level_of_the_traffic_nearest_it():
-    from validation.speed_checks import live_factor
-
-    levels = [{"pass": 0, "at_s": 0.0, "decode": 0.9}, {"pass": 1, "at_s": 100.0, "decode": 1.2},
-              {"pass": 2, "at_s": 200.0, "decode": 1.5}]
-    assert live_factor(levels, 40.0) == 1.0  # the calibration's own state
-    assert live_factor(levels, 60.0) == pytest.approx(1.2 / 0.9)
-    assert live_factor(levels, 60.0, relative=False) == 1.2
-    assert live_factor(levels, 150.0, relative=False) == 1.2  # a tie: the earlier state
-    assert live_factor(levels, 150.0, "interpolated", relative=False) == pytest.approx(1.35)
-    assert live_factor(levels, 999.0, "interpolated", relative=False) == 1.5  # held at the end
-    assert live_factor([], 10.0) is None
-    with pytest.raises(ValueError, match="nearest or interpolated"):
-        live_factor(levels, 10.0, "mean")
-
-
-def test_a_live_run_takes_the_mean_level_of_the_runs_beside_it():
-    """`neighbour_factors`: the runs just before and after in time, whatever their workload;
-    the speed checks (over the calibration traffic's own level) at the suite's two ends."""
-    from validation.speed_checks import neighbour_factors
-
-    rows = [{"workload": "a", "live_started_s": [0.0, 30.0],
-             "step_speed": [{"decode": 1.0}, {"decode": 1.4}]},
-            {"workload": "b", "live_started_s": [10.0, 40.0],
-             "step_speed": [{"decode": 1.2}, {"decode": None}]}]
-    checks = [{"pass": 0, "decode": 0.8}, {"pass": 1, "decode": 1.0},
-              {"pass": 2, "decode": 1.2}]
-    near = neighbour_factors(rows, checks)
-    assert near[("a", 0)] == pytest.approx((1.0 + 1.2) / 2)  # the check at calibration, b
-    assert near[("b", 0)] == pytest.approx((1.0 + 1.4) / 2)  # a's two runs around it
-    assert near[("a", 1)] == pytest.approx(1.2)  # b's second run measured nothing
-    assert near[("b", 1)] == pytest.approx((1.4 + 1.5) / 2)  # the last check, 1.2 / 0.8
-    alone = neighbour_factors(rows, [])  # no speed check: the one neighbour at either end
-    assert alone[("a", 0)] == pytest.approx(1.2) and alone[("b", 1)] == pytest.approx(1.4)
-    # never the judged workload's own other run: one workload alone has no neighbour
-    assert neighbour_factors(rows[:1], []) == {("a", 0): 1.0, ("a", 1): 1.0}
-
-
 def test_quick_suite_agrees_where_the_machine_cannot_move_it(quick):
     # Timing errors move with whatever else the machine runs, at live speed too: a neighbour's
     # process took a quick suite's e2e P50 error from 10% to 71%, and a calibration traced
@@ -310,109 +272,6 @@ def test_prefixes_are_shared_live_and_simulated(quick):
     for run in ("sim", "live1", "live2"):
         reqs = read_table(out / "prefix_sharing" / run, "requests").to_pandas()
         assert (reqs.cached_prompt_tokens >= 128).sum() >= len(reqs) // 2, run
-
-
-@pytest.mark.parametrize("text, message", [
-    ("base: {shipped}\nworkloads: {{a: {{seed: 1}}}}", "workloads.a: needs exactly one of"),
-    ("base: {shipped}\nworkloads: {{w: {{workload: {{arrival: 5}}}}}}",
-     "workloads.w: workload.arrival: expected a mapping with kind"),
-    ("base: {shipped}\nworkloads: {{p: {{program: demo.yaml}}}}",
-     "workloads.p: program: demo.yaml is not a program config"),
-    ("grid: {{}}\nquick_grid: {{}}\nworkloads: {{a: {{seed: 1}}}}",
-     "grid: not a trace-steps grid"),
-    ("base: suite.yaml\nworkloads: {{a: {{seed: 1}}}}", "leads back to itself"),
-    # what the loop would otherwise meet after the grid's tracing (a minute in, in a child)
-    ("base: {shipped}\nmax_model_len: -5\nworkloads: {{w: {{workload: {small}}}}}",
-     "max_model_len: expected a positive integer, got -5"),
-    ("base: {shipped}\nmax_model_len: 4096\nworkloads: {{w: {{workload: {small}}}}}",
-     "max_model_len 4096 exceeds the model's max_position_embeddings 2048"),
-    ("base: {shipped}\nmax_model_len: 1000\nworkloads: {{w: {{workload: {small}}}}}",
-     "grid: max_model_len 1000 < the grid's longest request (1664 tokens)"),
-    ("base: {shipped}\nworkloads: {{w: {{replica: {{nonsense: 1}}, workload: {small}}}}}",
-     "workloads.w: replica: unknown key 'nonsense'"),
-    ("base: {shipped}\nworkloads: {{w: {{replica: {{count: 3}}, workload: {small}}}}}",
-     "workloads.w.replica.count: the loop serves one engine live"),
-    ("base: {shipped}\nworkloads: {{w: {{quick: true, quick_requests: 0, workload: {small}}}}}",
-     "workloads.w: workload.num_requests: Input should be greater than or equal to 1"),
-    ("base: {shipped}\nworkloads: {{w: {{quick_request: 3, workload: {small}}}}}",
-     "workloads.w: unknown key 'quick_request'"),
-    ("base: {shipped}\nworkloads: {{w: {{workload: {{arrival: {{kind: poisson, rate_per_s: 2}}, "
-     "num_requests: 4, prompt_tokens: 1800, output_tokens: 400}}}}}}",
-     "request 0 (prompt 1800 + output 400 tokens) exceeds the suite's max_model_len 2048"),
-    ("base: {shipped}\nworkloads: {{p: {{program: a1-async.yaml}}}}",
-     "workloads.p: program: a1-async.yaml is of the a1 family; the loop replays one-engine"),
-    ("base: {shipped}\nworkloads: {{p: {{program: dynasor-mcts-certaindex.yaml, "
-     "quick_count: 0}}}}", "workloads.p: workload.programs.count: Input should be greater"),
-    ("base: {shipped}\nmax_model_length: 4096\nworkloads: {{w: {{workload: {small}}}}}",
-     "unknown key 'max_model_length'"),
-])
-def test_a_bad_suite_is_refused_before_any_engine_starts(tmp_path, text, message):
-    suite = tmp_path / "suite.yaml"
-    small = ("{arrival: {kind: poisson, rate_per_s: 2}, num_requests: 4, prompt_tokens: 32, "
-             "output_tokens: 8}")
-    suite.write_text(text.format(shipped=REPO / "examples" / "fidelity" / "suite.yaml",
-                                 small=small) + "\n")
-    proc = run_cli("fidelity", "--suite", str(suite), "-o", str(tmp_path / "o"), check=False)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-
-
-def test_a_used_directory_or_a_suite_with_no_quick_workload_is_refused(tmp_path):
-    suite = tmp_path / "suite.yaml"
-    used = tmp_path / "used"
-    used.mkdir()
-    (used / "x").write_text("")
-    proc = run_cli("fidelity", "--quick", "-o", str(used), check=False)
-    assert proc.returncode == 2 and "not empty" in proc.stderr
-    # --quick over a suite none of whose workloads is quick would judge nothing, "ok"
-    suite.write_text(f"base: {REPO / 'examples' / 'fidelity' / 'suite.yaml'}\nworkloads: "
-                     "{w: {workload: {arrival: {kind: poisson, rate_per_s: 2}, num_requests: 4, "
-                     "prompt_tokens: 32, output_tokens: 8}}}\n")
-    proc = run_cli("fidelity", "--quick", "--suite", str(suite), "-o", str(tmp_path / "q"),
-                   check=False)
-    assert proc.returncode == 2 and "no workload marked quick: true" in proc.stderr
-
-
-def test_held_out_suites_take_the_base_suites_grids_and_vary_its_programs(tmp_path):
-    from validation.fidelity import SUITE, load_suite
-    from validation.fidelity_programs import program_config
-
-    base = load_suite(SUITE)
-    for name in ("heldout", "sealed"):
-        suite = load_suite(REPO / "examples" / "fidelity" / f"{name}.yaml")
-        for key in ("grid", "quick_grid", "sampling_grid", "calibration_traffic"):
-            assert suite[key] == base[key], (name, key)
-        assert not set(suite["workloads"]) & set(base["workloads"])   # workloads of its own
-    spec = load_suite(REPO / "examples" / "fidelity" / "sealed.yaml")["workloads"][
-        "sc_programs_slow"]
-    d = program_config(spec, tmp_path / "cal.json", quick=False)
-    assert d["workload"]["programs"]["rate_per_s"] == 1 and d["seed"] == 35
-    assert d["workload"]["programs"]["count"] == 12
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("base: nowhere.yaml\nworkloads: {a: {program: x.yaml}}\n")
-    proc = run_cli("fidelity", "--suite", str(bad), "-o", str(tmp_path / "o"), check=False)
-    assert proc.returncode == 2 and "is not a suite file beside it" in proc.stderr
-    for entry, why in (("{program: nothere.yaml}", "no example config nothere.yaml"),
-                       ("{program: dynasor-mcts-certaindex.yaml, programs: {rate: 2}}",
-                        "workloads.a: workload.programs: unknown key 'rate'")):
-        bad.write_text(f"base: {SUITE}\nworkloads: {{a: {entry}}}\n")
-        proc = run_cli("fidelity", "--suite", str(bad), "-o", str(tmp_path / "o"), check=False)
-        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
-
-
-def test_block_size_override_keeps_kv_tokens(tmp_path):
-    from sim.step_time.calibration import load_calibration
-    from sim.engine.cluster import build_replicas
-    from sim.config import parse_config
-
-    cal_path = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
-    cal = load_calibration(cal_path)
-    cfg = parse_config({"workload": {"arrival": {"kind": "poisson", "rate_per_s": 1},
-                                     "num_requests": 1, "prompt_tokens": 8, "output_tokens": 2},
-                        "cluster": {"replicas": [{"calibration": str(cal_path),
-                                                  "block_size": 32}]}})
-    _, rc = build_replicas(cfg)[0]
-    assert rc.block_size == 32
-    assert rc.kv_blocks * 32 == cal.kv_blocks_total * cal.block_size
 
 
 def test_a_run_is_judged_again_offline_against_a_calibration(quick, tmp_path):
@@ -546,38 +405,6 @@ def test_steal_levels_move_each_live_run_by_the_steal_its_trace_counted(quick):
             assert steal[key] == pytest.approx(moved)
             assert live[key] == speed["decode"]
             assert both[key] == pytest.approx(speed["decode"] * moved)
-
-
-def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):
-    """`benchmarks/level_variants.py`'s history variants: the run level's quantiles from the
-    decode levels earlier fidelity runs recorded, with (history) or without (history0) their
-    median; nothing else of the calibration changes."""
-    import numpy as np
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from level_variants import history_levels, variant
-
-    levels = [[0.8, 1.0], [1.2, None], [1.25, 1.1]]
-    runs = []
-    for k, pair in enumerate(levels):
-        runs.append(tmp_path / f"run{k}")
-        runs[-1].mkdir()
-        (runs[-1] / "fidelity.json").write_text(json.dumps({"workloads": [
-            {"workload": "w", "step_speed": [{"decode": v, "prefill": None} for v in pair]},
-            {"workload": "programs", "step_speed": []}]}))
-    history = history_levels(runs)
-    assert sorted(np.exp(history).round(6)) == [0.8, 1.0, 1.1, 1.2, 1.25]
-    cal = json.loads((REPO / "sim" / "data" / "testbed-large-cpu.calib.json").read_text())
-    q = np.array(variant(cal, "history", history)["step_time_model"]["run_log_quantiles"])
-    q0 = np.array(variant(cal, "history0", history)["step_time_model"]["run_log_quantiles"])
-    assert len(q) == 21 and math.log(0.8) <= q.min() < q.max() <= math.log(1.25)
-    assert np.median(q) == pytest.approx(math.log(1.1))
-    assert q0 == pytest.approx(q - math.log(1.1))
-    rest = {k: v for k, v in cal["step_time_model"].items() if k != "run_log_quantiles"}
-    got = variant(cal, "history", history)["step_time_model"]
-    assert {k: v for k, v in got.items() if k != "run_log_quantiles"} == rest
-    with pytest.raises(ValueError, match="--history"):
-        variant(cal, "history", np.array([]))
 
 
 def again_equal(a: dict, b: dict) -> bool:

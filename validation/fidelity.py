@@ -124,13 +124,15 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     lives = [out / name / f"live{i + 1}" for i in range(LIVE_RUNS)]
     return Planned(lives, lambda live: fresh_process(replay_config, parse_config(d, out / name),
                                                      live, device=device),
-                   lambda: judge_requests(name, d, out / name, lives),
+                   lambda levels: judge_requests(name, d, out / name, lives, levels),
                    lambda factors: medians_at(d, factors, out / name, out / name, NEIGHBOURS))
 
 
-def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
+def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path],
+                   levels: list[dict]) -> dict:
     """Simulate the request workload config `d` into out_dir and judge it against its live
-    runs (`rejudge` does it again for another calibration): the table row."""
+    runs, and at the speed checks' `levels` where there are any (`rejudge` does it again for
+    another calibration): the table row."""
     from sim.config import parse_config
     from sim.step_time.live_speed import probes_level
     from sim.simulate import simulate
@@ -155,7 +157,7 @@ def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
         at_probe, med = compare(out_dir / "sim_at_probe" / "sim", lives[0]), sampled_medians(cfg)
         for m in REQUEST_METRICS:
             judge_at_probe(metrics[m], med[m], at_probe[m]["sim"])
-    traffic = at_traffic_speed(d, lives, out_dir, out_dir)
+    traffic = at_traffic_speed(d, lives, levels, out_dir, out_dir)
     for m in REQUEST_METRICS if traffic else ():
         judge_at_traffic(metrics[m], traffic["median"][m])
     return {"workload": name, "kind": "requests", "metrics": metrics, "step_speed": speeds,
@@ -236,11 +238,14 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     plans = [(program_workload if "program" in spec else request_workload)(
         name, spec, cal, out, quick, engine, device) for name, spec in chosen.items()
         if name not in skipped]
-    started = run_passes(plans, t0, lambda i: speed_checks and replay_traffic(
-        check_dir(out, i + 1), suite, cal, quick, engine, device))
-    rows = [{**p.judge(), "live_started_s": [started[live] for live in p.lives],
-             "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
+    def after_pass(i: int) -> None:
+        if speed_checks:
+            replay_traffic(check_dir(out, i + 1), suite, cal, quick, engine, device)
+
+    started = run_passes(plans, t0, after_pass)
     checks = traffic_levels(out, cal)
+    rows = [{**p.judge(checks), "live_started_s": [started[live] for live in p.lives],
+             "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
     by_name = dict(zip([r["workload"] for r in rows], plans))
     judge_at_neighbours(rows, checks, lambda r, factors: by_name[r["workload"]].medians(factors))
     result = {"quick": quick, "calibration": str(cal), "engine": engine,

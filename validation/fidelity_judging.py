@@ -19,13 +19,14 @@ BAND_SEEDS = 20
 @dataclass(frozen=True)
 class Planned:
     """A suite workload set up to run: its live-run directories, one replay into a given one
-    (in a fresh process), its judging once every live run is done (the table row), and its
+    (in a fresh process), its judging once every live run is done (the table row; given the
+    run's `validation.speed_checks.traffic_levels`, empty without speed checks), and its
     noise-draw medians with each live run's step times scaled by a factor
     (`validation.speed_checks.medians_at`)."""
 
     lives: list[Path]
     replay: Callable[[Path], None]
-    judge: Callable[[], dict]
+    judge: Callable[[list[dict]], dict]
     medians: Callable[[list[float]], dict]
 
 

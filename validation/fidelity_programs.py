@@ -94,13 +94,15 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     return Planned(lives, lambda live: fresh_process(
         replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
         **engine_args(cfg), config_json=cfg.to_json(), device=device),
-        lambda: judge_programs(name, d, out / name, lives),
+        lambda levels: judge_programs(name, d, out / name, lives, levels),
         lambda factors: medians_at(d, factors, out / name, REPO / "examples", NEIGHBOURS))
 
 
-def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict:
+def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path],
+                   levels: list[dict]) -> dict:
     """Simulate the program workload config `d` (an example's, paths relative to examples/)
-    into out_dir and judge it against its live runs: the table row with decision agreement."""
+    into out_dir and judge it against its live runs, and at the speed checks' `levels` where
+    there are any: the table row with decision agreement."""
     from sim.config import parse_config
     from sim.step_time.calibration import load_calibration
     from sim.step_time.live_speed import probes_level
@@ -139,7 +141,7 @@ def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path]) -> dict
         med = sampled_medians(cfg)
         for m in ("program_latency_p50", "program_latency_p90"):
             judge_at_probe(metrics[m], med[m], lat[m[-3:]])
-    traffic = at_traffic_speed(d, lives, out_dir, base_dir)
+    traffic = at_traffic_speed(d, lives, levels, out_dir, base_dir)
     for m in ("program_latency_p50", "program_latency_p90") if traffic else ():
         judge_at_traffic(metrics[m], traffic["median"][m])
     metrics["tokens_per_program"] = judge(results[0]["sim"]["tokens_per_program"],

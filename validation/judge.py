@@ -45,11 +45,16 @@ def judge_at_probe(metric: dict, sim: float, sim_mean: float) -> None:
     probe (`sim.step_time.live_speed.probes_level`): `sim`, its estimate as the judged one is
     taken (the noise band's median), and whether that is within the tolerance or the spread;
     the mean-latency run's error beside it."""
-    rel = partial(_rel, mean=float(np.mean(metric["live"])))
-    metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=rel(sim),
-                  ok_at_probe_speed=bool(abs(rel(sim)) <= max(metric["tolerance"],
-                                                              metric["spread"])),
-                  error_mean_at_probe_speed=rel(sim_mean))
+    err, ok = error_within(metric, sim)
+    metric.update(sim_at_probe_speed=float(sim), error_at_probe_speed=err, ok_at_probe_speed=ok,
+                  error_mean_at_probe_speed=_rel(sim_mean, float(np.mean(metric["live"]))))
+
+
+def error_within(metric: dict, sim: float) -> tuple[float, bool]:
+    """An estimate's error against a `judge` result's live mean, and whether it is within the
+    metric's tolerance or (where larger) its live-vs-live spread."""
+    err = _rel(sim, float(np.mean(metric["live"])))
+    return err, bool(abs(err) <= max(metric["tolerance"], metric["spread"]))
 
 
 def _rel(x: float, mean: float) -> float:

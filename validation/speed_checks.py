@@ -93,14 +93,12 @@ def live_factor(levels: list[dict], at_s: float, how: str = "nearest",
     return level / own[0] if relative and own else level
 
 
-def at_traffic_speed(d: dict, lives: list, out_dir: Path, base_dir: Path,
+def at_traffic_speed(d: dict, lives: list, levels: list[dict], out_dir: Path, base_dir: Path,
                      how: str = "nearest", relative: bool = True) -> dict | None:
     """Each metric's judged estimate (the noise draws' median) with the simulation's step times
-    scaled, for each live run, to the traffic state nearest it (`live_factor`), averaged over
-    the live runs as their values are; with the factors. None where the run has no speed
-    check (the live runs' run directory: their parent's parent)."""
-    cal = d["cluster"]["replicas"][0]["calibration"]  # as the judging reads it
-    levels = traffic_levels(Path(lives[0]).parent.parent, cal)
+    scaled, for each live run, to the traffic state nearest it (`live_factor` over the run's
+    `traffic_levels`), averaged over the live runs as their values are; with the factors.
+    None where the run has no speed check."""
     if not levels:
         return None
     factors = [live_factor(levels, started_s(live), how, relative) for live in lives]
@@ -123,11 +121,11 @@ def medians_at(d: dict, factors: list[float], out_dir: Path, base_dir: Path,
 def judge_at_traffic(metric: dict, sim: float) -> None:
     """Add to a `validation.judge.judge` result the error of the estimate at traffic speed and
     whether it is within the tolerance or the live-vs-live spread."""
-    live = float(np.mean(metric["live"]))
-    err = (sim - live) / live if live else float("nan")
+    from validation.judge import error_within
+
+    err, ok = error_within(metric, sim)
     metric.update(sim_at_traffic_speed=float(sim), error_at_traffic_speed=err,
-                  ok_at_traffic_speed=bool(abs(err) <= max(metric["tolerance"],
-                                                          metric["spread"])))
+                  ok_at_traffic_speed=ok)
 
 
 def neighbour_factors(rows: list[dict], levels: list[dict]) -> dict[tuple[str, int], float]:
@@ -157,6 +155,8 @@ def judge_at_neighbours(rows: list[dict], levels: list[dict], medians) -> None:
     level of the runs beside it (`neighbour_factors`, kept in the row; `medians(row,
     factors)`: `medians_at`); the estimate at the calibration's speed alone is kept as
     `sim_raw`, `error_raw`, `ok_raw`."""
+    from validation.judge import error_within
+
     factors = neighbour_factors(rows, levels)
     for r in rows:
         r["neighbour_factors"] = [factors[(r["workload"], i)]
@@ -165,7 +165,6 @@ def judge_at_neighbours(rows: list[dict], levels: list[dict], medians) -> None:
         for m, v in r["metrics"].items():
             if "band" not in v or m not in med:
                 continue
-            live = float(np.mean(v["live"]))
-            err = (med[m] - live) / live if live else float("nan")
+            err, ok = error_within(v, med[m])
             v.update(sim_raw=v["sim"], error_raw=v["error"], ok_raw=v["ok"], sim=med[m],
-                     error=err, ok=bool(abs(err) <= max(v["tolerance"], v["spread"])))
+                     error=err, ok=ok)
