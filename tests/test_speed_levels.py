@@ -50,6 +50,10 @@ def test_a_live_run_takes_the_mean_level_of_the_runs_beside_it():
     assert alone[("a", 0)] == pytest.approx(1.2) and alone[("b", 1)] == pytest.approx(1.4)
     # never the judged workload's own other run: one workload alone has no neighbour
     assert neighbour_factors(rows[:1], []) == {("a", 0): 1.0, ("a", 1): 1.0}
+    # two runs a side: a's two runs before b's second, each side's mean weighing alike
+    two = neighbour_factors(rows, checks, per_side=2)
+    assert two[("b", 1)] == pytest.approx(((1.0 + 1.4) / 2 + 1.5) / 2)
+    assert two[("a", 0)] == near[("a", 0)]  # b's second run measured nothing
 
 
 def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):

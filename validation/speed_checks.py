@@ -128,12 +128,14 @@ def judge_at_traffic(metric: dict, sim: float) -> None:
                   ok_at_traffic_speed=ok)
 
 
-def neighbour_factors(rows: list[dict], levels: list[dict]) -> dict[tuple[str, int], float]:
+def neighbour_factors(rows: list[dict], levels: list[dict],
+                      per_side: int = 1) -> dict[tuple[str, int], float]:
     """Per (workload, live run index) of a fidelity table's rows, the mean decode level of the
     live runs just before and just after it in time (other workloads' runs, from their
-    `step_speed`: the run judged unseen); at either end of the suite, the speed check there
-    (`traffic_levels`, over the calibration traffic's own level) where the run has one, else
-    the one neighbour. The machine's speed of the moment, read from real serving seconds away."""
+    `step_speed`: the run judged unseen; `per_side` runs a side, each side's mean weighing
+    alike); at either end of the suite, the speed check there (`traffic_levels`, over the
+    calibration traffic's own level) where the run has one, else the other side alone. The
+    machine's speed of the moment, read from real serving seconds away."""
     own = next((s["decode"] for s in levels if s["pass"] == 0), 1.0)
     runs = sorted((t, w["workload"], i, (w["step_speed"][i] or {}).get("decode"))
                   for w in rows for i, t in enumerate(w["live_started_s"]))
@@ -141,10 +143,15 @@ def neighbour_factors(rows: list[dict], levels: list[dict]) -> dict[tuple[str, i
             levels[-1]["decode"] / own if len(levels) > 1 else None]
     out = {}
     for k, (_, name, i, _) in enumerate(runs):
-        # the nearest run of another workload on each side (never the judged workload's own)
-        before = next((r[3] for r in reversed(runs[:k]) if r[1] != name), ends[0])
-        after = next((r[3] for r in runs[k + 1:] if r[1] != name), ends[1])
-        near = [x for x in (before, after) if x is not None]
+        # the nearest runs of other workloads on each side (never the judged workload's own);
+        # one that measured no level leaves its place empty
+        sides = [[r[3] for r in reversed(runs[:k]) if r[1] != name][:per_side],
+                 [r[3] for r in runs[k + 1:] if r[1] != name][:per_side]]
+        near = []
+        for side, end in zip(sides, ends):
+            got = [x for x in side if x is not None] if side else [end] if end else []
+            if got:
+                near.append(float(np.mean(got)))
         out[(name, i)] = float(np.mean(near)) if near else 1.0
     return out
 
