@@ -172,3 +172,22 @@ def test_import_rules_catch_planted_violations(tmp_path):
     assert "sim.workloads.planted imports sim.families.seed.driver" in found
     assert "sim.families.seed.planted imports validation.judge" in found
     assert "validation.planted imports reasonsim.common" in found
+
+
+# ------------------------------------------------------------------ timed loops
+TIMED_LOOPS = {"tracers/replay.py": "_serve", "tracers/torch_replay.py": "_serve"}
+"""the live request replays' loops that run on the run's clock (after its t0)"""
+
+
+def test_the_live_replays_timed_loops_import_nothing():
+    """A module's first import inside a timed loop is time the run charges to its first
+    requests: `rich.progress` there (15-35 ms) held every replay's first step 18 ms past a
+    burst at t=0 (docs/measurements/2026-12-06-replay-start.md)."""
+    import ast
+
+    for path, name in TIMED_LOOPS.items():
+        tree = ast.parse((REPO / path).read_text())
+        loop = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+        imports = [ast.unparse(n) for n in ast.walk(loop)
+                   if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not imports, (path, name, imports)

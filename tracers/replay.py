@@ -37,6 +37,8 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     "testbed": prompts are windows of the testbed's questions instead of random token ids.
     `speed_probe`: the fixed decode probe runs just before and after the run (`speed_probe`
     table; not with speculation, whose steps a probe without it would not price)."""
+    from vllm import SamplingParams
+
     from engines.recorder import StepRecorder
     from engines.speed_probe import run_speed_probe
 
@@ -69,6 +71,9 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     _warm_up(engine, rng, vocab, [len(p) for p in prompts[:warmup_requests]])
     if speed_probe:  # the machine's speed level just before the run (`engines.speed_probe`)
         run_speed_probe(engine, writer, "before", max_num_seqs, seed)
+    # made before the run's clock starts: the timed loop only adds and steps
+    sampling = [SamplingParams(max_tokens=int(k), min_tokens=int(k), ignore_eos=True,
+                               temperature=0.0, detokenize=False) for k in output_tokens]
     rec = StepRecorder(engine, writer, t0=time.perf_counter(), host_cpu=True)
     spec = None
     if speculative:
@@ -76,7 +81,7 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
 
         spec = SpecRows(engine, writer, int(speculative["k"]), str(speculative["draft"]),
                         str(model), 0.0)
-    _serve(engine, rec, spec, prompts, arrival_s, output_tokens, progress)
+    _serve(engine, rec, spec, prompts, arrival_s, sampling, progress)
     rec.sample_host()
     if speed_probe:
         run_speed_probe(engine, writer, "after", max_num_seqs, seed)
@@ -85,10 +90,9 @@ def replay_live(model: str, out_dir: str | Path, arrival_s, prompt_tokens, outpu
     return {"requests": n, "wall_s": round(rec.now_s(), 2)}
 
 
-def _serve(engine, rec, spec, prompts: list, arrival_s, output_tokens, progress: bool) -> None:
-    """Add each request at its arrival time and step the engine until every one is done."""
-    from vllm import SamplingParams
-
+def _serve(engine, rec, spec, prompts: list, arrival_s, sampling: list, progress: bool) -> None:
+    """Add each request at its arrival time (with its `sampling` params) and step the engine
+    until every one is done."""
     n = len(arrival_s)
     i = 0
     with Progress(disable=not progress, transient=True) as bar:
@@ -96,10 +100,7 @@ def _serve(engine, rec, spec, prompts: list, arrival_s, output_tokens, progress:
         while i < n or engine.has_unfinished():
             now = rec.now_s()
             while i < n and arrival_s[i] <= now:
-                sp = SamplingParams(max_tokens=int(output_tokens[i]),
-                                    min_tokens=int(output_tokens[i]), ignore_eos=True,
-                                    temperature=0.0, detokenize=False)
-                rec.add(ids.request_id(i), prompts[i], sp, arrival_s=float(arrival_s[i]))
+                rec.add(ids.request_id(i), prompts[i], sampling[i], arrival_s=float(arrival_s[i]))
                 i += 1
             if engine.has_unfinished():
                 before, step_id = len(rec.finished), rec.step_id
