@@ -62,11 +62,12 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
     """RUN's result with every simulation redone under `calibration` (written under out)."""
     old = recorded(run)
     levels = traffic_levels(run, calibration)
-    rows = []
+    rows, configs = [], {}
     for w in old["workloads"]:
         name = w["workload"]
         d = yaml.safe_load((run / name / "config.yaml").read_text())
         d["cluster"]["replicas"][0]["calibration"] = str(calibration)
+        configs[name] = d, w["kind"]
         lives = sorted((run / name).glob("live[0-9]*"))
         (out / name).mkdir(parents=True, exist_ok=True)
         judge = judge_programs if w["kind"] == "programs" else judge_requests
@@ -74,13 +75,8 @@ def rejudge(run: Path, out: Path, calibration: Path) -> dict:
         rows.append({**judge(name, d, out / name, lives, levels),
                      **{k: w[k] for k in ("live_started_s", "live_steal") if k in w}})
     if all("live_started_s" in r for r in rows):  # at the speed of each run's neighbours
-        configs = {w["workload"]: (yaml.safe_load((run / w["workload"] / "config.yaml")
-                                                  .read_text()), w["kind"])
-                   for w in old["workloads"]}
-
         def medians(r: dict, factors: list[float]) -> dict:
             d, kind = configs[r["workload"]]
-            d["cluster"]["replicas"][0]["calibration"] = str(calibration)
             base = REPO / "examples" if kind == "programs" else out / r["workload"]
             return medians_at(d, factors, out / r["workload"], base, NEIGHBOURS)
 

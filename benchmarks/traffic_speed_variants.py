@@ -8,9 +8,11 @@ run's step times scaled to the traffic state nearest it or interpolated between 
 it, as a level over the calibration traffic's own (`relative`) or as the traffic's level
 against the calibration (`absolute`): `validation.speed_checks.live_factor`; or, needing no
 check, at the mean decode level of the live runs just before and after it (`neighbours`: other
-workloads' runs, the judged one unseen; `neighbours-2`, `-3`: the mean of the two or three
-nearest a side). Each variant's judged estimate (the noise draws' median, averaged over the live runs) is judged as the run's
-table judges (tolerance or live-vs-live spread) beside the run's own verdict. Prints one line
+workloads' runs, the judged one unseen; `neighbours-2`, `-3`: the two or three nearest a
+side; `neighbours-deshaped`: each neighbour's level over its workload's mean, times the suite's
+median level). Each variant's judged estimate (the noise draws' median, averaged over the live
+runs) is judged as the run's table judges (tolerance or live-vs-live spread) beside the run's
+own verdict. Prints one line
 per run and variant: metrics within tolerance or spread, the median absolute e2e/program P50
 error, and the traffic levels.
 """

@@ -149,7 +149,8 @@ def neighbour_factors(rows: list[dict], levels: list[dict],
                  [r[3] for r in runs[k + 1:] if r[1] != name][:per_side]]
         near = []
         for side, end in zip(sides, ends):
-            got = [x for x in side if x is not None] if side else [end] if end else []
+            got = [x for x in side if x is not None] if side else \
+                [end] if end is not None else []
             if got:
                 near.append(float(np.mean(got)))
         out[(name, i)] = float(np.mean(near)) if near else 1.0
