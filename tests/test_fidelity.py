@@ -351,6 +351,28 @@ def test_a_streak_of_runs_is_judged_against_the_fidelity_goal(quick, tmp_path):
     assert missing.returncode != 0 and "no fidelity.json" in missing.stderr
 
 
+def test_request_tails_name_the_live_tail_and_its_levels(quick):
+    """`benchmarks/request_tails.py` on a real run: a row per live run, its P90 the live run's
+    own, its tail the slowest requests, slowest first."""
+    from sim.metrics import summarize
+    from traces import read_table
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from request_tails import tails
+
+    out, _ = quick
+    for at_live in (False, True):
+        rows = tails(out, "poisson", "tpot_s", 3, 1.2, at_live)
+        assert [r["live"] for r in rows] == ["live1", "live2"]
+        for r in rows:
+            live = summarize(read_table(out / "poisson" / r["live"], "requests").to_pandas())
+            assert r["p90_live_ms"] == pytest.approx(1e3 * live["tpot_s"]["p90"])
+            assert len(r["tail"]) == 3 and r["requests"] == live["requests"]
+            assert [t["live_ms"] for t in r["tail"]] == sorted(
+                (t["live_ms"] for t in r["tail"]), reverse=True)
+            assert all(t["level"] > 0 for t in r["tail"])
+
+
 def test_reference_levels_come_from_the_live_runs_before_the_one_judged(quick):
     """`benchmarks/level_persistence.py` and `reference_level.py`: the live runs in the order
     they started, and each predictor's level for a live run taken only from runs before it."""

@@ -86,3 +86,21 @@ def test_history_variant_draws_the_run_level_from_earlier_live_runs(tmp_path):
     assert {k: v for k, v in got.items() if k != "run_log_quantiles"} == rest
     with pytest.raises(ValueError, match="--history"):
         variant(cal, "history", np.array([]))
+
+
+def test_a_request_span_level_is_the_median_of_the_steps_in_it_over_the_runs():
+    """`benchmarks/request_tails.py`: each request's level over its own span's steps."""
+    import numpy as np
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from request_tails import span_levels
+
+    steps = pd.DataFrame({"start_s": [0.3, 0.1, 0.2, 0.4, 0.5, 0.6]})
+    ratio = np.array([2.0, 1.0, 1.0, 2.0, 1.0, 1.0])  # the run's median: 1.0
+    requests = pd.DataFrame({"arrival_s": [0.0, 0.05, 0.0], "first_token_s": [0.15, 0.25, 0.7],
+                             "finish_s": [0.45, 0.6, 0.9]})
+    tpot = span_levels(requests, ratio, steps, "tpot_s")
+    assert tpot[0] == 2.0 and tpot[1] == 1.5  # steps at 0.2-0.4 / at 0.3-0.6
+    assert math.isnan(tpot[2])  # no step starts between its first token and its finish
+    assert list(span_levels(requests, ratio, steps, "ttft_s")[:2]) == [1.0, 1.0]
