@@ -104,6 +104,29 @@ def test_a_serving_calibration_scales_its_prefill_terms_apart(tmp_path):
         scaled_calibration(LINEAR, 1.2, tmp_path / "l.json", prefill_factor=1.8)
 
 
+def test_a_scaled_config_reads_and_writes_its_calibration_wherever_it_runs(tmp_path,
+                                                                           monkeypatch):
+    """A config's calibration is relative to its own directory and the output directory to
+    the working directory (`replay -o reports/...` beside a config elsewhere): the scaled
+    config reads the one and names the other so that either resolves."""
+    import shutil
+    from pathlib import Path
+
+    from validation.fidelity_judging import scaled_config
+
+    config_dir, work = tmp_path / "configs", tmp_path / "work"
+    config_dir.mkdir(), work.mkdir()
+    shutil.copy(SERVING, config_dir / "own.calib.json")
+    monkeypatch.chdir(work)
+    d = {"workload": {"arrival": {"kind": "poisson", "rate_per_s": 1}, "num_requests": 2,
+                      "prompt_tokens": 16, "output_tokens": 4},
+         "cluster": {"replicas": [{"calibration": "own.calib.json", "count": 1}]}}
+    cfg = scaled_config(d, 1.5, Path("out"), config_dir)
+    written = cfg.replicas[0].calibration
+    assert written.is_absolute() and written == (work / "out" / "calibration.json").resolve()
+    assert np.allclose(_model(written).coef_ms, 1.5 * np.array(_model(SERVING).coef_ms))
+
+
 def test_the_probe_is_leveled_against_the_calibrations_own_probe(tmp_path):
     # A grid's reference probe (`trace steps` runs it after its cells), then a live run whose
     # decodes ran 1.2x and prefills 1.5x of it: the levels say so whatever the model predicts.

@@ -143,7 +143,8 @@ def scaled_config(d: dict, factor: float, out_dir: Path, base_dir: Path,
     from sim.step_time.live_speed import scaled_calibration
 
     group = d["cluster"]["replicas"][0]
-    cal = scaled_calibration(group["calibration"], factor, out_dir / "calibration.json",
-                             prefill_factor)
+    # the config's paths are relative to base_dir (the scaled one comes back absolute)
+    cal = scaled_calibration(Path(base_dir) / group["calibration"], factor,
+                             out_dir / "calibration.json", prefill_factor)
     return parse_config({**d, "cluster": {**d["cluster"], "replicas": [
         {**group, "calibration": str(cal)}]}}, base_dir)

@@ -120,7 +120,8 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
                        prefill_factor: float | None = None) -> Path:
     """Write the calibration with its step times multiplied by `factor` to out_path; with
     `prefill_factor`, a serving model's prefill terms (`serving_features.PREFILL_FEATURES`) by
-    that instead."""
+    that instead. Returns out_path made absolute: a config that names it resolves its own
+    relative paths against its own directory, not the working directory out_path is under."""
     cal = json.loads(Path(calibration).read_text())
     model = cal["step_time_model"]
     keys = [k for k in _MS_KEYS if k in model]
@@ -143,7 +144,7 @@ def scaled_calibration(calibration: str | Path, factor: float, out_path: Path,
             cal["host"][k] *= factor
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(cal, indent=1) + "\n")
-    return out_path
+    return out_path.resolve()
 
 
 def probe_shape(probe: pd.DataFrame) -> pd.Series:
