@@ -6,7 +6,8 @@ write). Against calibration scores of draft steps, the conformal p-value is
 
     p = (#{calibration scores >= s} + 1) / (N + 1)
 
-and the step is accepted when p > alpha, else the target writes the step itself. Under
+(a calibration score a rounding below s counts as a tie, `SCORE_TIE_NATS`: one text's score
+is one score whichever machine or batch computed it) and the step is accepted when p > alpha, else the target writes the step itself. Under
 exchangeability P(p <= alpha) <= alpha (and ~alpha for continuous scores): alpha is the target's
 intervention (rejection) rate, which is what A1 holds. Marginal coverage pools one calibration
 set; conditional coverage calibrates per question (its own pre-sampled draft steps).
@@ -25,6 +26,13 @@ from functools import cached_property
 from typing import Mapping, NamedTuple
 
 COVERAGES = ("marginal", "conditional")
+SCORE_TIE_NATS = 2e-7
+SCORE_TIE_REL = 4e-6
+"""two scores closer than SCORE_TIE_NATS + SCORE_TIE_REL x the score are one. The same draft
+step scored by the target on another machine, or in another batch, moves by up to ~6e-8 nats
+near 0 and ~1e-6 relative above (its numerics); a conditional set holds the question's own
+pre-sampled draft steps, often the very text being decided, so an exact tie would otherwise
+break by the machine's rounding (`docs/measurements/2026-12-06-family-replays.md`)."""
 A1_KINDS = ("conformal", "threshold", "draft_only", "target_only")
 
 
@@ -41,8 +49,10 @@ class ConformalSet:
         object.__setattr__(self, "scores", tuple(sorted(self.scores)))
 
     def p_value(self, score: float) -> float:
-        """Conformal p-value of a score, with the +1 correction: (#{c >= s} + 1) / (N + 1)."""
-        at_least = len(self.scores) - bisect.bisect_left(self.scores, score)
+        """Conformal p-value of a score, with the +1 correction: (#{c >= s} + 1) / (N + 1), a
+        calibration score a rounding below s (`SCORE_TIE_NATS`) counted as a tie."""
+        tie = SCORE_TIE_NATS + SCORE_TIE_REL * abs(score)
+        at_least = len(self.scores) - bisect.bisect_left(self.scores, score - tie)
         return (at_least + 1) / (len(self.scores) + 1)
 
 

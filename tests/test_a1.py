@@ -30,6 +30,33 @@ def test_p_value_counts_scores_at_least_as_large_with_the_plus_one():
         ConformalSet((1.0, float("nan")))
 
 
+def test_a_score_a_rounding_away_from_a_calibration_score_ties_with_it():
+    """The same draft text scored on two machines differs by ~1e-6 nats: a tie either way."""
+    cal = ConformalSet((1.0, 1.6364444095242305, 1.6364444095242305, 2.0))
+    assert cal.p_value(1.6364445154880434) == cal.p_value(1.6364444095242305) == 4 / 5
+    assert cal.p_value(1.63646) == 2 / 5  # 1.6e-5 past them: not a tie
+    near_zero = ConformalSet((5.25e-5, 9.0))  # two confident steps' texts, 1.2e-6 apart
+    assert near_zero.p_value(5.37e-5) == 2 / 3
+
+
+def test_the_tie_tolerance_keeps_every_decision_the_shipped_trace_recorded():
+    """The shipped conformity tree was traced with exact ties: p-values recomputed now decide
+    every traced step as its recorded p-values did, for every traced alpha and coverage."""
+    from policies.a1 import calibration_sets
+    from traces.store import read_table
+
+    table = read_table(SHIPPED, "conformity").to_pandas()
+    cal = table[table.program_id.str.endswith("cal") & table.score.notna()]
+    marginal, by_q = calibration_sets(zip(cal.question_split, cal.question_id, cal.score))
+    ev = table[table.program_id.str.endswith("eva") & table.score.notna()]
+    alphas = json.loads(read_run(SHIPPED)["params_json"])["workload"]["alphas"]
+    for q, score, p_m, p_c in zip(ev.question_id, ev.score, ev.p_value_marginal,
+                                  ev.p_value_conditional):
+        now_m, now_c = marginal.p_value(score), by_q[q].p_value(score)
+        for alpha in alphas:
+            assert (now_m > alpha) == (p_m > alpha) and (now_c > alpha) == (p_c > alpha)
+
+
 def test_rejection_rate_holds_alpha_on_exchangeable_scores():
     """Over calibration draws, P(reject) = floor(alpha (N + 1)) / (N + 1) for continuous scores."""
     rng = random.Random(0)
