@@ -106,7 +106,7 @@ def priced(steps, profiles):
     price = pd.Series(np.nan, index=steps.index)
     for name, g in steps.groupby("model"):
         price[g.index] = profiles[name].step.steps_ms(g.prefill_tokens, g.decode_seqs,
-                                                      g.context_tokens, g.depth, g.prefill_seqs)
+                                                      g.attended_tokens, g.depth, g.prefill_seqs)
     return price
 
 
@@ -119,7 +119,7 @@ def step_ratios(live_steps, profiles, retrace: Path):
         frames.append(t[t.cell_id.str.startswith("depth")].assign(model=name, source="traced"))
     df = pd.concat(frames, ignore_index=True)[
         ["source", "model", "depth", "prefill_tokens", "prefill_seqs", "decode_seqs",
-         "context_tokens", "duration_ms"]]
+         "attended_tokens", "duration_ms"]]
     df["ratio"] = df.duration_ms / priced(df, profiles)
     df["kind"] = (df.prefill_seqs > 0).map({True: "prefill", False: "decode"})
     df["seqs"] = pd.cut(df.prefill_seqs.where(df.prefill_seqs > 0, df.decode_seqs),

@@ -29,7 +29,7 @@ from sim.families.helios.profile import fit_steps, traced_steps  # noqa: E402
 
 def priced(model, steps: pd.DataFrame) -> np.ndarray:
     """Each step's price under a layered model at its own depth."""
-    return model.steps_ms(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
+    return model.steps_ms(steps.prefill_tokens, steps.decode_seqs, steps.attended_tokens,
                           steps.depth, steps.prefill_seqs)
 
 

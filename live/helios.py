@@ -138,7 +138,8 @@ def _serve_round(eng: TorchEngine, served: tuple, prompts: list[list[int]], max_
         if steps is not None:
             steps.append({**(tag or {}), "step": r.steps, "prefill_tokens": res.prefill_tokens,
                           "prefill_seqs": res.prefill_seqs, "decode_seqs": res.decode_seqs,
-                          "context_tokens": res.context_tokens, "duration_ms": res.duration_ms})
+                          "context_tokens": res.context_tokens,
+                          "attended_tokens": res.attended_tokens, "duration_ms": res.duration_ms})
         r.layer_tokens += len(res.layer_ms) * (res.prefill_tokens + res.decode_seqs)
         for t in res.tokens:
             i = index[t.request_id]

@@ -92,7 +92,11 @@ the path, a node's creator caching the output that later prompts repeat; program
 question share both) instead of one group per program: on the live MCTS and Rebase runs of a
 held-out fidelity run, every request's cached prompt tokens now equal the live engine's (1,566
 of 1,566; 1,507 before). Cached prompt shares rose (mcts-certaindex 0.511 -> 0.649,
-sc-branches-certaindex 0.559 -> 0.635), accuracy and tokens unchanged.
+sc-branches-certaindex 0.559 -> 0.635), accuracy and tokens unchanged. The traced HELIOS goldens
+(helios-testbed, helios-cluster) were regenerated when a traced profile's step model began
+taking a decode step's tokens as its batch padded to the longest sequence, as the PyTorch
+engine attends (`sim.families.helios.attended`): TPOT P50 1-5% lower, throughput 0.3-2% higher,
+decisions and tokens unchanged; `helios-opt-whatif` (a what-if serving engine) unchanged.
 """
 
 from __future__ import annotations

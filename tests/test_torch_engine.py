@@ -91,8 +91,12 @@ def test_steps_report_prefill_decode_and_per_layer_time():
     assert first.prefill_tokens == sum(len(p) for p in _prompts(3)[:2])
     assert len(first.layer_ms) == 4 and all(x > 0 for x in first.layer_ms)
     assert sum(first.layer_ms) <= first.duration_ms
+    assert first.attended_tokens == first.prefill_tokens == first.context_tokens
     second = engine.step()
     assert (second.prefill_seqs, second.decode_seqs) == (0, 2)
+    # one mask for the batch: each of the two attends over the longer's span
+    lengths = [len(p) + 1 for p in _prompts(3)[:2]]
+    assert second.context_tokens == sum(lengths) and second.attended_tokens == 2 * max(lengths)
     with pytest.raises(ValueError, match="exceeds max_model_len 512"):
         engine.add("long", [5] * 500, 20)
     with pytest.raises(ValueError, match="loaded_layers 9: must be in 1..4"):

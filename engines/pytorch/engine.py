@@ -207,7 +207,11 @@ class TorchEngine(RequestQueue, TokenChoice, SlotAttention, PackedSteps, VerifyS
             admitted.append(seq)
         tokens: list[Token] = []
         # Computed tokens of the scheduled sequences after the step (vLLM's definition).
-        context = sum(s.length + 1 for s in decoding) + sum(len(s.prompt_ids) for s in admitted)
+        prompts = sum(len(s.prompt_ids) for s in admitted)
+        context = sum(s.length + 1 for s in decoding) + prompts
+        # one mask for the decode batch: each attends over the longest's span (`_forward`)
+        attended = len(decoding) * (max(s.length for s in decoding) + 1) + prompts \
+            if decoding else prompts
         for seq in admitted:
             ids = torch.tensor([seq.prompt_ids], device=self.device)
             pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
@@ -233,7 +237,8 @@ class TorchEngine(RequestQueue, TokenChoice, SlotAttention, PackedSteps, VerifyS
                           prefill_tokens=sum(len(s.prompt_ids) for s in admitted) + recomputed,
                           prefill_seqs=len(admitted), decode_seqs=len(decoding),
                           context_tokens=context, layer_ms=clock.read_ms(),
-                          tokens=tokens, finished=finished, recomputed_tokens=recomputed)
+                          tokens=tokens, finished=finished, recomputed_tokens=recomputed,
+                          attended_tokens=attended)
 
     def _forward(self, ids, pos, seqs: list[Seq], clock: LayerClock, prefill: bool,
                  all_positions: bool = False):

@@ -73,5 +73,8 @@ class StepResult:
     finished: list[str]
     recomputed_tokens: int = 0
     """pending tokens whose deeper KV a skipping decode step computed"""
+    attended_tokens: int = 0
+    """HELIOS mode: the tokens its attention ran over, the decode batch padded to its longest
+    sequence plus the prompts prefilled (`sim.families.helios.attended`); 0 in serving mode"""
     scheduled: dict[str, int] = field(default_factory=dict)
     """serving mode: request id -> tokens the step computed for it, in the scheduler's order"""

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from policies.helios import Candidate
+from sim.families.helios.attended import attended_tokens
 from sim.families.helios.exits import load_exits
 from sim.step_time.layered import LayeredModel, fit_layered
 from traces.store import read_run, read_table
@@ -55,6 +56,10 @@ class ModelProfile:
     step_gap_ms: float = 0.0
     """the serving loop's host time after each step, before the next (`fit_step_gap`); 0: none
     measured (a what-if profile)"""
+    padded_decode: bool = False
+    """a decode step attends over its batch padded to the longest sequence, as the PyTorch
+    engine's (`sim.families.helios.attended`, which its step model was fitted on); False: over
+    each sequence's own context (a what-if profile: a serving engine's paged attention)"""
 
     def agreeing(self, depth: int, prompt: int, exits: list[int]) -> int | None:
         """Of a prompt's tokens served at `depth` leaving at `exits` (1-based, per token), how
@@ -101,7 +106,7 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
                         kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
                         load_ms_per_layer=float(layers_df.load_ms.median()),
                         device=str(run["device"]), workload=params.get("workload", {}),
-                        ee_step=ee_step, tokens=tokens,
+                        ee_step=ee_step, tokens=tokens, padded_decode=True,
                         reference=[[t[-1] for t in toks] for toks in tokens[layers]],
                         step_gap_ms=fit_step_gap(steps))
 
@@ -121,14 +126,27 @@ def _model_dir(model_id: str, trace_dir: str | Path) -> str:
 
 def traced_steps(trace_dir: str | Path) -> pd.DataFrame:
     """A trace's measured steps (warm-up ones dropped) in run order, each with its depth (the
-    layers it ran: its layer_times rows) and the host time after it (`gap_ms`: to the next
-    step of its cell; none after a cell's last)."""
+    layers it ran: its layer_times rows), the host time after it (`gap_ms`: to the next
+    step of its cell; none after a cell's last) and the tokens it attended over
+    (`attended_tokens`: `sim.families.helios.attended`; its context where no request rows
+    name its engine, as the layer-skipping cells' single sequences)."""
     steps = read_table(trace_dir, "steps").to_pandas().sort_values(
         ["run_id", "replica_id", "step_id"], kind="stable")
     depth = read_table(trace_dir, "layer_times").to_pandas().groupby("step_id").layer.count()
     steps["depth"] = steps.step_id.map(depth)
     following = steps.groupby(["run_id", "replica_id", "cell_id"]).start_s.shift(-1)
     steps["gap_ms"] = (following - steps.start_s) * 1e3 - steps.duration_ms
+    steps["attended_tokens"] = steps.context_tokens.astype(float)
+    requests = read_table(trace_dir, "requests").to_pandas()
+    # a loaded depth's engine (cell depth<D>) names its requests d<D>-q<n> (`tracers.exits`)
+    engine = "depth" + requests.request_id.str.extract(r"^d(\d+)-", expand=False)
+    for (run, cell), s in steps.groupby(["run_id", "cell_id"], sort=False):
+        mine = requests[(requests.run_id == run) & (engine == cell)]
+        if len(mine):
+            try:
+                steps.loc[s.index, "attended_tokens"] = attended_tokens(s, mine)
+            except ValueError as e:
+                raise ValueError(f"{trace_dir}: cell {cell}: {e}") from None
     return steps[~steps.is_warmup & steps.depth.notna()]
 
 
@@ -136,7 +154,7 @@ def fit_steps(steps: pd.DataFrame, layers: int, cells: str = "depth") -> Layered
     """The per-layer step-time model from a trace's steps (`traced_steps`) of the cells named
     `cells<...>` (`depth`: at a loaded depth; `ee`: layer skipping)."""
     steps = steps[steps.cell_id.str.startswith(cells)]
-    return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.context_tokens,
+    return fit_layered(steps.prefill_tokens, steps.decode_seqs, steps.attended_tokens,
                        steps.depth, steps.duration_ms, layers, prefill_seqs=steps.prefill_seqs)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import simpy
 
 from programs.helios import HeliosProgram, Round
+from sim.families.helios.attended import round_attended
 from sim.families.helios.profile import ModelProfile
 from sim.step_time.latency import feature_matrix, run_ms
 from sim.step_time.layered import LayeredModel
@@ -95,7 +96,8 @@ class HeliosReplica:
             times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
                                 scale=p.step.residual_sampler()[0],
                                 per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),
-                                gap_ms=p.step_gap_ms, first_scale=median_scale(p.step))
+                                gap_ms=p.step_gap_ms, first_scale=median_scale(p.step),
+                                padded=p.padded_decode)
             # tokens each layer processed: the prompts, and every output but the last
             return toks, exits, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
         if len(rnd.prompts) != 1:
@@ -184,9 +186,11 @@ def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: 
 
 def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
                 scale: float = 1.0, per_seq_ms: float = 0.0, gap_ms: float = 0.0,
-                first_scale: float | None = None) -> dict:
+                first_scale: float | None = None, padded: bool = False) -> dict:
     """A round's timing: one prefill step for all prompts, then decode steps until each sequence
-    has its tokens (batch shrinking as they finish); closed form between finishes. `scale` is
+    has its tokens (batch shrinking as they finish; with `padded`, each attending over the
+    running batch padded to its longest sequence, `sim.families.helios.attended`); closed form
+    between finishes. `scale` is
     the mean multiplicative residual (the relative-error fit predicts below the mean), which
     the decode runs' sums take; `first_scale` the prefill step's own (a single step: the
     residual's median, `median_scale`; None: `scale`). The loop's host time (`gap_ms`) follows
@@ -200,13 +204,13 @@ def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
     # in units the `scale` multiplies: the first step enters at its own scale
     t_ms, done_steps, steps = first_s * 1e3 / scale, 1, 1
     running = list(order)
-    lengths = np.asarray(prompt_tokens, dtype=float)
     for idx in order:
         target = output_tokens[idx]
         k = target - done_steps  # decode steps until this sequence has its tokens
         if k > 0:
             n = len(running)
-            context0 = int(sum(lengths[j] for j in running)) + n * (done_steps - 1)
+            context0 = round_attended(prompt_tokens, running, done_steps - 1) if padded else \
+                sum(prompt_tokens[j] for j in running) + n * (done_steps - 1)
             a, b = model.decode_run(n, context0)
             t_ms += run_ms(a, b, k)
             done_steps += k
