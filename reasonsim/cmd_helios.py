@@ -332,7 +332,8 @@ def _add_replay_parser(hesub) -> None:
                     "live runs last long enough to average a shared machine's speed spells")
     hr.add_argument("--waves", type=ints_in_order,
                     help="with --retrace: prompts per arrival wave, cycled (`trace exits "
-                    "--waves`; default the trace's own): the prefill sizes the step-time fit "
-                    "sees, e.g. as large as the rounds the policies admit")
+                    "--waves`; default the trace's own where it recorded them, else `trace "
+                    "exits`' default, up to 32): the prefill sizes the step-time fit sees, as "
+                    "large as the rounds the policies admit")
     hr.add_argument("--json", action="store_true")
     hr.set_defaults(func=cmd_helios_replay)

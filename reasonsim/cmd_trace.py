@@ -355,7 +355,8 @@ def add_exits_parser(tsub) -> None:
     ex.add_argument("--max-num-seqs", type=int_at_least(1), default=32)
     ex.add_argument("--waves", type=ints_in_order, default=list(ExitsWorkload.waves),
                     help="prompts per arrival wave, cycled within each phase (e.g. 1,4,2,8); a "
-                    "wave waits for a free slot per prompt, so it is prefilled in one step")
+                    "wave waits for a free slot per prompt, so it is prefilled in one step. "
+                    "Default: 24,1,32,4,16,2,8,3,12 (as large as a HELIOS round)")
     ex.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     ex.add_argument("--ee-thresholds", type=lambda t: tuple(float(x) for x in t.split(",") if x),
                     default=(0.9,), help="thresholds of the layer-skipping passes (EE-full "

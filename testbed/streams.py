@@ -18,9 +18,12 @@ class ExitsWorkload:
     max_num_seqs: int = 32
     load_repeats: int = 5
     seed: int = 0
-    waves: tuple[int, ...] = (1, 4, 2, 8, 3, 12)
+    waves: tuple[int, ...] = (24, 1, 32, 4, 16, 2, 8, 3, 12)
     """prompts per arrival wave, cycled within each phase (`trace exits --waves`); each wave
-    is prefilled in one step, as a HELIOS round is"""
+    is prefilled in one step, as a HELIOS round is, and the largest as large as the rounds
+    `max_num_seqs` admits: fitted on waves of at most 12, a round's 24-32-prompt prefill was
+    priced 5% high at the live runs' own speed (`docs/measurements/2026-12-06-family-replays.md`;
+    the shipped traces, recorded before, prefill 1-12)"""
 
     def __post_init__(self):
         if not self.waves or any(w < 1 for w in self.waves):
