@@ -7,9 +7,10 @@ write). Against calibration scores of draft steps, the conformal p-value is
     p = (#{calibration scores >= s} + 1) / (N + 1)
 
 (a calibration score a rounding below s counts as a tie, `SCORE_TIE_NATS`: one text's score
-is one score whichever machine or batch computed it) and the step is accepted when p > alpha, else the target writes the step itself. Under
-exchangeability P(p <= alpha) <= alpha (and ~alpha for continuous scores): alpha is the target's
-intervention (rejection) rate, which is what A1 holds. Marginal coverage pools one calibration
+is one score whichever machine or batch computed it) and the step is accepted when p > alpha,
+else the target writes the step itself. Under exchangeability P(p <= alpha) <= alpha (and
+~alpha for continuous scores): alpha is the target's intervention (rejection) rate, which is
+what A1 holds. Marginal coverage pools one calibration
 set; conditional coverage calibrates per question (its own pre-sampled draft steps).
 
 Baselines, with the same interface: `Threshold` (SpecReason-style: a fixed score threshold, no
