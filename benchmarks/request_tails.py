@@ -61,9 +61,10 @@ def tails(run: Path, workload: str, metric: str, top: int, quiet_level: float,
     the requests the machine ran at most `quiet_level` slow for. With `at_live_speed`, each
     live run beside the simulation at its own step speed (`sim_at_live<i>`)."""
     rows = []
+    sim = None if at_live_speed else _by_request(run / workload / "sim")
     for live_dir in sorted((run / workload).glob("live[0-9]*")):
-        sim_dir = run / workload / (f"sim_at_{live_dir.name}/sim" if at_live_speed else "sim")
-        sim = _by_request(sim_dir)
+        if at_live_speed:
+            sim = _by_request(run / workload / f"sim_at_{live_dir.name}" / "sim")
         live = _by_request(live_dir)
         ratio, steps = step_ratios(run / "calibration.json", live_dir)
         level = pd.Series(span_levels(live, ratio, steps, metric), index=live.index)

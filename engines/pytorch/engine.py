@@ -234,7 +234,7 @@ class TorchEngine(RequestQueue, TokenChoice, SlotAttention, PackedSteps, VerifyS
         self._sync()
         dt = time.perf_counter() - t0
         return StepResult(start_s=t0 - self.t0, duration_ms=dt * 1e3,
-                          prefill_tokens=sum(len(s.prompt_ids) for s in admitted) + recomputed,
+                          prefill_tokens=prompts + recomputed,
                           prefill_seqs=len(admitted), decode_seqs=len(decoding),
                           context_tokens=context, layer_ms=clock.read_ms(),
                           tokens=tokens, finished=finished, recomputed_tokens=recomputed,
