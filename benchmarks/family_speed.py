@@ -29,7 +29,9 @@ sys.path.insert(0, str(REPO))
 from program_decisions import decisions_alone  # noqa: E402  (this directory)
 from sim.config import parse_config, read_yaml  # noqa: E402
 from sim.engine.cluster import build_replicas  # noqa: E402
+from sim.families.registry import sim_family  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
+from sim.workloads.programs import simulate_programs  # noqa: E402
 
 FAMILIES = {"cot": ("dynasor-cot-certaindex.yaml", 4000, 8),
             "sc": ("dynasor-certaindex.yaml", 4000, 8),
@@ -146,13 +148,15 @@ def doubled_outputs():
         harness.sim_family = found
 
 
-def timed(cfg, repeats: int, compiled: bool = True) -> tuple[float, object]:
-    """Median CPU seconds of `simulate(cfg)` over `repeats` runs, and the last run's result."""
+def timed(cfg, repeats: int, compiled: bool = True, templates: bool = True
+          ) -> tuple[float, object]:
+    """Median CPU seconds of simulating `cfg` over `repeats` runs, and the last run's result
+    (`templates=False`: every program driven request by request)."""
     cpu = []
     for _ in range(repeats):
         gc.collect()
         t0 = time.process_time()
-        res = simulate(cfg, compiled=compiled)
+        res = simulate_programs(cfg, compiled=compiled, templates=templates)
         cpu.append(time.process_time() - t0)
     return statistics.median(cpu), res
 
@@ -171,6 +175,8 @@ def family_row(example: str, n: int, replicas: int, repeats: int) -> dict:
            # the floor under any kernel: the same programs' Python side on instant replicas
            "decisions_alone_requests_per_cpu_s": statistics.median(
                decisions_alone(cfg)["requests_per_cpu_s"] for _ in range(repeats))}
+    if _templated(cfg):  # the same run with every program driven request by request
+        row["request_by_request_per_cpu_s"] = requests / timed(cfg, repeats, templates=False)[0]
     row.update(doubled(program_config(example, n, replicas, longer_limit=True), repeats))
     other = program_config(example, n, replicas, other_kind=True)
     other_cpu, res = timed(other, repeats)
@@ -179,6 +185,13 @@ def family_row(example: str, n: int, replicas: int, repeats: int) -> dict:
                          "simulator": s["simulator"],
                          "requests_per_cpu_s": s["requests"] / other_cpu}
     return row
+
+
+def _templated(cfg) -> bool:
+    """Whether the config's programs send from templates (`sim.workloads.program_templates`)."""
+    from programs.families import family_of
+
+    return sim_family(family_of(cfg.programs.method, cfg.programs.policy).name).templated
 
 
 def doubled(cfg, repeats: int) -> dict:
@@ -215,6 +228,8 @@ def table(fam: dict) -> str:
         f"{r['simulator']}): {r['requests_per_cpu_s']:>8.0f} req/cpu-s; under SimPy "
         f"{r['simpy_requests_per_cpu_s']:>8.0f}" + (f" ({r['why_simpy']})" if r['why_simpy']
                                                     else "")
+        + (f"; request by request {r['request_by_request_per_cpu_s']:>8.0f}"
+           if "request_by_request_per_cpu_s" in r else "")
         + f"; decisions alone {r['decisions_alone_requests_per_cpu_s']:>8.0f}; doubled outputs "
         f"({r['double_tokens_token_ratio']:.2f}x tokens, {r['double_steps_ratio']:.2f}x steps, "
         f"{r['double_events_ratio']:.2f}x events): cost {r['double_tokens_cost_ratio']:.2f}x"

@@ -2,8 +2,9 @@
 
     python benchmarks/program_decisions.py examples/a1-async-separate.yaml --count 300
 
-Runs the config's programs through the simulator's own driver (`ProgramDriver`), oracle and
-arrival process on replicas that finish every request the moment it is sent, in send order
+Runs the config's programs through the simulator's own driver (`ProgramDriver`, or
+`TemplateDriver` where the family's programs send from templates, as the simulator does), oracle
+and arrival process on replicas that finish every request the moment it is sent, in send order
 (`InstantCluster`): no steps, no queues, no kernel. What it costs per request is what the
 programs' decisions, the trace's outcomes and the driver's bookkeeping cost, so no faster
 replica (compiled or not) can make a run of the same programs go faster than this. The
@@ -32,6 +33,7 @@ from sim.engine.cluster import Cluster, build_replicas, gc_paused  # noqa: E402
 from sim.families.registry import sim_family  # noqa: E402
 from sim.kernels.programs import KernelEnv  # noqa: E402
 from sim.workloads.program_driver import ProgramDriver  # noqa: E402
+from sim.workloads.program_templates import TemplateDriver  # noqa: E402
 from sim.workloads.programs import arrivals, unbooker  # noqa: E402
 
 
@@ -88,7 +90,8 @@ def decisions_alone(cfg) -> dict:
     runs, _capacity, oracle = family.build_runs(wl, bank, plans)
     cluster = InstantCluster(cfg, build_replicas(cfg))
 
-    driver = ProgramDriver(cluster, oracle, make_scheduler(cfg.scheduler), unbooker(cluster))
+    driver = (TemplateDriver if family.templated else ProgramDriver)(
+        cluster, oracle, make_scheduler(cfg.scheduler), unbooker(cluster))
     cluster.on_done = driver.on_request_done
     gc.collect()
     t0 = time.process_time()

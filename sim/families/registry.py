@@ -36,6 +36,9 @@ class SimFamily:
     programs' paths need not stay)"""
     compiles: bool = False
     """the program kernel may run its replicas (`why_not_compiled_programs` decides the rest)"""
+    templated: bool = False
+    """every program of one question sends the same rounds of requests, none before its round
+    returned and none aborted: each question's decided once (`sim.workloads.program_templates`)"""
 
 
 FAMILIES = Registry("simulator parts (sim.families.registry)", BUILTIN)

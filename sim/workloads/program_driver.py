@@ -64,7 +64,7 @@ class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
     __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
-                 "groups", "contents", "traced", "open", "finish_s")
+                 "groups", "contents", "traced", "open", "finish_s", "template", "round")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -81,6 +81,8 @@ class SimProgram:
         #                                     closed)
         self.open = 0                       # its requests in flight
         self.finish_s = math.nan
+        self.template: Any = None           # the rounds it sends, and the next one's index
+        self.round = 0                      # (`sim.workloads.program_templates`)
 
 
 class TracedReasoning:

@@ -4,8 +4,9 @@ Programs (`programs/`) arrive as a Poisson process; each is pinned to one replic
 (its prefix cache lives there) and each request gets a priority from the inter-program scheduler
 (`policies.scheduling`). Programs are the objects the live runner drives (`programs/`); the
 driver (`sim.workloads.program_driver`) answers their requests from the trace: cot/sc on a probes
-trace, sc/mcts/rebase search on a branches trace. The cost grows with requests (one per chunk, probe
-or search step), not tokens.
+trace, sc/mcts/rebase search on a branches trace, whose programs of one question send the same
+rounds, decided once per question (`sim.workloads.program_templates`). The cost grows with
+requests (one per chunk, probe or search step), not tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sim.engine.cluster import Cluster, build_replicas, gc_paused
 from sim.kernels.plain import why_not_compiled_programs
 from sim.metrics import summarize
 from sim.workloads.program_driver import ProgramDriver
+from sim.workloads.program_templates import TemplateDriver
 from sim.program_metrics import program_summary
 from sim.engine.request_state import Req, Results
 from sim.engine.tables import SimResult, cached_share, finish_reasons, kv_usage, steps_table
@@ -38,16 +40,17 @@ INITIAL_ROWS = 1 << 20
 
 
 def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
-                      compiled: bool = True) -> SimResult:
+                      compiled: bool = True, templates: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult; its
     replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy)."""
     # the collector paused from the bank's load to the last table, as for the run: the trace's
     # nodes and the tables' columns are many acyclic objects that reference counting frees
     with gc_paused():
-        return _simulate_programs(cfg, fast_forward, lazy, compiled)
+        return _simulate_programs(cfg, fast_forward, lazy, compiled, templates)
 
 
-def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool) -> SimResult:
+def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
+                       templates: bool) -> SimResult:
     wl = cfg.programs
     family = sim_family(family_of(wl.method, wl.policy).name)
     bank = load_bank(wl)
@@ -69,7 +72,8 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool) -> S
 
         cluster = Cluster(cfg, min(capacity, INITIAL_ROWS), on_finish, fast_forward, lazy, specs)
 
-    driver = ProgramDriver(cluster, oracle, scheduler, unbooker(cluster))
+    driver = (TemplateDriver if family.templated and templates else ProgramDriver)(
+        cluster, oracle, scheduler, unbooker(cluster))
     if on_kernel:
         cluster.on_done = driver.on_request_done
 

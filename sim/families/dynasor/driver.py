@@ -54,4 +54,4 @@ def build_reasoning_runs(wl, bank: QuestionBank, plans
 register_sim_family(SimFamily("reasoning", build_reasoning_runs, releases_programs=True,
                               compiles=True))
 register_sim_family(SimFamily("search", build_search_runs, releases_programs=True,
-                              compiles=True))
+                              compiles=True, templated=True))

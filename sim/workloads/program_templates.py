@@ -1,0 +1,175 @@
+"""Search programs sent from templates: each question's rounds decided once, timed per program.
+
+A search program (`programs.search`: SC, MCTS or Rebase on a branches trace) is deterministic
+given its outcomes, and the simulator answers them from the trace (`TracedSearch`): every
+program of one question (one seed) sends the same requests. It sends them in rounds: a round
+goes out together once the previous round has all returned (an SC round, an MCTS rollout, a
+Rebase level), and it never aborts. `TemplateDriver` runs one program object per question
+through its rounds against the trace's outcomes (`record`), then sends every program of that
+question from the record: the program decides once, the replicas time each program's requests
+as they time any other. A program the record cannot hold (a request sent before its round
+returned, an abort) is driven as the plain driver drives it. The tables equal the plain
+driver's (`tests/test_program_templates.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from policies.scheduling import ProgramView
+from programs.base import RequestSpec
+from sim.engine.request_state import Sent
+from sim.workloads.program_driver import ProgramDriver, SimProgram
+
+_new = tuple.__new__
+
+
+class Template:
+    """A question's program as recorded: its rounds and its program object at the end."""
+
+    __slots__ = ("rounds", "program", "sends")
+
+    def __init__(self, rounds: list, program):
+        self.rounds = rounds
+        """per round: (its requests, the program's tokens and own estimate as it sent them);
+        a request is (spec, prompt, prefix, chain, output)"""
+        self.program = ProgramEnd(program)
+        """the recording program's accounting once done: every program of the question ends
+        as it did"""
+        self.sends: dict = {}
+        """(replica, round) -> the round's requests as that replica takes them (`_sends`)"""
+
+
+class ProgramEnd:
+    """A finished program's accounting as its `programs` row reads it (`program_row`), read
+    once: the rows of a question's programs share it."""
+
+    __slots__ = ("paths_used", "reasoning", "probe_tokens", "tokens", "stop_at", "answer",
+                 "done")
+
+    def __init__(self, program):
+        for name in self.__slots__:
+            setattr(self, name, getattr(program, name))
+
+
+def record(run: SimProgram, oracle, own_estimate: bool) -> Template | None:
+    """Run a copy of the program through its rounds, each request answered by the oracle as
+    if it ran to its traced end: the template, or None where the program is not round by round
+    (a request sent before its round returned, an abort, content not named as a chain)."""
+    program = copy.deepcopy(run.program)
+    sends, rounds = program.start(), []
+    while sends:
+        if any(type(s) is not RequestSpec or s.role != sends[0].role for s in sends):
+            return None
+        estimate = program.remaining_tokens() if own_estimate else None
+        requests = tuple((s,) + oracle.request(run, s) for s in sends)
+        if any(type(chain) is not tuple for _, _, _, chain, _ in requests):
+            return None
+        rounds.append((requests, program.tokens, estimate))
+        sends = []
+        for i, (spec, _prompt, _prefix, _chain, output) in enumerate(requests):
+            sends = program.on_done(spec, oracle.outcome(run, spec, output, False))
+            if sends and i < len(requests) - 1:
+                return None
+    return Template(rounds, program) if program.done else None
+
+
+class TemplateDriver(ProgramDriver):
+    """`ProgramDriver` for search programs: each question's rounds from its template."""
+
+    def __init__(self, cluster, oracle, scheduler, on_program_done=None):
+        super().__init__(cluster, oracle, scheduler, on_program_done)
+        self._templates: dict = {}  # (question id, seed) -> Template, or None: not templated
+
+    def start(self, run: SimProgram) -> None:
+        """A program arrives: send its first round (from its question's template)."""
+        if self._demote:  # the eviction hint reads each request's content: the plain driver
+            return super().start(run)
+        key = (run.question.question_id, run.program.seed)
+        tpl = self._templates.get(key, False)
+        if tpl is False:
+            tpl = self._templates[key] = record(run, self.oracle, self._own_estimate)
+        if tpl is None:
+            return super().start(run)
+        run.program, run.template = tpl.program, tpl  # the program's own object: not needed
+        if tpl.rounds:
+            self._send_round(run, tpl, 0)
+        else:
+            self._finish(run)
+
+    def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
+        """Replica callback: once a program's round has all returned, its next round."""
+        run = self._live[idx]
+        if type(run) is not SimProgram:  # (run, spec): a program the plain driver drives
+            return super().on_request_done(idx, generated, aborted)
+        if aborted:
+            raise RuntimeError(f"program {run.idx}: a templated search request was aborted")
+        self._live[idx] = None
+        run.open -= 1
+        if run.open:
+            return
+        if run.round < len(run.template.rounds):
+            self._send_round(run, run.template, run.round)
+        else:
+            self._finish(run)
+
+    def _finish(self, run: SimProgram) -> None:
+        """As `ProgramDriver._act` once the program is done and nothing is in flight."""
+        run.finish_s = self.env.now
+        self.finished_tokens.add(run.program.tokens)
+        if self.on_program_done is not None:
+            self.on_program_done(run)
+        self._closed(run)
+
+    def _send_round(self, run: SimProgram, tpl: Template, k: int) -> None:
+        """Send round k of the program's template, as `ProgramDriver._submit` sends each."""
+        requests, tokens, estimate = tpl.rounds[k]
+        run.round = k + 1
+        role = requests[0][0].role
+        rid = run.replicas.get(self._pools.get(role, ""))  # pinned at arrival, mostly
+        if rid is None:
+            prompt, output = requests[0][1], requests[0][4]
+            rid = self.pin(run, role, prompt, prompt + output)
+        sends = tpl.sends.get((rid, k))
+        if sends is None:
+            sends = tpl.sends[(rid, k)] = self._sends(run, rid, requests)
+        group = run.groups.get(0)  # content named as chains: one group per program
+        if group is None:
+            group = run.groups[0] = self._groups
+            self._groups += 1
+        priority = self.scheduler.priority(
+            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, tokens, estimate)),
+            self.finished_tokens)
+        owner, live, send, p = self.owner, self._live, self.cluster.send, run.idx
+        for index, path, code, chain, head, tail in sends:
+            idx = len(live)
+            owner.program.append(p)
+            owner.index.append(index)
+            owner.path.append(path)
+            owner.role.append(code)
+            live.append(run)
+            run.open += 1
+            send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
+
+    def _sends(self, run: SimProgram, rid: int, requests: tuple) -> list:
+        """A round's requests on replica rid: (index, path, role code, chain, Sent's fields
+        before the priority, after the group), the limit checked as `_submit` checks it."""
+        limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
+        out = []
+        for spec, prompt, prefix, chain, output in requests:
+            if limit is not None and prompt + output > limit:
+                raise ValueError(
+                    f"workload.programs: program {run.idx}'s {spec.kind} request (prompt "
+                    f"{prompt} + output {output} tokens) exceeds the model's max_model_len "
+                    f"{limit} (replica {rid}'s calibration); the engine would reject it")
+            code = self.owner.codes.get((spec.role, spec.table_role))
+            if code is None:
+                code = self.owner.code(spec)
+            s = spec.sampling
+            row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
+            scored = s.prompt_logprobs
+            out.append((spec.index, spec.path, code, chain, (prompt, output), (
+                prefix, prompt - scored if scored else 0,
+                s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
+                row_ms if s.top_logprobs or s.logprobs else 0.0)))
+        return out

@@ -1,0 +1,115 @@
+"""Search programs sent from their question's template (`sim.workloads.program_templates`)
+equal the same programs driven request by request, table for table.
+
+Every search example (SC, MCTS and Rebase on a branches trace) under every inter-program
+scheduler (the program's own estimate included), KV pressure, few sequence slots, several
+replicas, prefix caching on and off, both step-time model kinds, compiled and under SimPy; a
+program that is not round by round, and Dynasor's eviction hint, fall back to the plain driver.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import given, settings, strategies as st
+
+from conftest import REPO
+from programs.search import SearchProgram
+from programs.workload import draw_seed, load_bank, plan_programs
+from sim.families.dynasor.driver import build_search_runs
+from sim.config import parse_config, read_yaml
+from sim.workloads import program_templates
+from sim.workloads.program_templates import record
+from sim.workloads.programs import simulate_programs
+
+EXAMPLES = REPO / "examples"
+SEARCH = ["dynasor-mcts-certaindex.yaml", "dynasor-mcts-even.yaml",
+          "dynasor-rebase-certaindex.yaml", "dynasor-rebase-even.yaml",
+          "dynasor-sc-branches-certaindex.yaml"]
+
+
+def _config(example: str, count: int, rate_per_s: float, replicas: int = 1, seed: int = 0,
+            scheduler=None, **group):
+    d = read_yaml(EXAMPLES / example)
+    d["seed"] = seed
+    d["workload"]["programs"].update(count=count, rate_per_s=rate_per_s)
+    d["cluster"]["replicas"][0].update(count=replicas, **group)
+    if scheduler:
+        d["cluster"]["scheduler"] = scheduler
+    return parse_config(d, EXAMPLES)
+
+
+def _equal(a, b):
+    for name in ("requests", "programs", "steps"):
+        pd.testing.assert_frame_equal(getattr(a, name).to_pandas(), getattr(b, name).to_pandas(),
+                                      check_exact=True, obj=name)
+    for key in ("events", "iterations", "preemptions", "utilization", "makespan_s",
+                "programs_finished", "accuracy"):
+        assert a.summary.get(key) == b.summary.get(key), key
+
+
+@settings(max_examples=15, deadline=None)
+@given(example=st.sampled_from(SEARCH),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
+                                 {"type": "dynasor", "estimate": "program"}]),
+       kv=st.sampled_from([None, 24, 60]), seqs=st.sampled_from([None, 3]),
+       caching=st.booleans(), replicas=st.sampled_from([1, 3]),
+       rate=st.sampled_from([1.0, 8.0]), seed=st.integers(0, 3), compiled=st.booleans())
+def test_templated_search_programs_equal_the_plain_driver(example, scheduler, kv, seqs, caching,
+                                                          replicas, rate, seed, compiled):
+    group = {"enable_prefix_caching": caching}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    cfg = _config(example, 40, rate, replicas, seed, scheduler, **group)
+    _equal(simulate_programs(cfg, compiled=compiled),
+           simulate_programs(cfg, compiled=compiled, templates=False))
+
+
+def test_every_program_of_a_question_replays_one_record(monkeypatch):
+    """One template per question, recorded from a copy: the drawn programs' own objects are not
+    run, and each program's row reads its template's end."""
+    built = []
+    real = program_templates.record
+
+    def counting(run, oracle, own_estimate):
+        built.append(run.question.question_id)
+        return real(run, oracle, own_estimate)
+
+    monkeypatch.setattr(program_templates, "record", counting)
+    cfg = _config("dynasor-mcts-certaindex.yaml", 120, 4.0)
+    res = simulate_programs(cfg)
+    questions = res.programs.column("question_id").to_pylist()
+    assert len(built) == len(set(built)) == len(set(questions)) < len(questions)
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_a_program_that_is_not_round_by_round_is_not_templated():
+    """A search program whose next request leaves before its round returned (here: every
+    request's completion sends the next) has no template; the driver drives it as it is."""
+
+    class Eager(SearchProgram):
+        def on_done(self, gen, outcome):
+            nxt = super().on_done(gen, outcome)
+            return nxt or ([self._gen(0, False)] if self.pending and not self.done
+                           and self.requests < self.policy.cap else [])
+
+    wl = _config("dynasor-sc-branches-certaindex.yaml", 4, 4.0).programs
+    bank = load_bank(wl)
+    runs, _, oracle = build_search_runs(wl, bank, plan_programs(wl, bank, draw_seed(0, 1)))
+    run = runs[0]
+    assert isinstance(record(run, oracle, False), program_templates.Template)
+    p = run.program
+    run.program = Eager(p.key, p.method, p.policy, None, p.seed, p.settings)
+    assert record(run, oracle, False) is None
+
+
+def test_the_eviction_hint_keeps_the_plain_driver(monkeypatch):
+    """Dynasor's eviction hint reads each request's content as it is sent: templates step
+    aside (none is recorded), and the tables are the plain driver's."""
+    monkeypatch.setattr(program_templates, "record", None)  # a call would fail
+    d = read_yaml(EXAMPLES / "dynasor-mcts-certaindex.yaml")
+    d["workload"]["programs"].update(count=30, rate_per_s=4.0)
+    d["cluster"]["kv_eviction"] = "idle_programs_first"
+    d["cluster"]["replicas"][0].update(kv_blocks=24)
+    cfg = parse_config(d, EXAMPLES)
+    _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
