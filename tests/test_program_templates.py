@@ -9,6 +9,8 @@ program that is not round by round, and Dynasor's eviction hint, fall back to th
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
@@ -63,6 +65,25 @@ def test_templated_search_programs_equal_the_plain_driver(example, scheduler, kv
     cfg = _config(example, 40, rate, replicas, seed, scheduler, **group)
     _equal(simulate_programs(cfg, compiled=compiled),
            simulate_programs(cfg, compiled=compiled, templates=False))
+
+
+def test_replicas_of_other_request_costs_send_their_own_fields(tmp_path):
+    """Two replica groups whose calibrations price a request's log-probability rows apart: a
+    template's sends are kept per cost class, and each replica's requests carry its own."""
+    cal = json.loads((REPO / "sim" / "data" / "testbed-large-programs-cpu.calib.json").read_text())
+    cal["host"] = {"add_request_ms": 0.7, "logprob_token_ms": 0.02, "logprob_top_k_ms": 0.001,
+                   "logprob_step_ms": 0.3, "wake_ms": 2.5, "seeded_step_ms": 0.4,
+                   "seeded_seq_ms": 0.05, "add_next_ms": 0.2, "step_gap_ms": 0.03}
+    (tmp_path / "lp.calib.json").write_text(json.dumps(cal))
+    d = read_yaml(EXAMPLES / "dynasor-rebase-certaindex.yaml")
+    d["workload"]["programs"].update(count=120, rate_per_s=8.0)  # each question several times
+    first = d["cluster"]["replicas"][0]
+    d["cluster"]["replicas"] = [dict(first, count=2), dict(first, count=2, calibration=str(
+        tmp_path / "lp.calib.json"))]
+    cfg = parse_config(d, EXAMPLES)
+    res = simulate_programs(cfg)
+    assert res.requests.column("replica_id").to_pandas().nunique() == 4
+    _equal(res, simulate_programs(cfg, templates=False))
 
 
 def test_every_program_of_a_question_replays_one_record(monkeypatch):

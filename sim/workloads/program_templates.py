@@ -36,8 +36,9 @@ class Template:
         self.program = ProgramEnd(program)
         """the recording program's accounting once done: every program of the question ends
         as it did"""
-        self.sends: dict = {}
-        """(replica, round) -> the round's requests as that replica takes them (`_sends`)"""
+        self.sends: list = [{} for _ in rounds]
+        """per round: its requests as the replicas of one request-cost class take them
+        (`TemplateDriver._sends`), by class"""
 
 
 class ProgramEnd:
@@ -80,6 +81,10 @@ class TemplateDriver(ProgramDriver):
     def __init__(self, cluster, oracle, scheduler, on_program_done=None):
         super().__init__(cluster, oracle, scheduler, on_program_done)
         self._templates: dict = {}  # (question id, seed) -> Template, or None: not templated
+        # replicas whose request costs (`program_driver._costs`) are equal send alike: a class
+        # per distinct costs, so a template holds a round's sends once per class, not replica
+        classes: dict = {}
+        self._cost_class = [classes.setdefault(c, len(classes)) for c in self._costs]
 
     def start(self, run: SimProgram) -> None:
         """A program arrives: send its first round (from its question's template)."""
@@ -130,9 +135,10 @@ class TemplateDriver(ProgramDriver):
         if rid is None:
             prompt, output = requests[0][1], requests[0][4]
             rid = self.pin(run, role, prompt, prompt + output)
-        sends = tpl.sends.get((rid, k))
+        by_class, c = tpl.sends[k], self._cost_class[rid]
+        sends = by_class.get(c)
         if sends is None:
-            sends = tpl.sends[(rid, k)] = self._sends(run, rid, requests)
+            sends = by_class[c] = self._sends(run, rid, requests)
         group = run.groups.get(0)  # content named as chains: one group per program
         if group is None:
             group = run.groups[0] = self._groups
