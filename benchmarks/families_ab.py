@@ -28,9 +28,12 @@ from dataclasses import replace
 sys.path[:0] = [{root!r} + "/benchmarks", {root!r}]
 from family_speed import FAMILIES, program_config
 from program_decisions import decisions_alone
+import programs.workload as workload
 from programs.workload import load_bank
 from sim.simulate import simulate
 import sim.workloads.programs as harness
+# a whole run loads its trace, as a process's first does (a checkout that keeps banks forgets)
+forget = getattr(workload, "forget_banks", lambda: None)
 out, spent = {{}}, []
 if {parts!r}:  # each family's results tables timed inside the run
     found = harness.sim_family
@@ -54,6 +57,7 @@ for fam in {families!r}:
     cpu = []
     for _ in range({repeats}):
         gc.collect()
+        forget()
         t0 = time.process_time()
         res = simulate(cfg)
         cpu.append(time.process_time() - t0)
@@ -61,6 +65,7 @@ for fam in {families!r}:
     if {parts!r}:
         load = []
         for _ in range({repeats}):
+            forget()
             t0 = time.process_time()
             load_bank(cfg.programs)
             load.append(time.process_time() - t0)

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from program_decisions import decisions_alone  # noqa: E402  (this directory)
+from programs.workload import forget_banks  # noqa: E402
 from sim.config import parse_config, read_yaml  # noqa: E402
 from sim.engine.cluster import build_replicas  # noqa: E402
 from sim.families.registry import sim_family  # noqa: E402
@@ -155,6 +156,7 @@ def timed(cfg, repeats: int, compiled: bool = True, templates: bool = True
     cpu = []
     for _ in range(repeats):
         gc.collect()
+        forget_banks()  # a whole run: the trace's load included, as a process's first run
         t0 = time.process_time()
         res = simulate_programs(cfg, compiled=compiled, templates=templates)
         cpu.append(time.process_time() - t0)

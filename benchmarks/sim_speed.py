@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from family_speed import FAMILIES, families, program_config, table  # noqa: E402  (this directory)
+from programs.workload import forget_banks  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.workloads.requests import workload_from_config, workload_to_vidur_csv  # noqa: E402
@@ -102,6 +103,7 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
     half of the example's rate each: CPU seconds of one run, its simulated requests per
     CPU-second and the process's peak memory (`simpy`: and the same run under SimPy)."""
     cfg = program_config(PROGRAMS[method], n, replicas)
+    forget_banks()  # the trace's load timed, as a process's first run
     t0 = time.process_time()
     res = simulate(cfg)
     cpu = time.process_time() - t0

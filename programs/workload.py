@@ -7,6 +7,7 @@ same config and seed give the same programs in both.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -81,15 +82,47 @@ def program_workload(d: dict, base_dir: str | Path = ".") -> ProgramWorkload:
                            slo_scale=spec.deadline.slo_scale)
 
 
+BANKS_KEPT = 4
+"""banks a process keeps loaded (`load_bank`): the points of a sweep, a capacity search's probes
+and a fidelity suite's workloads read the same traces again and again"""
+_BANKS: OrderedDict = OrderedDict()
+
+
 def load_bank(wl: ProgramWorkload):
-    """The traced questions a workload draws from (its family's trace), policy checked."""
+    """The traced questions a workload draws from (its family's trace), policy checked; a
+    process loads a trace once per state of its files, method and policy (banks are read, never
+    written: every run of one shares it)."""
+    key = _bank_key(wl)
+    bank = _BANKS.get(key)
+    if bank is not None:
+        _BANKS.move_to_end(key)
+        return bank
     try:
         check_sealed(wl.trace)  # a changed byte is refused, not replayed
-        return family_of(wl.method, wl.policy).load_bank(wl)
+        bank = family_of(wl.method, wl.policy).load_bank(wl)
     except ValueError as e:  # what the policy cannot replay names its key; the rest is the trace's
         if str(e).startswith(("programs.policy", "workload.programs")):
             raise
         raise type(e)(f"workload.programs.trace: {e}") from None
+    _BANKS[key] = bank
+    if len(_BANKS) > BANKS_KEPT:
+        _BANKS.popitem(last=False)
+    return bank
+
+
+def _bank_key(wl: ProgramWorkload) -> tuple:
+    """What a loaded bank depends on: the trace's files as they are now (path, modification
+    time and size of each: a rewritten file loads again), the method and the policy."""
+    path = Path(wl.trace).resolve()
+    files = tuple(sorted((str(f), st.st_mtime_ns, st.st_size) for f in path.rglob("*")
+                         if f.is_file() for st in (f.stat(),)))
+    return (path, files, wl.method, repr(wl.policy))
+
+
+def forget_banks() -> None:
+    """Drop every kept bank: the next `load_bank` reads its trace again (benchmarks that time
+    a whole run, the load included)."""
+    _BANKS.clear()
 
 
 
