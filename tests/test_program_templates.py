@@ -14,7 +14,7 @@ import json
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
-from conftest import REPO
+from conftest import REPO, example_config
 from programs.search import SearchProgram
 from programs.workload import draw_seed, load_bank, plan_programs
 from sim.families.dynasor.driver import build_search_runs
@@ -31,12 +31,12 @@ SEARCH = ["dynasor-mcts-certaindex.yaml", "dynasor-mcts-even.yaml",
 
 def _config(example: str, count: int, rate_per_s: float, replicas: int = 1, seed: int = 0,
             scheduler=None, **group):
-    d = read_yaml(EXAMPLES / example)
-    d["seed"] = seed
-    d["workload"]["programs"].update(count=count, rate_per_s=rate_per_s)
+    """The example with `count` programs at `rate_per_s`, its first replica group changed (a
+    steps table written: the runs are compared step for step too)."""
+    d = example_config(example, count=count, rate_per_s=rate_per_s) | {"seed": seed,
+                                                                       "output": {}}
     d["cluster"]["replicas"][0].update(count=replicas, **group)
-    if scheduler:
-        d["cluster"]["scheduler"] = scheduler
+    d["cluster"]["scheduler"] = scheduler or d["cluster"]["scheduler"]
     return parse_config(d, EXAMPLES)
 
 
