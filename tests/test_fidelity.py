@@ -373,6 +373,26 @@ def test_request_tails_name_the_live_tail_and_its_levels(quick):
             assert all(t["level"] > 0 for t in r["tail"])
 
 
+def test_prefill_level_reads_the_traffic_and_every_live_run(quick):
+    """`benchmarks/prefill_level.py`: a ratio per calibration traffic and per live run of each
+    request workload, each the prefill steps' median ratio over the decode steps'."""
+    import numpy as np
+
+    from sim.step_time.live_speed import step_ratios
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from prefill_level import run_levels
+
+    out, _ = quick
+    levels = run_levels(out)
+    assert any(k.startswith("traffic:") for k in levels)
+    assert {k.split("/")[0] for k in levels if "/" in k} <= {"poisson", "prefix_sharing"}
+    ratio, steps = step_ratios(out / "calibration.json", out / "poisson" / "live1")
+    decode = steps.prefill_tokens.eq(0).to_numpy()
+    assert levels["poisson/live1"] == pytest.approx(
+        np.median(ratio[~decode]) / np.median(ratio[decode]))
+
+
 def test_reference_levels_come_from_the_live_runs_before_the_one_judged(quick):
     """`benchmarks/level_persistence.py` and `reference_level.py`: the live runs in the order
     they started, and each predictor's level for a live run taken only from runs before it."""
