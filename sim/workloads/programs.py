@@ -42,7 +42,9 @@ INITIAL_ROWS = 1 << 20
 def simulate_programs(cfg, fast_forward: bool = True, lazy: bool = True,
                       compiled: bool = True, templates: bool = True) -> SimResult:
     """Run a program workload (config `workload.programs`) and return a SimResult; its
-    replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy)."""
+    replicas compiled where `sim.kernels.programs` covers them (compiled=False: SimPy), a
+    templated family's programs sent from templates (templates=False: request by request, the
+    tables they equal)."""
     # the collector paused from the bank's load to the last table, as for the run: the trace's
     # nodes and the tables' columns are many acyclic objects that reference counting frees
     with gc_paused():
