@@ -314,10 +314,7 @@ class ProgramDriver:
             rid = self.pin(run, spec.role, prompt, prompt + output)
         limit, token_ms, top_k_ms, flag_ms = self._costs[rid]
         if limit is not None and prompt + output > limit:
-            raise ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request "
-                             f"(prompt {prompt} + output {output} tokens) exceeds the model's "
-                             f"max_model_len {limit} (replica {rid}'s calibration); the engine "
-                             "would reject it")
+            raise too_long(run, spec, prompt, output, limit, rid)
         group = run.groups.get(key)
         if group is None:
             group = run.groups[key] = self._groups
@@ -350,6 +347,14 @@ class ProgramDriver:
         self._live.append((run, spec))
         run.open += 1
         spec.sent = (rid, self.cluster.send(rid, sent, chain))
+
+
+def too_long(run: SimProgram, spec: RequestSpec, prompt: int, output: int, limit: int,
+             rid: int) -> ValueError:
+    """The error of a request longer than its replica's model takes."""
+    return ValueError(f"workload.programs: program {run.idx}'s {spec.kind} request (prompt "
+                      f"{prompt} + output {output} tokens) exceeds the model's max_model_len "
+                      f"{limit} (replica {rid}'s calibration); the engine would reject it")
 
 
 def _costs(cal) -> tuple:

@@ -19,7 +19,7 @@ import copy
 from policies.scheduling import ProgramView
 from programs.base import RequestSpec
 from sim.engine.request_state import Sent
-from sim.workloads.program_driver import ProgramDriver, SimProgram
+from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
 
 _new = tuple.__new__
 
@@ -45,8 +45,7 @@ class ProgramEnd:
     """A finished program's accounting as its `programs` row reads it (`program_row`), read
     once: the rows of a question's programs share it."""
 
-    __slots__ = ("paths_used", "reasoning", "probe_tokens", "tokens", "stop_at", "answer",
-                 "done")
+    __slots__ = ("paths_used", "reasoning", "probe_tokens", "tokens", "stop_at", "answer")
 
     def __init__(self, program):
         for name in self.__slots__:
@@ -164,14 +163,11 @@ class TemplateDriver(ProgramDriver):
         out = []
         for spec, prompt, prefix, chain, output in requests:
             if limit is not None and prompt + output > limit:
-                raise ValueError(
-                    f"workload.programs: program {run.idx}'s {spec.kind} request (prompt "
-                    f"{prompt} + output {output} tokens) exceeds the model's max_model_len "
-                    f"{limit} (replica {rid}'s calibration); the engine would reject it")
+                raise too_long(run, spec, prompt, output, limit, rid)
             code = self.owner.codes.get((spec.role, spec.table_role))
             if code is None:
                 code = self.owner.code(spec)
-            s = spec.sampling
+            s = spec.sampling  # Sent's fields as `_submit` makes them (the tests hold them equal)
             row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
             scored = s.prompt_logprobs
             out.append((spec.index, spec.path, code, chain, (prompt, output), (
