@@ -393,6 +393,33 @@ def test_prefill_level_reads_the_traffic_and_every_live_run(quick):
         np.median(ratio[~decode]) / np.median(ratio[decode]))
 
 
+def test_prefill_level_by_shape_splits_prefills_by_size_and_first_of_shape(quick):
+    """`prefill_level.py --by-shape`: per cell of prefill size and first-of-shape or not, the
+    cell's median ratio over the decode steps'; `--refit` fits the run's calibration again
+    (with the code that fitted it: the same cells, the same ratios)."""
+    import numpy as np
+
+    from sim.step_time.live_speed import step_ratios
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from prefill_level import by_shape, shape_cells
+
+    out, _ = quick
+    cells = shape_cells(out / "calibration.json", out / "poisson" / "live1")
+    assert cells and set(cells) <= {f"{lo}:{k}" for lo in (1, 64, 256, 1024)
+                                    for k in ("new", "old")}
+    ratio, steps = step_ratios(out / "calibration.json", out / "poisson" / "live1")
+    p, new = steps.prefill_tokens.to_numpy(), steps.new_shape.to_numpy() > 0
+    cell = (p >= 64) & (p < 256) & new
+    if cell.sum() >= 3:
+        assert cells["64:new"] == pytest.approx(np.median(ratio[cell]) / np.median(ratio[p == 0]))
+    got = by_shape([out], refit=False)
+    assert got["live"] and all(len(v) >= 1 for v in got["live"].values())
+    again = by_shape([out], refit=True)
+    assert again.keys() == got.keys() and all(
+        np.allclose(again[k][c], got[k][c]) for k in got for c in got[k])
+
+
 def test_reference_levels_come_from_the_live_runs_before_the_one_judged(quick):
     """`benchmarks/level_persistence.py` and `reference_level.py`: the live runs in the order
     they started, and each predictor's level for a live run taken only from runs before it."""
