@@ -10,11 +10,14 @@ from pathlib import Path
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
     from validation.fidelity import SUITE, run_fidelity
-    from validation.fidelity_report import probe_text, speed_text
+    from validation.fidelity_report import attempts_text, probe_text, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json, engine=args.engine,
-                          device=args.device, speed_checks=args.speed_checks)
+                          device=args.device, speed_checks=args.speed_checks,
+                          **{k: v for k, v in (("retraces", args.retraces),
+                                               ("noisy_p90", args.retrace_above))
+                             if v is not None})
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -61,6 +64,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
           f"{c['inside']} of {c['of']}")
     for name, why in result["skipped"].items():
         print(f"not run: {name} ({why})")
+    if attempts_text(result):
+        print(attempts_text(result))
     print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
     return 0
 
@@ -95,6 +100,13 @@ def add_fidelity_parser(sub) -> None:
                     help="replay the calibration traffic again after each live pass and judge "
                     "each live run at the speed of the traffic nearest it too (`at traffic "
                     "speed`; adds about a third to the run)")
+    # defaults: validation.fidelity_calibration's (not imported here: every command builds this)
+    fi.add_argument("--retraces", type=int, default=None,
+                    help="how many times a calibration traced on a noisy spell is traced again "
+                    "(default 2; the one of lowest held-out step P90 error is kept)")
+    fi.add_argument("--retrace-above", type=float, default=None, metavar="P90",
+                    help="the held-out step P90 error (a fraction) above which a calibration "
+                    "is noisy (default 0.2)")
     fi.add_argument("--json", action="store_true")
     fi.add_argument("-q", "--quiet", action="store_true")
     fi.set_defaults(func=cmd_fidelity)

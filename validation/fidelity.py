@@ -3,7 +3,8 @@ replay a suite live.
 
 The whole sim-vs-live loop in one command: a step grid traced here (with idle gaps before cells,
 as live traffic has them) and live replays of calibration traffic (varied lengths in waves: the
-step shapes of real serving), a `serving` calibration of all, then for every workload of the suite
+step shapes of real serving), a `serving` calibration of all (traced again where the machine
+was noisy meanwhile: `validation.fidelity_calibration`), then for every workload of the suite
 (examples/fidelity/suite.yaml) a simulation and two live replays on the engine (vLLM, or the
 PyTorch engine's serving mode: `validation.fidelity_programs` retraces program workloads on it),
 one in each of two passes over the suite. Each live run is simulated at the decode speed of the
@@ -22,11 +23,13 @@ from pathlib import Path
 
 import yaml
 
+from validation.fidelity_calibration import (NOISY_P90_APE, RETRACES, calibrate_quietly,
+                                             check_retraces, replay_traffic, unserved)
 from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
                                          probe_levels, sampled_medians, scaled_config,
                                          simulate_with_band, table_summary)
 from validation.fidelity_programs import program_workload
-from validation.fidelity_suite import SUITE, load_suite, request_config, step_grid
+from validation.fidelity_suite import SUITE, load_suite, request_config
 from validation.replay import fresh_process
 from validation.speed_checks import (NEIGHBOURS, TRAFFIC_PREFIX, at_traffic_speed, check_dir,
                                      judge_at_neighbours, judge_at_traffic, medians_at,
@@ -35,80 +38,6 @@ from validation.speed_checks import (NEIGHBOURS, TRAFFIC_PREFIX, at_traffic_spee
 __all__ = ["SUITE", "load_suite", "request_config", "run_fidelity"]
 REQUEST_METRICS = ("e2e_s.p50", "e2e_s.p90", "tpot_s.p50", "tpot_s.p90", "ttft_s.p50",
                    "ttft_s.p90", "throughput_tok_s")
-
-
-def trace_and_calibrate(out: Path, suite: dict, quick: bool, progress: bool,
-                        engine: str = "vllm", device: str = "auto") -> Path:
-    """Trace the grid on this machine's engine (vLLM, or the PyTorch engine's serving mode on
-    `device`), replay the suite's calibration traffic live (workloads of their own, never
-    evaluated), and fit a serving calibration on all; its path."""
-    from sim.step_time.calibration import calibrate
-
-    traces = trace_grids(out, suite, quick, progress, engine, device)
-    path = out / "calibration.json"
-    path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1) + "\n")
-    # Live steps: the shapes, waves, idle gaps (and prefix-cache hits) of real serving.
-    traces += replay_traffic(out, suite, path, quick, engine, device)
-    if len(traces) > 1:
-        path.write_text(json.dumps(calibrate(traces, model="serving").to_json(), indent=1)
-                        + "\n")
-    return path
-
-
-def replay_traffic(out: Path, suite: dict, cal: Path, quick: bool, engine: str,
-                   device: str) -> list[Path]:
-    """The suite's calibration traffic replayed live under out, each in a fresh process (the
-    config's engine limits from `cal`); their directories."""
-    from sim.config import parse_config
-
-    from validation.replay import replay_config
-
-    dirs = []
-    for name, traffic in (suite.get("calibration_traffic") or {}).items():
-        if (quick and not traffic.get("quick", True)) or unserved(traffic, engine):
-            continue
-        cfg = parse_config(request_config(traffic, cal, quick), out)
-        fresh_process(replay_config, cfg, out / f"{TRAFFIC_PREFIX}{name}", device=device)
-        dirs.append(out / f"{TRAFFIC_PREFIX}{name}")
-    return dirs
-
-
-def trace_grids(out: Path, suite: dict, quick: bool, progress: bool, engine: str,
-                device: str) -> list[Path]:
-    """The suite's step grids traced here, each in a fresh process; their directories."""
-    from tracers.step_profile import profile_steps
-    from tracers.torch_steps import profile_torch_steps
-
-    from validation.replay import DEFAULT_MODEL
-
-    grid = suite["quick_grid" if quick else "grid"]
-    limits = {"max_model_len": int(suite.get("max_model_len", 2048)),
-              "max_num_seqs": max(grid["batch_sizes"])}  # one engine for every grid
-    traces = []
-    # The sampling grid runs small cells greedy and seeded back to back: the seeded-sampling
-    # term the program workloads pay (`sim.step_time.sampling_cost`), in the same calibration.
-    # The PyTorch engine's grid is greedy: it has the first only.
-    grids = (("grid", grid),) if engine == "torch" else (
-        ("grid", grid), ("sampling_grid", suite.get("sampling_grid")))
-    for name, g in grids:
-        if not g:
-            continue
-        spec = step_grid(g)
-        if engine == "torch":
-            fresh_process(profile_torch_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
-                          serving=True, device=device, progress=progress)
-        else:
-            fresh_process(profile_steps, str(DEFAULT_MODEL), out / name, spec, **limits,
-                          progress=progress)
-        traces.append(out / name)
-    return traces
-
-
-def unserved(spec: dict, engine: str) -> str | None:
-    """Why a suite workload (or calibration traffic) cannot run on `engine`; None if it can."""
-    if engine == "torch" and (spec.get("replica") or {}).get("enable_prefix_caching"):
-        return "prefix caching: the PyTorch engine has none"
-    return None
 
 
 def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
@@ -210,11 +139,15 @@ def run_passes(plans: list[Planned], t0: float, after_pass) -> dict[Path, float]
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                  progress: bool = True, engine: str = "vllm", device: str = "auto",
-                 speed_checks: bool = False) -> dict:
+                 speed_checks: bool = False, retraces: int = RETRACES,
+                 noisy_p90: float = NOISY_P90_APE) -> dict:
     """The whole loop on vLLM or the PyTorch engine's serving mode (on `device`); writes
     DIR/fidelity.json and DIR/report.md and returns the result. With `speed_checks`, the
-    calibration traffic is replayed again after each live pass (`validation.speed_checks`)."""
+    calibration traffic is replayed again after each live pass (`validation.speed_checks`); a
+    calibration whose held-out step P90 error is above `noisy_p90` is traced again, up to
+    `retraces` times (`validation.fidelity_calibration`)."""
 
+    check_retraces(retraces, noisy_p90)
     suite = load_suite(suite_path)
     if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
         # nothing would be judged: "ok" over no workloads says nothing
@@ -225,7 +158,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         raise ValueError(f"{out}: not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    cal = trace_and_calibrate(out, suite, quick, progress, engine, device)
+    cal, attempts = calibrate_quietly(out, suite, quick, progress, engine, device, retraces,
+                                      noisy_p90)
     calibrated_s = round(time.perf_counter() - t0, 1)
     from engines.host_cpu import trace_stolen_share
     from sim.step_time.calibration import load_calibration
@@ -252,6 +186,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
               "device": calibration.provenance["device"], "skipped": skipped,
               "calibration_heldout": {k: v for k, v in calibration.heldout.items()
                                       if k in ("mape", "p90_ape", "rows")},
+              "calibration_attempts": attempts, "noisy_p90_ape": noisy_p90,
+              "calibration_noisy": calibration.heldout["p90_ape"] > noisy_p90,
               "workloads": rows, "calibrated_s": calibrated_s,
               "calibration_steal": {t.name.removeprefix(TRAFFIC_PREFIX):
                                     trace_stolen_share(t)

@@ -82,6 +82,24 @@ def traffic_steal(result: dict) -> str:
             + " of the CPU while its calibration traffic served.")
 
 
+def attempts_text(result: dict) -> str:
+    """A sentence on how often the calibration was traced (again after a noisy attempt), each
+    attempt's held-out step P90 error and the one kept; '' for a result without them."""
+    attempts, bound = result.get("calibration_attempts"), result.get("noisy_p90_ape")
+    if not attempts or bound is None:
+        return ""
+    p90s = ", ".join(f"{a['p90_ape']:.1%}" for a in attempts)
+    kept = next(a["attempt"] for a in attempts if a["kept"])
+    text = (f"Calibration traced once (held-out step P90 error {p90s}; noisy above {bound:.0%})."
+            if len(attempts) == 1 else
+            f"Calibration traced {len(attempts)} times (held-out step P90 error {p90s}; noisy "
+            f"above {bound:.0%}): attempt {kept} kept, the others under noisy_calibrations/.")
+    if result.get("calibration_noisy"):
+        text += (" The kept calibration is noisy too: every verdict below rests on step times "
+                 "traced through a spell of the shared machine.")
+    return text
+
+
 def metric_row(workload: str, m: str, v: dict) -> str:
     """One metric's table row: as judged (raw beside), at probe speed, at live decode speed, the
     band."""
@@ -132,13 +150,14 @@ def workload_rows(r: dict) -> list[str]:
 
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
-    engine = result.get("engine", "vllm")
+    engine, attempts = result.get("engine", "vllm"), attempts_text(result)
     lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
              f"suite, {'vLLM' if engine == 'vllm' else 'the PyTorch engine'})", "",
              *[f"Not run: {name} ({why})." for name, why in result.get("skipped", {}).items()],
              f"Calibration `{result['calibration']}`: held-out step MAPE "
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}." + traffic_steal(result), "",
+             *([attempts, ""] if attempts else []),
              *summary_lines(result.get("summary")),
              "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
              "mean-latency run | at probe speed | ok at probe speed | at live decode speed | "
