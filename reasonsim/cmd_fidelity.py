@@ -103,7 +103,8 @@ def add_fidelity_parser(sub) -> None:
     # defaults: validation.fidelity_calibration's (not imported here: every command builds this)
     fi.add_argument("--retraces", type=int, default=None,
                     help="how many times a calibration traced on a noisy spell is traced again "
-                    "(default 2; the one of lowest held-out step P90 error is kept)")
+                    "(default 2; 0 with --quick; the one of lowest held-out step P90 error is "
+                    "kept)")
     fi.add_argument("--retrace-above", type=float, default=None, metavar="P90",
                     help="the held-out step P90 error (a fraction) above which a calibration "
                     "is noisy (default 0.2)")

@@ -219,6 +219,7 @@ def test_a_noisy_calibration_is_traced_again_and_the_quieter_attempt_kept(quick)
     assert result["calibration_heldout"]["p90_ape"] == kept[0]["p90_ape"]
     assert attempts[0]["started_at"] < attempts[1]["started_at"]
     other = out / "noisy_calibrations" / str(3 - kept[0]["attempt"])
+    assert [p.name for p in (out / "noisy_calibrations").iterdir()] == [other.name]
     for root in (out, other):  # each attempt whole where it lies, its traces beside it
         names = sorted(p.name for p in calibration_parts(root))
         assert names == ["calibration.json", "calibration_traffic_mixed", "grid",

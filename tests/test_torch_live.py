@@ -220,6 +220,9 @@ def test_fidelity_runs_the_whole_loop_on_the_torch_engine(tmp_path):
                    "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["engine"] == "torch"
+    # --quick traces its calibration once by default, noisy or not (the report says which)
+    assert len(result["calibration_attempts"]) == 1 and result["calibration_noisy"] == (
+        result["calibration_heldout"]["p90_ape"] > result["noisy_p90_ape"])
     assert result["skipped"] == {"prefix_sharing": "prefix caching: the PyTorch engine has none"}
     assert [r["workload"] for r in result["workloads"]] == ["poisson", "cot_probes"]
     cal = json.loads(Path(result["calibration"]).read_text())["provenance"]

@@ -139,14 +139,15 @@ def run_passes(plans: list[Planned], t0: float, after_pass) -> dict[Path, float]
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                  progress: bool = True, engine: str = "vllm", device: str = "auto",
-                 speed_checks: bool = False, retraces: int = RETRACES,
+                 speed_checks: bool = False, retraces: int | None = None,
                  noisy_p90: float = NOISY_P90_APE) -> dict:
     """The whole loop on vLLM or the PyTorch engine's serving mode (on `device`); writes
     DIR/fidelity.json and DIR/report.md and returns the result. With `speed_checks`, the
     calibration traffic is replayed again after each live pass (`validation.speed_checks`); a
     calibration whose held-out step P90 error is above `noisy_p90` is traced again, up to
-    `retraces` times (`validation.fidelity_calibration`)."""
-
+    `retraces` times (`validation.fidelity_calibration`; None: RETRACES, or none with `quick`,
+    whose smaller grid the bound was not chosen on: its report still says when it is noisy)."""
+    retraces = (0 if quick else RETRACES) if retraces is None else retraces
     check_retraces(retraces, noisy_p90)
     suite = load_suite(suite_path)
     if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):

@@ -51,6 +51,7 @@ def calibrate_quietly(out: Path, suite: dict, quick: bool, progress: bool, engin
     if best is not attempts[-1]:
         move_calibration(out, out / NOISY_DIR / str(attempts[-1]["attempt"]))
         move_calibration(out / NOISY_DIR / str(best["attempt"]), out)
+        (out / NOISY_DIR / str(best["attempt"])).rmdir()
     for a in attempts:
         a["kept"] = a is best
     return out / "calibration.json", attempts
