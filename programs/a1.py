@@ -180,6 +180,14 @@ class A1Program:
         """Started, and nothing in flight or held."""
         return self._started and not self._flight and not self._held
 
+    @property
+    def sends_on_own_outcome(self) -> bool:
+        """What the program sends when a request returns follows from that request's node and
+        outcome alone, whatever returned before (asynchronous paths, no target cap): the
+        simulator may send every program of a question from one record
+        (`sim.workloads.request_templates`)."""
+        return not self.settings.sync and not self.settings.target_cap
+
     def on_done(self, spec: RequestSpec, outcome: Outcome) -> list:
         """Advance the node the request belonged to; the requests to send next."""
         if spec.role == "target" and self.settings.target_cap:
@@ -355,19 +363,32 @@ class A1Program:
 def conformity_columns(programs: list[tuple[A1Program, str, str, dict]]) -> dict[str, list]:
     """The `conformity` table of many programs' nodes as columns, as their `node_rows` give it
     row by row (each entry: program, program id, gold answer, question columns; the simulator's
-    table, read from the programs' columns rather than through a dictionary per row)."""
+    table, read from the programs' columns rather than through a dictionary per row); each
+    program's nodes by (sample, turn, path), whichever order its requests returned in."""
     own = [(prog.rows, prog._node_fields(program_id, gold_answer, "evaluation", question))
            for prog, program_id, gold_answer, question in programs]
-    own = [(rows, fields) for rows, fields in own if len(rows)]
+    own = [(rows, fields, node_order(rows)) for rows, fields in own if len(rows)]
     if not own:
         return {}
     keys = dict.fromkeys([k for k in ROW_FIELDS if not k.endswith("_request")] +
-                         [k for _, fields in own for k in fields])
+                         [k for _, fields, _ in own for k in fields])
     cols = {}
     for k in keys:  # a program's own column overrides a node's of the same name
         cols[k] = list(chain.from_iterable(
             repeat(fields[k], len(rows)) if k in fields
-            else map(list, rows.column(k)) if k in ("policies", "accepted_by")
-            else rows.column(k) if k in ROW_FIELDS else repeat(None, len(rows))
-            for rows, fields in own))
+            else map(list, _ordered(rows.column(k), order)) if k in ("policies", "accepted_by")
+            else _ordered(rows.column(k), order) if k in ROW_FIELDS
+            else repeat(None, len(rows))
+            for rows, fields, order in own))
     return cols
+
+
+def node_order(rows: RowLog) -> list[int] | None:
+    """The positions of a program's node rows by (sample, turn, path); None: already so."""
+    keys = list(zip(rows.column("sample"), rows.column("turn"), rows.column("path")))
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return None if all(i == k for i, k in enumerate(order)) else order
+
+
+def _ordered(column: list, order: list[int] | None) -> list:
+    return column if order is None else [column[i] for i in order]

@@ -9,6 +9,7 @@ row.
 
 from __future__ import annotations
 
+import copy
 from array import array
 from collections.abc import Iterator
 
@@ -25,6 +26,15 @@ class RowLog:
         self.fields = tuple(fields)
         self.columns = {name: array(code) if code else [] for name, code in fields.items()}
         self._appends = tuple(c.append for c in self.columns.values())
+
+    def __deepcopy__(self, memo: dict) -> RowLog:
+        """A copy with columns of its own, its appends bound to them (`copy` keeps a bound
+        built-in method as it is: the copy's rows would go to this log's columns)."""
+        new = RowLog.__new__(RowLog)
+        new.fields = self.fields
+        new.columns = copy.deepcopy(self.columns, memo)
+        new._appends = tuple(c.append for c in new.columns.values())
+        return new
 
     def add(self, *values) -> None:
         """Append one row: a value for each field, in the fields' order."""

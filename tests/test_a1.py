@@ -122,8 +122,9 @@ def test_the_tree_forks_where_policies_disagree_and_each_policy_finishes():
 
 def test_conformity_columns_equal_the_programs_node_rows():
     """The simulator's columnar `conformity` table holds what `node_rows` gives row by row:
-    the same columns in the same order, value for value, over programs whose rows differ in
-    shape (a grid of policies forking, a synchronous one, a program with no rows)."""
+    the same columns in the same order, value for value, each program's rows by (sample, turn,
+    path), over programs whose rows differ in shape (a grid of policies forking, a synchronous
+    one, a program with no rows)."""
     cal = ConformalSet(tuple(float(i) for i in range(1, 10)))
     forked = A1Program("q", (Conformal(0.5).calibrated(cal, {}), TargetOnly()),
                        A1Settings(samples=2, turns=3), 5, 0)
@@ -134,7 +135,12 @@ def test_conformity_columns_equal_the_programs_node_rows():
     empty = A1Program("e", (DraftOnly(),), A1Settings(samples=1, turns=1), 3, 2)
     entries = [(forked, "p0", "7", {"difficulty": 2}), (empty, "p2", "1", {"difficulty": 1}),
                (synced, "p1", "3", {"difficulty": 5})]
-    rows = [row for prog, pid, gold, q in entries for row in prog.node_rows(pid, gold, **q)]
+    rows = [row for prog, pid, gold, q in entries
+            for row in sorted(prog.node_rows(pid, gold, **q),
+                              key=lambda r: (r["sample"], r["turn"], r["path"]))]
+    # the forked program's nodes were logged as their turns completed, not in that order
+    assert [r["path"] for r in forked.node_rows("p0", "7")] != \
+        [r["path"] for r in rows if r["program_id"] == "p0"]
     keys = list(dict.fromkeys(k for row in rows for k in row))
     cols = conformity_columns(entries)
     assert list(cols) == keys and len({len(v) for v in cols.values()}) == 1

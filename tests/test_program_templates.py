@@ -1,10 +1,12 @@
-"""Search programs sent from their question's template (`sim.workloads.program_templates`)
-equal the same programs driven request by request, table for table.
+"""Programs sent from their question's template (`sim.workloads.program_templates`, and
+`sim.workloads.request_templates` request by request) equal the same programs driven request by
+request, table for table.
 
-Every search example (SC, MCTS and Rebase on a branches trace) under every inter-program
-scheduler (the program's own estimate included), KV pressure, few sequence slots, several
-replicas, prefix caching on and off, both step-time model kinds, compiled and under SimPy; a
-program that is not round by round, and Dynasor's eviction hint, fall back to the plain driver.
+Every search example (SC, MCTS and Rebase on a branches trace) and every asynchronous A1 example
+under every inter-program scheduler (the program's own estimate included), KV pressure, few
+sequence slots, several replicas, prefix caching on and off, both step-time model kinds,
+compiled and under SimPy; a program that is not round by round, a synchronous or target-capped
+A1 program, and Dynasor's eviction hint, fall back to the plain driver.
 """
 
 from __future__ import annotations
@@ -44,9 +46,15 @@ def _equal(a, b):
     for name in ("requests", "programs", "steps"):
         pd.testing.assert_frame_equal(getattr(a, name).to_pandas(), getattr(b, name).to_pandas(),
                                       check_exact=True, obj=name)
-    for key in ("events", "iterations", "preemptions", "utilization", "makespan_s",
-                "programs_finished", "accuracy"):
-        assert a.summary.get(key) == b.summary.get(key), key
+    assert set(a.tables) == set(b.tables)
+    for name, table in a.tables.items():  # a family's own (A1's conformity: columns)
+        pd.testing.assert_frame_equal(pd.DataFrame(table), pd.DataFrame(b.tables[name]),
+                                      check_exact=True, obj=name)
+    timed = {"wall_s", "event_loop_s"}  # the simulator's own seconds
+    assert set(a.summary) == set(b.summary)
+    for key in set(a.summary) - timed:
+        x, y = a.summary[key], b.summary[key]
+        assert x == y or (x != x and y != y), key  # NaN where both have none
 
 
 @settings(max_examples=15, deadline=None)
@@ -134,3 +142,60 @@ def test_the_eviction_hint_keeps_the_plain_driver(monkeypatch):
     d["cluster"]["replicas"][0].update(kv_blocks=24)
     cfg = parse_config(d, EXAMPLES)
     _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
+
+
+A1 = ["a1-async.yaml", "a1-async-separate.yaml", "a1-conditional.yaml", "a1-target-only.yaml"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(example=st.sampled_from(A1),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
+                                 {"type": "dynasor", "estimate": "program"}]),
+       kv=st.sampled_from([None, 160]), seqs=st.sampled_from([None, 3]),
+       caching=st.booleans(), replicas=st.sampled_from([1, 2]),
+       rate=st.sampled_from([1.0, 6.0]), seed=st.integers(0, 3), compiled=st.booleans())
+def test_templated_a1_programs_equal_the_plain_driver(example, scheduler, kv, seqs, caching,
+                                                      replicas, rate, seed, compiled):
+    """Asynchronous A1 programs sent request by request from their question's record: the
+    requests, steps, programs and conformity tables and every summary figure are the plain
+    driver's (the draft pool's group changed: its KV, slots, caching and size)."""
+    group = {"enable_prefix_caching": caching}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    cfg = _config(example, 24, rate, replicas, seed, scheduler, **group)
+    _equal(simulate_programs(cfg, compiled=compiled),
+           simulate_programs(cfg, compiled=compiled, templates=False))
+
+
+def test_every_a1_program_of_a_question_replays_one_record(monkeypatch):
+    """One request-by-request record per question, from a copy: the recording program's nodes
+    are its own (the drawn program's log stays empty), and every program reads its record."""
+    built = []
+    real = program_templates.record_requests
+
+    def counting(run, oracle):
+        built.append(run.question.question_id)
+        tpl = real(run, oracle)
+        assert tpl is not None and len(tpl.program.rows) and not len(run.program.rows)
+        return tpl
+
+    monkeypatch.setattr(program_templates, "record_requests", counting)
+    cfg = _config("a1-async-separate.yaml", 48, 4.0)
+    res = simulate_programs(cfg)
+    questions = res.programs.column("question_id").to_pylist()
+    assert len(built) == len(set(built)) == len(set(questions)) < len(questions)
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_synchronous_and_capped_a1_programs_keep_the_plain_driver(monkeypatch):
+    """A synchronous A1 program (its turns wait for every path) and one with a target cap (its
+    held requests go as others return) send what depends on which request returned first: no
+    record is made, and the tables are the plain driver's."""
+    monkeypatch.setattr(program_templates, "record_requests", None)  # a call would fail
+    monkeypatch.setattr(program_templates, "record", None)
+    for example, policy in (("a1-sync.yaml", {}), ("a1-async-separate.yaml", {"target_cap": 2})):
+        d = example_config(example, count=16, rate_per_s=4.0) | {"output": {}}
+        d["workload"]["programs"]["policy"].update(policy)
+        cfg = parse_config(d, EXAMPLES)
+        _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))

@@ -64,7 +64,8 @@ class SimProgram:
     """A program object in the simulator: its plan, where it runs and when it finished."""
 
     __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
-                 "groups", "contents", "traced", "open", "finish_s", "template", "round")
+                 "groups", "contents", "traced", "open", "finish_s", "template", "round",
+                 "tokens")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -82,7 +83,9 @@ class SimProgram:
         self.open = 0                       # its requests in flight
         self.finish_s = math.nan
         self.template: Any = None           # the rounds it sends, and the next one's index
-        self.round = 0                      # (`sim.workloads.program_templates`)
+        self.round = 0                      # (`sim.workloads.program_templates`); a
+        #                                     request-by-request template's: its requests sent
+        self.tokens = 0                     # a request-by-request template's program tokens
 
 
 class TracedReasoning:

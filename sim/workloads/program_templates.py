@@ -1,4 +1,4 @@
-"""Search programs sent from templates: each question's rounds decided once, timed per program.
+"""Programs sent from templates: each question's requests decided once, timed per program.
 
 A search program (`programs.search`: SC, MCTS or Rebase on a branches trace) is deterministic
 given its outcomes, and the simulator answers them from the trace (`TracedSearch`): every
@@ -8,7 +8,10 @@ Rebase level), and it never aborts. `TemplateDriver` runs one program object per
 through its rounds against the trace's outcomes (`record`), then sends every program of that
 question from the record: the program decides once, the replicas time each program's requests
 as they time any other. A program the record cannot hold (a request sent before its round
-returned, an abort) is driven as the plain driver drives it. The tables equal the plain
+returned, an abort) is driven as the plain driver drives it. A program whose every request
+sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`) is recorded
+request by request instead (`sim.workloads.request_templates`); one that says it does not (a
+synchronous or target-capped A1 program) keeps the plain driver. The tables equal the plain
 driver's (`tests/test_program_templates.py`).
 """
 
@@ -20,6 +23,7 @@ from policies.scheduling import ProgramView
 from programs.base import RequestSpec
 from sim.engine.request_state import Sent
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
+from sim.workloads.request_templates import RequestTemplate, record_requests
 
 _new = tuple.__new__
 
@@ -92,20 +96,50 @@ class TemplateDriver(ProgramDriver):
         key = (run.question.question_id, run.program.seed)
         tpl = self._templates.get(key, False)
         if tpl is False:
-            tpl = self._templates[key] = record(run, self.oracle, self._own_estimate)
+            tpl = self._templates[key] = self._record(run)
         if tpl is None:
             return super().start(run)
+        if type(tpl) is RequestTemplate:
+            run.program, run.template, run.round, run.tokens = tpl.program, tpl, 0, 0
+            return self._send_requests(run, tpl, tpl.first)
         run.program, run.template = tpl.program, tpl  # the program's own object: not needed
         if tpl.rounds:
             self._send_round(run, tpl, 0)
         else:
             self._finish(run)
 
+    def _record(self, run: SimProgram):
+        """The program's template: request by request where the program says its sends follow
+        each request's own outcome (`sends_on_own_outcome`; the program's estimate, asked at
+        each send, keeps the plain driver), else round by round for a program that does not
+        say; None: driven as the plain driver drives it."""
+        own = getattr(run.program, "sends_on_own_outcome", None)
+        if own is not None:
+            return record_requests(run, self.oracle) if own and not self._own_estimate else None
+        return record(run, self.oracle, self._own_estimate)
+
     def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
-        """Replica callback: once a program's round has all returned, its next round."""
+        """Replica callback: once a program's round has all returned, its next round; a
+        request-by-request template's request: what follows it."""
         run = self._live[idx]
-        if type(run) is not SimProgram:  # (run, spec): a program the plain driver drives
-            return super().on_request_done(idx, generated, aborted)
+        if type(run) is tuple:
+            run, k = run
+            if type(k) is not int:  # (run, spec): a program the plain driver drives
+                return super().on_request_done(idx, generated, aborted)
+            # (run, its request in a request-by-request template): the program's count takes
+            # the request's tokens, and what follows it goes out
+            if aborted:
+                raise RuntimeError(f"program {run.idx}: a templated request was aborted")
+            self._live[idx] = None
+            run.open -= 1
+            tpl = run.template
+            run.tokens += tpl.gained[k]
+            follow = tpl.follow[k]
+            if follow:
+                self._send_requests(run, tpl, follow)
+            elif not run.open:  # nothing in flight and nothing to send: done
+                self._finish(run)
+            return
         if aborted:
             raise RuntimeError(f"program {run.idx}: a templated search request was aborted")
         self._live[idx] = None
@@ -153,6 +187,42 @@ class TemplateDriver(ProgramDriver):
             owner.path.append(path)
             owner.role.append(code)
             live.append(run)
+            run.open += 1
+            send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
+
+    def _send_requests(self, run: SimProgram, tpl: RequestTemplate, ks: tuple) -> None:
+        """Send the template's requests ks, numbered on from the program's last, as
+        `ProgramDriver._submit` sends each (one priority: the program's state is the same)."""
+        priority = self.scheduler.priority(
+            _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.tokens, None)),
+            self.finished_tokens)
+        group = run.groups.get(0)  # content named as chains: one group per program
+        if group is None:
+            group = run.groups[0] = self._groups
+            self._groups += 1
+        owner, live, send, p, pools = self.owner, self._live, self.cluster.send, run.idx, \
+            self._pools
+        for k in ks:
+            role = tpl.roles[k]
+            rid = run.replicas.get(pools.get(role, ""))  # pinned already, mostly
+            if rid is None:
+                request = tpl.requests[k]
+                rid = self.pin(run, role, request[1], request[1] + request[4])
+            c = self._cost_class[rid]
+            sends = tpl.sends.get(c)
+            if sends is None:
+                sends = tpl.sends[c] = [None] * len(tpl.requests)
+            sent = sends[k]
+            if sent is None:
+                sent = sends[k] = self._sends(run, rid, (tpl.requests[k],))[0]
+            _, path, code, chain, head, tail = sent
+            idx = len(live)
+            owner.program.append(p)
+            owner.index.append(run.round)
+            owner.path.append(path)
+            owner.role.append(code)
+            live.append((run, k))
+            run.round += 1
             run.open += 1
             send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
 

@@ -130,4 +130,5 @@ def kv_peaks(cluster) -> dict:
             for pool, members in sorted(cluster.pools.items())}
 
 
-register_sim_family(SimFamily("a1", build_a1_runs, a1_results, compiles=True))
+register_sim_family(SimFamily("a1", build_a1_runs, a1_results, compiles=True,
+                               templated=True))
