@@ -10,13 +10,14 @@ from pathlib import Path
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """`reasonsim fidelity`."""
     from validation.fidelity import SUITE, run_fidelity
-    from validation.fidelity_report import attempts_text, probe_text, speed_text
+    from validation.fidelity_report import attempts_text, probe_text, reruns_text, speed_text
 
     result = run_fidelity(Path(args.out), args.quick, Path(args.suite) if args.suite else SUITE,
                           progress=not args.quiet and not args.json, engine=args.engine,
                           device=args.device, speed_checks=args.speed_checks,
                           **{k: v for k, v in (("retraces", args.retraces),
-                                               ("noisy_p90", args.retrace_above))
+                                               ("noisy_p90", args.retrace_above),
+                                               ("live_reruns", args.live_reruns))
                              if v is not None})
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -64,8 +65,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
           f"{c['inside']} of {c['of']}")
     for name, why in result["skipped"].items():
         print(f"not run: {name} ({why})")
-    if attempts_text(result):
-        print(attempts_text(result))
+    for text in (attempts_text(result), reruns_text(result)):
+        if text:
+            print(text)
     print(f"report: {Path(args.out) / 'report.md'} ({result['wall_s']} s)")
     return 0
 
@@ -108,6 +110,10 @@ def add_fidelity_parser(sub) -> None:
     fi.add_argument("--retrace-above", type=float, default=None, metavar="P90",
                     help="the held-out step P90 error (a fraction) above which a calibration "
                     "is noisy (default 0.2)")
+    fi.add_argument("--live-reruns", type=int, default=None, metavar="N",
+                    help="how many times a live run that served through a burst of other work "
+                    "(its steps 10%% over the calibration's in total against their median) is "
+                    "run again (default 1; 0 with --quick; the quietest attempt is judged)")
     fi.add_argument("--json", action="store_true")
     fi.add_argument("-q", "--quiet", action="store_true")
     fi.set_defaults(func=cmd_fidelity)

@@ -87,6 +87,13 @@ def test_quick_suite_covers_its_workloads_with_two_live_runs(quick):
     assert len(tails) == 6 and all(_speed(t) and _speed(c) for t, c in tails)
     assert s["live_runs_in_bursts"] == [sum(t > c * 1.1 for t, c in tails), 6]
     assert f"{s['live_runs_in_bursts'][0]} of 6 live runs over it by more than 10%" in text
+    # --quick runs none of them again by default: each live run one attempt, judged as it ran
+    assert result["live_reruns"] == 0 and "Run again after serving" not in text
+    for r in result["workloads"]:
+        assert [a["kept"] for a in r["live_attempts"]] == [0, 0], r["workload"]
+        assert all(len(a["tails"]) == 1 and _speed(a["tails"][0])
+                   for a in r["live_attempts"]), r["workload"]
+    assert not list(out.glob("*/burst_runs"))
     # ... and while the calibration traffic served
     traffic = result["calibration_steal"]["mixed"]
     assert 0 <= traffic <= 1 and f"The host stole {traffic:.1%} (mixed)" in text

@@ -69,7 +69,7 @@ def test_a_used_directory_or_a_suite_with_no_quick_workload_is_refused(tmp_path)
 
 
 @pytest.mark.parametrize("flags", [("--retraces", "-1"), ("--retrace-above", "-0.1"),
-                                   ("--retrace-above", "nan")])
+                                   ("--retrace-above", "nan"), ("--live-reruns", "-1")])
 def test_a_negative_retrace_count_or_bound_is_refused_before_tracing(tmp_path, flags):
     proc = run_cli("fidelity", "--quick", "-o", str(tmp_path / "o"), *flags, check=False)
     assert proc.returncode == 2 and "must be >= 0" in proc.stderr, proc.stderr
@@ -77,10 +77,13 @@ def test_a_negative_retrace_count_or_bound_is_refused_before_tracing(tmp_path, f
 
 
 def test_the_retrace_flags_name_the_defaults_they_take():
+    from validation.bursts import BURST_TOLERANCE, LIVE_RERUNS
     from validation.fidelity_calibration import NOISY_P90_APE, RETRACES
 
     text = " ".join(run_cli("fidelity", "--help").stdout.split())  # as wrapped at any width
     assert f"(default {RETRACES};" in text and f"(default {NOISY_P90_APE})" in text
+    assert f"(default {LIVE_RERUNS}; 0 with --quick;" in text
+    assert f"steps {BURST_TOLERANCE:.0%} over the calibration's" in text
 
 
 def test_held_out_suites_take_the_base_suites_grids_and_vary_its_programs(tmp_path):

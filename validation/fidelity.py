@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from validation.bursts import LIVE_RERUNS, replay_quietly, tails_against
 from validation.fidelity_calibration import (NOISY_P90_APE, RETRACES, calibrate_quietly,
                                              check_retraces, replay_traffic, unserved)
 from validation.fidelity_judging import (BAND_SEEDS, LIVE_RUNS, Planned, leveled_errors,
@@ -54,7 +55,8 @@ def request_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
     return Planned(lives, lambda live: fresh_process(replay_config, parse_config(d, out / name),
                                                      live, device=device),
                    lambda levels: judge_requests(name, d, out / name, lives, levels),
-                   lambda factors: medians_at(d, factors, out / name, out / name, NEIGHBOURS))
+                   lambda factors: medians_at(d, factors, out / name, out / name, NEIGHBOURS),
+                   tails_against(cal))
 
 
 def judge_requests(name: str, d: dict, out_dir: Path, lives: list[Path],
@@ -121,34 +123,44 @@ def step_speed(speed: dict | None) -> dict:
             "tail": speed.get("step_tail"), "calibration_tail": speed.get("calibration_tail")}
 
 
-def run_passes(plans: list[Planned], t0: float, after_pass) -> dict[Path, float]:
-    """Every plan's live runs, pass by pass (`after_pass(i)` after pass i); when each started,
-    in seconds since `t0` (`time.perf_counter`)."""
+def run_passes(plans: list[Planned], t0: float, after_pass, reruns: int = 0) -> dict[Path, dict]:
+    """Every plan's live runs, pass by pass (`after_pass(i)` after pass i), each run again up
+    to `reruns` times while it served through a burst (`validation.bursts.replay_quietly`):
+    per live run, its attempts' step tails, the one kept and when it started, in seconds since
+    `t0` (`time.perf_counter`)."""
     # Pass by pass, not workload by workload: a workload's live runs lie a whole pass apart
     # (minutes), as its simulation lies minutes from the calibration's traces. Back to back,
     # two runs share the shared machine's speed of the moment, and their spread missed the
     # drift every sim-vs-live comparison includes (0.93-1.13x within one suite).
-    started = {}
+    def clock() -> float:
+        return round(time.perf_counter() - t0, 1)
+
+    runs = {}
     for i in range(LIVE_RUNS):
         for p in plans:
-            started[p.lives[i]] = round(time.perf_counter() - t0, 1)
-            p.replay(p.lives[i])
+            runs[p.lives[i]] = replay_quietly(p.replay, p.lives[i], p.tails, reruns,
+                                              clock=clock)
         after_pass(i)
-    return started
+    return runs
 
 
 def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                  progress: bool = True, engine: str = "vllm", device: str = "auto",
                  speed_checks: bool = False, retraces: int | None = None,
-                 noisy_p90: float = NOISY_P90_APE) -> dict:
+                 noisy_p90: float = NOISY_P90_APE, live_reruns: int | None = None) -> dict:
     """The whole loop on vLLM or the PyTorch engine's serving mode (on `device`); writes
     DIR/fidelity.json and DIR/report.md and returns the result. With `speed_checks`, the
     calibration traffic is replayed again after each live pass (`validation.speed_checks`); a
     calibration whose held-out step P90 error is above `noisy_p90` is traced again, up to
     `retraces` times (`validation.fidelity_calibration`; None: RETRACES, or none with `quick`,
-    whose smaller grid the bound was not chosen on: its report still says when it is noisy)."""
+    whose smaller grid the bound was not chosen on: its report still says when it is noisy); a
+    live run that served through a burst of other work is run again, up to `live_reruns`
+    times (`validation.bursts.replay_quietly`; None: LIVE_RERUNS, or none with `quick`)."""
     retraces = (0 if quick else RETRACES) if retraces is None else retraces
+    live_reruns = (0 if quick else LIVE_RERUNS) if live_reruns is None else live_reruns
     check_retraces(retraces, noisy_p90)
+    if live_reruns < 0:
+        raise ValueError(f"--live-reruns {live_reruns}: must be >= 0")
     suite = load_suite(suite_path)
     if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
         # nothing would be judged: "ok" over no workloads says nothing
@@ -177,10 +189,12 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         if speed_checks:
             replay_traffic(check_dir(out, i + 1), suite, cal, quick, engine, device)
 
-    started = run_passes(plans, t0, after_pass)
+    runs = run_passes(plans, t0, after_pass, live_reruns)
     checks = traffic_levels(out, cal)
-    rows = [{**p.judge(checks), "live_started_s": [started[live] for live in p.lives],
-             "live_steal": [trace_stolen_share(live) for live in p.lives]} for p in plans]
+    rows = [{**p.judge(checks), "live_started_s": [runs[live]["started"] for live in p.lives],
+             "live_steal": [trace_stolen_share(live) for live in p.lives],
+             "live_attempts": [{k: runs[live][k] for k in ("tails", "kept")}
+                               for live in p.lives]} for p in plans]
     by_name = dict(zip([r["workload"] for r in rows], plans))
     judge_at_neighbours(rows, checks, lambda r, factors: by_name[r["workload"]].medians(factors))
     result = {"quick": quick, "calibration": str(cal), "engine": engine,
@@ -189,6 +203,7 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                                       if k in ("mape", "p90_ape", "rows")},
               "calibration_attempts": attempts, "noisy_p90_ape": noisy_p90,
               "calibration_noisy": calibration.heldout["p90_ape"] > noisy_p90,
+              "live_reruns": live_reruns,
               "workloads": rows, "calibrated_s": calibrated_s,
               "calibration_steal": {t.name.removeprefix(TRAFFIC_PREFIX):
                                     trace_stolen_share(t)

@@ -22,12 +22,14 @@ class Planned:
     (in a fresh process), its judging once every live run is done (the table row; given the
     run's `validation.speed_checks.traffic_levels`, empty without speed checks), and its
     noise-draw medians with each live run's step times scaled by a factor
-    (`validation.speed_checks.medians_at`)."""
+    (`validation.speed_checks.medians_at`), and a live run's step tail beside its
+    calibration's (`validation.bursts.tails_against`: whether it served through a burst)."""
 
     lives: list[Path]
     replay: Callable[[Path], None]
     judge: Callable[[list[dict]], dict]
     medians: Callable[[list[float]], dict]
+    tails: Callable[[Path], tuple]
 
 
 def leveled_errors(metrics: dict, leveled: list) -> None:

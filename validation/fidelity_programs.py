@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from validation.bursts import tails_against
 from validation.fidelity_judging import (LIVE_RUNS, Planned, leveled_errors, probe_levels,
                                          sampled_medians, scaled_config, simulate_with_band)
 from validation.replay import REPO, fresh_process, resolve_model
@@ -95,7 +96,9 @@ def program_workload(name: str, spec: dict, cal: Path, out: Path, quick: bool,
         replay_workload, wl, cfg.scheduler, live, seed=cfg.seed,
         **engine_args(cfg), config_json=cfg.to_json(), device=device),
         lambda levels: judge_programs(name, d, out / name, lives, levels),
-        lambda factors: medians_at(d, factors, out / name, REPO / "examples", NEIGHBOURS))
+        lambda factors: medians_at(d, factors, out / name, REPO / "examples", NEIGHBOURS),
+        # every chunk and probe samples with a seed, as `judge_programs` prices them
+        tails_against(d["cluster"]["replicas"][0]["calibration"], all_seeded=True))
 
 
 def judge_programs(name: str, d: dict, out_dir: Path, lives: list[Path],

@@ -100,6 +100,26 @@ def attempts_text(result: dict) -> str:
     return text
 
 
+def reruns_text(result: dict) -> str:
+    """A sentence on the live runs run again after serving through a burst (each attempt's
+    step tail, the one kept); '' for a result that allowed none."""
+    from validation.bursts import BURST_TOLERANCE, RERUNS_DIR
+
+    if not result.get("live_reruns"):
+        return ""
+    again = [f"{r['workload']} live{i + 1} (step tails "
+             + ", ".join(f"{t:.2f}" if t is not None else "-" for t in a["tails"])
+             + f"; attempt {a['kept'] + 1} kept)"
+             for r in result["workloads"] for i, a in enumerate(r.get("live_attempts", []))
+             if len(a["tails"]) > 1]
+    bound = f"steps {BURST_TOLERANCE:.0%} over the calibration's in total against their median"
+    if not again:
+        return f"No live run served through a burst of other work ({bound})."
+    return (f"Run again after serving through a burst of other work ({bound}), up to "
+            f"{result['live_reruns']} time(s): " + "; ".join(again)
+            + f". The others lie under WORKLOAD/{RERUNS_DIR}/.")
+
+
 def metric_row(workload: str, m: str, v: dict) -> str:
     """One metric's table row: as judged (raw beside), at probe speed, at live decode speed, the
     band."""
@@ -151,13 +171,14 @@ def workload_rows(r: dict) -> list[str]:
 def report(result: dict) -> str:
     """The result as a Markdown table: workload x metric, sim, live runs, error, spread."""
     engine, attempts = result.get("engine", "vllm"), attempts_text(result)
+    reruns = reruns_text(result)
     lines = [f"# Fidelity on {result['device']} ({'quick' if result['quick'] else 'full'} "
              f"suite, {'vLLM' if engine == 'vllm' else 'the PyTorch engine'})", "",
              *[f"Not run: {name} ({why})." for name, why in result.get("skipped", {}).items()],
              f"Calibration `{result['calibration']}`: held-out step MAPE "
              f"{result['calibration_heldout']['mape']:.1%}, P90 APE "
              f"{result['calibration_heldout']['p90_ape']:.1%}." + traffic_steal(result), "",
-             *([attempts, ""] if attempts else []),
+             *([attempts, ""] if attempts else []), *([reruns, ""] if reruns else []),
              *summary_lines(result.get("summary")),
              "| workload | metric | sim | live (runs) | error | live-vs-live spread | ok | "
              "mean-latency run | at probe speed | ok at probe speed | at live decode speed | "
