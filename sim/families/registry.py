@@ -37,8 +37,10 @@ class SimFamily:
     compiles: bool = False
     """the program kernel may run its replicas (`why_not_compiled_programs` decides the rest)"""
     templated: bool = False
-    """every program of one question sends the same rounds of requests, none before its round
-    returned and none aborted: each question's decided once (`sim.workloads.program_templates`)"""
+    """every program of one question sends the same requests whatever the timing: in rounds,
+    none before its round returned and none aborted, or (a program that says
+    `sends_on_own_outcome`) each after the request whose outcome it follows: each question's
+    decided once (`sim.workloads.program_templates`)"""
 
 
 FAMILIES = Registry("simulator parts (sim.families.registry)", BUILTIN)
