@@ -57,22 +57,31 @@ def _equal(a, b):
         assert x == y or (x != x and y != y), key  # NaN where both have none
 
 
+SCHEDULERS = st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
+                               {"type": "dynasor", "estimate": "program"}])
+
+
+def _drivers_agree(example: str, count: int, scheduler, kv, seqs, caching: bool, replicas: int,
+                   rate: float, seed: int, compiled: bool) -> None:
+    """The example with its first replica group changed, run from templates and request by
+    request: the same tables."""
+    group = {"enable_prefix_caching": caching}
+    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
+        if v:
+            group[key] = v
+    cfg = _config(example, count, rate, replicas, seed, scheduler, **group)
+    _equal(simulate_programs(cfg, compiled=compiled),
+           simulate_programs(cfg, compiled=compiled, templates=False))
+
+
 @settings(max_examples=15, deadline=None)
-@given(example=st.sampled_from(SEARCH),
-       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
-                                 {"type": "dynasor", "estimate": "program"}]),
+@given(example=st.sampled_from(SEARCH), scheduler=SCHEDULERS,
        kv=st.sampled_from([None, 24, 60]), seqs=st.sampled_from([None, 3]),
        caching=st.booleans(), replicas=st.sampled_from([1, 3]),
        rate=st.sampled_from([1.0, 8.0]), seed=st.integers(0, 3), compiled=st.booleans())
 def test_templated_search_programs_equal_the_plain_driver(example, scheduler, kv, seqs, caching,
                                                           replicas, rate, seed, compiled):
-    group = {"enable_prefix_caching": caching}
-    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
-        if v:
-            group[key] = v
-    cfg = _config(example, 40, rate, replicas, seed, scheduler, **group)
-    _equal(simulate_programs(cfg, compiled=compiled),
-           simulate_programs(cfg, compiled=compiled, templates=False))
+    _drivers_agree(example, 40, scheduler, kv, seqs, caching, replicas, rate, seed, compiled)
 
 
 def test_replicas_of_other_request_costs_send_their_own_fields(tmp_path):
@@ -105,7 +114,13 @@ def test_every_program_of_a_question_replays_one_record(monkeypatch):
         return real(run, oracle, own_estimate)
 
     monkeypatch.setattr(program_templates, "record", counting)
-    cfg = _config("dynasor-mcts-certaindex.yaml", 120, 4.0)
+    _recorded_once_per_question("dynasor-mcts-certaindex.yaml", 120, built)
+
+
+def _recorded_once_per_question(example: str, count: int, built: list) -> None:
+    """The example's programs, several to a question, leave one record per question (`built`:
+    the questions recorded) and the plain driver's tables."""
+    cfg = _config(example, count, 4.0)
     res = simulate_programs(cfg)
     questions = res.programs.column("question_id").to_pylist()
     assert len(built) == len(set(built)) == len(set(questions)) < len(questions)
@@ -148,9 +163,7 @@ A1 = ["a1-async.yaml", "a1-async-separate.yaml", "a1-conditional.yaml", "a1-targ
 
 
 @settings(max_examples=10, deadline=None)
-@given(example=st.sampled_from(A1),
-       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo",
-                                 {"type": "dynasor", "estimate": "program"}]),
+@given(example=st.sampled_from(A1), scheduler=SCHEDULERS,
        kv=st.sampled_from([None, 160]), seqs=st.sampled_from([None, 3]),
        caching=st.booleans(), replicas=st.sampled_from([1, 2]),
        rate=st.sampled_from([1.0, 6.0]), seed=st.integers(0, 3), compiled=st.booleans())
@@ -159,13 +172,7 @@ def test_templated_a1_programs_equal_the_plain_driver(example, scheduler, kv, se
     """Asynchronous A1 programs sent request by request from their question's record: the
     requests, steps, programs and conformity tables and every summary figure are the plain
     driver's (the draft pool's group changed: its KV, slots, caching and size)."""
-    group = {"enable_prefix_caching": caching}
-    for key, v in (("kv_blocks", kv), ("max_num_seqs", seqs)):
-        if v:
-            group[key] = v
-    cfg = _config(example, 24, rate, replicas, seed, scheduler, **group)
-    _equal(simulate_programs(cfg, compiled=compiled),
-           simulate_programs(cfg, compiled=compiled, templates=False))
+    _drivers_agree(example, 24, scheduler, kv, seqs, caching, replicas, rate, seed, compiled)
 
 
 def test_every_a1_program_of_a_question_replays_one_record(monkeypatch):
@@ -181,11 +188,7 @@ def test_every_a1_program_of_a_question_replays_one_record(monkeypatch):
         return tpl
 
     monkeypatch.setattr(program_templates, "record_requests", counting)
-    cfg = _config("a1-async-separate.yaml", 48, 4.0)
-    res = simulate_programs(cfg)
-    questions = res.programs.column("question_id").to_pylist()
-    assert len(built) == len(set(built)) == len(set(questions)) < len(questions)
-    _equal(res, simulate_programs(cfg, templates=False))
+    _recorded_once_per_question("a1-async-separate.yaml", 48, built)
 
 
 def test_synchronous_and_capped_a1_programs_keep_the_plain_driver(monkeypatch):
