@@ -158,17 +158,8 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
     times (`validation.bursts.replay_quietly`; None: LIVE_RERUNS, or none with `quick`)."""
     retraces = (0 if quick else RETRACES) if retraces is None else retraces
     live_reruns = (0 if quick else LIVE_RERUNS) if live_reruns is None else live_reruns
-    check_retraces(retraces, noisy_p90)
-    if live_reruns < 0:
-        raise ValueError(f"--live-reruns {live_reruns}: must be >= 0")
-    suite = load_suite(suite_path)
-    if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
-        # nothing would be judged: "ok" over no workloads says nothing
-        raise ValueError(f"{suite_path}: no workload {'marked quick: true ' if quick else ''}"
-                         "to judge")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out}: not empty; choose a new directory")
+    out, suite = Path(out), load_suite(suite_path)
+    check_run(out, suite, suite_path, quick, retraces, noisy_p90, live_reruns)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cal, attempts = calibrate_quietly(out, suite, quick, progress, engine, device, retraces,
@@ -210,6 +201,30 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
                                     for t in sorted(out.glob(TRAFFIC_PREFIX + "*"))},
               "speed_checks": checks,
               "wall_s": round(time.perf_counter() - t0, 1)}
+    return write_result(out, result)
+
+
+def check_run(out: Path, suite: dict, suite_path: Path, quick: bool, retraces: int,
+              noisy_p90: float, live_reruns: int) -> None:
+    """Refuse, before anything runs, a run with nothing to judge, an output directory in use
+    or a negative count or bound."""
+    check_retraces(retraces, noisy_p90)
+    if live_reruns < 0:
+        raise ValueError(f"--live-reruns {live_reruns}: must be >= 0")
+    if not any(not quick or spec.get("quick") for spec in suite["workloads"].values()):
+        # nothing would be judged: "ok" over no workloads says nothing
+        raise ValueError(f"{suite_path}: no workload {'marked quick: true ' if quick else ''}"
+                         "to judge")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out}: not empty; choose a new directory")
+
+
+def write_result(out: Path, result: dict) -> dict:
+    """Complete a fidelity result (the band's coverage, the verdict, the summary) and write it
+    as out/fidelity.json and out/report.md: the result."""
+    from validation.fidelity_report import report
+
+    rows = result["workloads"]
     inside = [x for r in rows for m in r["metrics"].values() for x in m.get("in_band", [])]
     result["band_coverage"] = {"inside": sum(inside), "of": len(inside), "band": "5-95%",
                                "seeds": BAND_SEEDS}
@@ -217,7 +232,5 @@ def run_fidelity(out: Path, quick: bool = False, suite_path: Path = SUITE,
         r.get("agreement_ok", True) for r in rows)
     result["summary"] = table_summary(result)
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
-    from validation.fidelity_report import report
-
     (out / "report.md").write_text(report(result))
     return result
