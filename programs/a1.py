@@ -367,7 +367,10 @@ def conformity_columns(programs: list[tuple[A1Program, str, str, dict]]) -> dict
     program's nodes by (sample, turn, path), whichever order its requests returned in."""
     own = [(prog.rows, prog._node_fields(program_id, gold_answer, "evaluation", question))
            for prog, program_id, gold_answer, question in programs]
-    own = [(rows, fields, node_order(rows)) for rows, fields in own if len(rows)]
+    # programs of one question sent from one record share its rows: ordered once
+    logs = {id(rows): rows for rows, _ in own if len(rows)}
+    orders = {key: node_order(rows) for key, rows in logs.items()}
+    own = [(rows, fields, orders[id(rows)]) for rows, fields in own if len(rows)]
     if not own:
         return {}
     keys = dict.fromkeys([k for k in ROW_FIELDS if not k.endswith("_request")] +

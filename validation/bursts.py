@@ -23,6 +23,12 @@ BURST_TOLERANCE = 0.10
 share (or a calibration whose exceeds every live run's) ran through a burst"""
 
 
+def in_burst(tail: float | None, calibration: float, tolerance: float = BURST_TOLERANCE) -> bool:
+    """Whether a live run whose steps' `step_tail` is `tail` served through a burst the
+    calibration's steps (their tail `calibration`) did not have."""
+    return tail is not None and tail > calibration * (1 + tolerance)
+
+
 def step_tail(model, steps_dir: str | Path) -> float | None:
     """A run's step time over `model`'s prediction in total, over the median of the same
     ratio per step: 1 where every step ran at the run's typical speed. None without steps."""
@@ -76,7 +82,7 @@ def burst_warning(run_tails: list[dict[str, float]], calibration_tails: dict[str
     for pool, cal in sorted(calibration_tails.items()):
         live = [(i, r[pool]) for i, r in enumerate(run_tails) if r.get(pool) is not None]
         for i, tail in live:
-            if tail > cal * (1 + BURST_TOLERANCE):
+            if in_burst(tail, cal):
                 lines.append(
                     f"warning: live run {i}'s steps on {pool} took {tail - 1:.0%} more in total "
                     f"than at their median speed (the calibration's: {cal - 1:.0%}): it served "
@@ -97,12 +103,6 @@ LIVE_RERUNS = 1
 of its attempts is judged)"""
 RERUNS_DIR = "burst_runs"
 """where a workload's live runs set aside for a quieter attempt go (WORKLOAD/burst_runs/liveN_K)"""
-
-
-def in_burst(tail: float | None, calibration: float, tolerance: float = BURST_TOLERANCE) -> bool:
-    """Whether a live run whose steps' `step_tail` is `tail` served through a burst the
-    calibration's steps (their tail `calibration`) did not have."""
-    return tail is not None and tail > calibration * (1 + tolerance)
 
 
 def replay_quietly(replay, live: Path, tails, reruns: int = LIVE_RERUNS,

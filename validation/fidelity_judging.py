@@ -63,7 +63,7 @@ def table_summary(result: dict) -> dict:
     (`live_runs_in_bursts`: they served through a burst of other work, `validation.bursts`); live
     values inside the noise band."""
     from engines.host_cpu import stall_share
-    from validation.bursts import BURST_TOLERANCE
+    from validation.bursts import in_burst
     from validation.judge import TOLERANCE
 
     ms = [m for r in result["workloads"] for m in r["metrics"].values()]
@@ -102,7 +102,7 @@ def table_summary(result: dict) -> dict:
                                   len(steal)],
             "live_tails": [min(t for t, _ in tails), max(t for t, _ in tails)] if tails else None,
             "calibration_tail": max(c for _, c in tails) if tails else None,
-            "live_runs_in_bursts": [sum(t > c * (1 + BURST_TOLERANCE) for t, c in tails),
+            "live_runs_in_bursts": [sum(in_burst(t, c) for t, c in tails),
                                     len(tails)],
             "live_speed_within_5": within("error_at_live_speed", 0.05),
             "sampled_within_5": within("error_sampled_at_live_speed", 0.05),

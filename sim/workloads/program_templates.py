@@ -203,10 +203,10 @@ class TemplateDriver(ProgramDriver):
         owner, live, send, p, pools = self.owner, self._live, self.cluster.send, run.idx, \
             self._pools
         for k in ks:
-            role = tpl.roles[k]
+            request = tpl.requests[k]
+            role = request[0].role
             rid = run.replicas.get(pools.get(role, ""))  # pinned already, mostly
             if rid is None:
-                request = tpl.requests[k]
                 rid = self.pin(run, role, request[1], request[1] + request[4])
             c = self._cost_class[rid]
             sends = tpl.sends.get(c)
@@ -214,7 +214,7 @@ class TemplateDriver(ProgramDriver):
                 sends = tpl.sends[c] = [None] * len(tpl.requests)
             sent = sends[k]
             if sent is None:
-                sent = sends[k] = self._sends(run, rid, (tpl.requests[k],))[0]
+                sent = sends[k] = self._sends(run, rid, (request,))[0]
             _, path, code, chain, head, tail = sent
             idx = len(live)
             owner.program.append(p)

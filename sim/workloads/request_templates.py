@@ -26,13 +26,11 @@ from sim.workloads.program_driver import SimProgram
 class RequestTemplate:
     """A question's program as recorded request by request."""
 
-    __slots__ = ("requests", "roles", "first", "follow", "gained", "program", "sends")
+    __slots__ = ("requests", "first", "follow", "gained", "program", "sends")
 
     def __init__(self, requests: list, first: tuple, follow: list, gained: list, program):
         self.requests = requests
         """per request in the order made: (spec, prompt, prefix, chain, output)"""
-        self.roles = [spec.role for spec, *_ in requests]
-        """per request: the model role (pool) it goes to"""
         self.first = first
         """the requests the program sends as it starts"""
         self.follow = follow
