@@ -22,7 +22,7 @@ import sim.kernels.program_calls as calls  # noqa: E402
 from family_speed import FAMILIES, program_config  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
-ENTRIES = ("advance_st", "retire_st", "arrival_st", "abort_st")
+ENTRIES = ("advance_st", "retire_rest_st", "arrival_st", "abort_st")
 
 
 def timed_kernel() -> dict:

@@ -7,7 +7,11 @@ from __future__ import annotations
 from numba import njit
 
 from sim.kernels.program_kernel import SENT, abort, advance, drain, retire, schedule_arrival
-from sim.kernels.program_state import CHAINED, LINKS
+from sim.kernels.program_state import CHAINED, LINKS, NEXT_IDX, RETIRED
+from sim.kernels.template_calls import FOLDED, follow
+
+IDX_AT = 2
+"""a pending send's request idx, in int64 words from its start"""
 
 GROUP_AT = 6
 """a pending send's group, in int64 words from its start (after replica, slot, idx, prompt,
@@ -18,9 +22,10 @@ output and priority: `programs._PACK`)"""
 def place_chains(st, npend):
     """Copy each pending send's prefix chain from its row of `chains` into its slot's links, its
     group then `CHAINED` as `submit` takes it (a row copy here, compiled, instead of a numpy
-    slice write per request in the driver)."""
+    slice write per request in the driver); the next request idx past theirs."""
     for k in range(npend):
         o = k * SENT
+        st.ctr[NEXT_IDX] = st.pend_i[o + IDX_AT] + 1  # the driver numbers them in order
         g = st.pend_i[o + GROUP_AT]
         if g < CHAINED:
             row = CHAINED - 1 - g
@@ -31,11 +36,34 @@ def place_chains(st, npend):
 
 @njit(cache=True)
 def advance_st(st, npend, node_room, pending):
-    """`advance` on the packed state."""
+    """`advance` on the packed state, each step's retired requests taken here while the kernel
+    takes them (`template_calls.follow`; the step's end then goes on here): as `advance`
+    returns, and the index in `done` past the first request the driver takes; whether the
+    kernel sent or finished any templated request."""
     place_chains(st, npend)
-    return advance(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h,
-                   st.seg, st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free,
-                   st.pend_i, st.pend_f, npend, node_room, pending)
+    folded = False
+    while True:
+        code, j, n, now, s, out = advance(
+            st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
+            st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, st.pend_i, st.pend_f,
+            npend, node_room, pending)
+        if code != RETIRED:
+            return code, j, n, now, s, out, 1, folded
+        npend = 0
+        out = follow(st, s, out)
+        i = 1
+        while out == FOLDED or out == -1:
+            folded = folded or out == FOLDED
+            if i == n:
+                break
+            s = st.done[i]
+            out = follow(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt,
+                                       st.ri, st.h, st.seg, st.ctr, st.clock, st.done, st.pc,
+                                       st.tab, st.lru, st.free, j, s))
+            i += 1
+        else:
+            return code, j, n, now, s, out, i, folded
+        pending = j  # every retired request taken here: the step ends, and on
 
 
 @njit(cache=True)
@@ -56,16 +84,28 @@ def arrival_st(st, npend, gap):
 
 
 @njit(cache=True)
-def retire_st(st, npend, j, r):
-    """The pending sends, then `retire` of slot r on replica j, on the packed state."""
-    drain_st(st, npend)
-    return retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
-                  st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, j, r)
-
-
-@njit(cache=True)
 def abort_st(st, npend, j, r):
     """The pending sends, then `abort` of slot r on replica j, on the packed state."""
     drain_st(st, npend)
     return abort(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
                  st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, j, r)
+
+
+@njit(cache=True)
+def retire_rest_st(st, npend, j, i, n):
+    """The pending sends, then `retire` of `done[i]`, `done[i + 1]`, ... on replica j while the
+    kernel takes each (`template_calls.follow`): (the next index; the slot and `out` of the one the
+    driver takes, or 0 and -1 once all n are; whether the kernel sent or finished any)."""
+    drain_st(st, npend)
+    folded = False
+    while i < n:
+        s = st.done[i]
+        out = follow(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt,
+                                   st.ri, st.h, st.seg, st.ctr, st.clock, st.done, st.pc, st.tab,
+                                   st.lru, st.free, j, s))
+        i += 1
+        if out == FOLDED:
+            folded = True
+        elif out != -1:
+            return i, s, out, folded
+    return n, 0, -1, folded

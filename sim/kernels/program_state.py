@@ -24,12 +24,14 @@ from sim.kernels.state import (  # the shared columns too, for the kernel to imp
 
 # per request slot (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
-    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, LINKS = range(20)
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, PROG, TROW, LINKS = range(22)
 # from LINKS: the request's prefix chain, `prefix.link_group`'s `links` (a count, then a group and
 # an end per link: as many columns as the longest chain sent needs), copied from its row of
-# `State.chains` as the send is submitted; the columns before it are the request's state, set by
-# the kernel's `submit`
-RQ_COLS = LINKS
+# `State.chains` as the send is submitted; the columns before PROG are the request's state, set
+# by the kernel's `submit`; PROG and TROW: the program and its template's request a request of a
+# template in the kernel is (`sim.kernels.template_calls`), PROG -1 for any other and in a free
+# slot
+RQ_COLS = PROG
 CHAINED = -2
 """a send's group where the request names a prefix chain (its links written in its slot); the
 driver sends `CHAINED - 1 - row` for the chain in row `row` of `State.chains`
@@ -47,7 +49,7 @@ LP_STEP, SEED_STEP, SEED_SEQ, RF_COLS = range(_RF_COLS, _RF_COLS + 4)
 # fraction of KV blocks in use at the run's start; the most blocks in use at a run's start)
 RUNS_K, RUNS_KV, RUNS_KV_PEAK, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2, RF_COLS + 3
 # the serving step-time model's columns and engine state (`sim.kernels.serving`, from SV0), then
-# from SEEN0 a flag per token count where a replica's model is `serving` (`programs._state`)
+# from SEEN0 a flag per token count where a replica's model is `serving` (`program_room.new_state`)
 SV0 = RF_COLS
 SEEN0 = RF_COLS = SV0 + SV_COLS
 # results, a row per column, indexed by request (float64 / int32)
@@ -60,6 +62,14 @@ OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RESCOR
 # the next run replaces it: rows for every run would take gigabytes at a million programs;
 # the run of iterations it replaces; RERUNS: scoring requests sent again (`RESCORE`)
 DONE_N, DONE_J, FOLD, RERUNS, CTR_COLS = range(4, 9)
+# the templates in the kernel (`sim.kernels.template_calls`): the next request idx; the slots in
+# `kfree`, the sends in `klog` and the programs done in `kdone` since the driver last read them;
+# the inter-program scheduler's priority (`PRIO_MODE`); the most cached blocks one call can add
+# (`CompiledCluster.node_room`)
+NEXT_IDX, KFREE_N, KLOG_N, KDONE_N, PRIO_MODE, NODE_ROOM, CTR_COLS = range(CTR_COLS,
+                                                                           CTR_COLS + 7)
+CALLS = 64
+"""kernel calls between two checks of the arrays' room (`program_room.KernelRoom._room`)"""
 # what `advance` stopped for
 END, ARRIVAL, RETIRED, ROOM = range(4)
 
@@ -68,10 +78,12 @@ class State:
     """The kernel's arrays, in the order every kernel function takes them (`pend_i`, `pend_f`:
     one buffer of pending sends, seen as int64 and as float64), then `chains`, which only the
     entry points read: a row per prefix chain the driver sent, its links as `LINKS` holds them
-    (each chain's row written once, not a slot's columns per request)."""
+    (each chain's row written once, not a slot's columns per request), then the templates in
+    the kernel (`sim.kernels.template_calls`)."""
 
     __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
-                 "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f", "chains")
+                 "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f", "chains",
+                 "tk", "tkf", "tfo", "tlinks", "pg", "kfree", "klog", "kdone", "kclass")
 
     def packed(self) -> "Packed":
         """The arrays as one kernel argument (the entry points' `st`)."""
@@ -97,17 +109,20 @@ _I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], 
     types.float64[:, ::1]
 _PACKED = PackedType(list(zip(State.__slots__, (
     _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
-    _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2))))
+    _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2, _I2, _F2, _I1, _I2, _I2, _I1, _I2, _I2,
+    _I1))))
 
 
 @njit(cache=True)
 def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
-          free, pend_i, pend_f, chains):
+          free, pend_i, pend_f, chains, tk, tkf, tfo, tlinks, pg, kfree, klog, kdone, kclass):
     st = structref.new(_PACKED)
     st.rq, st.rqf, st.rp, st.rf, st.running, st.sched = rq, rqf, rp, rf, running, sched
     st.rt, st.ri, st.h, st.seg, st.ctr, st.clock = rt, ri, h, seg, ctr, clock
     st.done, st.pc, st.tab, st.lru, st.free = done, pc, tab, lru, free
     st.pend_i, st.pend_f, st.chains = pend_i, pend_f, chains
+    st.tk, st.tkf, st.tfo, st.tlinks, st.pg = tk, tkf, tfo, tlinks, pg
+    st.kfree, st.klog, st.kdone, st.kclass = kfree, klog, kdone, kclass
     return st
 
 

@@ -5,8 +5,12 @@ same routers, the same `send` / `cancel` and `env.now` the driver uses, the same
 and an arrival process written as for SimPy (it yields the seconds to wait). The replicas'
 decisions run in the kernel in SimPy's event order, so a run equals the SimPy run
 table for table (`tests/test_compiled_programs.py`); the programs themselves stay the objects
-the live runner drives. `sim.kernels.plain.why_not_compiled_programs` says what keeps a workload
-under SimPy; numba loads only once a run takes this path.
+the live runner drives. A driver that keeps request-by-request templates in the kernel
+(`sim.workloads.kernel_templates`) has the kernel send a templated request's follow-ups where
+it retires (`sim.kernels.template_calls`): `advance` then goes on past a step whose retired
+requests the kernel took, and the driver reads what the kernel sent before anything of its own
+(`on_fold`). `sim.kernels.plain.why_not_compiled_programs` says what keeps a workload under
+SimPy; numba loads only once a run takes this path.
 """
 
 from __future__ import annotations
@@ -20,12 +24,11 @@ from sim.kernels import prefix as P
 from sim.kernels import program_calls as C
 from sim.kernels import program_kernel as K
 from sim.kernels import program_state as S
-from sim.kernels.serving import serving_state
+from sim.kernels import template_calls as T
+from sim.kernels.program_room import KernelRoom, new_state
 from sim.engine.cluster import Cluster, gc_paused, run_summary
 from sim.engine.request_state import Results, Sent
 
-CALLS = 64
-"""kernel calls between two checks of the arrays' room"""
 _PACK = struct.Struct(f"<{K.SENT - 2}q2d")
 """a pending send in the kernel's `pend` buffer (`program_kernel.SENT`)"""
 _PACKED = _PACK.size
@@ -62,7 +65,7 @@ class KernelReplica:
         return float(self.cluster.st.rf[self.id, S.BUSY_S])
 
 
-class CompiledCluster(Cluster):
+class CompiledCluster(KernelRoom, Cluster):
     """The replicas of a config in the program kernel, with the routers of `Cluster`."""
 
     def __init__(self, cfg, capacity: int, specs: list, on_done=None):
@@ -77,8 +80,11 @@ class CompiledCluster(Cluster):
             setattr(self.res, name, None)
         self._routing(cfg, specs)
         self.on_done = on_done  # (request idx, tokens generated, aborted): set by the driver
+        # set by a driver that writes templates into the kernel (`kernel_templates`): the
+        # kernel's sends and programs done to read; a templated request handed back
+        self.on_fold = self.on_template = None
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
-        self.st = _state(specs, capacity, not cfg.write_steps)
+        self.st = new_state(specs, capacity, not cfg.write_steps)
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
@@ -90,6 +96,7 @@ class CompiledCluster(Cluster):
                              // rc.block_size + 1
                              for cal, rc in specs)
         self._calls = 0  # kernel calls (sends count) left before room is checked again
+        self.st.ctr[S.NODE_ROOM] = self.node_room
         # Sends wait in `pend` for the next kernel call, which submits them first: one call
         # where each was one (a kernel call's dispatch costs more than a submit's work).
         self._npend = 0
@@ -106,14 +113,18 @@ class CompiledCluster(Cluster):
         self.loop_s = 0.0
 
     # ------------------------------------------------------------------ the driver's calls
+    def repack(self) -> None:
+        """The state packed again, after the driver replaced or grew one of its arrays."""
+        self._st = self.st.packed()
+
     def send(self, j: int, sent: Sent, chain: tuple | None = None) -> int:
         """`Cluster.send`: the request arrives at replica j; its slot is the handle, valid until
         the request's callback (the driver never cancels a request it was told is done)."""
-        if not self._free:
-            self._grow_slots()
         self._calls -= 1
         if self._calls <= 0:
             self._room()
+        if not self._free:
+            self._more_slots()
         idx = sent[0]
         if idx >= self._requests:
             self._grow_results(idx)
@@ -191,34 +202,42 @@ class CompiledCluster(Cluster):
     def run(self, process) -> None:
         """Run the arrival process and every event it leads to."""
         loop0 = time.perf_counter()
-        st, env, retire, advance = self.st, self.env, C.retire_st, C.advance_st
+        env, rest, advance = self.env, C.retire_rest_st, C.advance_st
         retired, arrival, room = S.RETIRED, S.ARRIVAL, S.ROOM
         with gc_paused():
             self._resume(process)
             pending = -1  # a replica whose step end waits for its callbacks to finish
+            unfolded = False  # the kernel sent or finished templated requests since last read
             while True:
-                code, j, n, env.now, s, out = advance(self._st, self._npend, self.node_room,
-                                                      pending)
+                code, j, n, env.now, s, out, i, folded = advance(
+                    self._st, self._npend, self.node_room, pending)
                 self._npend = 0
                 pending = -1
+                unfolded = unfolded or folded
                 if code == retired:
-                    rest = st.done[1:n].tolist() if n > 1 else ()
-                    # the callback of each, then its slot is free (`_retired`, inlined); none
-                    # for a scoring request sent again (`program_kernel.retire`: -1)
-                    if out >= 0:
-                        self.on_done(self._idx[s], out >> 1, out & 1 == 1)
-                        self._free.append(s)
-                    for s in rest:
-                        out = retire(self._st, self._npend, j, s)
-                        self._npend = 0
+                    while True:
+                        # the callback of each, then its slot is free (`_retired`, inlined);
+                        # none for a scoring request sent again (`program_kernel.retire`: -1)
                         if out >= 0:
+                            if unfolded:
+                                unfolded = self.on_fold()
                             self.on_done(self._idx[s], out >> 1, out & 1 == 1)
                             self._free.append(s)
+                        elif out < -1:
+                            unfolded = self._templated(s, out, unfolded)
+                        if i == n:
+                            break
+                        i, s, out, folded = rest(self._st, self._npend, j, i, n)
+                        self._npend = 0
+                        unfolded = unfolded or folded
                     self._calls -= 1
                     if self._calls <= 0:
                         self._room()
                     pending = j
-                elif code == arrival:
+                    continue
+                if unfolded:
+                    unfolded = self.on_fold()
+                if code == arrival:
                     self._resume(process)
                 elif code == room:
                     self._room()
@@ -226,6 +245,21 @@ class CompiledCluster(Cluster):
                     break
         self.loop_s = time.perf_counter() - loop0
         self._results()
+
+    def _templated(self, s: int, out: int, unfolded: bool) -> bool:
+        """A templated request retired (`template_calls.follow`): sent on or finished in the
+        kernel (its sends then to read), or handed back to the driver (what the kernel did
+        read first; its slot then free). Whether the kernel's work waits to be read."""
+        if out == T.FOLDED:
+            return True
+        if unfolded:
+            self.on_fold()
+        rq = self.st.rq
+        p, t = int(rq[s, S.PROG]), int(rq[s, S.TROW])
+        rq[s, S.PROG] = -1
+        self._free.append(s)
+        self.on_template(p, t)
+        return False
 
     def _resume(self, process) -> None:
         try:
@@ -238,59 +272,10 @@ class CompiledCluster(Cluster):
         C.arrival_st(self._st, self._npend, gap)
         self._npend = 0
 
-    def _grow_pend(self) -> None:
-        pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
-        pend[:self._pend.shape[0]] = self._pend
-        self._pend = pend
-        self._pend_room *= 2
-        self.st.pend_i, self.st.pend_f = pend.view(np.int64), pend.view(np.float64)
-        self._st = self.st.packed()
-
     def _retired(self, j: int, s: int, generated: int, aborted) -> None:
         """Hand a finished (or aborted) request to the caller, then free its slot."""
         self.on_done(self._idx[s], generated, aborted == 1)
         self._free.append(s)
-
-    # ------------------------------------------------------------------ room
-    def _room(self) -> None:
-        """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
-        event and `node_room` cached blocks)."""
-        st = self.st
-        self._calls = CALLS
-        grown = False
-        if st.ctr[S.SEG_N] + CALLS + 2 > st.seg.shape[0]:
-            st.seg = _doubled(st.seg)
-            grown = True
-        if st.ctr[S.HEAP_N] + CALLS + 4 > st.h.shape[0]:
-            st.h = _doubled(st.h)
-            grown = True
-        if st.free[1] + (CALLS + 1) * self.node_room > st.pc.shape[0]:
-            st.pc, st.tab = P.grow_cache(st.pc, st.free)
-            grown = True
-        if grown:
-            self._st = st.packed()
-            self._room()  # doubled once may not be enough
-
-    def _grow_results(self, idx: int) -> None:
-        st = self.st
-        n = st.rt.shape[1]
-        while n <= idx:
-            n *= 2
-        # empty: the kernel sets a request's float columns when it is sent, and fresh memory
-        # costs its first touch (a million programs' columns are gigabytes)
-        rt, ri = np.empty((S.RT_ROWS, n)), np.zeros((S.RI_ROWS, n), dtype=np.int32)
-        rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
-        st.rt, st.ri = rt, ri
-        self._requests = n
-        self._st = st.packed()
-
-    def _grow_slots(self) -> None:
-        st = self.st
-        n = st.rq.shape[0]
-        st.rq, st.rqf = _doubled(st.rq), _doubled(st.rqf)
-        self._idx += [0] * n
-        self._free.extend(range(2 * n - 1, n - 1, -1))
-        self._st = st.packed()
 
     def _results(self) -> None:
         st, res = self.st, self.res
@@ -321,59 +306,5 @@ class CompiledCluster(Cluster):
                            events, makespan_s)
 
     def close(self) -> None:
-        """Drop the callback (the run's cycle through the caller's state)."""
-        self.on_done = None
-
-
-def _doubled(a: np.ndarray) -> np.ndarray:
-    out = np.empty((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
-    out[:a.shape[0]] = a
-    return out
-
-
-def _state(specs: list, capacity: int, fold: bool) -> S.State:
-    """The kernel's arrays for replicas `specs` and `capacity` requests (`fold`: a step row per
-    replica, `program_state.FOLD`)."""
-    nrep = len(specs)
-    st = S.State()
-    slots = 64 * nrep
-    st.rq = np.zeros((slots, S.LINKS + 1), dtype=np.int64)  # no chain's links yet
-    st.chains = np.zeros((64, 1), dtype=np.int64)
-    st.rqf = np.zeros((slots, S.RQF_COLS))
-    st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
-    serving = any(getattr(cal.latency, "engine_state", False) for cal, _ in specs)
-    budget = max(rc.max_num_batched_tokens for _, rc in specs)
-    st.rf = np.zeros((nrep, S.RF_COLS + (budget + 1 if serving else 0)))
-    st.rf[:, S.SV0:S.SEEN0] = serving_state(specs, [None] * nrep, False)[0]  # mean: no draws
-    for j, (cal, rc) in enumerate(specs):
-        st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
-            rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
-            rc.usable_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
-        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms[:S.CX + 1]  # the step gap included
-        st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
-        st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
-            cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
-        st.rf[j, [S.LP_STEP, S.SEED_STEP, S.SEED_SEQ]] = (
-            cal.logprob_step_ms, cal.seeded_step_ms, cal.seeded_seq_ms)
-    st.rp[:, [S.WHEAD, S.WTAIL]] = -1
-    max_seqs = max(rc.max_num_seqs for _, rc in specs)
-    st.running = np.zeros((nrep, max_seqs), dtype=np.int64)
-    # a step's entries: the running requests, those admitted, victims scheduled before
-    st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
-    # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
-    # start smaller and grow by doubling
-    requests = min(capacity, 1 << 20)
-    st.rt = np.empty((S.RT_ROWS, requests))  # set as each request is sent
-    st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
-    st.h = np.empty((4 * nrep + 64, 6))
-    st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
-    if fold:  # room for CALLS more rows is checked before each CALLS calls: never short
-        st.seg = np.zeros((nrep + CALLS + 4, 15))
-        st.ctr[S.SEG_N], st.ctr[S.FOLD] = nrep, 1
-    else:
-        st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
-    st.clock = np.zeros(1)
-    st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
-    st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)
-    return st
-
+        """Drop the callbacks (the run's cycle through the caller's state)."""
+        self.on_done = self.on_fold = self.on_template = None

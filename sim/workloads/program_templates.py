@@ -22,6 +22,7 @@ import copy
 from policies.scheduling import ProgramView
 from programs.base import RequestSpec
 from sim.engine.request_state import Sent
+from sim.workloads.kernel_templates import KernelTemplates, kernel_mode
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
 from sim.workloads.request_templates import RequestTemplate, record_requests
 
@@ -88,6 +89,12 @@ class TemplateDriver(ProgramDriver):
         # per distinct costs, so a template holds a round's sends once per class, not replica
         classes: dict = {}
         self._cost_class = [classes.setdefault(c, len(classes)) for c in self._costs]
+        # request-by-request templates in the program kernel, where it can compute the priority
+        self._kernel = None
+        mode = kernel_mode(scheduler)
+        if hasattr(cluster, "on_fold") and mode is not None and not self._demote:
+            self._kernel = KernelTemplates(self, cluster, mode)
+            cluster.on_fold, cluster.on_template = self._fold, self._on_template
 
     def start(self, run: SimProgram) -> None:
         """A program arrives: send its first round (from its question's template)."""
@@ -101,7 +108,11 @@ class TemplateDriver(ProgramDriver):
             return super().start(run)
         if type(tpl) is RequestTemplate:
             run.program, run.template, run.round, run.tokens = tpl.program, tpl, 0, 0
-            return self._send_requests(run, tpl, tpl.first)
+            if self._kernel is not None and self._kernel.holds(tpl):
+                self._kernel.start(run)
+                return self._send_kernel(run, tpl, tpl.first)
+            self._send_requests(run, tpl, tpl.first)
+            return
         run.program, run.template = tpl.program, tpl  # the program's own object: not needed
         if tpl.rounds:
             self._send_round(run, tpl, 0)
@@ -141,7 +152,7 @@ class TemplateDriver(ProgramDriver):
                 self._finish(run)
             return
         if aborted:
-            raise RuntimeError(f"program {run.idx}: a templated search request was aborted")
+            raise RuntimeError(f"request {idx}: a templated request was aborted")
         self._live[idx] = None
         run.open -= 1
         if run.open:
@@ -151,9 +162,36 @@ class TemplateDriver(ProgramDriver):
         else:
             self._finish(run)
 
-    def _finish(self, run: SimProgram) -> None:
-        """As `ProgramDriver._act` once the program is done and nothing is in flight."""
-        run.finish_s = self.env.now
+    def _send_kernel(self, run: SimProgram, tpl: RequestTemplate, ks: tuple) -> None:
+        """`_send_requests` for a program whose state is in the kernel."""
+        self._kernel.load(run)
+        self._kernel.store(run, tpl, ks, self._send_requests(run, tpl, ks))
+
+    def _on_template(self, p: int, t: int) -> None:
+        """The kernel handed back program p's template request t (`template_calls.follow`):
+        what follows it, as `on_request_done` sends it."""
+        run = self._kernel.runs[p]
+        tpl = run.template
+        k = t - tpl.kernel_row
+        self._kernel.load(run)
+        run.open -= 1
+        run.tokens += tpl.gained[k]
+        follow = tpl.follow[k]
+        self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
+        if not follow and not run.open:  # nothing in flight and nothing to send: done
+            self._finish(self._kernel.runs.pop(p))
+
+    def _fold(self) -> bool:
+        """What the kernel sent and finished since the last fold (`KernelTemplates.fold`):
+        nothing left to read (False)."""
+        for run, finish_s in self._kernel.fold():
+            self._finish(run, finish_s)
+        return False
+
+    def _finish(self, run: SimProgram, finish_s: float | None = None) -> None:
+        """As `ProgramDriver._act` once the program is done and nothing is in flight (at
+        `finish_s`, else now)."""
+        run.finish_s = self.env.now if finish_s is None else finish_s
         self.finished_tokens.add(run.program.tokens)
         if self.on_program_done is not None:
             self.on_program_done(run)
@@ -190,9 +228,10 @@ class TemplateDriver(ProgramDriver):
             run.open += 1
             send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
 
-    def _send_requests(self, run: SimProgram, tpl: RequestTemplate, ks: tuple) -> None:
+    def _send_requests(self, run: SimProgram, tpl: RequestTemplate, ks: tuple) -> list:
         """Send the template's requests ks, numbered on from the program's last, as
-        `ProgramDriver._submit` sends each (one priority: the program's state is the same)."""
+        `ProgramDriver._submit` sends each (one priority: the program's state is the same):
+        their slots."""
         priority = self.scheduler.priority(
             _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.tokens, None)),
             self.finished_tokens)
@@ -202,6 +241,7 @@ class TemplateDriver(ProgramDriver):
             self._groups += 1
         owner, live, send, p, pools = self.owner, self._live, self.cluster.send, run.idx, \
             self._pools
+        slots = []
         for k in ks:
             request = tpl.requests[k]
             role = request[0].role
@@ -224,7 +264,8 @@ class TemplateDriver(ProgramDriver):
             live.append((run, k))
             run.round += 1
             run.open += 1
-            send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
+            slots.append(send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain))
+        return slots
 
     def _sends(self, run: SimProgram, rid: int, requests: tuple) -> list:
         """A round's requests on replica rid: (index, path, role code, chain, Sent's fields

@@ -26,7 +26,7 @@ from sim.workloads.program_driver import SimProgram
 class RequestTemplate:
     """A question's program as recorded request by request."""
 
-    __slots__ = ("requests", "first", "follow", "gained", "program", "sends")
+    __slots__ = ("requests", "first", "follow", "gained", "program", "sends", "kernel_row")
 
     def __init__(self, requests: list, first: tuple, follow: list, gained: list, program):
         self.requests = requests
@@ -42,6 +42,9 @@ class RequestTemplate:
         self.sends: dict = {}
         """per request-cost class, per request: the request as those replicas take it
         (`TemplateDriver._sends`), made at its first send there"""
+        self.kernel_row: int | None = None
+        """its first row in the program kernel (`sim.workloads.kernel_templates`); -1: kept in
+        Python; None: not written yet"""
 
 
 def record_requests(run: SimProgram, oracle) -> RequestTemplate | None:

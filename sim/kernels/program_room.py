@@ -1,0 +1,172 @@
+"""The program kernel's arrays (`sim.kernels.program_state.State`): made for a run's replicas
+(`new_state`), and grown as the run fills them (`KernelRoom`).
+
+Step rows, events, cached blocks, result columns and request slots start small and double as a
+run needs them: the driver checks before every `CALLS` kernel calls that they could not run
+short (`KernelRoom._room`), and the kernel's own sends of templated requests
+(`sim.kernels.template_calls`) leave that margin untouched. Slots are kept in two stacks: the
+driver's (a Python list) and the kernel's (`kfree`, topped up from the driver's), each request's
+slot freed where it retires.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.kernels import prefix as P
+from sim.kernels import program_state as S
+from sim.kernels import template_calls as T
+from sim.kernels.serving import serving_state
+
+CALLS = S.CALLS
+KERNEL_SLOTS = 256
+"""free slots kept for the kernel's own sends (`template_calls`), topped up with room"""
+KLOG_ROWS, KDONE_ROWS = 4096, 1024
+"""the kernel's sends and programs done it logs before the driver must read them"""
+
+
+class KernelRoom:
+    """`CompiledCluster`'s growth of its arrays (`st`), its slots and its send buffer."""
+
+    def _grow_pend(self) -> None:
+        """Twice the room for sends waiting for the next kernel call."""
+        pend = np.zeros(2 * self._pend.shape[0], dtype=np.uint8)
+        pend[:self._pend.shape[0]] = self._pend
+        self._pend = pend
+        self._pend_room *= 2
+        self.st.pend_i, self.st.pend_f = pend.view(np.int64), pend.view(np.float64)
+        self._st = self.st.packed()
+
+    def _room(self) -> None:
+        """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
+        event and `node_room` cached blocks)."""
+        st = self.st
+        self._calls = CALLS
+        grown = False
+        if st.ctr[S.SEG_N] + CALLS + 2 > st.seg.shape[0]:
+            st.seg = doubled(st.seg)
+            grown = True
+        if st.ctr[S.HEAP_N] + CALLS + 4 > st.h.shape[0]:
+            st.h = doubled(st.h)
+            grown = True
+        if st.free[1] + (CALLS + 1) * self.node_room > st.pc.shape[0]:
+            st.pc, st.tab = P.grow_cache(st.pc, st.free)
+            grown = True
+        if self.on_fold is not None and st.ctr[S.KFREE_N] < KERNEL_SLOTS:
+            grown = self._kernel_slots() or grown
+        if grown:
+            self._st = st.packed()
+            self._room()  # doubled once may not be enough
+
+    def _kernel_slots(self) -> bool:
+        """Top the kernel's free slots up to twice `KERNEL_SLOTS` from the driver's (as many
+        more made as it takes): whether the arrays were replaced."""
+        grown = False
+        want = 2 * KERNEL_SLOTS - int(self.st.ctr[S.KFREE_N])
+        while len(self._free) <= want:  # one left for the send that checks room
+            self._grow_slots()
+            grown = True
+        st, n = self.st, int(self.st.ctr[S.KFREE_N])
+        taken = self._free[-want:]
+        del self._free[-want:]
+        st.kfree[n:n + want] = taken[::-1]  # taken as `send` would pop them
+        st.ctr[S.KFREE_N] = n + want
+        return grown
+
+    def _grow_results(self, idx: int) -> None:
+        """Result columns past request idx (doubling)."""
+        st = self.st
+        n = st.rt.shape[1]
+        while n <= idx:
+            n *= 2
+        # empty: the kernel sets a request's float columns when it is sent, and fresh memory
+        # costs its first touch (a million programs' columns are gigabytes)
+        rt, ri = np.empty((S.RT_ROWS, n)), np.zeros((S.RI_ROWS, n), dtype=np.int32)
+        rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
+        st.rt, st.ri = rt, ri
+        self._requests = n
+        self._st = st.packed()
+
+    def _more_slots(self) -> None:
+        """Free slots for the driver's sends: the kernel's past twice `KERNEL_SLOTS` (its
+        templated requests' retire there), else twice as many slots."""
+        st = self.st
+        n = int(st.ctr[S.KFREE_N])
+        if n > 2 * KERNEL_SLOTS:
+            self._free.extend(st.kfree[KERNEL_SLOTS:n].tolist())
+            st.ctr[S.KFREE_N] = KERNEL_SLOTS
+        else:
+            self._grow_slots()
+
+    def _grow_slots(self) -> None:
+        """Twice the request slots, the new ones free for the driver."""
+        st = self.st
+        n = st.rq.shape[0]
+        st.rq, st.rqf = doubled(st.rq), doubled(st.rqf)
+        st.rq[n:, S.PROG] = -1
+        st.kfree = doubled(st.kfree)  # every slot may be free in the kernel at once
+        self._idx += [0] * n
+        self._free.extend(range(2 * n - 1, n - 1, -1))
+        self._st = st.packed()
+
+
+def doubled(a: np.ndarray) -> np.ndarray:
+    out = np.empty((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    out[:a.shape[0]] = a
+    return out
+
+
+def new_state(specs: list, capacity: int, fold: bool) -> S.State:
+    """The kernel's arrays for replicas `specs` and `capacity` requests (`fold`: a step row per
+    replica, `program_state.FOLD`)."""
+    nrep = len(specs)
+    st = S.State()
+    slots = 64 * nrep
+    st.rq = np.zeros((slots, S.LINKS + 1), dtype=np.int64)  # no chain's links yet
+    st.rq[:, S.PROG] = -1
+    st.chains = np.zeros((64, 1), dtype=np.int64)
+    st.rqf = np.zeros((slots, S.RQF_COLS))
+    st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
+    serving = any(getattr(cal.latency, "engine_state", False) for cal, _ in specs)
+    budget = max(rc.max_num_batched_tokens for _, rc in specs)
+    st.rf = np.zeros((nrep, S.RF_COLS + (budget + 1 if serving else 0)))
+    st.rf[:, S.SV0:S.SEEN0] = serving_state(specs, [None] * nrep, False)[0]  # mean: no draws
+    for j, (cal, rc) in enumerate(specs):
+        st.rp[j, [S.MAX_SEQS, S.BUDGET, S.BS, S.KV_BLOCKS, S.FREE, S.CACHING, S.PRIO]] = (
+            rc.max_num_seqs, rc.max_num_batched_tokens, rc.block_size, rc.kv_blocks,
+            rc.usable_blocks, rc.enable_prefix_caching, rc.priority_scheduling)
+        st.rf[j, S.C0:S.CX + 1] = cal.stepping.coef_ms[:S.CX + 1]  # the step gap included
+        st.rf[j, S.NOISE] = cal.latency.residual_sampler()[0]
+        st.rf[j, [S.ADD_S, S.ADD_MORE_S, S.WAKE_S]] = (
+            cal.add_request_ms / 1e3, cal.add_more_ms / 1e3, cal.wake_ms / 1e3)
+        st.rf[j, [S.LP_STEP, S.SEED_STEP, S.SEED_SEQ]] = (
+            cal.logprob_step_ms, cal.seeded_step_ms, cal.seeded_seq_ms)
+    st.rp[:, [S.WHEAD, S.WTAIL]] = -1
+    max_seqs = max(rc.max_num_seqs for _, rc in specs)
+    st.running = np.zeros((nrep, max_seqs), dtype=np.int64)
+    # a step's entries: the running requests, those admitted, victims scheduled before
+    st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
+    # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
+    # start smaller and grow by doubling
+    requests = min(capacity, 1 << 20)
+    st.rt = np.empty((S.RT_ROWS, requests))  # set as each request is sent
+    st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
+    st.h = np.empty((4 * nrep + 64, 6))
+    st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
+    if fold:  # room for CALLS more rows is checked before each CALLS calls: never short
+        st.seg = np.zeros((nrep + CALLS + 4, 15))
+        st.ctr[S.SEG_N], st.ctr[S.FOLD] = nrep, 1
+    else:
+        st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
+    st.clock = np.zeros(1)
+    st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
+    st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)
+    # no template in the kernel until a driver writes one (`kernel_templates`)
+    st.tk, st.tkf = np.zeros((1, T.T_COLS), dtype=np.int64), np.zeros((1, 2))
+    st.tfo, st.tlinks = np.zeros(1, dtype=np.int64), np.zeros((1, 1), dtype=np.int64)
+    st.pg, st.kfree = np.zeros((1, T.P_PIN0), dtype=np.int64), np.zeros(slots, dtype=np.int64)
+    st.klog = np.zeros((KLOG_ROWS, 4), dtype=np.int64)
+    st.kdone = np.zeros((KDONE_ROWS, 2), dtype=np.int64)
+    st.kclass = np.zeros(nrep, dtype=np.int64)
+    return st
+

@@ -1,0 +1,113 @@
+"""Request-by-request templates in the program kernel: a templated request's follow-ups sent
+where it retires, with no round trip to the Python driver.
+
+An asynchronous A1 program's requests each send what follows from their own outcome
+(`sim.workloads.request_templates`): once a question's record is written into the kernel's
+arrays (`sim.workloads.kernel_templates`), the kernel does what `TemplateDriver.on_request_done`
+does for such a request (the program's tokens take the request's, its follow-ups go out to the
+replicas the program is pinned to, numbered on from its last, at the priority a static
+scheduler gives; or, with nothing in flight and nothing to send, the program is done) and logs
+what the driver's tables need: each send's owner columns (`klog`) and each program done
+(`kdone`). A follow-up bound for a pool the program is not pinned to yet (routing is Python's),
+or past the room the driver left, hands the request back (`TEMPLATED`); the driver then does the
+same in Python.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from sim.kernels.program_kernel import submit
+from sim.kernels.program_state import (
+    CALLS, CHAINED, FOLD, HEAP_N, IDX, KDONE_N, KFREE_N, KLOG_N, LINKS, NEXT_IDX, NODE_ROOM,
+    PRIO_MODE, PROG, SEG_N, TROW)
+
+# a template request's row of `tk` (int64)
+T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PREFIX, \
+    T_SCORE_FROM, T_SEEDED, T_COLS = range(12)
+# `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
+# a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, then
+# per pool the replica it is pinned to there (-1: none yet)
+P_TOKENS, P_OPEN, P_NEXT, P_PIN0 = range(4)
+FCFS, LPM, APP_FIFO = range(3)
+"""`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`"""
+FOLDED, TEMPLATED = -2, -3
+"""what `follow` returns for a templated request: done here, the driver to read `klog` and
+`kdone`; handed back to the driver (its slot still held)"""
+
+
+@njit(cache=True)
+def follow(st, s, out):
+    """The retired request in slot s (`retire`'s `out`): a templated one's follow-ups sent here
+    (FOLDED) or handed back (TEMPLATED); any other's `out` as it was."""
+    rq, tk, pg, ctr = st.rq, st.tk, st.pg, st.ctr
+    p = rq[s, PROG]
+    if p < 0 or out < 0:
+        return out
+    if out & 1:  # aborted: the driver says why that cannot be
+        return TEMPLATED
+    t = rq[s, TROW]
+    f0, fn = tk[t, T_FOLLOW0], tk[t, T_FOLLOWN]
+    if not _room(st, fn):
+        return TEMPLATED
+    for i in range(fn):
+        if pg[p, P_PIN0 + tk[st.tfo[f0 + i], T_POOL]] < 0:
+            return TEMPLATED
+    rq[s, PROG] = -1
+    st.kfree[ctr[KFREE_N]] = s
+    ctr[KFREE_N] += 1
+    pg[p, P_OPEN] -= 1
+    pg[p, P_TOKENS] += tk[t, T_GAINED]
+    if fn == 0:
+        if pg[p, P_OPEN] > 0:
+            return -1
+        st.kdone[ctr[KDONE_N], 0], st.kdone[ctr[KDONE_N], 1] = p, rq[s, IDX]
+        ctr[KDONE_N] += 1
+        return FOLDED
+    mode = ctr[PRIO_MODE]
+    priority = 0 if mode == FCFS else -pg[p, P_TOKENS] if mode == LPM else p
+    for i in range(fn):
+        send(st, p, st.tfo[f0 + i], priority)
+    return FOLDED
+
+
+@njit(cache=True)
+def _room(st, fn):
+    """Whether fn sends fit: free slots, log rows and result columns, and room for each to
+    plan a step (a step row, events, cached blocks) past what the driver keeps for its next
+    `CALLS` calls (`KernelRoom._room`)."""
+    ctr = st.ctr
+    if fn > ctr[KFREE_N] or ctr[KLOG_N] + fn > st.klog.shape[0] or \
+            ctr[NEXT_IDX] + fn > st.rt.shape[1] or ctr[KDONE_N] >= st.kdone.shape[0]:
+        return False
+    reserve = CALLS + 4 + 2 * fn
+    if ctr[FOLD] == 0 and ctr[SEG_N] + reserve > st.seg.shape[0]:
+        return False
+    return ctr[HEAP_N] + reserve <= st.h.shape[0] and \
+        st.free[1] + (CALLS + 1 + fn) * ctr[NODE_ROOM] <= st.pc.shape[0]
+
+
+@njit(cache=True)
+def send(st, p, t, priority):
+    """Template request t of program p to the replica it is pinned to in t's pool, as the
+    driver's `_send_requests` sends it (a free slot of `kfree`, the next request idx)."""
+    rq, tk, pg, ctr = st.rq, st.tk, st.pg, st.ctr
+    rid = pg[p, P_PIN0 + tk[t, T_POOL]]
+    ctr[KFREE_N] -= 1
+    r = st.kfree[ctr[KFREE_N]]
+    idx = ctr[NEXT_IDX]
+    ctr[NEXT_IDX] = idx + 1
+    n = ctr[KLOG_N]
+    ctr[KLOG_N] = n + 1
+    st.klog[n, 0], st.klog[n, 1], st.klog[n, 2], st.klog[n, 3] = \
+        p, pg[p, P_NEXT], tk[t, T_PATH], tk[t, T_ROLE]
+    pg[p, P_NEXT] += 1
+    pg[p, P_OPEN] += 1
+    m = 1 + 2 * st.tlinks[t, 0]
+    rq[r, LINKS:LINKS + m] = st.tlinks[t, :m]
+    rq[r, PROG], rq[r, TROW] = p, t
+    c = 2 * st.kclass[rid]
+    submit(rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg, ctr,
+           st.clock, st.done, st.pc, st.tab, st.lru, st.free, rid, r, idx, tk[t, T_PROMPT],
+           tk[t, T_OUTPUT], priority, CHAINED, tk[t, T_PREFIX], tk[t, T_SCORE_FROM],
+           tk[t, T_SEEDED], st.tkf[t, c], st.tkf[t, c + 1])

@@ -1,0 +1,187 @@
+"""Request-by-request templates written into the program kernel, so that a templated request's
+follow-ups go out where it retires (`sim.kernels.template_calls`).
+
+`TemplateDriver` on compiled replicas (`sim.kernels.programs.CompiledCluster`) with a static
+inter-program scheduler (FCFS, longest prefix match, app FIFO: a priority the kernel can compute
+from the program's tokens and arrival rank) writes each question's request-by-request record
+(`sim.workloads.request_templates`) into the kernel's arrays once, at its first program's start:
+per request its follow-ups, the tokens it adds, its pool, owner columns, `Sent` fields (the
+log-probability costs per request-cost class) and prefix chain. A program's state then lives in
+the kernel (`pg`: tokens, requests in flight and sent, the replica it is pinned to per pool);
+the driver sends its first requests, folds in what the kernel sent (`fold`: the owner columns,
+the programs done) and takes back a request the kernel hands back (`on_template`: a pool the
+program is not pinned to yet, or no room). A record with a request longer than a replica of its
+pool takes stays in Python, where the send raises as the plain driver's does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.scheduling import AppFifo, Fcfs, LongestPrefixMatch
+from sim.kernels import program_state as S
+from sim.kernels import template_calls as T
+from sim.workloads.program_driver import SimProgram
+
+_MODES = {Fcfs: T.FCFS, LongestPrefixMatch: T.LPM, AppFifo: T.APP_FIFO}
+
+
+def kernel_mode(scheduler) -> int | None:
+    """The kernel's priority mode of a scheduler (`template_calls.PRIO_MODE`), or None where the
+    priority reads more than the program's tokens and arrival rank."""
+    return _MODES.get(type(scheduler))
+
+
+class KernelTemplates:
+    """The templates and programs a `TemplateDriver` keeps in the program kernel."""
+
+    def __init__(self, driver, cluster, mode: int):
+        self.driver, self.cluster = driver, cluster
+        st = cluster.st
+        self.pools = {name: i for i, name in enumerate(cluster.pools)}  # pool -> pin column
+        # per pool, the longest request its every replica takes (`max_model_len`)
+        self.limits = {name: min((driver._costs[rid][0] or 1 << 62 for rid in members),
+                                 default=1 << 62) for name, members in cluster.pools.items()}
+        self.rows = 0     # template requests written
+        self.follows = 0  # entries of `tfo` written
+        self.runs: dict[int, SimProgram] = {}  # program -> its run, while in the kernel
+        # request-cost classes (`TemplateDriver._cost_class`), each class's costs
+        classes = driver._cost_class
+        self.class_costs = [driver._costs[classes.index(c)] for c in range(max(classes) + 1)]
+        st.kclass[:] = classes
+        st.tkf = np.zeros((1, 2 * len(self.class_costs)))
+        st.pg = np.full((64, T.P_PIN0 + len(self.pools)), -1, dtype=np.int64)
+        st.ctr[S.PRIO_MODE] = mode
+        cluster.repack()
+
+    def holds(self, tpl) -> bool:
+        """Whether the template is in the kernel, written at its first program's start."""
+        if tpl.kernel_row is None:
+            tpl.kernel_row = self._write(tpl)
+        return tpl.kernel_row >= 0
+
+    def _write(self, tpl) -> int:
+        """The template's rows in the kernel's arrays: its first row, or -1 where it stays in
+        Python (a request too long for a replica of its pool, or for no pool)."""
+        rows, pools = [], []
+        for spec, prompt, _prefix, chain, output in tpl.requests:
+            try:
+                pool = self.cluster.pool_for(spec.role)
+            except ValueError:
+                return -1
+            if prompt + output > self.limits[pool]:
+                return -1
+            pools.append(self.pools[pool])
+        base, owner, at = self.rows, self.driver.owner, self.follows
+        for k, (spec, prompt, _prefix, chain, output) in enumerate(tpl.requests):
+            code = owner.codes.get((spec.role, spec.table_role))
+            if code is None:
+                code = owner.code(spec)
+            s = spec.sampling
+            scored = s.prompt_logprobs
+            rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
+                         prompt, output, chain[-1][1], prompt - scored if scored else 0,
+                         int(s.temperature > 0.0 and s.seed is not None)))
+            at += len(tpl.follow[k])
+        self._room(len(rows), at - self.follows)
+        st = self.cluster.st
+        st.tk[base:base + len(rows)] = rows
+        st.tkf[base:base + len(rows)] = [self._costs(spec) for spec, *_ in tpl.requests]
+        st.tfo[self.follows:at] = [base + f for ks in tpl.follow for f in ks]
+        for k, request in enumerate(tpl.requests):
+            self._link(base + k, request[3])
+        self.rows += len(rows)
+        self.follows = at
+        self.cluster.repack()
+        return base
+
+    def _costs(self, spec) -> list:
+        """A request's log-probability costs (prompt, sampled) per request-cost class, as
+        `TemplateDriver._sends` makes them."""
+        s, out = spec.sampling, []
+        for _limit, token_ms, top_k_ms, flag_ms in self.class_costs:
+            row_ms = token_ms + top_k_ms * s.top_logprobs or flag_ms
+            out += [row_ms if s.prompt_logprobs else 0.0,
+                    row_ms if s.top_logprobs or s.logprobs else 0.0]
+        return out
+
+    def _link(self, row: int, chain: tuple) -> None:
+        """A template request's prefix chain as its links (`CompiledCluster._links`)."""
+        links = self.cluster._links(chain)
+        st = self.cluster.st
+        if len(links) > st.tlinks.shape[1]:
+            st.tlinks = _wider(st.tlinks, len(links))
+        if S.LINKS + len(links) > st.rq.shape[1]:
+            st.rq = _wider(st.rq, S.LINKS + len(links))
+        st.tlinks[row, :len(links)] = links
+
+    def _room(self, rows: int, follows: int) -> None:
+        """Rows for `rows` more template requests and `follows` more follow-ups."""
+        st = self.cluster.st
+        if self.rows + rows > st.tk.shape[0]:
+            n = 2 * (self.rows + rows)
+            st.tk, st.tkf, st.tlinks = (_longer(a, n) for a in (st.tk, st.tkf, st.tlinks))
+        if self.follows + follows > st.tfo.shape[0]:
+            st.tfo = _longer(st.tfo, 2 * (self.follows + follows))
+
+    def start(self, run: SimProgram) -> None:
+        """The program's row in the kernel: no tokens, nothing sent, pinned where it is."""
+        st, p = self.cluster.st, run.idx
+        if p >= st.pg.shape[0]:
+            pg = np.full((2 * (p + 1), st.pg.shape[1]), -1, dtype=np.int64)
+            pg[:st.pg.shape[0]] = st.pg
+            st.pg = pg
+            self.cluster.repack()
+        st.pg[p, :T.P_PIN0] = 0
+        self.runs[p] = run
+
+    def load(self, run: SimProgram) -> None:
+        """The program's kernel state into its run's fields, for the driver to send from."""
+        row = self.cluster.st.pg[run.idx]
+        run.tokens, run.round, run.open = int(row[T.P_TOKENS]), int(row[T.P_NEXT]), \
+            int(row[T.P_OPEN])
+
+    def store(self, run: SimProgram, tpl, ks: tuple, slots: list) -> None:
+        """The driver sent requests ks of the program (in `slots`): its run's fields and pins
+        back into the kernel, each slot marked as the template's request."""
+        st, p = self.cluster.st, run.idx
+        row = st.pg[p]
+        row[T.P_TOKENS], row[T.P_NEXT], row[T.P_OPEN] = run.tokens, run.round, run.open
+        for pool, rid in run.replicas.items():
+            row[T.P_PIN0 + self.pools[pool]] = rid
+        for k, s in zip(ks, slots):
+            st.rq[s, S.PROG], st.rq[s, S.TROW] = p, tpl.kernel_row + k
+
+    def fold(self) -> list:
+        """What the kernel sent (its owner columns into the driver's) and the programs it
+        found done since the last fold: each such program's run and the time it was done."""
+        st, owner = self.cluster.st, self.driver.owner
+        ctr = st.ctr
+        n = int(ctr[S.KLOG_N])
+        if n:
+            log = st.klog[:n]
+            owner.program.frombytes(log[:, 0].tobytes())
+            owner.index.frombytes(log[:, 1].tobytes())
+            owner.path.frombytes(log[:, 2].tobytes())
+            owner.role.extend(log[:, 3].astype(np.uint8).tobytes())
+            self.driver._live.extend([None] * n)
+            ctr[S.KLOG_N] = 0
+        m = int(ctr[S.KDONE_N])
+        if not m:
+            return []
+        ctr[S.KDONE_N] = 0
+        done = st.kdone[:m]  # (program, its last request's idx): done as that one finished
+        return list(zip(map(self.runs.pop, done[:, 0].tolist()),
+                        st.rt[S.FINISH_S, done[:, 1]].tolist()))
+
+
+def _wider(a: np.ndarray, cols: int) -> np.ndarray:
+    out = np.zeros((a.shape[0], cols), dtype=a.dtype)
+    out[:, :a.shape[1]] = a
+    return out
+
+
+def _longer(a: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((n,) + a.shape[1:], dtype=a.dtype)
+    out[:a.shape[0]] = a
+    return out

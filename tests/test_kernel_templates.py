@@ -1,0 +1,101 @@
+"""Request-by-request templates in the program kernel (`sim.workloads.kernel_templates`,
+`sim.kernels.template_calls`): the kernel sends a templated request's follow-ups where it
+retires, and the tables equal the plain driver's, whether the kernel takes every request or
+hands many back (no room left, a pool the program is not pinned to yet); a scheduler whose
+priority the kernel cannot compute, and a record too long for a replica, stay in Python.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_program_templates import _config, _equal
+from sim.config import parse_config, read_yaml
+from sim.kernels import program_room
+from sim.workloads import program_templates
+from sim.workloads.programs import simulate_programs
+from conftest import REPO
+
+EXAMPLE = "a1-async-separate.yaml"
+
+
+def _counted(monkeypatch) -> dict:
+    """Count the requests the driver sends itself and those the kernel hands back."""
+    seen = {"python": 0, "handed_back": 0, "kernel": False}
+    driver = program_templates.TemplateDriver
+    send, back, init = driver._send_requests, driver._on_template, driver.__init__
+
+    def sending(self, run, tpl, ks):
+        seen["python"] += len(ks)
+        return send(self, run, tpl, ks)
+
+    def handed(self, p, t):
+        seen["handed_back"] += 1
+        return back(self, p, t)
+
+    def made(self, *args):
+        init(self, *args)
+        seen["kernel"] = seen["kernel"] or self._kernel is not None
+
+    monkeypatch.setattr(driver, "_send_requests", sending)
+    monkeypatch.setattr(driver, "_on_template", handed)
+    monkeypatch.setattr(driver, "__init__", made)
+    return seen
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "lpm", "app_fifo"])
+def test_the_kernel_sends_most_requests_and_the_tables_equal_the_plain_driver(
+        monkeypatch, scheduler):
+    """Two draft and two target replicas (a program's draft replica routed at its first draft):
+    the driver sends each program's first requests, the kernel the rest."""
+    cfg = _config(EXAMPLE, 24, 6.0, 2, 1, scheduler, max_num_seqs=3)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert res.summary["simulator"] == "compiled" and seen["kernel"]
+    assert seen["python"] < len(res.requests) / 10
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "app_fifo"])
+def test_requests_the_kernel_hands_back_are_sent_as_it_would_send_them(monkeypatch, scheduler):
+    """Two free slots for the kernel, two log rows and one program done at a time: the kernel
+    hands request after request back (no room), and the tables stay the plain driver's."""
+    monkeypatch.setattr(program_room, "KERNEL_SLOTS", 1)
+    monkeypatch.setattr(program_room, "KLOG_ROWS", 2)
+    monkeypatch.setattr(program_room, "KDONE_ROWS", 1)
+    cfg = _config(EXAMPLE, 24, 6.0, 2, 2, scheduler)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["kernel"] and seen["handed_back"] > 100
+    assert seen["python"] < len(res.requests)  # the kernel still sends some
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_a_scheduler_the_kernel_cannot_price_keeps_python(monkeypatch):
+    """Dynasor's priority reads the finished programs and the program's age: no template goes
+    into the kernel, and the driver sends every request."""
+    cfg = _config(EXAMPLE, 12, 6.0, 1, 0, "dynasor")
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert not seen["kernel"] and seen["python"] == len(res.requests)
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_a_request_too_long_for_its_pool_raises_as_the_plain_driver(tmp_path):
+    """A draft model whose `max_model_len` is shorter than the traced requests: the record
+    stays in Python, whose send raises the plain driver's error."""
+    cal = json.loads((REPO / "sim" / "data" / "testbed-draft-a1-cpu.calib.json").read_text())
+    cal["engine_limits"]["max_model_len"] = 120
+    (tmp_path / "short.calib.json").write_text(json.dumps(cal))
+    d = read_yaml(REPO / "examples" / EXAMPLE)
+    d["workload"]["programs"].update(count=4, rate_per_s=6.0)
+    d["cluster"]["replicas"][0]["calibration"] = str(tmp_path / "short.calib.json")
+    cfg = parse_config(d, REPO / "examples")
+    errors = []
+    for templates in (True, False):
+        with pytest.raises(ValueError, match="exceeds the model's max_model_len 120") as e:
+            simulate_programs(cfg, templates=templates)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
