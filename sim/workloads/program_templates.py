@@ -11,8 +11,10 @@ as they time any other. A program the record cannot hold (a request sent before 
 returned, an abort) is driven as the plain driver drives it. A program whose every request
 sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`) is recorded
 request by request instead (`sim.workloads.request_templates`); one that says it does not (a
-synchronous or target-capped A1 program) keeps the plain driver. The tables equal the plain
-driver's (`tests/test_program_templates.py`).
+synchronous or target-capped A1 program) keeps the plain driver. On compiled replicas under a
+static scheduler such a record goes into the program kernel (`sim.workloads.kernel_templates`),
+which sends each request's follow-ups itself. The tables equal the plain driver's
+(`tests/test_program_templates.py`, `tests/test_kernel_templates.py`).
 """
 
 from __future__ import annotations
