@@ -11,6 +11,7 @@ and their ratio. A shared machine's drift lands on both checkouts alike. `--part
 family's CPU seconds per run beside two parts of it, the bank's load (`load_bank`) and the
 family's results tables (`SimFamily.results`), whose work does not depend on the interleaving:
 where a whole run's ratio drowns in the machine's noise, its parts' ratios show what changed.
+`--scheduler fcfs`: every example under that inter-program scheduler instead of its own.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ if {parts!r}:  # each family's results tables timed inside the run
 for fam in {families!r}:
     ex, n, replicas = FAMILIES[fam]
     cfg = program_config(ex, n, replicas)
+    if {scheduler!r}:  # another inter-program scheduler than the example's
+        cfg = replace(cfg, scheduler={scheduler!r})
     if {decisions!r}:
         out[fam] = statistics.median(decisions_alone(cfg)["requests_per_cpu_s"]
                                      for _ in range({repeats}))
@@ -77,12 +80,12 @@ print(json.dumps(out))
 
 
 def measure(root: Path, families: list[str], repeats: int, decisions: bool = False,
-            parts: bool = False) -> dict:
+            parts: bool = False, scheduler: str | None = None) -> dict:
     """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process
     (`decisions`: of its decisions alone; `parts`: CPU seconds of a run, of the bank's load
-    and of the results tables)."""
+    and of the results tables; `scheduler`: under that inter-program scheduler)."""
     code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats,
-                        decisions=decisions, parts=parts)
+                        decisions=decisions, parts=parts, scheduler=scheduler)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -100,13 +103,15 @@ def main() -> None:
                     help="time the programs' decisions alone (instant replicas), not the run")
     ap.add_argument("--parts", action="store_true",
                     help="CPU seconds of a run beside its bank's load and its results tables")
+    ap.add_argument("--scheduler", help="every example under this inter-program scheduler "
+                    "(fcfs, lpm, app_fifo, dynasor, ...) instead of its own")
     args = ap.parse_args()
     families = args.families.split(",")
     rates: dict = {(f, who): [] for f in families for who in ("base", "new")}
     for _ in range(args.rounds):
         for who, root in (("base", args.base), ("new", args.new)):
             for fam, rate in measure(root, families, args.repeats, args.decisions,
-                                     args.parts).items():
+                                     args.parts, args.scheduler).items():
                 rates[(fam, who)].append(rate)
     if args.parts:
         print_parts(families, rates)

@@ -1,8 +1,9 @@
 """Request-by-request templates in the program kernel (`sim.workloads.kernel_templates`,
 `sim.kernels.template_calls`): the kernel sends a templated request's follow-ups where it
-retires, and the tables equal the plain driver's, whether the kernel takes every request or
-hands many back (no room left, a pool the program is not pinned to yet); a scheduler whose
-priority the kernel cannot compute, and a record too long for a replica, stay in Python.
+retires (a search program's next round once its round has returned), and the tables equal the
+plain driver's, whether the kernel takes every request or hands many back (no room left, a
+pool the program is not pinned to yet); a scheduler whose priority the kernel cannot compute,
+and a record too long for a replica, stay in Python.
 """
 
 from __future__ import annotations
@@ -99,3 +100,17 @@ def test_a_request_too_long_for_its_pool_raises_as_the_plain_driver(tmp_path):
             simulate_programs(cfg, templates=templates)
         errors.append(str(e.value))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("example", ["dynasor-rebase-certaindex.yaml",
+                                     "dynasor-mcts-even.yaml"])
+def test_search_rounds_go_out_from_the_kernel(monkeypatch, example):
+    """Search programs under FCFS: each question's rounds written request by request, the
+    next round sent by the kernel once its round's last request returns; the driver sends
+    only each program's first round, and the tables are the plain driver's."""
+    cfg = _config(example, 40, 8.0, 3, 1, "fcfs", max_num_seqs=3, kv_blocks=60)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["kernel"] and seen["handed_back"] == 0
+    assert seen["python"] < len(res.requests) / 2
+    _equal(res, simulate_programs(cfg, templates=False))

@@ -39,17 +39,20 @@ class KernelRoom:
 
     def _room(self) -> None:
         """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
-        event and `node_room` cached blocks)."""
+        event and `node_room` cached blocks), and the kernel's sends (`KERNEL_ROOM`)."""
         st = self.st
         self._calls = CALLS
         grown = False
-        if st.ctr[S.SEG_N] + CALLS + 2 > st.seg.shape[0]:
+        # with templates in the kernel, room for its sends past the driver's next calls (a
+        # replica of its own step row, `FOLD`, needs none)
+        extra = S.KERNEL_ROOM if self.on_fold is not None else 0
+        if st.ctr[S.SEG_N] + CALLS + 2 + (0 if st.ctr[S.FOLD] else extra) > st.seg.shape[0]:
             st.seg = doubled(st.seg)
             grown = True
-        if st.ctr[S.HEAP_N] + CALLS + 4 > st.h.shape[0]:
+        if st.ctr[S.HEAP_N] + CALLS + 4 + extra > st.h.shape[0]:
             st.h = doubled(st.h)
             grown = True
-        if st.free[1] + (CALLS + 1) * self.node_room > st.pc.shape[0]:
+        if st.free[1] + (CALLS + 1 + extra) * self.node_room > st.pc.shape[0]:
             st.pc, st.tab = P.grow_cache(st.pc, st.free)
             grown = True
         if self.on_fold is not None and st.ctr[S.KFREE_N] < KERNEL_SLOTS:

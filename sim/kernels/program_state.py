@@ -70,6 +70,9 @@ NEXT_IDX, KFREE_N, KLOG_N, KDONE_N, PRIO_MODE, NODE_ROOM, CTR_COLS = range(CTR_C
                                                                            CTR_COLS + 7)
 CALLS = 64
 """kernel calls between two checks of the arrays' room (`program_room.KernelRoom._room`)"""
+KERNEL_ROOM = 64
+"""step rows, events and calls' worth of cached blocks kept past `CALLS` for the kernel's own
+sends (`sim.kernels.template_calls`), where templates are in the kernel"""
 # what `advance` stopped for
 END, ARRIVAL, RETIRED, ROOM = range(4)
 

@@ -2,9 +2,10 @@
 where it retires, with no round trip to the Python driver.
 
 An asynchronous A1 program's requests each send what follows from their own outcome
-(`sim.workloads.request_templates`): once a question's record is written into the kernel's
-arrays (`sim.workloads.kernel_templates`), the kernel does what `TemplateDriver.on_request_done`
-does for such a request (the program's tokens take the request's, its follow-ups go out to the
+(`sim.workloads.request_templates`; a search program's next round follows the last request of
+its round): once a question's record is written into the kernel's arrays
+(`sim.workloads.kernel_templates`), the kernel does what `TemplateDriver.on_request_done` does
+for such a request (the program's tokens take the request's, its follow-ups go out to the
 replicas the program is pinned to, numbered on from its last, at the priority a static
 scheduler gives; or, with nothing in flight and nothing to send, the program is done) and logs
 what the driver's tables need: each send's owner columns (`klog`) and each program done
@@ -23,8 +24,9 @@ from sim.kernels.program_state import (
     PRIO_MODE, PROG, SEG_N, TROW)
 
 # a template request's row of `tk` (int64)
+# (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
 T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PREFIX, \
-    T_SCORE_FROM, T_SEEDED, T_COLS = range(12)
+    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_COLS = range(13)
 # `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
 # a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, then
 # per pool the replica it is pinned to there (-1: none yet)
@@ -58,6 +60,8 @@ def follow(st, s, out):
     ctr[KFREE_N] += 1
     pg[p, P_OPEN] -= 1
     pg[p, P_TOKENS] += tk[t, T_GAINED]
+    if tk[t, T_BARRIER] and pg[p, P_OPEN] > 0:  # its round's last one sends the next
+        return -1
     if fn == 0:
         if pg[p, P_OPEN] > 0:
             return -1

@@ -4,7 +4,8 @@ follow-ups go out where it retires (`sim.kernels.template_calls`).
 `TemplateDriver` on compiled replicas (`sim.kernels.programs.CompiledCluster`) with a static
 inter-program scheduler (FCFS, longest prefix match, app FIFO: a priority the kernel can compute
 from the program's tokens and arrival rank) writes each question's request-by-request record
-(`sim.workloads.request_templates`) into the kernel's arrays once, at its first program's start:
+(`sim.workloads.request_templates`; a search program's rounds written request by request,
+`flattened`) into the kernel's arrays once, at its first program's start:
 per request its follow-ups, the tokens it adds, its pool, owner columns, `Sent` fields (the
 log-probability costs per request-cost class) and prefix chain. A program's state then lives in
 the kernel (`pg`: tokens, requests in flight and sent, the replica it is pinned to per pool);
@@ -22,6 +23,7 @@ from policies.scheduling import AppFifo, Fcfs, LongestPrefixMatch
 from sim.kernels import program_state as S
 from sim.kernels import template_calls as T
 from sim.workloads.program_driver import SimProgram
+from sim.workloads.request_templates import RequestTemplate
 
 _MODES = {Fcfs: T.FCFS, LongestPrefixMatch: T.LPM, AppFifo: T.APP_FIFO}
 
@@ -30,6 +32,29 @@ def kernel_mode(scheduler) -> int | None:
     """The kernel's priority mode of a scheduler (`template_calls.PRIO_MODE`), or None where the
     priority reads more than the program's tokens and arrival rank."""
     return _MODES.get(type(scheduler))
+
+
+def flattened(tpl) -> RequestTemplate | None:
+    """A round-by-round template (`program_templates.Template`) request by request, for the
+    kernel: each request's follow-ups the next round, sent once the last request of its round
+    has returned (`barrier`), the tokens the next round is sent with gained by its round's
+    first request. None where the program numbers its requests out of the order it sends
+    them, starts with tokens, or sends nothing."""
+    rounds = tpl.rounds
+    requests = [request for sends, _tokens, _estimate in rounds for request in sends]
+    if not rounds or rounds[0][1] != 0 or \
+            any(request[0].index != i for i, request in enumerate(requests)):
+        return None
+    follow, gained, start = [], [], 0
+    for r, (sends, tokens, _estimate) in enumerate(rounds):
+        end = start + len(sends)
+        last = r + 1 == len(rounds)
+        nxt = () if last else tuple(range(end, end + len(rounds[r + 1][0])))
+        follow += [nxt] * len(sends)
+        gained += [0 if last else rounds[r + 1][1] - tokens] + [0] * (len(sends) - 1)
+        start = end
+    return RequestTemplate(requests, tuple(range(len(rounds[0][0]))), follow, gained,
+                           tpl.program, barrier=True)
 
 
 class KernelTemplates:
@@ -81,7 +106,7 @@ class KernelTemplates:
             scored = s.prompt_logprobs
             rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
                          prompt, output, chain[-1][1], prompt - scored if scored else 0,
-                         int(s.temperature > 0.0 and s.seed is not None)))
+                         int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier)))
             at += len(tpl.follow[k])
         self._room(len(rows), at - self.follows)
         st = self.cluster.st

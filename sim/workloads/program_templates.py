@@ -12,8 +12,9 @@ returned, an abort) is driven as the plain driver drives it. A program whose eve
 sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`) is recorded
 request by request instead (`sim.workloads.request_templates`); one that says it does not (a
 synchronous or target-capped A1 program) keeps the plain driver. On compiled replicas under a
-static scheduler such a record goes into the program kernel (`sim.workloads.kernel_templates`),
-which sends each request's follow-ups itself. The tables equal the plain driver's
+static scheduler such a record (and a search program's rounds, written request by request) goes
+into the program kernel (`sim.workloads.kernel_templates`), which sends each request's
+follow-ups itself. The tables equal the plain driver's
 (`tests/test_program_templates.py`, `tests/test_kernel_templates.py`).
 """
 
@@ -24,7 +25,7 @@ import copy
 from policies.scheduling import ProgramView
 from programs.base import RequestSpec
 from sim.engine.request_state import Sent
-from sim.workloads.kernel_templates import KernelTemplates, kernel_mode
+from sim.workloads.kernel_templates import KernelTemplates, flattened, kernel_mode
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
 from sim.workloads.request_templates import RequestTemplate, record_requests
 
@@ -129,7 +130,10 @@ class TemplateDriver(ProgramDriver):
         own = getattr(run.program, "sends_on_own_outcome", None)
         if own is not None:
             return record_requests(run, self.oracle) if own and not self._own_estimate else None
-        return record(run, self.oracle, self._own_estimate)
+        tpl = record(run, self.oracle, self._own_estimate)
+        if tpl is not None and self._kernel is not None:  # the kernel sends its rounds
+            return flattened(tpl) or tpl
+        return tpl
 
     def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
         """Replica callback: once a program's round has all returned, its next round; a
@@ -147,6 +151,8 @@ class TemplateDriver(ProgramDriver):
             run.open -= 1
             tpl = run.template
             run.tokens += tpl.gained[k]
+            if tpl.barrier and run.open:  # its round's last one sends the next
+                return
             follow = tpl.follow[k]
             if follow:
                 self._send_requests(run, tpl, follow)
@@ -178,7 +184,7 @@ class TemplateDriver(ProgramDriver):
         self._kernel.load(run)
         run.open -= 1
         run.tokens += tpl.gained[k]
-        follow = tpl.follow[k]
+        follow = () if tpl.barrier and run.open else tpl.follow[k]
         self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
         if not follow and not run.open:  # nothing in flight and nothing to send: done
             self._finish(self._kernel.runs.pop(p))

@@ -26,9 +26,11 @@ from sim.workloads.program_driver import SimProgram
 class RequestTemplate:
     """A question's program as recorded request by request."""
 
-    __slots__ = ("requests", "first", "follow", "gained", "program", "sends", "kernel_row")
+    __slots__ = ("requests", "first", "follow", "gained", "program", "sends", "kernel_row",
+                 "barrier")
 
-    def __init__(self, requests: list, first: tuple, follow: list, gained: list, program):
+    def __init__(self, requests: list, first: tuple, follow: list, gained: list, program,
+                 barrier: bool = False):
         self.requests = requests
         """per request in the order made: (spec, prompt, prefix, chain, output)"""
         self.first = first
@@ -42,6 +44,9 @@ class RequestTemplate:
         self.sends: dict = {}
         """per request-cost class, per request: the request as those replicas take it
         (`TemplateDriver._sends`), made at its first send there"""
+        self.barrier = barrier
+        """a request's follow-ups go out once none of the program's requests is in flight (a
+        round-by-round template written request by request: `kernel_templates.flattened`)"""
         self.kernel_row: int | None = None
         """its first row in the program kernel (`sim.workloads.kernel_templates`); -1: kept in
         Python; None: not written yet"""
