@@ -2,20 +2,26 @@
 `sim.kernels.template_calls`): the kernel sends a templated request's follow-ups where it
 retires (a search program's next round once its round has returned), and the tables equal the
 plain driver's, whether the kernel takes every request or hands many back (no room left, a
-pool the program is not pinned to yet); a scheduler whose priority the kernel cannot compute,
-and a record too long for a replica, stay in Python.
+pool the program is not pinned to yet), under every scheduler whose priority the kernel
+computes (Dynasor's gang scheduling on a history it shares with the driver); a scheduler that
+asks each program's own estimate, and a record too long for a replica, stay in Python.
 """
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from test_program_templates import _config, _equal
+from policies.scheduling import FinishedLengths
 from sim.config import parse_config, read_yaml
+from sim.engine.cluster import build_replicas
 from sim.kernels import program_room
+from sim.kernels.programs import CompiledCluster
 from sim.workloads import program_templates
+from sim.workloads.kernel_templates import KernelFinished
 from sim.workloads.programs import simulate_programs
 from conftest import REPO
 
@@ -75,13 +81,44 @@ def test_requests_the_kernel_hands_back_are_sent_as_it_would_send_them(monkeypat
 
 
 def test_a_scheduler_the_kernel_cannot_price_keeps_python(monkeypatch):
-    """Dynasor's priority reads the finished programs and the program's age: no template goes
-    into the kernel, and the driver sends every request."""
-    cfg = _config(EXAMPLE, 12, 6.0, 1, 0, "dynasor")
+    """Dynasor's scheduler with each program's own estimate asks the program at every send:
+    no template goes into the kernel, and the tables are the plain driver's."""
+    cfg = _config(EXAMPLE, 12, 6.0, 1, 0, {"type": "dynasor", "estimate": "program"})
     seen = _counted(monkeypatch)
     res = simulate_programs(cfg)
-    assert not seen["kernel"] and seen["python"] == len(res.requests)
+    assert not seen["kernel"] and res.summary["simulator"] == "compiled"
     _equal(res, simulate_programs(cfg, templates=False))
+
+
+@pytest.mark.parametrize("example", [EXAMPLE, "dynasor-rebase-certaindex.yaml",
+                                     "dynasor-sc-branches-certaindex.yaml"])
+def test_the_dynasor_scheduler_prices_in_the_kernel(monkeypatch, example):
+    """Dynasor's gang scheduling (finished programs' median, escalation past an age): the
+    kernel computes each priority from the history it shares with the driver, and the tables
+    are the plain driver's."""
+    scheduler = {"type": "dynasor", "escalate_after_s": 0.5, "default_remaining_tokens": 50}
+    cfg = _config(example, 40, 12.0, 2, 1, scheduler, max_num_seqs=4)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["kernel"] and seen["python"] < len(res.requests) / 2
+    assert (res.requests.column("priority").to_pandas() < 0).any()  # some escalated
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_the_kernels_history_answers_as_finished_lengths():
+    """The history on the kernel's arrays (`KernelFinished`) gives `FinishedLengths`'s
+    medians through adds that grow it past its first size."""
+    cfg = _config(EXAMPLE, 4, 6.0)
+    cluster = CompiledCluster(cfg, 64, build_replicas(cfg))
+    mine, theirs = KernelFinished(cluster), FinishedLengths()
+    rng = random.Random(5)
+    for _ in range(300):
+        tokens = rng.choice([rng.randrange(40), rng.randrange(5000)])
+        mine.add(tokens)
+        theirs.add(tokens)
+        for done in (0, rng.randrange(6000), tokens, tokens + 1):
+            assert mine.median_remaining(done) == theirs.median_remaining(done)
+    assert len(mine) == len(theirs) == 300
 
 
 def test_a_request_too_long_for_its_pool_raises_as_the_plain_driver(tmp_path):

@@ -68,6 +68,9 @@ DONE_N, DONE_J, FOLD, RERUNS, CTR_COLS = range(4, 9)
 # (`CompiledCluster.node_room`)
 NEXT_IDX, KFREE_N, KLOG_N, KDONE_N, PRIO_MODE, NODE_ROOM, CTR_COLS = range(CTR_COLS,
                                                                            CTR_COLS + 7)
+# the Dynasor scheduler's state (`template_calls`): programs finished (`fl`), its default
+# remaining tokens
+FL_N, DYN_DEFAULT, CTR_COLS = range(CTR_COLS, CTR_COLS + 3)
 CALLS = 64
 """kernel calls between two checks of the arrays' room (`program_room.KernelRoom._room`)"""
 KERNEL_ROOM = 64
@@ -86,7 +89,8 @@ class State:
 
     __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
                  "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f", "chains",
-                 "tk", "tkf", "tfo", "tlinks", "pg", "kfree", "klog", "kdone", "kclass")
+                 "tk", "tkf", "tfo", "tlinks", "pg", "kfree", "klog", "kdone", "kclass", "pgf",
+                 "flc", "flt", "kpar")
 
     def packed(self) -> "Packed":
         """The arrays as one kernel argument (the entry points' `st`)."""
@@ -113,12 +117,13 @@ _I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], 
 _PACKED = PackedType(list(zip(State.__slots__, (
     _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
     _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2, _I2, _F2, _I1, _I2, _I2, _I1, _I2, _I2,
-    _I1))))
+    _I1, _F1, _I1, _I1, _F1))))
 
 
 @njit(cache=True)
 def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
-          free, pend_i, pend_f, chains, tk, tkf, tfo, tlinks, pg, kfree, klog, kdone, kclass):
+          free, pend_i, pend_f, chains, tk, tkf, tfo, tlinks, pg, kfree, klog, kdone, kclass, pgf,
+          flc, flt, kpar):
     st = structref.new(_PACKED)
     st.rq, st.rqf, st.rp, st.rf, st.running, st.sched = rq, rqf, rp, rf, running, sched
     st.rt, st.ri, st.h, st.seg, st.ctr, st.clock = rt, ri, h, seg, ctr, clock
@@ -126,6 +131,7 @@ def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
     st.pend_i, st.pend_f, st.chains = pend_i, pend_f, chains
     st.tk, st.tkf, st.tfo, st.tlinks, st.pg = tk, tkf, tfo, tlinks, pg
     st.kfree, st.klog, st.kdone, st.kclass = kfree, klog, kdone, kclass
+    st.pgf, st.flc, st.flt, st.kpar = pgf, flc, flt, kpar
     return st
 
 

@@ -6,8 +6,8 @@ An asynchronous A1 program's requests each send what follows from their own outc
 its round): once a question's record is written into the kernel's arrays
 (`sim.workloads.kernel_templates`), the kernel does what `TemplateDriver.on_request_done` does
 for such a request (the program's tokens take the request's, its follow-ups go out to the
-replicas the program is pinned to, numbered on from its last, at the priority a static
-scheduler gives; or, with nothing in flight and nothing to send, the program is done) and logs
+replicas the program is pinned to, numbered on from its last, at the priority its scheduler
+gives (`_priority`: Dynasor's on the history in `finished_lengths`); or, with nothing in flight and nothing to send, the program is done) and logs
 what the driver's tables need: each send's owner columns (`klog`) and each program done
 (`kdone`). A follow-up bound for a pool the program is not pinned to yet (routing is Python's),
 or past the room the driver left, hands the request back (`TEMPLATED`); the driver then does the
@@ -18,21 +18,27 @@ from __future__ import annotations
 
 from numba import njit
 
+from sim.kernels import finished_lengths as F
 from sim.kernels.program_kernel import submit
 from sim.kernels.program_state import (
-    CALLS, CHAINED, FOLD, HEAP_N, IDX, KDONE_N, KFREE_N, KLOG_N, LINKS, NEXT_IDX, NODE_ROOM,
-    PRIO_MODE, PROG, SEG_N, TROW)
+    CALLS, CHAINED, DYN_DEFAULT, FL_N, FOLD, HEAP_N, IDX, KDONE_N, KFREE_N, KLOG_N, LINKS,
+    NEXT_IDX, NODE_ROOM, PRIO_MODE, PROG, SEG_N, TROW)
 
 # a template request's row of `tk` (int64)
 # (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
+# (T_END: the tokens its program ends with, which the Dynasor scheduler's history takes)
 T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PREFIX, \
-    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_COLS = range(13)
+    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_END, T_COLS = range(14)
 # `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
 # a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, then
-# per pool the replica it is pinned to there (-1: none yet)
+# per pool the replica it is pinned to there (-1: none yet); `pgf`: its arrival time
 P_TOKENS, P_OPEN, P_NEXT, P_PIN0 = range(4)
-FCFS, LPM, APP_FIFO = range(3)
-"""`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`"""
+FCFS, LPM, APP_FIFO, DYNASOR = range(4)
+"""`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`,
+`DynasorGang` (its finished-programs estimate; `kpar[0]` its escalation age, `ctr[DYN_DEFAULT]`
+its default remaining tokens)"""
+RANKS = 100_000
+"""`policies.scheduling._RANKS`: program ranks inside one Dynasor priority class"""
 FOLDED, TEMPLATED = -2, -3
 """what `follow` returns for a templated request: done here, the driver to read `klog` and
 `kdone`; handed back to the driver (its slot still held)"""
@@ -50,8 +56,8 @@ def follow(st, s, out):
         return TEMPLATED
     t = rq[s, TROW]
     f0, fn = tk[t, T_FOLLOW0], tk[t, T_FOLLOWN]
-    if not _room(st, fn):
-        return TEMPLATED
+    if not _room(st, fn) or ctr[PRIO_MODE] == DYNASOR and tk[t, T_END] >= st.flc.shape[0]:
+        return TEMPLATED  # (a history too short for the program's tokens: the driver's)
     for i in range(fn):
         if pg[p, P_PIN0 + tk[st.tfo[f0 + i], T_POOL]] < 0:
             return TEMPLATED
@@ -67,12 +73,31 @@ def follow(st, s, out):
             return -1
         st.kdone[ctr[KDONE_N], 0], st.kdone[ctr[KDONE_N], 1] = p, rq[s, IDX]
         ctr[KDONE_N] += 1
+        if ctr[PRIO_MODE] == DYNASOR:  # the scheduler's history takes the program
+            F.add(st.flc, st.flt, tk[t, T_END])
+            ctr[FL_N] += 1
         return FOLDED
-    mode = ctr[PRIO_MODE]
-    priority = 0 if mode == FCFS else -pg[p, P_TOKENS] if mode == LPM else p
+    priority = _priority(st, p)
     for i in range(fn):
         send(st, p, st.tfo[f0 + i], priority)
     return FOLDED
+
+
+@njit(cache=True)
+def _priority(st, p):
+    """The priority of program p's next requests, as its scheduler gives it."""
+    mode = st.ctr[PRIO_MODE]
+    if mode == FCFS:
+        return 0
+    if mode == LPM:
+        return -st.pg[p, P_TOKENS]
+    if mode == APP_FIFO:
+        return p
+    rank = p % RANKS  # `DynasorGang.priority`
+    if st.clock[0] - st.pgf[p] > st.kpar[0]:
+        return -RANKS + rank
+    m = F.median_remaining(st.flt, st.ctr[FL_N], st.pg[p, P_TOKENS])
+    return (st.ctr[DYN_DEFAULT] if m < 0 else m) * RANKS + rank
 
 
 @njit(cache=True)

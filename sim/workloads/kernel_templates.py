@@ -1,9 +1,10 @@
 """Request-by-request templates written into the program kernel, so that a templated request's
 follow-ups go out where it retires (`sim.kernels.template_calls`).
 
-`TemplateDriver` on compiled replicas (`sim.kernels.programs.CompiledCluster`) with a static
-inter-program scheduler (FCFS, longest prefix match, app FIFO: a priority the kernel can compute
-from the program's tokens and arrival rank) writes each question's request-by-request record
+`TemplateDriver` on compiled replicas (`sim.kernels.programs.CompiledCluster`) with an
+inter-program scheduler whose priority the kernel computes (FCFS, longest prefix match, app FIFO
+from the program's tokens and arrival rank; Dynasor's gang scheduling from its age and the
+finished programs' tokens, a history the kernel and the driver share: `KernelFinished`) writes each question's request-by-request record
 (`sim.workloads.request_templates`; a search program's rounds written request by request,
 `flattened`) into the kernel's arrays once, at its first program's start:
 per request its follow-ups, the tokens it adds, its pool, owner columns, `Sent` fields (the
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.scheduling import AppFifo, Fcfs, LongestPrefixMatch
+from policies.scheduling import AppFifo, DynasorGang, Fcfs, LongestPrefixMatch
+from sim.kernels import finished_lengths as F
 from sim.kernels import program_state as S
 from sim.kernels import template_calls as T
 from sim.workloads.program_driver import SimProgram
@@ -30,8 +32,62 @@ _MODES = {Fcfs: T.FCFS, LongestPrefixMatch: T.LPM, AppFifo: T.APP_FIFO}
 
 def kernel_mode(scheduler) -> int | None:
     """The kernel's priority mode of a scheduler (`template_calls.PRIO_MODE`), or None where the
-    priority reads more than the program's tokens and arrival rank."""
+    priority reads more than the program's tokens, age and arrival rank and the finished
+    programs' tokens (the program's own estimate)."""
+    if type(scheduler) is DynasorGang and scheduler.estimate == "finished":
+        return T.DYNASOR
     return _MODES.get(type(scheduler))
+
+
+class KernelFinished:
+    """`FinishedLengths` on the kernel's arrays (`sim.kernels.finished_lengths`), so that the
+    kernel's Dynasor priorities and the driver's read one history."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self._medians: dict[int, int | None] = {}  # as `FinishedLengths._medians`
+        st = cluster.st
+        st.flc, st.flt = np.zeros(1024, dtype=np.int64), np.zeros(1025, dtype=np.int64)
+        cluster.repack()
+
+    def __len__(self) -> int:
+        return int(self.cluster.st.ctr[S.FL_N])
+
+    def add(self, tokens: int) -> None:
+        """One more finished program of `tokens` tokens."""
+        if tokens < 0:
+            raise ValueError(f"a program's token count must be >= 0, got {tokens}")
+        self._medians.clear()
+        self.reserve(tokens)
+        st = self.cluster.st
+        F.add(st.flc, st.flt, tokens)
+        st.ctr[S.FL_N] += 1
+
+    def reserve(self, tokens: int) -> None:
+        """Room in the history for a program of `tokens` tokens (a power of two past it)."""
+        st = self.cluster.st
+        if tokens >= st.flc.shape[0]:
+            size = st.flc.shape[0]
+            while size <= tokens:
+                size *= 2
+            counts = np.zeros(size, dtype=np.int64)
+            counts[:st.flc.shape[0]] = st.flc
+            tree = [0] + counts.tolist()  # the tree anew, in linear time (`FinishedLengths`)
+            for i in range(1, size + 1):
+                j = i + (i & -i)
+                if j <= size:
+                    tree[j] += tree[i]
+            st.flc, st.flt = counts, np.array(tree, dtype=np.int64)
+            self.cluster.repack()
+
+    def median_remaining(self, tokens_done: int) -> int | None:
+        """`FinishedLengths.median_remaining`, on the kernel's arrays."""
+        m = self._medians.get(tokens_done, -1)
+        if m == -1:
+            m = F.median_remaining(self.cluster.st.flt, int(self.cluster.st.ctr[S.FL_N]),
+                                   tokens_done)
+            m = self._medians[tokens_done] = None if m < 0 else m
+        return m
 
 
 def flattened(tpl) -> RequestTemplate | None:
@@ -76,7 +132,13 @@ class KernelTemplates:
         st.kclass[:] = classes
         st.tkf = np.zeros((1, 2 * len(self.class_costs)))
         st.pg = np.full((64, T.P_PIN0 + len(self.pools)), -1, dtype=np.int64)
+        st.pgf = np.zeros(st.pg.shape[0])
         st.ctr[S.PRIO_MODE] = mode
+        if mode == T.DYNASOR:  # its history on the kernel's arrays, its terms in the kernel's
+            scheduler = driver.scheduler
+            st.kpar[0], st.ctr[S.DYN_DEFAULT] = scheduler.escalate_after_s, \
+                scheduler.default_remaining_tokens
+            driver.finished_tokens = KernelFinished(cluster)
         cluster.repack()
 
     def holds(self, tpl) -> bool:
@@ -106,7 +168,8 @@ class KernelTemplates:
             scored = s.prompt_logprobs
             rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
                          prompt, output, chain[-1][1], prompt - scored if scored else 0,
-                         int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier)))
+                         int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier),
+                         tpl.program.tokens))
             at += len(tpl.follow[k])
         self._room(len(rows), at - self.follows)
         st = self.cluster.st
@@ -117,6 +180,8 @@ class KernelTemplates:
             self._link(base + k, request[3])
         self.rows += len(rows)
         self.follows = at
+        if type(self.driver.finished_tokens) is KernelFinished:  # room for its end
+            self.driver.finished_tokens.reserve(tpl.program.tokens)
         self.cluster.repack()
         return base
 
@@ -155,9 +220,10 @@ class KernelTemplates:
         if p >= st.pg.shape[0]:
             pg = np.full((2 * (p + 1), st.pg.shape[1]), -1, dtype=np.int64)
             pg[:st.pg.shape[0]] = st.pg
-            st.pg = pg
+            st.pg, st.pgf = pg, _longer(st.pgf, pg.shape[0])
             self.cluster.repack()
         st.pg[p, :T.P_PIN0] = 0
+        st.pgf[p] = run.arrival_s
         self.runs[p] = run
 
     def load(self, run: SimProgram) -> None:
@@ -195,6 +261,8 @@ class KernelTemplates:
         if not m:
             return []
         ctr[S.KDONE_N] = 0
+        if ctr[S.PRIO_MODE] == T.DYNASOR:  # the kernel added them to the scheduler's history
+            self.driver.finished_tokens._medians.clear()
         done = st.kdone[:m]  # (program, its last request's idx): done as that one finished
         return list(zip(map(self.runs.pop, done[:, 0].tolist()),
                         st.rt[S.FINISH_S, done[:, 1]].tolist()))

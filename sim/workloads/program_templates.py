@@ -12,7 +12,8 @@ returned, an abort) is driven as the plain driver drives it. A program whose eve
 sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`) is recorded
 request by request instead (`sim.workloads.request_templates`); one that says it does not (a
 synchronous or target-capped A1 program) keeps the plain driver. On compiled replicas under a
-static scheduler such a record (and a search program's rounds, written request by request) goes
+scheduler whose priority the kernel computes (all but one that asks each program's own
+estimate) such a record (and a search program's rounds, written request by request) goes
 into the program kernel (`sim.workloads.kernel_templates`), which sends each request's
 follow-ups itself. The tables equal the plain driver's
 (`tests/test_program_templates.py`, `tests/test_kernel_templates.py`).
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import copy
 
-from policies.scheduling import ProgramView
+from policies.scheduling import FinishedLengths, ProgramView
 from programs.base import RequestSpec
 from sim.engine.request_state import Sent
 from sim.workloads.kernel_templates import KernelTemplates, flattened, kernel_mode
@@ -192,15 +193,18 @@ class TemplateDriver(ProgramDriver):
     def _fold(self) -> bool:
         """What the kernel sent and finished since the last fold (`KernelTemplates.fold`):
         nothing left to read (False)."""
+        counted = type(self.finished_tokens) is not FinishedLengths  # added in the kernel
         for run, finish_s in self._kernel.fold():
-            self._finish(run, finish_s)
+            self._finish(run, finish_s, counted)
         return False
 
-    def _finish(self, run: SimProgram, finish_s: float | None = None) -> None:
+    def _finish(self, run: SimProgram, finish_s: float | None = None,
+                counted: bool = False) -> None:
         """As `ProgramDriver._act` once the program is done and nothing is in flight (at
-        `finish_s`, else now)."""
+        `finish_s`, else now; `counted`: the scheduler's history has its tokens already)."""
         run.finish_s = self.env.now if finish_s is None else finish_s
-        self.finished_tokens.add(run.program.tokens)
+        if not counted:
+            self.finished_tokens.add(run.program.tokens)
         if self.on_program_done is not None:
             self.on_program_done(run)
         self._closed(run)
