@@ -41,6 +41,17 @@ class ProgramView(NamedTuple):
     asks for it (`wants_program_estimate`) and the program has one"""
 
 
+def fenwick(counts: list[int]) -> list[int]:
+    """The Fenwick tree (1-based, one longer) over `counts`, built in linear time."""
+    tree = [0] + counts[:]
+    size = len(counts)
+    for i in range(1, size + 1):
+        j = i + (i & -i)
+        if j <= size:
+            tree[j] += tree[i]
+    return tree
+
+
 class FinishedLengths:
     """Token counts of the programs finished so far: add one, or ask for the median of those
     longer than a count, each in O(log T) (a Fenwick tree over counts 0..T), so an SJF estimate
@@ -76,12 +87,7 @@ class FinishedLengths:
         while size <= tokens:
             size *= 2
         self._counts += [0] * (size - len(self._counts))
-        tree = [0] + self._counts[:]  # linear-time Fenwick build
-        for i in range(1, size + 1):
-            j = i + (i & -i)
-            if j <= size:
-                tree[j] += tree[i]
-        self._tree = tree
+        self._tree = fenwick(self._counts)
 
     def median_remaining(self, tokens_done: int) -> int | None:
         """Median of (t - tokens_done) over finished counts t > tokens_done (the upper median,

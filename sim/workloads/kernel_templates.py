@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.scheduling import AppFifo, DynasorGang, Fcfs, LongestPrefixMatch
+from policies.scheduling import AppFifo, DynasorGang, Fcfs, LongestPrefixMatch, fenwick
 from sim.kernels import finished_lengths as F
 from sim.kernels import program_state as S
 from sim.kernels import template_calls as T
@@ -72,12 +72,7 @@ class KernelFinished:
                 size *= 2
             counts = np.zeros(size, dtype=np.int64)
             counts[:st.flc.shape[0]] = st.flc
-            tree = [0] + counts.tolist()  # the tree anew, in linear time (`FinishedLengths`)
-            for i in range(1, size + 1):
-                j = i + (i & -i)
-                if j <= size:
-                    tree[j] += tree[i]
-            st.flc, st.flt = counts, np.array(tree, dtype=np.int64)
+            st.flc, st.flt = counts, np.array(fenwick(counts.tolist()), dtype=np.int64)
             self.cluster.repack()
 
     def median_remaining(self, tokens_done: int) -> int | None:

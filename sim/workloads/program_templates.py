@@ -149,12 +149,8 @@ class TemplateDriver(ProgramDriver):
             if aborted:
                 raise RuntimeError(f"program {run.idx}: a templated request was aborted")
             self._live[idx] = None
-            run.open -= 1
             tpl = run.template
-            run.tokens += tpl.gained[k]
-            if tpl.barrier and run.open:  # its round's last one sends the next
-                return
-            follow = tpl.follow[k]
+            follow = _returned(run, tpl, k)
             if follow:
                 self._send_requests(run, tpl, follow)
             elif not run.open:  # nothing in flight and nothing to send: done
@@ -183,9 +179,7 @@ class TemplateDriver(ProgramDriver):
         tpl = run.template
         k = t - tpl.kernel_row
         self._kernel.load(run)
-        run.open -= 1
-        run.tokens += tpl.gained[k]
-        follow = () if tpl.barrier and run.open else tpl.follow[k]
+        follow = _returned(run, tpl, k)
         self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
         if not follow and not run.open:  # nothing in flight and nothing to send: done
             self._finish(self._kernel.runs.pop(p))
@@ -298,3 +292,11 @@ class TemplateDriver(ProgramDriver):
                 s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
                 row_ms if s.top_logprobs or s.logprobs else 0.0)))
         return out
+
+
+def _returned(run: SimProgram, tpl: RequestTemplate, k: int) -> tuple:
+    """Request k of the program's request-by-request template returned: its tokens counted,
+    what follows it (nothing yet where its round's others are still in flight)."""
+    run.open -= 1
+    run.tokens += tpl.gained[k]
+    return () if tpl.barrier and run.open else tpl.follow[k]
