@@ -111,6 +111,18 @@ class ReasoningProgram:
             left += (self.policy.samples - len(self.paths)) * per_path
         return max(left, 0)
 
+    def paths_in_rounds(self) -> bool:
+        """What the program sends when a request returns follows from that request's path and
+        outcome alone, but for a path's last request, whose round's next paths go out once
+        every path of the round has ended (no probe mid-path, so nothing is aborted): the
+        simulator may send every program of a question from one record
+        (`sim.workloads.request_templates`)."""
+        return not isinstance(self.policy, ProbeConsistency)
+
+    def path_ended(self, path: int) -> bool:
+        """Whether path `path` has ended."""
+        return self.paths[path].ended
+
     # ------------------------------------------------------------------ protocol
     def start(self) -> list:
         """Launch the first path(s)."""

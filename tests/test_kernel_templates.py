@@ -151,3 +151,16 @@ def test_search_rounds_go_out_from_the_kernel(monkeypatch, example):
     assert seen["kernel"] and seen["handed_back"] == 0
     assert seen["python"] < len(res.requests) / 2
     _equal(res, simulate_programs(cfg, templates=False))
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "dynasor"])
+def test_reasoning_paths_go_out_from_the_kernel(monkeypatch, scheduler):
+    """SC programs on a probes trace (8 paths, 2 a round): each path's next chunk sent by the
+    kernel as its last returns, a round's next paths once its last path has ended; the driver
+    sends only each program's first round, and the tables are the plain driver's."""
+    cfg = _config("dynasor-certaindex.yaml", 40, 8.0, 3, 1, scheduler, max_num_seqs=3)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["kernel"] and seen["handed_back"] == 0
+    assert seen["python"] < len(res.requests) / 5
+    _equal(res, simulate_programs(cfg, templates=False))

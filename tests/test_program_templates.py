@@ -2,11 +2,12 @@
 `sim.workloads.request_templates` request by request) equal the same programs driven request by
 request, table for table.
 
-Every search example (SC, MCTS and Rebase on a branches trace) and every asynchronous A1 example
-under every inter-program scheduler (the program's own estimate included), KV pressure, few
+Every search example (SC, MCTS and Rebase on a branches trace), every CoT and SC example on a
+probes trace whose paths run in rounds, and every asynchronous A1 example under every inter-program scheduler (the program's own estimate included), KV pressure, few
 sequence slots, several replicas, prefix caching on and off, both step-time model kinds,
-compiled and under SimPy; a program that is not round by round, a synchronous or target-capped
-A1 program, and Dynasor's eviction hint, fall back to the plain driver.
+compiled and under SimPy; a program that is not round by round, a CoT program that probes
+mid-path, a synchronous or target-capped A1 program, and Dynasor's eviction hint, fall back to
+the plain driver.
 """
 
 from __future__ import annotations
@@ -157,6 +158,43 @@ def test_the_eviction_hint_keeps_the_plain_driver(monkeypatch):
     d["cluster"]["replicas"][0].update(kv_blocks=24)
     cfg = parse_config(d, EXAMPLES)
     _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
+
+
+PATHS = ["dynasor-certaindex.yaml", "dynasor-baseline-even.yaml", "dynasor-cot-budget.yaml"]
+"""CoT and SC examples on a probes trace whose paths run in rounds (no probe mid-path)"""
+
+
+@settings(max_examples=12, deadline=None)
+@given(example=st.sampled_from(PATHS), scheduler=SCHEDULERS,
+       kv=st.sampled_from([None, 60]), seqs=st.sampled_from([None, 3]),
+       caching=st.booleans(), replicas=st.sampled_from([1, 3]),
+       rate=st.sampled_from([1.0, 8.0]), seed=st.integers(0, 3), compiled=st.booleans())
+def test_templated_reasoning_paths_equal_the_plain_driver(example, scheduler, kv, seqs, caching,
+                                                          replicas, rate, seed, compiled):
+    """CoT and SC programs whose paths run in rounds, sent request by request from their
+    question's record (a path's last request waits for its round's others, whichever ends
+    last sends the next round): the tables are the plain driver's."""
+    _drivers_agree(example, 40, scheduler, kv, seqs, caching, replicas, rate, seed, compiled)
+
+
+def test_every_reasoning_program_of_its_samples_replays_one_record(monkeypatch):
+    """One record per question and traced samples (an SC program launches every sample of its
+    question), from a copy; a CoT program that probes mid-path (its stop aborts what is in
+    flight, whenever that returned) keeps the plain driver."""
+    built = []
+    real = program_templates.record_requests
+
+    def counting(run, oracle, rounds=False):
+        assert rounds
+        built.append(run.question.question_id)
+        return real(run, oracle, rounds)
+
+    monkeypatch.setattr(program_templates, "record_requests", counting)
+    _recorded_once_per_question("dynasor-certaindex.yaml", 60, built)
+    built.clear()
+    cfg = _config("dynasor-cot-certaindex.yaml", 20, 6.0)
+    _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
+    assert not built
 
 
 A1 = ["a1-async.yaml", "a1-async-separate.yaml", "a1-conditional.yaml", "a1-target-only.yaml"]

@@ -105,7 +105,7 @@ def flattened(tpl) -> RequestTemplate | None:
         gained += [0 if last else rounds[r + 1][1] - tokens] + [0] * (len(sends) - 1)
         start = end
     return RequestTemplate(requests, tuple(range(len(rounds[0][0]))), follow, gained,
-                           tpl.program, barrier=True)
+                           tpl.program, barrier=(True,) * len(requests))
 
 
 class KernelTemplates:
@@ -163,7 +163,7 @@ class KernelTemplates:
             scored = s.prompt_logprobs
             rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
                          prompt, output, chain[-1][1], prompt - scored if scored else 0,
-                         int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier),
+                         int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier[k]),
                          tpl.program.tokens))
             at += len(tpl.follow[k])
         self._room(len(rows), at - self.follows)

@@ -11,7 +11,10 @@ as they time any other. A program the record cannot hold (a request sent before 
 returned, an abort) is driven as the plain driver drives it. A program whose every request
 sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`) is recorded
 request by request instead (`sim.workloads.request_templates`); one that says it does not (a
-synchronous or target-capped A1 program) keeps the plain driver. On compiled replicas under a
+synchronous or target-capped A1 program) keeps the plain driver. So is a CoT or SC program on a
+probes trace whose paths run in rounds (`paths_in_rounds`: no probe mid-path), a path's last
+request waiting for its round's others; one that probes mid-path (its stop aborts what is in
+flight) keeps the plain driver. On compiled replicas under a
 scheduler whose priority the kernel computes (all but one that asks each program's own
 estimate) such a record (and a search program's rounds, written request by request) goes
 into the program kernel (`sim.workloads.kernel_templates`), which sends each request's
@@ -104,7 +107,8 @@ class TemplateDriver(ProgramDriver):
         """A program arrives: send its first round (from its question's template)."""
         if self._demote:  # the eviction hint reads each request's content: the plain driver
             return super().start(run)
-        key = (run.question.question_id, run.program.seed)
+        # a search or A1 program's seed, or a cot/sc program's traced samples, fix its requests
+        key = (run.question.question_id, getattr(run.program, "seed", None), run.plan.sample_ids)
         tpl = self._templates.get(key, False)
         if tpl is False:
             tpl = self._templates[key] = self._record(run)
@@ -125,12 +129,17 @@ class TemplateDriver(ProgramDriver):
 
     def _record(self, run: SimProgram):
         """The program's template: request by request where the program says its sends follow
-        each request's own outcome (`sends_on_own_outcome`; the program's estimate, asked at
-        each send, keeps the plain driver), else round by round for a program that does not
-        say; None: driven as the plain driver drives it."""
+        each request's own outcome (`sends_on_own_outcome`) or its paths' rounds
+        (`paths_in_rounds`; the program's estimate, asked at each send, keeps the plain driver),
+        else round by round for a program that says neither; None: driven as the plain driver
+        drives it."""
         own = getattr(run.program, "sends_on_own_outcome", None)
         if own is not None:
             return record_requests(run, self.oracle) if own and not self._own_estimate else None
+        rounds = getattr(run.program, "paths_in_rounds", None)
+        if rounds is not None:
+            return record_requests(run, self.oracle, rounds=True) \
+                if rounds() and not self._own_estimate else None
         tpl = record(run, self.oracle, self._own_estimate)
         if tpl is not None and self._kernel is not None:  # the kernel sends its rounds
             return flattened(tpl) or tpl
@@ -299,4 +308,4 @@ def _returned(run: SimProgram, tpl: RequestTemplate, k: int) -> tuple:
     what follows it (nothing yet where its round's others are still in flight)."""
     run.open -= 1
     run.tokens += tpl.gained[k]
-    return () if tpl.barrier and run.open else tpl.follow[k]
+    return () if tpl.barrier[k] and run.open else tpl.follow[k]

@@ -10,8 +10,10 @@ request, and the program's accounting ends the same. `record_requests` runs one 
 program, answering its requests from the trace, and keeps per request what it sends once it
 returns and the tokens it adds; `program_templates.TemplateDriver` then sends every program of
 the question from that record, numbering its requests as the program numbers them (in the
-order it makes them, which the record checks is the order it sends them). The tables equal the
-request-by-request driver's (`tests/test_program_templates.py`).
+order it makes them, which the record checks is the order it sends them). A CoT or SC program
+whose paths run in rounds (`paths_in_rounds`) is recorded the same way, each request that ends a
+path marked to wait for its round (`barrier`): whichever ends last sends the next round. The
+tables equal the request-by-request driver's (`tests/test_program_templates.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class RequestTemplate:
                  "barrier")
 
     def __init__(self, requests: list, first: tuple, follow: list, gained: list, program,
-                 barrier: bool = False):
+                 barrier: tuple | None = None):
         self.requests = requests
         """per request in the order made: (spec, prompt, prefix, chain, output)"""
         self.first = first
@@ -44,25 +46,31 @@ class RequestTemplate:
         self.sends: dict = {}
         """per request-cost class, per request: the request as those replicas take it
         (`TemplateDriver._sends`), made at its first send there"""
-        self.barrier = barrier
-        """a request's follow-ups go out once none of the program's requests is in flight (a
-        round-by-round template written request by request: `kernel_templates.flattened`)"""
+        self.barrier = barrier or (False,) * len(requests)
+        """per request: its follow-ups go out once none of the program's requests is in flight
+        (a round-by-round template written request by request, `kernel_templates.flattened`;
+        a path's last request in a program whose paths run in rounds)"""
         self.kernel_row: int | None = None
         """its first row in the program kernel (`sim.workloads.kernel_templates`); -1: kept in
         Python; None: not written yet"""
 
 
-def record_requests(run: SimProgram, oracle) -> RequestTemplate | None:
+def record_requests(run: SimProgram, oracle, rounds: bool = False) -> RequestTemplate | None:
     """Run a copy of the program, each request answered by the oracle as if it ran to its
     traced end, the requests of each outcome breadth first: the template, or None where it
     cannot hold the program (an abort, content not named as a chain, a request numbered out of
-    the order it is sent in, a program not done once nothing is in flight)."""
+    the order it is sent in, a program not done once nothing is in flight).
+
+    `rounds`: the program's paths run in rounds (`paths_in_rounds`): each request that ends a
+    path waits for the round (`barrier`), and what the round's last one sent follows each."""
     # its policies are immutable (decisions as data) and may hold large calibrations: shared
     program = copy.deepcopy(run.program, {id(p): p for p in getattr(run.program, "policies", ())})
     mine = SimProgram(run.plan, program, run.question)  # the oracle asks the copy of its nodes
     requests: list = []
     follow: list = []
     gained: list = []
+    barrier: list = []
+    ended: list = []  # the requests that ended a path since the last round went out
 
     def add(sends: list) -> tuple | None:
         made = len(requests)
@@ -75,6 +83,7 @@ def record_requests(run: SimProgram, oracle) -> RequestTemplate | None:
             requests.append(request)
             follow.append(())
             gained.append(0)
+            barrier.append(False)
         return tuple(range(made, len(requests)))
 
     first = add(program.start())
@@ -83,11 +92,20 @@ def record_requests(run: SimProgram, oracle) -> RequestTemplate | None:
         k = waiting.popleft()
         spec, output = requests[k][0], requests[k][4]
         before = program.tokens
+        if rounds and program.path_ended(spec.path):  # returned after its path ended
+            return None
         sends = add(program.on_done(spec, oracle.outcome(mine, spec, output, False)))
         if sends is None:
             return None
         follow[k], gained[k] = sends, program.tokens - before
+        if rounds and program.path_ended(spec.path):
+            barrier[k] = True
+            ended.append(k)
+            if sends or program.done:  # the round's last path: the next round follows each
+                for j in ended:
+                    follow[j] = sends
+                ended.clear()
         waiting.extend(sends)
     if first is None or not program.done:
         return None
-    return RequestTemplate(requests, first, follow, gained, program)
+    return RequestTemplate(requests, first, follow, gained, program, tuple(barrier))

@@ -52,6 +52,6 @@ def build_reasoning_runs(wl, bank: QuestionBank, plans
 
 
 register_sim_family(SimFamily("reasoning", build_reasoning_runs, releases_programs=True,
-                              compiles=True))
+                              compiles=True, templated=True))
 register_sim_family(SimFamily("search", build_search_runs, releases_programs=True,
                               compiles=True, templated=True))
