@@ -119,6 +119,13 @@ class ReasoningProgram:
         (`sim.workloads.request_templates`)."""
         return not isinstance(self.policy, ProbeConsistency)
 
+    def stops_on_probes(self) -> bool:
+        """A CoT path whose probes mid-path may stop it: what it sends follows its own
+        outcomes, where it stops does too, but which comes first (the stop, or its path's end)
+        and what its aborted requests generated follow the timing
+        (`sim.workloads.stop_templates`)."""
+        return self.method == "cot" and isinstance(self.policy, ProbeConsistency)
+
     def path_ended(self, path: int) -> bool:
         """Whether path `path` has ended."""
         return self.paths[path].ended

@@ -38,9 +38,9 @@ def _counted(monkeypatch) -> dict:
         seen["python"] += len(ks)
         return send(self, run, tpl, ks)
 
-    def handed(self, p, t):
+    def handed(self, p, t, s):
         seen["handed_back"] += 1
-        return back(self, p, t)
+        return back(self, p, t, s)
 
     def made(self, *args):
         init(self, *args)
@@ -163,4 +163,47 @@ def test_reasoning_paths_go_out_from_the_kernel(monkeypatch, scheduler):
     res = simulate_programs(cfg)
     assert seen["kernel"] and seen["handed_back"] == 0
     assert seen["python"] < len(res.requests) / 5
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def _stopping(count: int, scheduler, seed: int = 2):
+    """CoT paths that stop on their probes often (a window of 2 probes every 16 tokens) on two
+    replicas of four sequences each."""
+    d = read_yaml(REPO / "examples" / "dynasor-cot-certaindex.yaml")
+    d["workload"]["programs"].update(count=count, rate_per_s=20.0,
+                                     policy={"type": "certaindex", "window": 2,
+                                             "interval_tokens": 16})
+    d["cluster"]["replicas"][0].update(count=2, max_num_seqs=4)
+    d.update(seed=seed, output={}, cluster=d["cluster"] | {"scheduler": scheduler})
+    return parse_config(d, REPO / "examples")
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "dynasor", "app_fifo"])
+def test_cot_paths_stop_on_their_probes_in_the_kernel(monkeypatch, scheduler):
+    """The kernel sends each path's chunks and probes, stops it once its probes up to the stop
+    have returned (or ends it at its last chunk), aborts what it has in flight: the driver
+    sends only each program's first chunk; many paths stop, many requests are aborted, and the
+    tables are the plain driver's (each program's tokens, stop and answer its own)."""
+    cfg = _stopping(120, scheduler)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["kernel"] and seen["handed_back"] == 0 and seen["python"] == 120
+    reasons = res.requests.column("finish_reason").to_pylist()
+    stops = res.programs.column("stop_position_tokens").to_pandas()
+    assert reasons.count("abort") > 40 and 40 < stops.notna().sum() < 120
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_stopping_paths_the_kernel_hands_back_stop_as_they_would(monkeypatch):
+    """One free slot, two log rows and one program done at a time: the kernel hands sends,
+    stops and closes back, the driver takes them in the kernel's state, and the tables are
+    the plain driver's."""
+    monkeypatch.setattr(program_room, "KERNEL_SLOTS", 1)
+    monkeypatch.setattr(program_room, "KLOG_ROWS", 2)
+    monkeypatch.setattr(program_room, "KDONE_ROWS", 1)
+    cfg = _stopping(80, "dynasor", seed=3)
+    seen = _counted(monkeypatch)
+    res = simulate_programs(cfg)
+    assert seen["handed_back"] > 100
+    assert res.requests.column("finish_reason").to_pylist().count("abort") > 20
     _equal(res, simulate_programs(cfg, templates=False))

@@ -3,11 +3,12 @@
 request, table for table.
 
 Every search example (SC, MCTS and Rebase on a branches trace), every CoT and SC example on a
-probes trace whose paths run in rounds, and every asynchronous A1 example under every inter-program scheduler (the program's own estimate included), KV pressure, few
+probes trace (paths in rounds, and paths that stop on their probes), and every asynchronous A1
+example under every inter-program scheduler (the program's own estimate included), KV pressure, few
 sequence slots, several replicas, prefix caching on and off, both step-time model kinds,
-compiled and under SimPy; a program that is not round by round, a CoT program that probes
-mid-path, a synchronous or target-capped A1 program, and Dynasor's eviction hint, fall back to
-the plain driver.
+compiled and under SimPy; a program that is not round by round, a CoT path that stops on its
+probes under SimPy, a synchronous or target-capped A1 program, and Dynasor's eviction hint, fall
+back to the plain driver.
 """
 
 from __future__ import annotations
@@ -160,8 +161,10 @@ def test_the_eviction_hint_keeps_the_plain_driver(monkeypatch):
     _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
 
 
-PATHS = ["dynasor-certaindex.yaml", "dynasor-baseline-even.yaml", "dynasor-cot-budget.yaml"]
-"""CoT and SC examples on a probes trace whose paths run in rounds (no probe mid-path)"""
+PATHS = ["dynasor-certaindex.yaml", "dynasor-baseline-even.yaml", "dynasor-cot-budget.yaml",
+         "dynasor-cot-certaindex.yaml"]
+"""CoT and SC examples on a probes trace: paths in rounds (no probe mid-path), and a CoT path
+that stops on its probes"""
 
 
 @settings(max_examples=12, deadline=None)
@@ -173,28 +176,35 @@ def test_templated_reasoning_paths_equal_the_plain_driver(example, scheduler, kv
                                                           replicas, rate, seed, compiled):
     """CoT and SC programs whose paths run in rounds, sent request by request from their
     question's record (a path's last request waits for its round's others, whichever ends
-    last sends the next round): the tables are the plain driver's."""
+    last sends the next round), and CoT paths that stop on their probes (in the kernel): the
+    tables are the plain driver's."""
     _drivers_agree(example, 40, scheduler, kv, seqs, caching, replicas, rate, seed, compiled)
 
 
 def test_every_reasoning_program_of_its_samples_replays_one_record(monkeypatch):
     """One record per question and traced samples (an SC program launches every sample of its
-    question), from a copy; a CoT program that probes mid-path (its stop aborts what is in
-    flight, whenever that returned) keeps the plain driver."""
+    question; a CoT program that probes mid-path replays one, recorded as a path that stops,
+    `record_stopping`), from a copy."""
     built = []
-    real = program_templates.record_requests
+    real, real_stopping = program_templates.record_requests, program_templates.record_stopping
 
     def counting(run, oracle, rounds=False):
         assert rounds
         built.append(run.question.question_id)
         return real(run, oracle, rounds)
 
+    def stopping(run, oracle):
+        built.append((run.question.question_id, run.plan.sample_ids))
+        return real_stopping(run, oracle)
+
     monkeypatch.setattr(program_templates, "record_requests", counting)
+    monkeypatch.setattr(program_templates, "record_stopping", stopping)
     _recorded_once_per_question("dynasor-certaindex.yaml", 60, built)
     built.clear()
-    cfg = _config("dynasor-cot-certaindex.yaml", 20, 6.0)
-    _equal(simulate_programs(cfg), simulate_programs(cfg, templates=False))
-    assert not built
+    cfg = _config("dynasor-cot-certaindex.yaml", 120, 6.0)
+    res = simulate_programs(cfg)
+    assert len(built) == len(set(built)) < 120
+    _equal(res, simulate_programs(cfg, templates=False))
 
 
 A1 = ["a1-async.yaml", "a1-async-separate.yaml", "a1-conditional.yaml", "a1-target-only.yaml"]

@@ -7,8 +7,9 @@ from __future__ import annotations
 from numba import njit
 
 from sim.kernels.program_kernel import SENT, abort, advance, drain, retire, schedule_arrival
-from sim.kernels.program_state import CHAINED, LINKS, NEXT_IDX, RETIRED
-from sim.kernels.template_calls import FOLDED, follow
+from sim.kernels.program_state import ABORTED, CHAINED, IDX, LINKS, NEXT_IDX, OUT_TOKENS, RETIRED
+from sim.kernels.stop_calls import follow_any, take
+from sim.kernels.template_calls import FOLDED
 
 IDX_AT = 2
 """a pending send's request idx, in int64 words from its start"""
@@ -37,7 +38,7 @@ def place_chains(st, npend):
 @njit(cache=True)
 def advance_st(st, npend, node_room, pending):
     """`advance` on the packed state, each step's retired requests taken here while the kernel
-    takes them (`template_calls.follow`; the step's end then goes on here): as `advance`
+    takes them (`stop_calls.follow_any`; the step's end then goes on here): as `advance`
     returns, and the index in `done` past the first request the driver takes; whether the
     kernel sent or finished any templated request."""
     place_chains(st, npend)
@@ -50,16 +51,16 @@ def advance_st(st, npend, node_room, pending):
         if code != RETIRED:
             return code, j, n, now, s, out, 1, folded
         npend = 0
-        out = follow(st, s, out)
+        out = follow_any(st, s, out)
         i = 1
         while out == FOLDED or out == -1:
             folded = folded or out == FOLDED
             if i == n:
                 break
             s = st.done[i]
-            out = follow(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt,
-                                       st.ri, st.h, st.seg, st.ctr, st.clock, st.done, st.pc,
-                                       st.tab, st.lru, st.free, j, s))
+            out = follow_any(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched,
+                                           st.rt, st.ri, st.h, st.seg, st.ctr, st.clock,
+                                           st.done, st.pc, st.tab, st.lru, st.free, j, s))
             i += 1
         else:
             return code, j, n, now, s, out, i, folded
@@ -94,13 +95,13 @@ def abort_st(st, npend, j, r):
 @njit(cache=True)
 def retire_rest_st(st, npend, j, i, n):
     """The pending sends, then `retire` of `done[i]`, `done[i + 1]`, ... on replica j while the
-    kernel takes each (`template_calls.follow`): (the next index; the slot and `out` of the one the
+    kernel takes each (`stop_calls.follow_any`): (the next index; the slot and `out` of the one the
     driver takes, or 0 and -1 once all n are; whether the kernel sent or finished any)."""
     drain_st(st, npend)
     folded = False
     while i < n:
         s = st.done[i]
-        out = follow(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt,
+        out = follow_any(st, s, retire(st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt,
                                    st.ri, st.h, st.seg, st.ctr, st.clock, st.done, st.pc, st.tab,
                                    st.lru, st.free, j, s))
         i += 1
@@ -109,3 +110,12 @@ def retire_rest_st(st, npend, j, i, n):
         elif out != -1:
             return i, s, out, folded
     return n, 0, -1, folded
+
+
+@njit(cache=True)
+def take_st(st, npend, s, p, t):
+    """The pending sends, then `stop_calls.take` of program p's stopping template request t
+    that the kernel handed back (slot s, as it retired): as `take` returns."""
+    drain_st(st, npend)
+    idx = st.rq[s, IDX]
+    return take(st, p, t, idx, st.ri[OUT_TOKENS, idx], st.rq[s, ABORTED])

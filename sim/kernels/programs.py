@@ -258,7 +258,7 @@ class CompiledCluster(KernelRoom, Cluster):
         p, t = int(rq[s, S.PROG]), int(rq[s, S.TROW])
         rq[s, S.PROG] = -1
         self._free.append(s)
-        self.on_template(p, t)
+        self.on_template(p, t, s)
         return False
 
     def _resume(self, process) -> None:

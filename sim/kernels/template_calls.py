@@ -7,9 +7,10 @@ its round): once a question's record is written into the kernel's arrays
 (`sim.workloads.kernel_templates`), the kernel does what `TemplateDriver.on_request_done` does
 for such a request (the program's tokens take the request's, its follow-ups go out to the
 replicas the program is pinned to, numbered on from its last, at the priority its scheduler
-gives (`_priority`: Dynasor's on the history in `finished_lengths`); or, with nothing in flight and nothing to send, the program is done) and logs
-what the driver's tables need: each send's owner columns (`klog`) and each program done
-(`kdone`). A follow-up bound for a pool the program is not pinned to yet (routing is Python's),
+gives (`_priority`: Dynasor's on the history in `finished_lengths`); or, with nothing in
+flight and nothing to send, the program is done) and logs what the driver's tables need: each
+send's owner columns (`klog`) and each program done (`kdone`). A path that stops on its probes
+is taken by `stop_calls`. A follow-up bound for a pool the program is not pinned to yet (routing is Python's),
 or past the room the driver left, hands the request back (`TEMPLATED`); the driver then does the
 same in Python.
 """
@@ -26,13 +27,15 @@ from sim.kernels.program_state import (
 
 # a template request's row of `tk` (int64)
 # (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
-# (T_END: the tokens its program ends with, which the Dynasor scheduler's history takes)
+# (T_END: the tokens its program ends with, which the Dynasor scheduler's history takes; at
+# most, for a path that stops; T_STOP: `stop_calls`' flags of a path that stops on a probe)
 T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PREFIX, \
-    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_END, T_COLS = range(14)
+    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_END, T_STOP, T_COLS = range(15)
 # `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
-# a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, then
-# per pool the replica it is pinned to there (-1: none yet); `pgf`: its arrival time
-P_TOKENS, P_OPEN, P_NEXT, P_PIN0 = range(4)
+# a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, for a
+# path that stops (`stop_calls`) its gate probes yet to return, its probes' tokens and how it
+# ended, then per pool the replica it is pinned to there (-1: none yet); `pgf`: its arrival time
+P_TOKENS, P_OPEN, P_NEXT, P_GATES, P_PROBE, P_DONE, P_PIN0 = range(7)
 FCFS, LPM, APP_FIFO, DYNASOR = range(4)
 """`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`,
 `DynasorGang` (its finished-programs estimate; `kpar[0]` its escalation age, `ctr[DYN_DEFAULT]`
@@ -71,7 +74,10 @@ def follow(st, s, out):
     if fn == 0:
         if pg[p, P_OPEN] > 0:
             return -1
-        st.kdone[ctr[KDONE_N], 0], st.kdone[ctr[KDONE_N], 1] = p, rq[s, IDX]
+        n = ctr[KDONE_N]
+        # (`stop_calls.DONE_CLOSED`)
+        st.kdone[n, 0], st.kdone[n, 1], st.kdone[n, 2], st.kdone[n, 3] = p, rq[s, IDX], 0, \
+            tk[t, T_END]
         ctr[KDONE_N] += 1
         if ctr[PRIO_MODE] == DYNASOR:  # the scheduler's history takes the program
             F.add(st.flc, st.flt, tk[t, T_END])

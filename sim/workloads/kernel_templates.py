@@ -4,9 +4,10 @@ follow-ups go out where it retires (`sim.kernels.template_calls`).
 `TemplateDriver` on compiled replicas (`sim.kernels.programs.CompiledCluster`) with an
 inter-program scheduler whose priority the kernel computes (FCFS, longest prefix match, app FIFO
 from the program's tokens and arrival rank; Dynasor's gang scheduling from its age and the
-finished programs' tokens, a history the kernel and the driver share: `KernelFinished`) writes each question's request-by-request record
-(`sim.workloads.request_templates`; a search program's rounds written request by request,
-`flattened`) into the kernel's arrays once, at its first program's start:
+finished programs' tokens, a history the kernel and the driver share: `KernelFinished`) writes
+each question's request-by-request record (`sim.workloads.request_templates`; a search
+program's rounds written request by request, `flattened`; a CoT path that stops on its probes,
+`sim.workloads.stop_templates`) into the kernel's arrays once, at its first program's start:
 per request its follow-ups, the tokens it adds, its pool, owner columns, `Sent` fields (the
 log-probability costs per request-cost class) and prefix chain. A program's state then lives in
 the kernel (`pg`: tokens, requests in flight and sent, the replica it is pinned to per pool);
@@ -23,9 +24,12 @@ import numpy as np
 from policies.scheduling import AppFifo, DynasorGang, Fcfs, LongestPrefixMatch, fenwick
 from sim.kernels import finished_lengths as F
 from sim.kernels import program_state as S
+from sim.kernels import program_calls as C
 from sim.kernels import template_calls as T
+from sim.kernels.stop_calls import DONE_OPEN
 from sim.workloads.program_driver import SimProgram
 from sim.workloads.request_templates import RequestTemplate
+from sim.workloads.stop_templates import StopEnd
 
 _MODES = {Fcfs: T.FCFS, LongestPrefixMatch: T.LPM, AppFifo: T.APP_FIFO}
 
@@ -155,6 +159,8 @@ class KernelTemplates:
                 return -1
             pools.append(self.pools[pool])
         base, owner, at = self.rows, self.driver.owner, self.follows
+        stops = tpl.stops
+        end = stops.bound if stops else tpl.program.tokens
         for k, (spec, prompt, _prefix, chain, output) in enumerate(tpl.requests):
             code = owner.codes.get((spec.role, spec.table_role))
             if code is None:
@@ -164,7 +170,7 @@ class KernelTemplates:
             rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
                          prompt, output, chain[-1][1], prompt - scored if scored else 0,
                          int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier[k]),
-                         tpl.program.tokens))
+                         end, stops.flags[k] if stops else 0))
             at += len(tpl.follow[k])
         self._room(len(rows), at - self.follows)
         st = self.cluster.st
@@ -176,7 +182,7 @@ class KernelTemplates:
         self.rows += len(rows)
         self.follows = at
         if type(self.driver.finished_tokens) is KernelFinished:  # room for its end
-            self.driver.finished_tokens.reserve(tpl.program.tokens)
+            self.driver.finished_tokens.reserve(end)
         self.cluster.repack()
         return base
 
@@ -218,6 +224,8 @@ class KernelTemplates:
             st.pg, st.pgf = pg, _longer(st.pgf, pg.shape[0])
             self.cluster.repack()
         st.pg[p, :T.P_PIN0] = 0
+        if run.template.stops is not None:
+            st.pg[p, T.P_GATES] = run.template.stops.gates
         st.pgf[p] = run.arrival_s
         self.runs[p] = run
 
@@ -240,7 +248,9 @@ class KernelTemplates:
 
     def fold(self) -> list:
         """What the kernel sent (its owner columns into the driver's) and the programs it
-        found done since the last fold: each such program's run and the time it was done."""
+        found done or closed since the last fold: each such program's run, the time it was
+        done, the event (`stop_calls.DONE_CLOSED`, `DONE_OPEN`, `CLOSED`) and its tokens
+        then."""
         st, owner = self.cluster.st, self.driver.owner
         ctr = st.ctr
         n = int(ctr[S.KLOG_N])
@@ -258,9 +268,32 @@ class KernelTemplates:
         ctr[S.KDONE_N] = 0
         if ctr[S.PRIO_MODE] == T.DYNASOR:  # the kernel added them to the scheduler's history
             self.driver.finished_tokens._medians.clear()
-        done = st.kdone[:m]  # (program, its last request's idx): done as that one finished
-        return list(zip(map(self.runs.pop, done[:, 0].tolist()),
-                        st.rt[S.FINISH_S, done[:, 1]].tolist()))
+        # (program, its last request's idx, event, its tokens): done (or closed) as that one
+        # finished
+        done = st.kdone[:m]
+        events = done[:, 2].tolist()
+        runs = [self.runs[p] if e == DONE_OPEN else self.runs.pop(p)
+                for p, e in zip(done[:, 0].tolist(), events)]
+        return list(zip(runs, st.rt[S.FINISH_S, done[:, 1]].tolist(), events,
+                        done[:, 3].tolist()))
+
+    def take(self, s: int, p: int, t: int) -> int:
+        """`stop_calls.take` of a stopping template's request the kernel handed back (slot s):
+        `SEND` where its follow-ups go out; the program's kernel state then read as `load`
+        reads it."""
+        cluster = self.cluster
+        cluster._room()  # its stop's aborts may cache blocks
+        if int(cluster.st.ctr[S.KDONE_N]) >= cluster.st.kdone.shape[0]:
+            self.driver._fold()
+        code = C.take_st(cluster._st, cluster._npend, s, p, t)
+        cluster._npend = 0
+        return int(code)
+
+    def end_of(self, run: SimProgram) -> StopEnd:
+        """A stopping template's program's accounting, from its kernel row once closed."""
+        row, stops = self.cluster.st.pg[run.idx], run.template.stops
+        return StopEnd(run.template.program.paths_used, int(row[T.P_TOKENS]),
+                       int(row[T.P_PROBE]), stops.ends[int(row[T.P_DONE])])
 
 
 def _wider(a: np.ndarray, cols: int) -> np.ndarray:

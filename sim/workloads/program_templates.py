@@ -32,6 +32,8 @@ from sim.engine.request_state import Sent
 from sim.workloads.kernel_templates import KernelTemplates, flattened, kernel_mode
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
 from sim.workloads.request_templates import RequestTemplate, record_requests
+from sim.workloads.stop_templates import record_stopping
+from sim.kernels.stop_calls import CLOSED, DONE_CLOSED, SEND
 
 _new = tuple.__new__
 
@@ -115,8 +117,11 @@ class TemplateDriver(ProgramDriver):
         if tpl is None:
             return super().start(run)
         if type(tpl) is RequestTemplate:
+            kernel = self._kernel is not None and self._kernel.holds(tpl)
+            if tpl.stops is not None and not kernel:  # a path stops in the kernel only
+                return super().start(run)
             run.program, run.template, run.round, run.tokens = tpl.program, tpl, 0, 0
-            if self._kernel is not None and self._kernel.holds(tpl):
+            if kernel:
                 self._kernel.start(run)
                 return self._send_kernel(run, tpl, tpl.first)
             self._send_requests(run, tpl, tpl.first)
@@ -138,8 +143,13 @@ class TemplateDriver(ProgramDriver):
             return record_requests(run, self.oracle) if own and not self._own_estimate else None
         rounds = getattr(run.program, "paths_in_rounds", None)
         if rounds is not None:
-            return record_requests(run, self.oracle, rounds=True) \
-                if rounds() and not self._own_estimate else None
+            if self._own_estimate:
+                return None
+            if rounds():
+                return record_requests(run, self.oracle, rounds=True)
+            if self._kernel is not None and run.program.stops_on_probes():
+                return record_stopping(run, self.oracle)
+            return None
         tpl = record(run, self.oracle, self._own_estimate)
         if tpl is not None and self._kernel is not None:  # the kernel sends its rounds
             return flattened(tpl) or tpl
@@ -181,12 +191,19 @@ class TemplateDriver(ProgramDriver):
         self._kernel.load(run)
         self._kernel.store(run, tpl, ks, self._send_requests(run, tpl, ks))
 
-    def _on_template(self, p: int, t: int) -> None:
-        """The kernel handed back program p's template request t (`template_calls.follow`):
-        what follows it, as `on_request_done` sends it."""
+    def _on_template(self, p: int, t: int, s: int) -> None:
+        """The kernel handed back program p's template request t in slot s
+        (`template_calls.follow`): what follows it, as `on_request_done` sends it (a path
+        that stops: counted, stopped or closed in the kernel, `stop_calls.take`)."""
         run = self._kernel.runs[p]
         tpl = run.template
         k = t - tpl.kernel_row
+        if tpl.stops is not None:
+            sends = self._kernel.take(s, p, t) == SEND
+            self._fold()  # the program done or closed there
+            if sends:
+                self._send_kernel(run, tpl, tpl.follow[k])
+            return
         self._kernel.load(run)
         follow = _returned(run, tpl, k)
         self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
@@ -197,19 +214,31 @@ class TemplateDriver(ProgramDriver):
         """What the kernel sent and finished since the last fold (`KernelTemplates.fold`):
         nothing left to read (False)."""
         counted = type(self.finished_tokens) is not FinishedLengths  # added in the kernel
-        for run, finish_s in self._kernel.fold():
-            self._finish(run, finish_s, counted)
+        for run, finish_s, event, tokens in self._kernel.fold():
+            if event == CLOSED:
+                self._close(run)
+            else:
+                self._finish(run, finish_s, counted, event == DONE_CLOSED, tokens)
         return False
 
-    def _finish(self, run: SimProgram, finish_s: float | None = None,
-                counted: bool = False) -> None:
-        """As `ProgramDriver._act` once the program is done and nothing is in flight (at
-        `finish_s`, else now; `counted`: the scheduler's history has its tokens already)."""
+    def _finish(self, run: SimProgram, finish_s: float | None = None, counted: bool = False,
+                close: bool = True, tokens: int | None = None) -> None:
+        """As `ProgramDriver._act` once the program is done (at `finish_s`, else now;
+        `counted`: the scheduler's history has its `tokens` already), closed where nothing of
+        it is in flight (`close`)."""
         run.finish_s = self.env.now if finish_s is None else finish_s
         if not counted:
-            self.finished_tokens.add(run.program.tokens)
+            self.finished_tokens.add(run.program.tokens if tokens is None else tokens)
         if self.on_program_done is not None:
             self.on_program_done(run)
+        if close:
+            self._close(run)
+
+    def _close(self, run: SimProgram) -> None:
+        """The program closes: a path that stopped in the kernel reads its own accounting."""
+        tpl = run.template
+        if type(tpl) is RequestTemplate and tpl.stops is not None:
+            run.program = self._kernel.end_of(run)
         self._closed(run)
 
     def _send_round(self, run: SimProgram, tpl: Template, k: int) -> None:

@@ -29,7 +29,7 @@ class RequestTemplate:
     """A question's program as recorded request by request."""
 
     __slots__ = ("requests", "first", "follow", "gained", "program", "sends", "kernel_row",
-                 "barrier")
+                 "barrier", "stops")
 
     def __init__(self, requests: list, first: tuple, follow: list, gained: list, program,
                  barrier: tuple | None = None):
@@ -50,6 +50,9 @@ class RequestTemplate:
         """per request: its follow-ups go out once none of the program's requests is in flight
         (a round-by-round template written request by request, `kernel_templates.flattened`;
         a path's last request in a program whose paths run in rounds)"""
+        self.stops = None
+        """a path that stops on its probes: its flags and ends
+        (`sim.workloads.stop_templates.Stops`)"""
         self.kernel_row: int | None = None
         """its first row in the program kernel (`sim.workloads.kernel_templates`); -1: kept in
         Python; None: not written yet"""
