@@ -182,12 +182,12 @@ def _stopping(count: int, scheduler, seed: int = 2):
 def test_cot_paths_stop_on_their_probes_in_the_kernel(monkeypatch, scheduler):
     """The kernel sends each path's chunks and probes, stops it once its probes up to the stop
     have returned (or ends it at its last chunk), aborts what it has in flight: the driver
-    sends only each program's first chunk; many paths stop, many requests are aborted, and the
+    sends at most each program's first chunk; many paths stop, many requests are aborted, and the
     tables are the plain driver's (each program's tokens, stop and answer its own)."""
     cfg = _stopping(120, scheduler)
     seen = _counted(monkeypatch)
     res = simulate_programs(cfg)
-    assert seen["kernel"] and seen["handed_back"] == 0 and seen["python"] == 120
+    assert seen["kernel"] and seen["handed_back"] == 0 and seen["python"] <= 120
     reasons = res.requests.column("finish_reason").to_pylist()
     stops = res.programs.column("stop_position_tokens").to_pandas()
     assert reasons.count("abort") > 40 and 40 < stops.notna().sum() < 120
@@ -206,4 +206,64 @@ def test_stopping_paths_the_kernel_hands_back_stop_as_they_would(monkeypatch):
     res = simulate_programs(cfg)
     assert seen["handed_back"] > 100
     assert res.requests.column("finish_reason").to_pylist().count("abort") > 20
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def _started(monkeypatch) -> list:
+    """The programs the driver starts itself (the kernel starts the others)."""
+    started = []
+    start = program_templates.TemplateDriver.start
+
+    def starting(self, run):
+        started.append(run.idx)
+        return start(self, run)
+
+    monkeypatch.setattr(program_templates.TemplateDriver, "start", starting)
+    return started
+
+
+@pytest.mark.parametrize("example", ["dynasor-mcts-even.yaml", "dynasor-certaindex.yaml",
+                                     "dynasor-cot-certaindex.yaml"])
+def test_programs_arrive_in_the_kernel(monkeypatch, example):
+    """Each question's first program is the driver's to start (and record); the kernel
+    routes, pins and starts the others at their arrival events, and the tables (routing
+    included) are the plain driver's."""
+    cfg = _config(example, 160, 12.0, 3, 1, "dynasor", max_num_seqs=4)
+    started = _started(monkeypatch)
+    res = simulate_programs(cfg)
+    questions = set(res.programs.column("question_id").to_pylist())
+    if "cot" in example:  # a record per question and sample
+        assert len(questions) <= len(started) < 160
+    else:
+        assert sorted(started) == started and len(started) == len(questions) < 160 / 2
+    assert res.requests.column("replica_id").to_pandas().nunique() == 3
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+@pytest.mark.parametrize("example", ["dynasor-mcts-even.yaml", "dynasor-cot-certaindex.yaml"])
+def test_arrivals_the_kernel_hands_back_start_as_they_would(monkeypatch, example):
+    """One free slot, two log rows and one program done at a time: the kernel hands many
+    arrivals back (and requests of programs it started, whose pins the driver then reads),
+    and the tables are the plain driver's."""
+    monkeypatch.setattr(program_room, "KERNEL_SLOTS", 1)
+    monkeypatch.setattr(program_room, "KLOG_ROWS", 2)
+    monkeypatch.setattr(program_room, "KDONE_ROWS", 1)
+    cfg = _config(example, 120, 12.0, 2, 3, "fcfs", max_num_seqs=4)
+    started = _started(monkeypatch)
+    res = simulate_programs(cfg)
+    assert 40 < len(started) < 120
+    _equal(res, simulate_programs(cfg, templates=False))
+
+
+def test_another_router_keeps_the_arrivals_in_python(monkeypatch):
+    """Round-robin routing is the driver's: it starts every program, and the tables are the
+    plain driver's."""
+    d = read_yaml(REPO / "examples" / "dynasor-mcts-even.yaml")
+    d["workload"]["programs"].update(count=60, rate_per_s=12.0)
+    d["cluster"].update(router="round_robin")
+    d["cluster"]["replicas"][0].update(count=3)
+    cfg = parse_config(d, REPO / "examples")
+    started = _started(monkeypatch)
+    res = simulate_programs(cfg)
+    assert len(started) == 60
     _equal(res, simulate_programs(cfg, templates=False))

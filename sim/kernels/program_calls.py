@@ -7,7 +7,9 @@ from __future__ import annotations
 from numba import njit
 
 from sim.kernels.program_kernel import SENT, abort, advance, drain, retire, schedule_arrival
-from sim.kernels.program_state import ABORTED, CHAINED, IDX, LINKS, NEXT_IDX, OUT_TOKENS, RETIRED
+from sim.kernels.arrival_calls import HAND, arrive
+from sim.kernels.program_state import (
+    ABORTED, ARRIVAL, CHAINED, IDX, KARR, LINKS, NEXT_IDX, OUT_TOKENS, RETIRED)
 from sim.kernels.stop_calls import follow_any, take
 from sim.kernels.template_calls import FOLDED
 
@@ -48,9 +50,12 @@ def advance_st(st, npend, node_room, pending):
             st.rq, st.rqf, st.rp, st.rf, st.running, st.sched, st.rt, st.ri, st.h, st.seg,
             st.ctr, st.clock, st.done, st.pc, st.tab, st.lru, st.free, st.pend_i, st.pend_f,
             npend, node_room, pending)
+        npend = 0
+        if code == ARRIVAL and st.ctr[KARR] and arrive(st) != HAND:
+            folded, pending = True, -1  # started here: on to the next event
+            continue
         if code != RETIRED:
             return code, j, n, now, s, out, 1, folded
-        npend = 0
         out = follow_any(st, s, out)
         i = 1
         while out == FOLDED or out == -1:

@@ -15,6 +15,7 @@ import numpy as np
 
 from sim.kernels import prefix as P
 from sim.kernels import program_state as S
+from sim.kernels import arrival_calls as A
 from sim.kernels import template_calls as T
 from sim.kernels.serving import serving_state
 
@@ -173,5 +174,9 @@ def new_state(specs: list, capacity: int, fold: bool) -> S.State:
     st.kclass = np.zeros(nrep, dtype=np.int64)
     st.pgf, st.kpar = np.zeros(1), np.zeros(1)
     st.flc, st.flt = np.zeros(1, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    # no routing loads or arrivals in the kernel until the cluster and a driver give them
+    st.lo, st.lf = np.zeros(nrep, dtype=np.int64), np.zeros(nrep, dtype=np.int64)
+    st.pa, st.pk = np.zeros(1), np.zeros((1, A.PK_COLS), dtype=np.int64)
+    st.tpool = np.zeros(1, dtype=np.int64)
     return st
 

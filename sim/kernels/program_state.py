@@ -71,6 +71,9 @@ NEXT_IDX, KFREE_N, KLOG_N, KDONE_N, PRIO_MODE, NODE_ROOM, CTR_COLS = range(CTR_C
 # the Dynasor scheduler's state (`template_calls`): programs finished (`fl`), its default
 # remaining tokens
 FL_N, DYN_DEFAULT, CTR_COLS = range(CTR_COLS, CTR_COLS + 3)
+# the programs' arrivals in the kernel (`sim.kernels.arrival_calls`): on (1) or not; the next
+# program to arrive; the pools a program row pins (`template_calls.P_PIN0`)
+KARR, NEXT_PROG, NPOOLS, CTR_COLS = range(CTR_COLS, CTR_COLS + 4)
 CALLS = 64
 """kernel calls between two checks of the arrays' room (`program_room.KernelRoom._room`)"""
 KERNEL_ROOM = 64
@@ -85,12 +88,14 @@ class State:
     one buffer of pending sends, seen as int64 and as float64), then `chains`, which only the
     entry points read: a row per prefix chain the driver sent, its links as `LINKS` holds them
     (each chain's row written once, not a slot's columns per request), then the templates in
-    the kernel (`sim.kernels.template_calls`)."""
+    the kernel (`sim.kernels.template_calls`), then the routing loads (`lo`: outstanding
+    tokens, `lf`: programs in flight per replica, the cluster's own arrays) and the programs'
+    arrivals in the kernel (`sim.kernels.arrival_calls`: `pa`, `pk`, `tpool`)."""
 
     __slots__ = ("rq", "rqf", "rp", "rf", "running", "sched", "rt", "ri", "h", "seg", "ctr",
                  "clock", "done", "pc", "tab", "lru", "free", "pend_i", "pend_f", "chains",
                  "tk", "tkf", "tfo", "tlinks", "pg", "kfree", "klog", "kdone", "kclass", "pgf",
-                 "flc", "flt", "kpar")
+                 "flc", "flt", "kpar", "lo", "lf", "pa", "pk", "tpool")
 
     def packed(self) -> "Packed":
         """The arrays as one kernel argument (the entry points' `st`)."""
@@ -117,13 +122,13 @@ _I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], 
 _PACKED = PackedType(list(zip(State.__slots__, (
     _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
     _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2, _I2, _F2, _I1, _I2, _I2, _I1, _I2, _I2,
-    _I1, _F1, _I1, _I1, _F1))))
+    _I1, _F1, _I1, _I1, _F1, _I1, _I1, _F1, _I2, _I1))))
 
 
 @njit(cache=True)
 def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru,
           free, pend_i, pend_f, chains, tk, tkf, tfo, tlinks, pg, kfree, klog, kdone, kclass, pgf,
-          flc, flt, kpar):
+          flc, flt, kpar, lo, lf, pa, pk, tpool):
     st = structref.new(_PACKED)
     st.rq, st.rqf, st.rp, st.rf, st.running, st.sched = rq, rqf, rp, rf, running, sched
     st.rt, st.ri, st.h, st.seg, st.ctr, st.clock = rt, ri, h, seg, ctr, clock
@@ -132,6 +137,7 @@ def _pack(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
     st.tk, st.tkf, st.tfo, st.tlinks, st.pg = tk, tkf, tfo, tlinks, pg
     st.kfree, st.klog, st.kdone, st.kclass = kfree, klog, kdone, kclass
     st.pgf, st.flc, st.flt, st.kpar = pgf, flc, flt, kpar
+    st.lo, st.lf, st.pa, st.pk, st.tpool = lo, lf, pa, pk, tpool
     return st
 
 

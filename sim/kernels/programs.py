@@ -85,6 +85,7 @@ class CompiledCluster(KernelRoom, Cluster):
         self.on_fold = self.on_template = None
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
         self.st = new_state(specs, capacity, not cfg.write_steps)
+        self.st.lo, self.st.lf = self.outstanding, self.in_flight  # the routers' own arrays
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
         self._requests = self.st.rt.shape[1]    # result columns' length
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))

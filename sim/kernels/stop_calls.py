@@ -21,10 +21,10 @@ from numba import njit
 from sim.kernels import finished_lengths as F
 from sim.kernels.program_kernel import abort
 from sim.kernels.program_state import (
-    DONE, FL_N, IDX, KDONE_N, KFREE_N, PRIO_MODE, PROG, RCOUNT, TROW, WHEAD, WNEXT)
+    DONE, FL_N, IDX, KDONE_N, KFREE_N, NPOOLS, PRIO_MODE, PROG, RCOUNT, TROW, WHEAD, WNEXT)
 from sim.kernels.template_calls import (
     DYNASOR, FOLDED, P_DONE, P_GATES, P_OPEN, P_PIN0, P_PROBE, P_TOKENS, T_END, T_FOLLOW0,
-    T_FOLLOWN, T_POOL, T_STOP, TEMPLATED, _priority, _room, follow, send)
+    T_FOLLOWN, T_POOL, T_STOP, TEMPLATED, _priority, _room, follow, send, unbook)
 
 STOPS, GATE, END, PROBE = 1, 2, 4, 8
 """`T_STOP`'s bits: a row of a stopping template; a probe up to the stop; the path's last
@@ -147,6 +147,7 @@ def stop(st, p, trigger):
     if ctr[PRIO_MODE] == DYNASOR:
         F.add(st.flc, st.flt, pg[p, P_TOKENS])
         ctr[FL_N] += 1
+    unbook(st, p)
 
 
 @njit(cache=True)
@@ -155,12 +156,13 @@ def in_flight(st, p):
     they were sent (request idx): (their slots, their replicas)."""
     rq, rp = st.rq, st.rp
     n = 0
-    for c in range(P_PIN0, st.pg.shape[1]):
+    pins = range(P_PIN0, P_PIN0 + st.ctr[NPOOLS])
+    for c in pins:
         j = st.pg[p, c]
         if j >= 0:
             n += rp[j, RCOUNT] + _waiting(rq, rp, j)
     slots, reps, m = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), 0
-    for c in range(P_PIN0, st.pg.shape[1]):
+    for c in pins:
         j = st.pg[p, c]
         if j < 0:
             continue

@@ -23,7 +23,7 @@ from sim.kernels import finished_lengths as F
 from sim.kernels.program_kernel import submit
 from sim.kernels.program_state import (
     CALLS, CHAINED, DYN_DEFAULT, FL_N, FOLD, HEAP_N, IDX, KDONE_N, KFREE_N, KLOG_N, LINKS,
-    NEXT_IDX, NODE_ROOM, PRIO_MODE, PROG, SEG_N, TROW)
+    NEXT_IDX, NODE_ROOM, NPOOLS, PRIO_MODE, PROG, SEG_N, TROW)
 
 # a template request's row of `tk` (int64)
 # (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
@@ -34,7 +34,8 @@ T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PR
 # `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
 # a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, for a
 # path that stops (`stop_calls`) its gate probes yet to return, its probes' tokens and how it
-# ended, then per pool the replica it is pinned to there (-1: none yet); `pgf`: its arrival time
+# ended, then per pool the replica it is pinned to there (-1: none yet), then per pool the
+# tokens its routing booked there (`NPOOLS` pools); `pgf`: its arrival time
 P_TOKENS, P_OPEN, P_NEXT, P_GATES, P_PROBE, P_DONE, P_PIN0 = range(7)
 FCFS, LPM, APP_FIFO, DYNASOR = range(4)
 """`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`,
@@ -82,11 +83,24 @@ def follow(st, s, out):
         if ctr[PRIO_MODE] == DYNASOR:  # the scheduler's history takes the program
             F.add(st.flc, st.flt, tk[t, T_END])
             ctr[FL_N] += 1
+        unbook(st, p)
         return FOLDED
     priority = _priority(st, p)
     for i in range(fn):
         send(st, p, st.tfo[f0 + i], priority)
     return FOLDED
+
+
+@njit(cache=True)
+def unbook(st, p):
+    """Program p is done: the tokens routing booked for it on each replica it is pinned to
+    given back (`sim.workloads.programs.unbooker`)."""
+    npools = st.ctr[NPOOLS]
+    for c in range(npools):
+        rid = st.pg[p, P_PIN0 + c]
+        if rid >= 0:
+            st.lo[rid] -= st.pg[p, P_PIN0 + npools + c]
+            st.lf[rid] -= 1
 
 
 @njit(cache=True)

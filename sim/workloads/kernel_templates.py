@@ -130,9 +130,10 @@ class KernelTemplates:
         self.class_costs = [driver._costs[classes.index(c)] for c in range(max(classes) + 1)]
         st.kclass[:] = classes
         st.tkf = np.zeros((1, 2 * len(self.class_costs)))
-        st.pg = np.full((64, T.P_PIN0 + len(self.pools)), -1, dtype=np.int64)
+        # per program: its state, then per pool its pin and the tokens routing booked there
+        st.pg = np.full((64, T.P_PIN0 + 2 * len(self.pools)), -1, dtype=np.int64)
         st.pgf = np.zeros(st.pg.shape[0])
-        st.ctr[S.PRIO_MODE] = mode
+        st.ctr[S.PRIO_MODE], st.ctr[S.NPOOLS] = mode, len(self.pools)
         if mode == T.DYNASOR:  # its history on the kernel's arrays, its terms in the kernel's
             scheduler = driver.scheduler
             st.kpar[0], st.ctr[S.DYN_DEFAULT] = scheduler.escalate_after_s, \
@@ -215,14 +216,19 @@ class KernelTemplates:
         if self.follows + follows > st.tfo.shape[0]:
             st.tfo = _longer(st.tfo, 2 * (self.follows + follows))
 
-    def start(self, run: SimProgram) -> None:
-        """The program's row in the kernel: no tokens, nothing sent, pinned where it is."""
-        st, p = self.cluster.st, run.idx
-        if p >= st.pg.shape[0]:
-            pg = np.full((2 * (p + 1), st.pg.shape[1]), -1, dtype=np.int64)
+    def rows_for(self, n: int) -> None:
+        """Program rows for programs 0..n-1."""
+        st = self.cluster.st
+        if n > st.pg.shape[0]:
+            pg = np.full((max(n, 2 * st.pg.shape[0]), st.pg.shape[1]), -1, dtype=np.int64)
             pg[:st.pg.shape[0]] = st.pg
             st.pg, st.pgf = pg, _longer(st.pgf, pg.shape[0])
             self.cluster.repack()
+
+    def start(self, run: SimProgram) -> None:
+        """The program's row in the kernel: no tokens, nothing sent, pinned where it is."""
+        st, p = self.cluster.st, run.idx
+        self.rows_for(p + 1)
         st.pg[p, :T.P_PIN0] = 0
         if run.template.stops is not None:
             st.pg[p, T.P_GATES] = run.template.stops.gates
@@ -230,19 +236,28 @@ class KernelTemplates:
         self.runs[p] = run
 
     def load(self, run: SimProgram) -> None:
-        """The program's kernel state into its run's fields, for the driver to send from."""
+        """The program's kernel state into its run's fields, for the driver to send from (its
+        pins too: the kernel pins a program it started, `arrival_calls`)."""
         row = self.cluster.st.pg[run.idx]
         run.tokens, run.round, run.open = int(row[T.P_TOKENS]), int(row[T.P_NEXT]), \
             int(row[T.P_OPEN])
+        for pool, c in self.pools.items():
+            rid = int(row[T.P_PIN0 + c])
+            if rid >= 0:
+                run.replicas[pool] = rid
 
     def store(self, run: SimProgram, tpl, ks: tuple, slots: list) -> None:
-        """The driver sent requests ks of the program (in `slots`): its run's fields and pins
-        back into the kernel, each slot marked as the template's request."""
-        st, p = self.cluster.st, run.idx
+        """The driver sent requests ks of the program (in `slots`): its run's fields, pins
+        and bookings back into the kernel (which gives the bookings back: `unbook`), each slot
+        marked as the template's request."""
+        st, p, npools = self.cluster.st, run.idx, len(self.pools)
         row = st.pg[p]
         row[T.P_TOKENS], row[T.P_NEXT], row[T.P_OPEN] = run.tokens, run.round, run.open
         for pool, rid in run.replicas.items():
-            row[T.P_PIN0 + self.pools[pool]] = rid
+            c = T.P_PIN0 + self.pools[pool]
+            row[c] = rid
+            if rid in run.booked:
+                row[c + npools] = run.booked.pop(rid)
         for k, s in zip(ks, slots):
             st.rq[s, S.PROG], st.rq[s, S.TROW] = p, tpl.kernel_row + k
 
@@ -288,6 +303,17 @@ class KernelTemplates:
         code = C.take_st(cluster._st, cluster._npend, s, p, t)
         cluster._npend = 0
         return int(code)
+
+    def unbook(self, run: SimProgram) -> None:
+        """The program is done where the driver took its last request: what routing booked
+        for it given back, as `template_calls.unbook` does in the kernel."""
+        st, npools = self.cluster.st, len(self.pools)
+        row = st.pg[run.idx]
+        for c in range(npools):
+            rid = int(row[T.P_PIN0 + c])
+            if rid >= 0:
+                st.lo[rid] -= row[T.P_PIN0 + npools + c]
+                st.lf[rid] -= 1
 
     def end_of(self, run: SimProgram) -> StopEnd:
         """A stopping template's program's accounting, from its kernel row once closed."""

@@ -231,6 +231,12 @@ class ProgramDriver:
         # Dynasor's eviction hint: a program with no request in flight has its blocks evicted first
         self._demote = getattr(cluster, "kv_eviction", "free_order") == "idle_programs_first"
 
+    kernel_arrivals = None
+    """the programs' arrivals the kernel takes (`sim.workloads.kernel_arrivals`), if any"""
+
+    def prepare(self, runs: list) -> None:
+        """Before the run (a driver that hands arrivals to the kernel sets them up here)."""
+
     def pin(self, run: SimProgram, role: str, prompt_tokens: int, tokens: int) -> int:
         """The replica of a pool a program runs on (its prefix cache lives there): routed once,
         at its first request of that role, booking `tokens` outstanding tokens."""

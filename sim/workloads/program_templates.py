@@ -33,6 +33,7 @@ from sim.workloads.kernel_templates import KernelTemplates, flattened, kernel_mo
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
 from sim.workloads.request_templates import RequestTemplate, record_requests
 from sim.workloads.stop_templates import record_stopping
+from sim.workloads.kernel_arrivals import KernelArrivals, arrives_in_kernel
 from sim.kernels.stop_calls import CLOSED, DONE_CLOSED, SEND
 
 _new = tuple.__new__
@@ -105,13 +106,17 @@ class TemplateDriver(ProgramDriver):
             self._kernel = KernelTemplates(self, cluster, mode)
             cluster.on_fold, cluster.on_template = self._fold, self._on_template
 
+    def prepare(self, runs: list) -> None:
+        """Before the run: the programs' arrivals in the kernel, where it can route them."""
+        if self._kernel is not None and runs and arrives_in_kernel(self.cluster):
+            self.kernel_arrivals = KernelArrivals(self._kernel, runs, _key)
+
     def start(self, run: SimProgram) -> None:
         """A program arrives: send its first round (from its question's template)."""
         if self._demote:  # the eviction hint reads each request's content: the plain driver
             return super().start(run)
-        # a search or A1 program's seed, or a cot/sc program's traced samples, fix its requests
-        key = (run.question.question_id, getattr(run.program, "seed", None), run.plan.sample_ids)
-        tpl = self._templates.get(key, False)
+        key = _key(run)
+        tpl = fresh = self._templates.get(key, False)
         if tpl is False:
             tpl = self._templates[key] = self._record(run)
         if tpl is None:
@@ -120,6 +125,8 @@ class TemplateDriver(ProgramDriver):
             kernel = self._kernel is not None and self._kernel.holds(tpl)
             if tpl.stops is not None and not kernel:  # a path stops in the kernel only
                 return super().start(run)
+            if fresh is False and kernel and self.kernel_arrivals is not None:
+                self.kernel_arrivals.fill(key, tpl)  # its question's other programs
             run.program, run.template, run.round, run.tokens = tpl.program, tpl, 0, 0
             if kernel:
                 self._kernel.start(run)
@@ -208,6 +215,7 @@ class TemplateDriver(ProgramDriver):
         follow = _returned(run, tpl, k)
         self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
         if not follow and not run.open:  # nothing in flight and nothing to send: done
+            self._kernel.unbook(run)
             self._finish(self._kernel.runs.pop(p))
 
     def _fold(self) -> bool:
@@ -235,10 +243,11 @@ class TemplateDriver(ProgramDriver):
             self._close(run)
 
     def _close(self, run: SimProgram) -> None:
-        """The program closes: a path that stopped in the kernel reads its own accounting."""
+        """The program closes, its row read from its record's end (a program the kernel
+        started has its own object still), or a path that stopped from its own accounting."""
         tpl = run.template
-        if type(tpl) is RequestTemplate and tpl.stops is not None:
-            run.program = self._kernel.end_of(run)
+        if type(tpl) is RequestTemplate:
+            run.program = tpl.program if tpl.stops is None else self._kernel.end_of(run)
         self._closed(run)
 
     def _send_round(self, run: SimProgram, tpl: Template, k: int) -> None:
@@ -330,6 +339,12 @@ class TemplateDriver(ProgramDriver):
                 s.temperature > 0.0 and s.seed is not None, row_ms if scored else 0.0,
                 row_ms if s.top_logprobs or s.logprobs else 0.0)))
         return out
+
+
+def _key(run: SimProgram) -> tuple:
+    """What fixes a program's requests: its question and a search or A1 program's seed, or a
+    CoT/SC program's traced samples (one record each)."""
+    return run.question.question_id, getattr(run.program, "seed", None), run.plan.sample_ids
 
 
 def _returned(run: SimProgram, tpl: RequestTemplate, k: int) -> tuple:

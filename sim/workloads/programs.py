@@ -94,6 +94,7 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
             run.program = run.traced = None  # a million programs' paths need not stay
 
         driver.on_program_closed = closed
+    driver.prepare(runs)
     cluster.run(arrivals(runs, driver, cluster.env))
     unfinished = [r.idx for r in runs if np.isnan(r.finish_s)]
     if unfinished:
@@ -124,14 +125,23 @@ def unbooker(cluster):
 
 def arrivals(runs: list, driver: ProgramDriver, env):
     """The programs' arrival process: each arrives at its plan's time, is pinned to a target
-    replica by its expected work (the routing estimate) and starts."""
-    for run in runs:
+    replica by its expected work (the routing estimate) and starts (where the kernel takes
+    arrivals, `kernel_arrivals`, those it hands back)."""
+    taken, i = driver.kernel_arrivals, 0
+    while i < len(runs):
+        run = runs[i]
         gap = run.plan.arrival_s - env.now
         if gap > 0:
             yield env.timeout(gap)
+            if taken is not None:  # the kernel started the programs before the one it hands
+                i = taken.next_program()
+                run = runs[i]
         q = run.question
         driver.pin(run, "target", q.prompt_tokens, q.prompt_tokens + q.expected_tokens)
         driver.start(run)
+        i += 1
+        if taken is not None:
+            taken.arrived(i)
 
 
 _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]

@@ -80,11 +80,18 @@ def record_stopping(run: SimProgram, oracle) -> RequestTemplate | None:
     return tpl
 
 
+def _copy(program):
+    """A copy of the program to run, its policy and settings shared (immutable: decisions as
+    data)."""
+    return copy.deepcopy(program, {id(program.policy): program.policy,
+                                   id(program.setup): program.setup})
+
+
 def _chain(run: SimProgram, oracle):
     """A copy of the program along its chain, each chunk answered as if it ran to its traced
     end and no probe answered: (its requests, the first ones, each one's follow-ups, the
     program at the path's end), or None."""
-    program = copy.deepcopy(run.program)
+    program = _copy(run.program)
     mine = SimProgram(run.plan, program, run.question)
     requests: list = []
     follow: list = []
@@ -123,7 +130,7 @@ def _stop(run: SimProgram, oracle, requests: list):
     """Where a copy of the program stops with every probe answered before the next chunk:
     (answer, stop position), None where its path runs to its end, False where it sends other
     than its chain's requests."""
-    program = copy.deepcopy(run.program)
+    program = _copy(run.program)
     mine = SimProgram(run.plan, program, run.question)
     pending = list(program.start())
     while pending and not program.done:
