@@ -265,35 +265,45 @@ def load_search(trace_dir: str | Path, method: str, cap: int) -> SearchBank:
         if cap > traced:
             raise ValueError(f"programs.policy.cap: {method} cap {cap} exceeds the traced "
                              f"{traced}")
-    d = read_table(trace_dir, "branches").to_pandas()
-    d = d[(d.method == method) & (d.cap == traced)].sort_values(["program_id", "branch_id"])
-    if d.empty:
+    t = read_table(trace_dir, "branches")
+    t = t.filter(pc.and_(pc.equal(t["method"], method), pc.equal(t["cap"], traced)))
+    if t.num_rows == 0:
         raise ValueError(f"{trace_dir}: no {method} programs with cap {traced}")
-    questions = []
-    for qid, g in d.groupby("question_id", sort=True):
-        parents = g.parent_branch_id.fillna(0).astype(int)
-        known = set(g.branch_id)  # a parent is a node of its tree, created before its child
-        bad = [(int(b), int(p)) for b, p in zip(g.branch_id, parents)
-               if p and (p >= b or p not in known)]
-        if bad:
-            raise ValueError(f"{trace_dir}: question {qid}'s branch {bad[0][0]} extends branch "
-                             f"{bad[0][1]}, which its tree does not hold before it")
-        # pandas reads a null answer as NaN where a whole group's are null: no answer
-        reqs = tuple(TracedRequest(int(b) - 1, int(r), int(p), int(o),
-                                   a if isinstance(a, str) else None, float(w), bool(leaf),
-                                   int(up))
-                     for b, r, p, o, a, w, leaf, up in zip(
-                         g.branch_id, g["round"], g.prompt_tokens, g.output_tokens, g.answer,
-                         g.reward, g.is_leaf, parents))
-        first = g.iloc[0]
-        questions.append(SearchQuestion(
-            qid, None if first.difficulty is None else int(first.difficulty),
-            int(g.prompt_tokens.min()), first.gold_answer, reqs))
+    # each question's rows in program then branch order; the columns read once as lists
+    t = t.sort_by([("question_id", "ascending"), ("program_id", "ascending"),
+                   ("branch_id", "ascending")])
+    cols = {name: t[name].to_pylist() for name in (
+        "question_id", "branch_id", "round", "prompt_tokens", "output_tokens", "answer",
+        "reward", "is_leaf", "parent_branch_id", "difficulty", "gold_answer")}
+    qids = cols["question_id"]
+    starts = [i for i in range(len(qids)) if i == 0 or qids[i] != qids[i - 1]]
+    questions = [_search_question(trace_dir, cols, i, j)
+                 for i, j in zip(starts, starts[1:] + [len(qids)])]
     tokens = np.array([q.expected_tokens for q in questions], dtype=float)
     level = np.array([q.difficulty or 0 for q in questions])
     factor = {int(lv): float(tokens[level == lv].mean() / tokens.mean()) for lv in set(level)}
     twl = json.loads(read_run(trace_dir)["params_json"])["workload"]
     return SearchBank(method, cap, tuple(questions), factor, twl["settings"], int(twl["seed"]))
+
+
+def _search_question(trace_dir, cols: dict, i: int, j: int) -> SearchQuestion:
+    """The question in rows i..j-1 of a branches trace's columns (`load_search`), its tree
+    checked: each branch extends the question or a branch created before it."""
+    qid, branches = cols["question_id"][i], cols["branch_id"][i:j]
+    parents = [p or 0 for p in cols["parent_branch_id"][i:j]]
+    known = set(branches)
+    bad = [(b, p) for b, p in zip(branches, parents) if p and (p >= b or p not in known)]
+    if bad:
+        raise ValueError(f"{trace_dir}: question {qid}'s branch {bad[0][0]} extends branch "
+                         f"{bad[0][1]}, which its tree does not hold before it")
+    reqs = tuple(TracedRequest(b - 1, r, p, o, a, float(w), bool(leaf), up)
+                 for b, r, p, o, a, w, leaf, up in zip(
+                     branches, cols["round"][i:j], cols["prompt_tokens"][i:j],
+                     cols["output_tokens"][i:j], cols["answer"][i:j], cols["reward"][i:j],
+                     cols["is_leaf"][i:j], parents))
+    difficulty = cols["difficulty"][i]
+    return SearchQuestion(qid, None if difficulty is None else int(difficulty),
+                          min(cols["prompt_tokens"][i:j]), cols["gold_answer"][i], reqs)
 
 
 def checkpoint_groups(q: SearchQuestion, method: str, cap: int,

@@ -244,14 +244,23 @@ def test_programs_arrive_in_the_kernel(monkeypatch, example):
 def test_arrivals_the_kernel_hands_back_start_as_they_would(monkeypatch, example):
     """One free slot, two log rows and one program done at a time: the kernel hands many
     arrivals back (and requests of programs it started, whose pins the driver then reads),
-    and the tables are the plain driver's."""
+    every booking is given back once, and the tables are the plain driver's."""
     monkeypatch.setattr(program_room, "KERNEL_SLOTS", 1)
     monkeypatch.setattr(program_room, "KLOG_ROWS", 2)
     monkeypatch.setattr(program_room, "KDONE_ROWS", 1)
     cfg = _config(example, 120, 12.0, 2, 3, "fcfs", max_num_seqs=4)
     started = _started(monkeypatch)
+    loads = []
+    close = CompiledCluster.close
+
+    def closing(self):
+        loads.append((self.outstanding.tolist(), self.in_flight.tolist()))
+        return close(self)
+
+    monkeypatch.setattr(CompiledCluster, "close", closing)
     res = simulate_programs(cfg)
     assert 40 < len(started) < 120
+    assert loads == [([0, 0], [0, 0])]  # every booking given back once
     _equal(res, simulate_programs(cfg, templates=False))
 
 
