@@ -12,6 +12,7 @@ requests (one per chunk, probe or search step), not tokens.
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,8 @@ def _requests_table(driver, res: Results) -> pa.Table:
 
 def programs_table(rows: list[dict]) -> pa.Table:
     """One row per program (the `programs` schema, without run_id)."""
-    col = {k: [r[k] for r in rows] for k in rows[0]}
+    keys = list(rows[0])
+    col = dict(zip(keys, map(list, zip(*map(itemgetter(*keys), rows)))))
     typed = {"difficulty": pa.int32(), "paths": pa.int32(), "reasoning_tokens": pa.int32(),
              "probe_tokens": pa.int32(), "tokens_generated": pa.int32(),
              "stop_position_tokens": pa.int32(), "answer": pa.string()}

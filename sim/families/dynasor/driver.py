@@ -27,9 +27,9 @@ def build_search_runs(wl, bank: SearchBank, plans) -> tuple[list[SimProgram], in
     """Search program objects of planned programs, their request count, and their oracle."""
     by_id = {q.question_id: q for q in bank.questions}
     settings = SearchSettings(**bank.settings)
+    seeds = {q: program_seed(bank.seed, ids.question_index(q), wl.method) for q in by_id}
     runs = [SimProgram(p, SearchProgram(p.program_id, wl.method, wl.policy, None,
-                                        program_seed(bank.seed, ids.question_index(p.question_id),
-                                                     wl.method), settings),
+                                        seeds[p.question_id], settings),
                        by_id[p.question_id]) for p in plans]
     return runs, sum(len(r.question.requests) for r in runs), TracedSearch()
 
