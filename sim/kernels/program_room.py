@@ -177,6 +177,6 @@ def new_state(specs: list, capacity: int, fold: bool) -> S.State:
     # no routing loads or arrivals in the kernel until the cluster and a driver give them
     st.lo, st.lf = np.zeros(nrep, dtype=np.int64), np.zeros(nrep, dtype=np.int64)
     st.pa, st.pk = np.zeros(1), np.zeros((1, A.PK_COLS), dtype=np.int64)
-    st.tpool = np.zeros(1, dtype=np.int64)
+    st.tpool = np.full((1, 1), -1, dtype=np.int64)
     return st
 

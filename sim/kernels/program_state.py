@@ -122,7 +122,7 @@ _I1, _I2, _F1, _F2 = types.int64[::1], types.int64[:, ::1], types.float64[::1], 
 _PACKED = PackedType(list(zip(State.__slots__, (
     _I2, _F2, _I2, _F2, _I2, types.int64[:, :, ::1], _F2, types.int32[:, ::1], _F2, _F2, _I1,
     _F1, _I1, _I2, _I2, _I2, _I1, _I1, _F1, _I2, _I2, _F2, _I1, _I2, _I2, _I1, _I2, _I2,
-    _I1, _F1, _I1, _I1, _F1, _I1, _I1, _F1, _I2, _I1))))
+    _I1, _F1, _I1, _I1, _F1, _I1, _I1, _F1, _I2, _I2))))
 
 
 @njit(cache=True)

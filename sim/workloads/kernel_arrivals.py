@@ -4,7 +4,8 @@ outstanding tokens.
 
 The driver starts each question's first program itself (recording it); once its record is in
 the kernel, `fill` makes every other program of that question a row the kernel starts at its
-arrival event (`pk`), where its first requests go to the pool it is pinned to at arrival. The
+arrival event (`pk`), where its first requests go to one pool (the one it is pinned to at
+arrival, or another the kernel pins it to as the driver would: A1's draft pool). The
 driver's arrival process (`sim.workloads.programs.arrivals`) reads how far the kernel got
 (`next_program`) whenever it is handed a program back, and says how far it got (`arrived`).
 """
@@ -37,7 +38,11 @@ class KernelArrivals:
         self.pool = kernel.pools[pool]
         st.pa = np.array([run.arrival_s for run in runs], dtype=np.float64)
         st.pk = np.full((len(runs), A.PK_COLS), -1, dtype=np.int64)
-        st.tpool = np.asarray(kernel.cluster.pools[pool], dtype=np.int64)
+        members = kernel.cluster.pools
+        st.tpool = np.full((len(kernel.pools), max(len(m) for m in members.values())), -1,
+                           dtype=np.int64)  # per pool column, its replicas in id order
+        for name, c in kernel.pools.items():
+            st.tpool[c, :len(members[name])] = members[name]
         kernel.rows_for(len(runs))
         st.ctr[S.KARR], st.ctr[S.NEXT_PROG] = 1, 0
         kernel.cluster.repack()
@@ -48,14 +53,17 @@ class KernelArrivals:
         runs = self.by_key.pop(key, ())
         kernel = self.kernel
         first = tpl.first
-        if not runs or first != tuple(range(len(first))) or any(
-                kernel.pools[kernel.cluster.pool_for(tpl.requests[k][0].role)] != self.pool
-                for k in first):
+        pools = {kernel.pools[kernel.cluster.pool_for(tpl.requests[k][0].role)] for k in first}
+        if not runs or first != tuple(range(len(first))) or len(pools) != 1:
             return
         idx = np.array([run.idx for run in runs])
         pk = kernel.cluster.st.pk
         pk[idx, A.PK_FIRST], pk[idx, A.PK_NFIRST], pk[idx, A.PK_POOL] = \
             tpl.kernel_row, len(first), self.pool
+        other = pools.pop()
+        if other != self.pool:  # its first requests' pool, pinned at the first of them
+            _spec, prompt, _prefix, _chain, output = tpl.requests[first[0]]
+            pk[idx, A.PK_POOL2], pk[idx, A.PK_BOOKED2] = other, prompt + output
         pk[idx, A.PK_GATES] = tpl.stops.gates if tpl.stops is not None else 0
         pk[idx, A.PK_BOOKED] = [run.question.prompt_tokens + run.question.expected_tokens
                                 for run in runs]  # as `arrivals` pins
