@@ -306,14 +306,8 @@ class KernelTemplates:
 
     def unbook(self, run: SimProgram) -> None:
         """The program is done where the driver took its last request: what routing booked
-        for it given back, as `template_calls.unbook` does in the kernel."""
-        st, npools = self.cluster.st, len(self.pools)
-        row = st.pg[run.idx]
-        for c in range(npools):
-            rid = int(row[T.P_PIN0 + c])
-            if rid >= 0:
-                st.lo[rid] -= row[T.P_PIN0 + npools + c]
-                st.lf[rid] -= 1
+        for it given back (`template_calls.unbook`, called on the packed state)."""
+        T.unbook(self.cluster._st, run.idx)
 
     def end_of(self, run: SimProgram) -> StopEnd:
         """A stopping template's program's accounting, from its kernel row once closed."""

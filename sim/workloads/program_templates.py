@@ -13,8 +13,9 @@ sends what follows from its own outcome (asynchronous A1: `sends_on_own_outcome`
 request by request instead (`sim.workloads.request_templates`); one that says it does not (a
 synchronous or target-capped A1 program) keeps the plain driver. So is a CoT or SC program on a
 probes trace whose paths run in rounds (`paths_in_rounds`: no probe mid-path), a path's last
-request waiting for its round's others; one that probes mid-path (its stop aborts what is in
-flight) keeps the plain driver. On compiled replicas under a
+request waiting for its round's others; a CoT path that probes mid-path (its stop aborts what
+is in flight) is recorded as its whole chain and stopped in the kernel only
+(`sim.workloads.stop_templates`). On compiled replicas under a
 scheduler whose priority the kernel computes (all but one that asks each program's own
 estimate) such a record (and a search program's rounds, written request by request) goes
 into the program kernel (`sim.workloads.kernel_templates`), which sends each request's
