@@ -118,6 +118,8 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.rounds = 0
+        self.evaluated = 0
+        """states evaluated so far (a level ends at its last)"""
         self.rows = RowLog(ROW_FIELDS)
         """one per finished request: what it asked and returned (the `tot_requests` table)"""
         self.finals: list[State] = []
@@ -157,6 +159,28 @@ class ToTProgram(MultiCandidateRounds, SpeculativeEvaluation):
         self._index += 1
         self._flight[spec] = t
         return spec
+
+    @property
+    def target_queue(self) -> tuple[int, int] | None:
+        """How a template records the program (`sim.workloads.request_templates`): the target
+        queue's limit and the most requests that can wait in it at once (a level's thoughts:
+        each has one request in flight or waiting); None where a round's candidates verify
+        together (multi-candidate drafts): not recorded."""
+        if self.settings.k_config:
+            return None
+        s = self.settings
+        return self.policy.target_limit, \
+            s.thoughts * s.breadth if self.policy.thought_limit > 1 else 1
+
+    def queued(self, spec: RequestSpec) -> bool:
+        """Whether the request waits in the target queue (the target's requests)."""
+        return spec.role == "target"
+
+    def unlimit_queue(self) -> None:
+        """The target queue without its limit, every request sent as it is made: a recording
+        (`sim.workloads.request_templates`) keeps what each request makes, and the template
+        queues them as the program would."""
+        self._queue = VerifyQueue(1 << 62)
 
     def _to_target(self, item) -> list:
         self._queue.push(item)  # a spec, or a round's verifications (one item: they go at once)

@@ -115,6 +115,7 @@ class SpeculativeEvaluation:
 
     def _evaluated(self, t, value: float, answer: str | None) -> list:
         t.child.value, t.child.answer = value, answer
+        self.evaluated += 1
         self._active -= 1
         self._left -= 1
         return self._pump() if self._left else self._next_level()

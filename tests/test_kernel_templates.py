@@ -34,9 +34,9 @@ def _counted(monkeypatch) -> dict:
     driver = program_templates.TemplateDriver
     send, back, init = driver._send_requests, driver._on_template, driver.__init__
 
-    def sending(self, run, tpl, ks):
+    def sending(self, run, tpl, ks, at=None):
         seen["python"] += len(ks)
-        return send(self, run, tpl, ks)
+        return send(self, run, tpl, ks, at)
 
     def handed(self, p, t, s):
         seen["handed_back"] += 1

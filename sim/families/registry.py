@@ -41,6 +41,9 @@ class SimFamily:
     none before its round returned and none aborted, or (a program that says
     `sends_on_own_outcome`) each after the request whose outcome it follows: each question's
     decided once (`sim.workloads.program_templates`)"""
+    template_rows: bool = False
+    """its tables read each templated request's number in its template (`ProgramDriver.trows`:
+    the rows of ToT's templated programs are their recording's)"""
 
 
 FAMILIES = Registry("simulator parts (sim.families.registry)", BUILTIN)

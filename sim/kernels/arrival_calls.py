@@ -24,7 +24,7 @@ from numba import njit
 from sim.kernels.program_state import NEXT_PROG, NPOOLS
 from sim.kernels.state import push_event
 from sim.kernels.template_calls import (
-    P_GATES, P_PIN0, P_TOKENS, P_DONE, _priority, _room, send)
+    P_GATES, P_PIN0, P_TOKENS, _priority, _room, send)
 
 PK_FIRST, PK_NFIRST, PK_BOOKED, PK_GATES, PK_POOL, PK_POOL2, PK_BOOKED2, PK_COLS = range(8)
 """a program's row of `pk`: its record's first row in the kernel (-1: the driver starts it), its
@@ -62,7 +62,7 @@ def start(st, p):
     """Program p arrives: routed to the least loaded replica of its pool (booking its tokens),
     pinned there, its first requests sent."""
     pg, pk = st.pg, st.pk
-    pg[p, P_TOKENS:P_DONE + 1] = 0
+    pg[p, P_TOKENS:P_PIN0] = 0
     pg[p, P_GATES] = pk[p, PK_GATES]
     _pin(st, p, pk[p, PK_POOL], pk[p, PK_BOOKED])
     if pk[p, PK_POOL2] >= 0:

@@ -169,7 +169,7 @@ def new_state(specs: list, capacity: int, fold: bool) -> S.State:
     st.tk, st.tkf = np.zeros((1, T.T_COLS), dtype=np.int64), np.zeros((1, 2))
     st.tfo, st.tlinks = np.zeros(1, dtype=np.int64), np.zeros((1, 1), dtype=np.int64)
     st.pg, st.kfree = np.zeros((1, T.P_PIN0), dtype=np.int64), np.zeros(slots, dtype=np.int64)
-    st.klog = np.zeros((KLOG_ROWS, 4), dtype=np.int64)
+    st.klog = np.zeros((KLOG_ROWS, 5), dtype=np.int64)
     st.kdone = np.zeros((KDONE_ROWS, 4), dtype=np.int64)
     st.kclass = np.zeros(nrep, dtype=np.int64)
     st.pgf, st.kpar = np.zeros(1), np.zeros(1)

@@ -10,8 +10,10 @@ replicas the program is pinned to, numbered on from its last, at the priority it
 gives (`_priority`: Dynasor's on the history in `finished_lengths`); or, with nothing in
 flight and nothing to send, the program is done) and logs what the driver's tables need: each
 send's owner columns (`klog`) and each program done (`kdone`). A path that stops on its probes
-is taken by `stop_calls`. A follow-up bound for a pool the program is not pinned to yet (routing is Python's),
-or past the room the driver left, hands the request back (`TEMPLATED`); the driver then does the
+is taken by `stop_calls`. A ToT program's target requests go through its target queue (`pg`'s
+last columns: SEED's one at a time, `send`, `_pop`), as `request_templates.returned` sends
+them. A follow-up bound for a pool the program is not pinned to yet (routing is Python's), or
+past the room the driver left, hands the request back (`TEMPLATED`); the driver then does the
 same in Python.
 """
 
@@ -29,14 +31,18 @@ from sim.kernels.program_state import (
 # (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
 # (T_END: the tokens its program ends with, which the Dynasor scheduler's history takes; at
 # most, for a path that stops; T_STOP: `stop_calls`' flags of a path that stops on a probe)
+# (T_QUEUE: where it waits in its program's target queue, the queue's limit, else 0; T_INDEX:
+# its number in its template, for the driver's `trows`)
 T_FOLLOW0, T_FOLLOWN, T_GAINED, T_POOL, T_PATH, T_ROLE, T_PROMPT, T_OUTPUT, T_PREFIX, \
-    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_END, T_STOP, T_COLS = range(15)
+    T_SCORE_FROM, T_SEEDED, T_BARRIER, T_END, T_STOP, T_QUEUE, T_INDEX, T_COLS = range(17)
 # `tkf`: per request-cost class c, the request's log-probability costs there at 2c and 2c + 1
-# a program's row of `pg` (int64): its tokens, its requests in flight, its requests sent, for a
+# a program's row of `pg` (int64): its tokens, its requests in flight, its requests made, for a
 # path that stops (`stop_calls`) its gate probes yet to return, its probes' tokens and how it
-# ended, then per pool the replica it is pinned to there (-1: none yet), then per pool the
-# tokens its routing booked there (`NPOOLS` pools); `pgf`: its arrival time
-P_TOKENS, P_OPEN, P_NEXT, P_GATES, P_PROBE, P_DONE, P_PIN0 = range(7)
+# ended, its target queue's requests in flight and waiting, then per pool the replica it is
+# pinned to there (-1: none yet), then per pool the tokens its routing booked there (`NPOOLS`
+# pools), then the requests waiting in its target queue in order (template row, number);
+# `pgf`: its arrival time
+P_TOKENS, P_OPEN, P_NEXT, P_GATES, P_PROBE, P_DONE, P_QIN, P_QN, P_PIN0 = range(9)
 FCFS, LPM, APP_FIFO, DYNASOR = range(4)
 """`PRIO_MODE`: the priority of `policies.scheduling`'s `Fcfs`, `LongestPrefixMatch`, `AppFifo`,
 `DynasorGang` (its finished-programs estimate; `kpar[0]` its escalation age, `ctr[DYN_DEFAULT]`
@@ -60,21 +66,31 @@ def follow(st, s, out):
         return TEMPLATED
     t = rq[s, TROW]
     f0, fn = tk[t, T_FOLLOW0], tk[t, T_FOLLOWN]
-    if not _room(st, fn) or ctr[PRIO_MODE] == DYNASOR and tk[t, T_END] >= st.flc.shape[0]:
+    head = _head(st, p) if tk[t, T_QUEUE] else -1  # what waits for the room it leaves
+    if not _room(st, fn + (head >= 0)) or \
+            ctr[PRIO_MODE] == DYNASOR and tk[t, T_END] >= st.flc.shape[0]:
         return TEMPLATED  # (a history too short for the program's tokens: the driver's)
     for i in range(fn):
         if pg[p, P_PIN0 + tk[st.tfo[f0 + i], T_POOL]] < 0:
             return TEMPLATED
+    if head >= 0 and pg[p, P_PIN0 + tk[head, T_POOL]] < 0:
+        return TEMPLATED
     rq[s, PROG] = -1
     st.kfree[ctr[KFREE_N]] = s
     ctr[KFREE_N] += 1
     pg[p, P_OPEN] -= 1
     pg[p, P_TOKENS] += tk[t, T_GAINED]
+    out = -1
+    if tk[t, T_QUEUE]:
+        pg[p, P_QIN] -= 1
+        if head >= 0:
+            _pop(st, p, _priority(st, p))
+            out = FOLDED
     if tk[t, T_BARRIER] and pg[p, P_OPEN] > 0:  # its round's last one sends the next
-        return -1
+        return out
     if fn == 0:
         if pg[p, P_OPEN] > 0:
-            return -1
+            return out
         n = ctr[KDONE_N]
         # (`stop_calls.DONE_CLOSED`)
         st.kdone[n, 0], st.kdone[n, 1], st.kdone[n, 2], st.kdone[n, 3] = p, rq[s, IDX], 0, \
@@ -137,9 +153,50 @@ def _room(st, fn):
 
 
 @njit(cache=True)
+def _head(st, p):
+    """The template row first in program p's target queue, or -1 where none waits."""
+    if st.pg[p, P_QN] == 0:
+        return -1
+    return st.pg[p, P_PIN0 + 2 * st.ctr[NPOOLS]]
+
+
+@njit(cache=True)
+def _pop(st, p, priority):
+    """The request first in program p's target queue sent, the rest moved up."""
+    pg = st.pg
+    q = P_PIN0 + 2 * st.ctr[NPOOLS]
+    t, index = pg[p, q], pg[p, q + 1]
+    n = pg[p, P_QN] - 1
+    pg[p, q:q + 2 * n] = pg[p, q + 2:q + 2 * n + 2].copy()
+    pg[p, P_QN] = n
+    pg[p, P_QIN] += 1
+    send_at(st, p, t, priority, index)
+
+
+@njit(cache=True)
 def send(st, p, t, priority):
-    """Template request t of program p to the replica it is pinned to in t's pool, as the
-    driver's `_send_requests` sends it (a free slot of `kfree`, the next request idx)."""
+    """Template request t of program p made, numbered on from the program's last: sent, or,
+    where it goes through the program's target queue and the queue's limit is in flight,
+    queued (`policies.seed.VerifyQueue`)."""
+    pg = st.pg
+    index = pg[p, P_NEXT]
+    pg[p, P_NEXT] = index + 1
+    limit = st.tk[t, T_QUEUE]
+    if limit:
+        if pg[p, P_QIN] >= limit:
+            q = P_PIN0 + 2 * st.ctr[NPOOLS] + 2 * pg[p, P_QN]
+            pg[p, q], pg[p, q + 1] = t, index
+            pg[p, P_QN] += 1
+            return
+        pg[p, P_QIN] += 1
+    send_at(st, p, t, priority, index)
+
+
+@njit(cache=True)
+def send_at(st, p, t, priority, index):
+    """Template request t of program p, its number `index`, to the replica it is pinned to in
+    t's pool, as the driver's `_send_requests` sends it (a free slot of `kfree`, the next
+    request idx)."""
     rq, tk, pg, ctr = st.rq, st.tk, st.pg, st.ctr
     rid = pg[p, P_PIN0 + tk[t, T_POOL]]
     ctr[KFREE_N] -= 1
@@ -148,9 +205,8 @@ def send(st, p, t, priority):
     ctr[NEXT_IDX] = idx + 1
     n = ctr[KLOG_N]
     ctr[KLOG_N] = n + 1
-    st.klog[n, 0], st.klog[n, 1], st.klog[n, 2], st.klog[n, 3] = \
-        p, pg[p, P_NEXT], tk[t, T_PATH], tk[t, T_ROLE]
-    pg[p, P_NEXT] += 1
+    st.klog[n, 0], st.klog[n, 1], st.klog[n, 2], st.klog[n, 3], st.klog[n, 4] = \
+        p, index, tk[t, T_PATH], tk[t, T_ROLE], tk[t, T_INDEX]
     pg[p, P_OPEN] += 1
     m = 1 + 2 * st.tlinks[t, 0]
     rq[r, LINKS:LINKS + m] = st.tlinks[t, :m]

@@ -10,7 +10,8 @@ program's rounds written request by request, `flattened`; a CoT path that stops 
 `sim.workloads.stop_templates`) into the kernel's arrays once, at its first program's start:
 per request its follow-ups, the tokens it adds, its pool, owner columns, `Sent` fields (the
 log-probability costs per request-cost class) and prefix chain. A program's state then lives in
-the kernel (`pg`: tokens, requests in flight and sent, the replica it is pinned to per pool);
+the kernel (`pg`: tokens, requests in flight and made, the replica it is pinned to per pool, a
+ToT program's target queue);
 the driver sends its first requests, folds in what the kernel sent (`fold`: the owner columns,
 the programs done) and takes back a request the kernel hands back (`on_template`: a pool the
 program is not pinned to yet, or no room). A record with a request longer than a replica of its
@@ -171,9 +172,11 @@ class KernelTemplates:
             rows.append((at, len(tpl.follow[k]), tpl.gained[k], pools[k], spec.path, code,
                          prompt, output, chain[-1][1], prompt - scored if scored else 0,
                          int(s.temperature > 0.0 and s.seed is not None), int(tpl.barrier[k]),
-                         end, stops.flags[k] if stops else 0))
+                         end, stops.flags[k] if stops else 0,
+                         tpl.queued[k] if tpl.queued else 0, k))
             at += len(tpl.follow[k])
         self._room(len(rows), at - self.follows)
+        self._queue_room(tpl.queue_room)
         st = self.cluster.st
         st.tk[base:base + len(rows)] = rows
         st.tkf[base:base + len(rows)] = [self._costs(spec) for spec, *_ in tpl.requests]
@@ -216,6 +219,14 @@ class KernelTemplates:
         if self.follows + follows > st.tfo.shape[0]:
             st.tfo = _longer(st.tfo, 2 * (self.follows + follows))
 
+    def _queue_room(self, room: int) -> None:
+        """Columns in `pg` for `room` requests waiting in a program's target queue."""
+        st = self.cluster.st
+        cols = T.P_PIN0 + 2 * len(self.pools) + 2 * room
+        if cols > st.pg.shape[1]:
+            st.pg = _wider(st.pg, cols)
+            self.cluster.repack()
+
     def rows_for(self, n: int) -> None:
         """Program rows for programs 0..n-1."""
         st = self.cluster.st
@@ -245,6 +256,11 @@ class KernelTemplates:
             rid = int(row[T.P_PIN0 + c])
             if rid >= 0:
                 run.replicas[pool] = rid
+        if run.template.queued is not None:  # its target queue: (template row, number)
+            q, base = T.P_PIN0 + 2 * len(self.pools), run.template.kernel_row
+            waiting = row[q:q + 2 * int(row[T.P_QN])].tolist()
+            run.qin = int(row[T.P_QIN])
+            run.waiting = [(t - base, i) for t, i in zip(waiting[::2], waiting[1::2])]
 
     def store(self, run: SimProgram, tpl, ks: tuple, slots: list) -> None:
         """The driver sent requests ks of the program (in `slots`): its run's fields, pins
@@ -258,6 +274,11 @@ class KernelTemplates:
             row[c] = rid
             if rid in run.booked:
                 row[c + npools] = run.booked.pop(rid)
+        if tpl.queued is not None:
+            q = T.P_PIN0 + 2 * npools
+            row[T.P_QIN], row[T.P_QN] = run.qin, len(run.waiting)
+            for i, (k, index) in enumerate(run.waiting):
+                row[q + 2 * i], row[q + 2 * i + 1] = tpl.kernel_row + k, index
         for k, s in zip(ks, slots):
             st.rq[s, S.PROG], st.rq[s, S.TROW] = p, tpl.kernel_row + k
 
@@ -275,6 +296,8 @@ class KernelTemplates:
             owner.index.frombytes(log[:, 1].tobytes())
             owner.path.frombytes(log[:, 2].tobytes())
             owner.role.extend(log[:, 3].astype(np.uint8).tobytes())
+            if self.driver.trows is not None:
+                self.driver.trows.frombytes(log[:, 4].tobytes())
             self.driver._live.extend([None] * n)
             ctr[S.KLOG_N] = 0
         m = int(ctr[S.KDONE_N])

@@ -65,7 +65,7 @@ class SimProgram:
 
     __slots__ = ("plan", "idx", "arrival_s", "program", "question", "replicas", "booked",
                  "groups", "contents", "traced", "open", "finish_s", "template", "round",
-                 "tokens")
+                 "tokens", "waiting", "qin")
 
     def __init__(self, plan, program, question):
         self.plan = plan
@@ -86,6 +86,8 @@ class SimProgram:
         self.round = 0                      # (`sim.workloads.program_templates`); a
         #                                     request-by-request template's: its requests sent
         self.tokens = 0                     # a request-by-request template's program tokens
+        self.waiting: list | None = None    # a queued template's (request, index) waiting in
+        self.qin = 0                        # its target queue; its queued requests in flight
 
 
 class TracedReasoning:
@@ -217,6 +219,9 @@ class ProgramDriver:
         self.scheduler = scheduler
         self.finished_tokens = FinishedLengths()  # per finished program, for SJF estimates
         self.owner = Owners()  # per request idx
+        self.trows: array | None = None
+        """per request idx: its request's number in its program's request-by-request template
+        (-1: none), kept where the family's tables read the template's rows (`SimFamily`)"""
         # per request idx: (program, spec) while in flight, then None (a list: idx are dense)
         self._live: list = []
         self.on_program_done = on_program_done
@@ -353,6 +358,8 @@ class ProgramDriver:
         owner.index.append(spec.index)
         owner.path.append(spec.path)
         owner.role.append(code)
+        if self.trows is not None:
+            self.trows.append(-1)
         self._live.append((run, spec))
         run.open += 1
         spec.sent = (rid, self.cluster.send(rid, sent, chain))

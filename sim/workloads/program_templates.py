@@ -15,12 +15,14 @@ synchronous or target-capped A1 program) keeps the plain driver. So is a CoT or 
 probes trace whose paths run in rounds (`paths_in_rounds`: no probe mid-path), a path's last
 request waiting for its round's others; a CoT path that probes mid-path (its stop aborts what
 is in flight) is recorded as its whole chain and stopped in the kernel only
-(`sim.workloads.stop_templates`). On compiled replicas under a
+(`sim.workloads.stop_templates`); a ToT program with its target queue (`target_queue`; a
+multi-candidate one keeps the plain driver), its rows its recording's. On compiled replicas under a
 scheduler whose priority the kernel computes (all but one that asks each program's own
 estimate) such a record (and a search program's rounds, written request by request) goes
 into the program kernel (`sim.workloads.kernel_templates`), which sends each request's
 follow-ups itself. The tables equal the plain driver's
-(`tests/test_program_templates.py`, `tests/test_kernel_templates.py`).
+(`tests/test_program_templates.py`, `tests/test_kernel_templates.py`,
+`tests/test_tot_templates.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from programs.base import RequestSpec
 from sim.engine.request_state import Sent
 from sim.workloads.kernel_templates import KernelTemplates, flattened, kernel_mode
 from sim.workloads.program_driver import ProgramDriver, SimProgram, too_long
-from sim.workloads.request_templates import RequestTemplate, record_requests
+from sim.workloads.request_templates import RequestTemplate, made, record_requests, \
+    returned
 from sim.workloads.stop_templates import record_stopping
 from sim.workloads.kernel_arrivals import KernelArrivals, arrives_in_kernel
 from sim.kernels.stop_calls import CLOSED, DONE_CLOSED, SEND
@@ -131,8 +134,14 @@ class TemplateDriver(ProgramDriver):
             run.program, run.template, run.round, run.tokens = tpl.program, tpl, 0, 0
             if kernel:
                 self._kernel.start(run)
-                return self._send_kernel(run, tpl, tpl.first)
-            self._send_requests(run, tpl, tpl.first)
+                self._kernel.load(run)
+            ks, at = tpl.first, None
+            if tpl.queued is not None:
+                run.waiting, run.qin, ks, at = [], 0, [], []
+                made(run, tpl, tpl.first, ks, at)
+            slots = self._send_requests(run, tpl, ks, at)
+            if kernel:
+                self._kernel.store(run, tpl, ks, slots)
             return
         run.program, run.template = tpl.program, tpl  # the program's own object: not needed
         if tpl.rounds:
@@ -146,6 +155,11 @@ class TemplateDriver(ProgramDriver):
         (`paths_in_rounds`; the program's estimate, asked at each send, keeps the plain driver),
         else round by round for a program that says neither; None: driven as the plain driver
         drives it."""
+        if hasattr(type(run.program), "target_queue"):  # a ToT program: through its queue
+            queue = run.program.target_queue
+            if queue is None or self._own_estimate:
+                return None
+            return record_requests(run, self.oracle, queue=queue)
         own = getattr(run.program, "sends_on_own_outcome", None)
         if own is not None:
             return record_requests(run, self.oracle) if own and not self._own_estimate else None
@@ -177,9 +191,9 @@ class TemplateDriver(ProgramDriver):
                 raise RuntimeError(f"program {run.idx}: a templated request was aborted")
             self._live[idx] = None
             tpl = run.template
-            follow = _returned(run, tpl, k)
+            follow, at = returned(run, tpl, k)
             if follow:
-                self._send_requests(run, tpl, follow)
+                self._send_requests(run, tpl, follow, at)
             elif not run.open:  # nothing in flight and nothing to send: done
                 self._finish(run)
             return
@@ -213,8 +227,8 @@ class TemplateDriver(ProgramDriver):
                 self._send_kernel(run, tpl, tpl.follow[k])
             return
         self._kernel.load(run)
-        follow = _returned(run, tpl, k)
-        self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow))
+        follow, at = returned(run, tpl, k)
+        self._kernel.store(run, tpl, follow, self._send_requests(run, tpl, follow, at))
         if not follow and not run.open:  # nothing in flight and nothing to send: done
             self._kernel.unbook(run)
             self._finish(self._kernel.runs.pop(p))
@@ -272,6 +286,8 @@ class TemplateDriver(ProgramDriver):
             _new(ProgramView, (run.idx, self.env.now - run.arrival_s, tokens, estimate)),
             self.finished_tokens)
         owner, live, send, p = self.owner, self._live, self.cluster.send, run.idx
+        if self.trows is not None:
+            self.trows.extend([-1] * len(sends))
         for index, path, code, chain, head, tail in sends:
             idx = len(live)
             owner.program.append(p)
@@ -282,10 +298,10 @@ class TemplateDriver(ProgramDriver):
             run.open += 1
             send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain)
 
-    def _send_requests(self, run: SimProgram, tpl: RequestTemplate, ks: tuple) -> list:
-        """Send the template's requests ks, numbered on from the program's last, as
-        `ProgramDriver._submit` sends each (one priority: the program's state is the same):
-        their slots."""
+    def _send_requests(self, run: SimProgram, tpl: RequestTemplate, ks, at=None) -> list:
+        """Send the template's requests ks, numbered on from the program's last (a queued
+        template's: numbered as made, `at`), as `ProgramDriver._submit` sends each (one
+        priority: the program's state is the same): their slots."""
         priority = self.scheduler.priority(
             _new(ProgramView, (run.idx, self.env.now - run.arrival_s, run.tokens, None)),
             self.finished_tokens)
@@ -296,7 +312,9 @@ class TemplateDriver(ProgramDriver):
         owner, live, send, p, pools = self.owner, self._live, self.cluster.send, run.idx, \
             self._pools
         slots = []
-        for k in ks:
+        if self.trows is not None:
+            self.trows.extend(ks)
+        for i, k in enumerate(ks):
             request = tpl.requests[k]
             role = request[0].role
             rid = run.replicas.get(pools.get(role, ""))  # pinned already, mostly
@@ -312,11 +330,14 @@ class TemplateDriver(ProgramDriver):
             _, path, code, chain, head, tail = sent
             idx = len(live)
             owner.program.append(p)
-            owner.index.append(run.round)
+            if at is None:
+                owner.index.append(run.round)
+                run.round += 1
+            else:
+                owner.index.append(at[i])
             owner.path.append(path)
             owner.role.append(code)
             live.append((run, k))
-            run.round += 1
             run.open += 1
             slots.append(send(rid, _new(Sent, (idx,) + head + (priority, group) + tail), chain))
         return slots
@@ -346,11 +367,3 @@ def _key(run: SimProgram) -> tuple:
     """What fixes a program's requests: its question and a search or A1 program's seed, or a
     CoT/SC program's traced samples (one record each)."""
     return run.question.question_id, getattr(run.program, "seed", None), run.plan.sample_ids
-
-
-def _returned(run: SimProgram, tpl: RequestTemplate, k: int) -> tuple:
-    """Request k of the program's request-by-request template returned: its tokens counted,
-    what follows it (nothing yet where its round's others are still in flight)."""
-    run.open -= 1
-    run.tokens += tpl.gained[k]
-    return () if tpl.barrier[k] and run.open else tpl.follow[k]

@@ -12,6 +12,7 @@ requests (one per chunk, probe or search step), not tokens.
 from __future__ import annotations
 
 import time
+from array import array
 from operator import itemgetter
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
 
     driver = (TemplateDriver if family.templated and templates else ProgramDriver)(
         cluster, oracle, scheduler, unbooker(cluster))
+    if family.template_rows:
+        driver.trows = array("q")
     if on_kernel:
         cluster.on_done = driver.on_request_done
 

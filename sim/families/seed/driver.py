@@ -9,12 +9,12 @@ prompt finds in a replica's prefix cache follows from its content (the program's
 pieces), as on the live engine: identical sibling thoughts share blocks, and a verification
 whose drafted tail is already cached runs uncached, as the live engine re-runs it. A
 multi-candidate round's draft tree is the one traced: a candidate was drafted further where
-the trace holds the request that did it.
+the trace holds the request that did it. Every program of one question builds the same tree,
+so most are sent from their question's record (`sim.workloads.request_templates`), their rows
+the recording's, numbered as each program numbered its requests.
 """
 
 from __future__ import annotations
-
-from itertools import chain
 
 from programs.base import Outcome, RequestSpec
 from programs.seed import ROW_FIELDS, ToTProgram, tot_program_seed
@@ -22,6 +22,7 @@ from programs.seed_branch import content_link
 from programs.seed_traced import ToTBank
 from sim.families.registry import SimFamily, register_sim_family
 from sim.workloads.program_driver import SimProgram
+from sim.workloads.request_templates import RequestTemplate
 from traces import ids
 
 
@@ -91,27 +92,41 @@ def build_tot_runs(wl, bank: ToTBank, plans) -> tuple[list[SimProgram], int, Tra
     return runs, capacity, TracedToT()
 
 
+LOGGED = tuple(k for k in ROW_FIELDS if k != "request_index")
+"""the program's row fields the table carries (its requests' numbers name them instead)"""
+OWN = ("program_id", "question_id", "difficulty", "gold_answer", "mode", "request_id")
+"""the table's columns of each request's program"""
+
+
 def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
-    """The tot_requests table of the simulated programs and their ToT summary."""
+    """The tot_requests table of the simulated programs (each program's rows in the order its
+    requests finished, ties in the order they were made) and their ToT summary."""
+    import numpy as np
     import pandas as pd
 
     from sim.families.seed.metrics import SUMMARY_COLUMNS, tot_summary
 
-    res = cluster.res
-    at = {key: i for i, key in enumerate(zip(driver.owner.program, driver.owner.index))}
-    logged = [k for k in ROW_FIELDS if k != "request_index"]
-    cols = {k: list(chain.from_iterable(run.program.rows.column(k) for run in runs))
-            for k in logged}
-    idx, own = [], []  # each row's request idx; its program's columns
-    for run in runs:
-        q, prog = run.question, run.program
-        pid = run.plan.program_id
-        mine = (pid, q.question_id, q.difficulty, q.gold_answer, prog.policy.mode)
-        for index in prog.rows.column("request_index"):
-            idx.append(at[(run.idx, index)])
-            own.append(mine + (ids.search_request_id(pid, index),))
-    cols.update(zip(("program_id", "question_id", "difficulty", "gold_answer", "mode",
-                     "request_id"), map(list, zip(*own))))
+    res, owner = cluster.res, driver.owner
+    n = len(owner)
+    program = np.frombuffer(owner.program, dtype=np.int64)[:n]
+    numbers = np.frombuffer(owner.index, dtype=np.int64)[:n]
+    by_program = np.argsort(program, kind="stable")  # each program's idx in the order sent
+    starts = np.searchsorted(program[by_program], [run.idx for run in runs] + [1 << 62])
+    logs = _Logs()
+    where = [logs.positions(run, by_program[starts[i]:starts[i + 1]], numbers, driver.trows)
+             for i, run in enumerate(runs)]
+    idx = by_program[starts[0]:starts[-1]] if runs else by_program[:0]
+    of = np.repeat(np.arange(len(runs)), np.diff(starts))  # each row's run
+    order = np.lexsort((numbers[idx], res.finish_s[idx], of))
+    idx, of = idx[order], of[order].tolist()
+    at = np.concatenate(where + [np.zeros(0, dtype=np.int64)])[order].tolist()
+    cols = {k: list(map(logs.columns[k].__getitem__, at)) for k in LOGGED}
+    own = [(r.plan.program_id, r.question.question_id, r.question.difficulty,
+            r.question.gold_answer, r.program.policy.mode) for r in runs]
+    cols.update(zip(OWN[:-1], map(list, zip(*map(own.__getitem__, of))) if of else
+                    ([],) * (len(OWN) - 1)))
+    cols["request_id"] = list(map(ids.search_request_id, cols["program_id"],
+                                  numbers[idx].tolist()))
     cols.update(sent_s=res.arrival_s[idx].tolist(), finish_s=res.finish_s[idx].tolist(),
                 rescored=res.rescored[idx].tolist())
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
@@ -120,4 +135,37 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
     return {"tot_requests": cols}, summary
 
 
-register_sim_family(SimFamily("seed", build_tot_runs, tot_results, compiles=True))
+class _Logs:
+    """The programs' row logs end to end, column by column: each program's own, or (programs
+    sent from their question's template) their recording's, once."""
+
+    def __init__(self):
+        self.columns: dict = {k: [] for k in LOGGED}
+        self._at: dict = {}  # per recording program: its rows' positions by request number
+
+    def positions(self, run: SimProgram, idx, numbers, trows):
+        """Where the rows of a program's requests (idx) are in the columns."""
+        import numpy as np
+
+        tpl = run.template
+        if type(tpl) is RequestTemplate:  # the recording's row of each template request
+            at = self._at.get(id(tpl.program))
+            if at is None:
+                at = self._at[id(tpl.program)] = self._add(tpl.program.rows)
+            return at[np.frombuffer(trows, dtype=np.int64)[idx]]
+        return self._add(run.program.rows)[numbers[idx]]
+
+    def _add(self, log):
+        """A log's rows appended: their positions by request number."""
+        import numpy as np
+
+        first = len(self.columns[LOGGED[0]])
+        for k in LOGGED:
+            self.columns[k] += log.column(k)
+        at = np.zeros(len(log), dtype=np.int64)
+        at[log.column("request_index")] = np.arange(first, first + len(log))
+        return at
+
+
+register_sim_family(SimFamily("seed", build_tot_runs, tot_results, compiles=True,
+                               templated=True, template_rows=True))
