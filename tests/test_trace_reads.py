@@ -115,6 +115,21 @@ def test_a_changed_trace_is_refused_by_its_readers_and_its_check(tmp_path, case)
     assert re.search(pattern, "\n".join(map(str, check_trace(d))))
 
 
+def test_a_violation_in_a_later_part_names_that_part_and_its_row(tmp_path):
+    """A table's values are checked over all its parts at once (`checked_parts`); a violation
+    found is reported as the part's own check reports it: its file, its row there."""
+    d = _copy(tmp_path, "testbed-probes-cpu")
+    last = sorted((d / "requests").glob("part-*.parquet"))[-1]
+    t = pq.read_table(last)
+    pq.write_table(_set("output_tokens", 2, -3)(t).replace_schema_metadata(t.schema.metadata),
+                   last)
+    seal(d, read_table(d, "runs", validate=False).column("run_id")[0].as_py())
+    pattern = re.escape(str(last)) + r".*column 'output_tokens' row 2: negative count -3"
+    with pytest.raises(TraceError, match=pattern):
+        read_table(d, "requests")
+    assert re.search(pattern, "\n".join(map(str, check_trace(d))))
+
+
 def test_steps_start_in_order_within_a_part_and_a_resumed_clock_starts_again(tmp_path):
     """A resumed trace's clock starts again at 0 while its step ids go on: a later part's steps
     start before an earlier part's, and that is no violation."""

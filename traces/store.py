@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traces.checks import (TraceError, check_sealed_once, checked_part, key_violations,
-                           raise_if)
+from traces.checks import TraceError, check_sealed_once, key_violations, raise_if
 from traces.manifest import parts, seal as seal_dir, unseal
+from traces.part_checks import checked_parts
 from traces.schema import schema_of
 from traces.value_checks import trace_violations
 
@@ -180,9 +180,8 @@ def read_table(trace_dir: str | Path, table: str, validate: bool = True) -> pa.T
         return schema.empty_table()
     if not validate:
         return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
-    checked = [checked_part(f, table) for f in files]
-    raise_if(v for violations, _ in checked for v in violations)
-    data = pa.concat_tables([d for _, d in checked])
+    violations, data = checked_parts(files, table)
+    raise_if(violations)
     raise_if(key_violations(Path(trace_dir), table, data)
              + trace_violations(Path(trace_dir), table, data))
     return data

@@ -31,17 +31,21 @@ def component_s(t: pd.DataFrame, evaluator: bool) -> float:
     request in flight: the union of its requests' [sent, finish] intervals (a serial mode's
     time in that component; under parallel modes the two overlap)."""
     t = t[t.kind.isin(EVAL_KINDS) == evaluator]
+    if not len(t):
+        return 0.0
     program, _ = pd.factorize(t.program_id)  # programs numbered in order of appearance
     sent, finish = t.sent_s.to_numpy(float), t.finish_s.to_numpy(float)
     order = np.lexsort((finish, sent, program))  # by program, then (sent, finish)
-    spans, last = [], -1
-    for p, a, b in zip(program[order].tolist(), sent[order].tolist(), finish[order].tolist()):
-        if p != last:
-            spans.append(0.0)
-            last, end = p, -np.inf
-        spans[-1] += max(0.0, b - max(a, end))
-        end = max(end, b)
-    return float(np.mean(spans)) if spans else 0.0
+    program, sent, finish = program[order], sent[order], finish[order]
+    # each interval adds what it reaches past the latest end of its program's earlier ones
+    end = pd.Series(finish).groupby(program).cummax().to_numpy()
+    first = np.r_[True, program[1:] != program[:-1]]
+    before = np.where(first, -np.inf, np.r_[-np.inf, end[:-1]])
+    gained = np.maximum(0.0, finish - np.maximum(sent, before))
+    starts = np.flatnonzero(first).tolist() + [len(gained)]
+    # summed in order, interval by interval (cumsum adds sequentially)
+    spans = [np.cumsum(gained[a:b])[-1] for a, b in zip(starts, starts[1:])]
+    return float(np.mean(spans))
 
 
 def _acceptance(v: pd.DataFrame) -> float:
