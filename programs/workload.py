@@ -134,8 +134,10 @@ def draw_programs(bank: QuestionBank, count: int, rate_per_s: float,
     # Every question once per pass, in a seeded order: accuracy is not left to the draw.
     passes = -(-count // len(bank.questions))
     order = np.concatenate([rng.permutation(len(bank.questions)) for _ in range(passes)])[:count]
-    sample = np.array([rng.integers(len(getattr(bank.questions[q], "samples", (0,))))
-                       for q in order])
+    counts = [len(getattr(q, "samples", (0,))) for q in bank.questions]
+    if all(c == 1 for c in counts):  # one sample each (search, A1, ToT): nothing to draw
+        return arrival, order, np.zeros(count, dtype=np.int64)
+    sample = np.array([rng.integers(counts[q]) for q in order])
     return arrival, order, sample
 
 
