@@ -39,9 +39,9 @@ FAMILIES = {"cot": ("dynasor-cot-certaindex.yaml", 4000, 8),
             "mcts": ("dynasor-mcts-certaindex.yaml", 4000, 8),
             "rebase": ("dynasor-rebase-certaindex.yaml", 1000, 8),
             "a1": ("a1-async-separate.yaml", 300, 8),
-            "seed": ("seed-separate.yaml", 100, 4)}
+            "seed": ("seed-separate.yaml", 300, 4)}
 """every program family's example (`--families`): (example, programs, replicas per group), sized
-to about 10^5 requests, each run compiled and under SimPy"""
+to 10^4-10^5 requests, each run compiled and under SimPy"""
 
 
 def program_config(example: str, n: int, replicas: int, longer_limit: bool = False,
