@@ -185,6 +185,8 @@ def send(st, p, t, priority):
     if limit:
         if pg[p, P_QIN] >= limit:
             q = P_PIN0 + 2 * st.ctr[NPOOLS] + 2 * pg[p, P_QN]
+            if q + 1 >= pg.shape[1]:  # more than the record's `queue_room` wait: a bug
+                raise RuntimeError("a program's target queue is past its room")
             pg[p, q], pg[p, q + 1] = t, index
             pg[p, P_QN] += 1
             return

@@ -190,6 +190,9 @@ def made(run: SimProgram, tpl: RequestTemplate, new: tuple, ks: list, at: list) 
         limit = queued[k]
         if limit:
             if run.qin >= limit:
+                if len(run.waiting) >= tpl.queue_room:  # the kernel's columns hold that many
+                    raise RuntimeError(f"program {run.idx}: more than {tpl.queue_room} "
+                                       "requests wait in its target queue (a bug)")
                 run.waiting.append((k, index))
                 continue
             run.qin += 1
