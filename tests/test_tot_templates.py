@@ -2,14 +2,15 @@
 program's target queue), in the program kernel (`sim.kernels.template_calls`: the queue per
 program) and in Python, equal the same programs driven request by request, table for table
 (`tot_requests` too): every mode (the serial `ar` and `sd`, the batched modes, SEED's queue of
-one), every inter-program scheduler the kernel prices, one and several replicas, the kernel
-taking every request, handing many back, or starting the programs at their arrivals; a
-multi-candidate program keeps the plain driver.
+one), every inter-program scheduler the kernel prices, one and several replicas, KV pressure,
+few slots, prefix caching on and off, the kernel taking every request, handing many back, or
+starting the programs at their arrivals; a multi-candidate program keeps the plain driver.
 """
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import REPO, example_config
 from test_kernel_templates import _counted, _started
@@ -24,13 +25,14 @@ EXAMPLE = "seed-separate.yaml"
 
 
 def _config(count: int, mode: str = "seed", replicas: int = 1, scheduler: str = "fcfs",
-            example: str = EXAMPLE, **policy):
-    """The ToT example under `mode` with `count` programs, both pools `replicas` wide."""
-    d = example_config(example, count=count, rate_per_s=8.0) | {"seed": 1, "output": {}}
-    for group in d["cluster"]["replicas"]:
-        group.update(count=replicas, max_num_seqs=3)
+            example: str = EXAMPLE, rate: float = 8.0, seed: int = 1, **group):
+    """The ToT example under `mode` with `count` programs, both pools `replicas` wide (each
+    group's settings updated by `group`)."""
+    d = example_config(example, count=count, rate_per_s=rate) | {"seed": seed, "output": {}}
+    for g in d["cluster"]["replicas"]:
+        g.update({"count": replicas, "max_num_seqs": 3} | group)
     d["cluster"]["scheduler"] = scheduler
-    d["workload"]["programs"]["policy"].update(type=mode, **policy)
+    d["workload"]["programs"]["policy"]["type"] = mode
     return parse_config(d, REPO / "examples")
 
 
@@ -48,6 +50,32 @@ def test_tot_templates_equal_the_plain_driver(monkeypatch, mode, scheduler, repl
     if compiled:
         assert seen["kernel"] and seen["python"] <= 3 * 32 < len(res.requests) / 10
     _equal(res, simulate_programs(cfg, compiled=compiled, templates=False))
+
+
+@settings(max_examples=12, deadline=None)
+@given(mode=st.sampled_from(["seed", "sd", "ar", "seed_batched", "ar_batched"]),
+       scheduler=st.sampled_from(["fcfs", "dynasor", "lpm", "app_fifo"]),
+       kv=st.sampled_from([None, 14, 40]), seqs=st.sampled_from([2, 8]), caching=st.booleans(),
+       replicas=st.sampled_from([1, 2]), rate=st.sampled_from([2.0, 16.0]),
+       seed=st.integers(0, 3), compiled=st.booleans())
+def test_tot_templates_under_pressure_equal_the_plain_driver(mode, scheduler, kv, seqs, caching,
+                                                            replicas, rate, seed, compiled):
+    """KV pressure (preemptions), few sequence slots, prefix caching on and off, other rates
+    and draws: the tables of the plain driver."""
+    group = {"max_num_seqs": seqs, "enable_prefix_caching": caching} | (
+        {"kv_blocks": kv} if kv else {})
+    cfg = _config(24, mode, replicas, scheduler, rate=rate, seed=seed, **group)
+    _equal(simulate_programs(cfg, compiled=compiled),
+           simulate_programs(cfg, compiled=compiled, templates=False))
+
+
+@pytest.mark.parametrize("mode", ["seed", "ar_batched"])
+def test_tot_templates_with_preemptions_equal_the_plain_driver(mode):
+    """14 KV blocks a replica: requests are preempted and run again, as the plain driver's."""
+    cfg = _config(24, mode, 1, "fcfs", rate=16.0, seed=0, max_num_seqs=8, kv_blocks=14)
+    res = simulate_programs(cfg)
+    assert res.summary["preemptions"] > 0
+    _equal(res, simulate_programs(cfg, templates=False))
 
 
 @pytest.mark.parametrize("example", ["seed-evaluator.yaml", "seed-sampled.yaml",
