@@ -37,6 +37,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
 MAX_AUTO_INTERVAL = 1 << 20
 """the longest automatic re-assessment interval, in prompts past the evaluation"""
@@ -129,6 +131,35 @@ class Serve:
     """tokens exit at this threshold within the loaded depth (EE-full baseline); None: at depth"""
 
 
+class BreachWindow:
+    """The last `window` tokens' breach flags and how many of them breached, taken a prompt's
+    tokens at a time (the window's count after each token from one cumulative sum)."""
+
+    def __init__(self, window: int):
+        self.flags: deque[bool] = deque(maxlen=window)
+
+    def extend(self, breached: list) -> None:
+        """Flags in turn, the oldest leaving a full window."""
+        self.flags.extend(breached)
+
+    def first_over(self, breached: list, limit: int) -> int:
+        """Flags in turn up to the first whose window holds more than `limit` breaches: its
+        index, the flags after it left out (-1: none, every flag in)."""
+        old = np.fromiter(self.flags, dtype=np.int64, count=len(self.flags))
+        seen = np.concatenate([[0], np.cumsum(np.concatenate([old, np.asarray(breached,
+                                                                           np.int64)]))])
+        ends = np.arange(len(old) + 1, len(seen))  # after each new flag: the window's end
+        counts = seen[ends] - seen[np.maximum(ends - self.flags.maxlen, 0)]
+        over = np.flatnonzero(counts > limit)
+        t = int(over[0]) if over.size else -1
+        self.extend(breached if t < 0 else breached[:t + 1])
+        return t
+
+    def clear(self) -> None:
+        """No token in the window."""
+        self.flags.clear()
+
+
 class Helios:
     """HELIOS's state machine over a prompt stream."""
 
@@ -167,7 +198,7 @@ class Helios:
         self.pht: dict[str, PHTRow] = {}
         self.prompt_index = 0
         self.current: Serve | None = None
-        self.breaches: deque[bool] = deque(maxlen=window)
+        self.breaches = BreachWindow(window)
         self.pending: Serve | None = None
         self.events: list[tuple[int, Serve]] = []
 
@@ -225,20 +256,36 @@ class Helios:
 
     def observe(self, serve: Serve, max_probs: list[float]) -> None:
         """One token generated under `serve`: its max probability at each loaded exit."""
+        self.observe_tokens(serve, (max_probs,))
+
+    def observe_tokens(self, serve: Serve, tokens) -> None:
+        """`observe` of each of a prompt's tokens in turn (per token, the max probability at
+        each loaded exit)."""
+        threshold = self.threshold
         if serve.evaluating:
-            row = self.pht.setdefault(serve.model, PHTRow(serve.model, 0, [0] * len(max_probs),
-                                                          [0.0] * len(max_probs)))
-            exit_at = next((d for d, p in enumerate(max_probs) if p >= self.threshold),
-                           len(max_probs) - 1)
-            row.tokens += 1
-            row.exit_counts[exit_at] += 1
-            for d, p in enumerate(max_probs):
-                row.nll_at_depth[d] += -math.log(max(p, 1e-12))
+            if not tokens:
+                return
+            depth = len(tokens[0])
+            row = self.pht.setdefault(serve.model, PHTRow(serve.model, 0, [0] * depth,
+                                                          [0.0] * depth))
+            counts, nll, log = row.exit_counts, row.nll_at_depth, math.log
+            for max_probs in tokens:
+                exit_at = next((d for d, p in enumerate(max_probs) if p >= threshold),
+                               len(max_probs) - 1)
+                counts[exit_at] += 1
+                for d, p in enumerate(max_probs):
+                    nll[d] += -log(max(p, 1e-12))
+            row.tokens += len(tokens)
             return
-        self.breaches.append(max_probs[-1] < self.threshold)
-        if self.pending is None and sum(self.breaches) > self.cbc_max:
+        breached = [max_probs[-1] < threshold for max_probs in tokens]
+        if self.pending is not None:  # decided already: the window only counts
+            self.breaches.extend(breached)
+            return
+        t = self.breaches.first_over(breached, self.cbc_max)
+        if t >= 0:
             self.pending = self._on_breaches(serve)
             self.breaches.clear()
+            self.breaches.extend(breached[t + 1:])
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -333,7 +380,7 @@ class Static:
         """The same decision."""
         return self.next_prompt()
 
-    def observe(self, serve: Serve, max_probs: list[float]) -> None:
+    def observe_tokens(self, serve: Serve, tokens) -> None:
         """Static selection learns nothing."""
 
 

@@ -26,7 +26,7 @@ class StreamPolicy(Protocol):
 
     def planned_next(self) -> Serve | None: ...
 
-    def observe(self, serve: Serve, max_probs: list[float]) -> None: ...
+    def observe_tokens(self, serve: Serve, tokens) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,5 +86,4 @@ class HeliosProgram:
         if len(tokens) != len(r.prompts):
             raise ValueError(f"round of {len(r.prompts)} prompts got tokens for {len(tokens)}")
         for prompt in tokens:
-            for probs in prompt:
-                self.policy.observe(r.serve, probs)
+            self.policy.observe_tokens(r.serve, prompt)

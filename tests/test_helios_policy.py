@@ -177,3 +177,31 @@ def test_the_next_decision_is_known_early_where_tokens_cannot_change_it():
             h.observe(s, [0.95 if d + 1 >= first else 0.2 for d in range(s.depth)])
     assert known == 27  # 3 selections in 30 prompts
     assert Static(SMALL).planned_next() == Static(SMALL).next_prompt()
+
+
+def test_the_breach_window_finds_the_token_a_per_token_count_would():
+    """A prompt's flags taken at once (`BreachWindow.first_over`) stop at the token where
+    appending one flag at a time to a window of `window` first holds more than `limit`
+    breaches, and keep the window that loop keeps."""
+    import random
+    from collections import deque
+
+    from policies.helios import BreachWindow
+
+    rng = random.Random(3)
+    for _ in range(400):
+        window, limit = rng.randint(1, 12), 0
+        limit = rng.randint(0, window - 1)
+        old = [rng.random() < 0.5 for _ in range(rng.randint(0, window))]
+        new = [rng.random() < rng.random() for _ in range(rng.randint(0, 30))]
+        ref, want = deque(old, maxlen=window), -1
+        for t, flag in enumerate(new):
+            ref.append(flag)
+            if sum(ref) > limit:
+                want = t
+                break
+        b = BreachWindow(window)
+        b.extend(old)
+        assert b.first_over(new, limit) == want
+        assert list(b.flags) == list(ref)
+

@@ -11,6 +11,7 @@ per sequence, the KV of the loaded layers for its longest length.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,9 @@ class ModelProfile:
     reference: list[list[int]] = field(default_factory=list)
     """per prompt, the full model's greedy tokens (the full-depth stream's last exit): what the
     served tokens are checked against, position by position (a reference-free quality proxy)"""
+    served: dict = field(default_factory=dict, repr=False, compare=False)
+    """(depth, prompt, exit threshold) -> what serving the prompt gives (`served`), kept: every
+    policy and run that serves it so reads it once"""
     step_gap_ms: float = 0.0
     """the serving loop's host time after each step, before the next (`fit_step_gap`); 0: none
     measured (a what-if profile)"""
@@ -60,6 +64,20 @@ class ModelProfile:
     """a decode step attends over its batch padded to the longest sequence, as the PyTorch
     engine's (`sim.families.helios.attended`, which its step model was fitted on); False: over
     each sequence's own context (a what-if profile: a serving engine's paged attention)"""
+
+    def served_as(self, depth: int, prompt: int, threshold: float | None) -> tuple:
+        """A prompt served at `depth` (tokens exiting at `threshold`, None: at the depth): (its
+        tokens' max probabilities, their exits, the summed -log probability at each exit, the
+        tokens agreeing with the full model's, `agreeing`)."""
+        key = (depth, prompt, threshold)
+        out = self.served.get(key)
+        if out is None:
+            toks = self.streams[depth][prompt]
+            exits = [depth] * len(toks) if threshold is None else \
+                [exit_layer(x, threshold) for x in toks]
+            nll = float(-sum(math.log(max(t[e - 1], 1e-12)) for t, e in zip(toks, exits)))
+            out = self.served[key] = (toks, exits, nll, self.agreeing(depth, prompt, exits))
+        return out
 
     def agreeing(self, depth: int, prompt: int, exits: list[int]) -> int | None:
         """Of a prompt's tokens served at `depth` leaving at `exits` (1-based, per token), how
@@ -69,6 +87,11 @@ class ModelProfile:
             return None
         ref = self.reference[prompt]
         return sum(t[e - 1] == r for t, e, r in zip(self.tokens[depth][prompt], exits, ref))
+
+
+def exit_layer(max_probs: list[float], threshold: float) -> int:
+    """1-based exit of a token: the first exit whose max probability reaches the threshold."""
+    return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
 
 
 def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile:

@@ -22,7 +22,7 @@ is a second layered model fitted on the trace's layer-skipping steps (`ee<t>` ce
 
 from __future__ import annotations
 
-import math
+from functools import lru_cache
 
 import numpy as np
 import simpy
@@ -59,10 +59,10 @@ class HeliosReplica:
             start = self.env.now
             if self.overlap_loading:
                 self._prefetch(self.program.lookahead(), start)
-            toks, exits, times, layer_tokens = self._timing(rnd)
+            served, times, layer_tokens = self._timing(rnd)
             yield self.env.timeout(times["end_s"])
-            self._record(rnd, start, toks, exits, times, wait_ms, layer_tokens)
-            self.program.finish_round(toks)
+            self._record(rnd, start, served, times, wait_ms, layer_tokens)
+            self.program.finish_round([x[0] for x in served])
 
     def _switch(self, want: tuple[str, int]) -> float:
         """Serve `want` next: the milliseconds the round waits for its layers (what is left of
@@ -85,42 +85,41 @@ class HeliosReplica:
         want = (nxt.model, nxt.depth)
         self.prefetch = (want, now_s + reload_ms(self.standby, want, self.profiles) / 1e3)
 
-    def _timing(self, rnd: Round) -> tuple[list, list, dict, int]:
-        """The round's tokens, exits, timing and layer-token executions."""
+    def _timing(self, rnd: Round) -> tuple[list, dict, int]:
+        """What the round's prompts are served as (`ModelProfile.served_as`), its timing and
+        layer-token executions."""
         s = rnd.serve
         p = self.profiles[s.model]
-        toks = [p.streams[s.depth][i] for i in rnd.prompts]
+        served = [p.served_as(s.depth, i, s.exit_threshold) for i in rnd.prompts]
+        toks = [x[0] for x in served]
         prompts = [p.prompt_tokens[i] for i in rnd.prompts]
         if s.exit_threshold is None:
-            exits = [[s.depth] * len(t) for t in toks]
             times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
-                                scale=p.step.residual_sampler()[0],
+                                scale=mean_scale(p.step),
                                 per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),
                                 gap_ms=p.step_gap_ms, first_scale=median_scale(p.step),
                                 padded=p.padded_decode)
             # tokens each layer processed: the prompts, and every output but the last
-            return toks, exits, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
+            return served, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
         if len(rnd.prompts) != 1:
             raise ValueError("layer skipping (an exit threshold) serves one sequence at "
                              f"a time; the program planned {len(rnd.prompts)}")
-        exits = [[exit_layer(x, s.exit_threshold) for x in t] for t in toks]
-        times = ee_times(_ee_step(p), prompts[0], exits[0], s.depth, p.step_gap_ms)
-        return toks, exits, times, times["layer_tokens"]
+        times = ee_times(_ee_step(p), prompts[0], served[0][1], s.depth, p.step_gap_ms)
+        return served, times, times["layer_tokens"]
 
-    def _record(self, rnd: Round, start: float, toks: list, exits: list, times: dict,
+    def _record(self, rnd: Round, start: float, served: list, times: dict,
                 load_ms: float, layer_tokens: int) -> None:
         s = rnd.serve
         p = self.profiles[s.model]
         for k, i in enumerate(rnd.prompts):
+            toks, exits, nll, agree = served[k]
+            # a fresh list of exits per row: a table's rows own their values
             self.request_rows.append({
                 "prompt": i, "model": s.model, "depth": s.depth, "arrival_s": start,
                 "first_token_s": start + times["first_s"],
                 "finish_s": start + times["finish_s"][k],
-                "prompt_tokens": p.prompt_tokens[i], "output_tokens": len(toks[k]),
-                "exit_layers": exits[k],
-                "nll_sum": float(-sum(math.log(max(t[e - 1], 1e-12))
-                                      for t, e in zip(toks[k], exits[k]))),
-                "reference_agree_tokens": p.agreeing(s.depth, i, exits[k]),
+                "prompt_tokens": p.prompt_tokens[i], "output_tokens": len(toks),
+                "exit_layers": list(exits), "nll_sum": nll, "reference_agree_tokens": agree,
                 "replica_id": self.replica_id})
         self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                 "batch": len(rnd.prompts), "steps": times["steps"],
@@ -142,15 +141,17 @@ def reload_ms(loaded: tuple[str, int] | None, want: tuple[str, int],
     return max(depth - have, 0) * profiles[model].load_ms_per_layer
 
 
+@lru_cache(maxsize=256)  # a model is frozen: asked once per round, computed once
 def median_scale(model) -> float:
     """The multiplicative residual's median: a single step's typical time over the prediction
     (skewed by stalls, the mean sits above it; a run of many steps sums to the mean)."""
     return float(np.exp(np.median(model.residual_log_quantiles)))
 
 
-def exit_layer(max_probs: list[float], threshold: float) -> int:
-    """1-based exit of a token: the first exit whose max probability reaches the threshold."""
-    return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
+@lru_cache(maxsize=256)
+def mean_scale(model) -> float:
+    """The multiplicative residual's mean (`residual_sampler`'s), which a run of steps sums to."""
+    return model.residual_sampler()[0]
 
 
 def _ee_step(p: ModelProfile) -> LayeredModel:
@@ -176,7 +177,7 @@ def ee_times(model: LayeredModel, prompt_tokens: int, exits: list[int], layers: 
     decode_ms = x @ np.asarray(model.fixed_ms) + depth[1:] * (x @ np.asarray(model.layer_ms))
     first_ms = model.at_depth(layers).step_ms(prompt_tokens, 0, prompt_tokens) \
         + model.prefill_seqs_ms(layers, 1)
-    scale, first_scale = model.residual_sampler()[0], median_scale(model)
+    scale, first_scale = mean_scale(model), median_scale(model)
     busy_s = (first_ms * first_scale + float(decode_ms.sum()) * scale) / 1e3
     return {"first_s": first_ms * first_scale / 1e3,
             "finish_s": [busy_s + (n - 1) * gap_ms / 1e3],
