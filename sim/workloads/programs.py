@@ -100,10 +100,7 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
         driver.on_program_closed = closed
     driver.prepare(runs)
     cluster.run(arrivals(runs, driver, cluster.env))
-    unfinished = [r.idx for r in runs if np.isnan(r.finish_s)]
-    if unfinished:
-        raise RuntimeError(f"simulation ended with program {unfinished[0]} unfinished (a bug: "
-                           "please report with the config)")
+    _all_finished(runs)
     requests = _requests_table(driver, cluster.res)
     progs = programs_table([rows[r.idx] if r.idx in rows else row(r) for r in runs])
     summary = _summary(cfg, cluster, requests, progs)
@@ -115,6 +112,14 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
         summary.update(extra)
     cluster.close()
     return SimResult(requests, steps, summary, progs, tables, why_simpy=why)
+
+
+def _all_finished(runs: list) -> None:
+    """Every program finished, else the run is a bug's."""
+    unfinished = [r.idx for r in runs if np.isnan(r.finish_s)]
+    if unfinished:
+        raise RuntimeError(f"simulation ended with program {unfinished[0]} unfinished (a bug: "
+                           "please report with the config)")
 
 
 def unbooker(cluster):
