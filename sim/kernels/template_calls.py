@@ -157,14 +157,20 @@ def _head(st, p):
     """The template row first in program p's target queue, or -1 where none waits."""
     if st.pg[p, P_QN] == 0:
         return -1
-    return st.pg[p, P_PIN0 + 2 * st.ctr[NPOOLS]]
+    return st.pg[p, _queue_col(st)]
+
+
+@njit(cache=True)
+def _queue_col(st):
+    """`pg`'s first column of a program's waiting requests, past its pins and bookings."""
+    return P_PIN0 + 2 * st.ctr[NPOOLS]
 
 
 @njit(cache=True)
 def _pop(st, p, priority):
     """The request first in program p's target queue sent, the rest moved up."""
     pg = st.pg
-    q = P_PIN0 + 2 * st.ctr[NPOOLS]
+    q = _queue_col(st)
     t, index = pg[p, q], pg[p, q + 1]
     n = pg[p, P_QN] - 1
     pg[p, q:q + 2 * n] = pg[p, q + 2:q + 2 * n + 2].copy()
@@ -184,7 +190,7 @@ def send(st, p, t, priority):
     limit = st.tk[t, T_QUEUE]
     if limit:
         if pg[p, P_QIN] >= limit:
-            q = P_PIN0 + 2 * st.ctr[NPOOLS] + 2 * pg[p, P_QN]
+            q = _queue_col(st) + 2 * pg[p, P_QN]
             if q + 1 >= pg.shape[1]:  # more than the record's `queue_room` wait: a bug
                 raise RuntimeError("a program's target queue is past its room")
             pg[p, q], pg[p, q + 1] = t, index

@@ -132,7 +132,9 @@ class KernelTemplates:
         st.kclass[:] = classes
         st.tkf = np.zeros((1, 2 * len(self.class_costs)))
         # per program: its state, then per pool its pin and the tokens routing booked there
-        st.pg = np.full((64, T.P_PIN0 + 2 * len(self.pools)), -1, dtype=np.int64)
+        self.queue_col = T.P_PIN0 + 2 * len(self.pools)
+        """`pg`'s first column of a program's waiting requests (`template_calls._queue_col`)"""
+        st.pg = np.full((64, self.queue_col), -1, dtype=np.int64)
         st.pgf = np.zeros(st.pg.shape[0])
         st.ctr[S.PRIO_MODE], st.ctr[S.NPOOLS] = mode, len(self.pools)
         if mode == T.DYNASOR:  # its history on the kernel's arrays, its terms in the kernel's
@@ -222,7 +224,7 @@ class KernelTemplates:
     def _queue_room(self, room: int) -> None:
         """Columns in `pg` for `room` requests waiting in a program's target queue."""
         st = self.cluster.st
-        cols = T.P_PIN0 + 2 * len(self.pools) + 2 * room
+        cols = self.queue_col + 2 * room
         if cols > st.pg.shape[1]:
             st.pg = _wider(st.pg, cols)
             self.cluster.repack()
@@ -257,7 +259,7 @@ class KernelTemplates:
             if rid >= 0:
                 run.replicas[pool] = rid
         if run.template.queued is not None:  # its target queue: (template row, number)
-            q, base = T.P_PIN0 + 2 * len(self.pools), run.template.kernel_row
+            q, base = self.queue_col, run.template.kernel_row
             waiting = row[q:q + 2 * int(row[T.P_QN])].tolist()
             run.qin = int(row[T.P_QIN])
             run.waiting = [(t - base, i) for t, i in zip(waiting[::2], waiting[1::2])]
@@ -275,7 +277,7 @@ class KernelTemplates:
             if rid in run.booked:
                 row[c + npools] = run.booked.pop(rid)
         if tpl.queued is not None:
-            q = T.P_PIN0 + 2 * npools
+            q = self.queue_col
             row[T.P_QIN], row[T.P_QN] = run.qin, len(run.waiting)
             for i, (k, index) in enumerate(run.waiting):
                 row[q + 2 * i], row[q + 2 * i + 1] = tpl.kernel_row + k, index
