@@ -34,10 +34,11 @@ Energy is a proxy (layer-token executions x a per-layer energy), labelled so whe
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from policies.exit_tokens import BreachWindow, Rows, TokenBlock
 
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
 MAX_AUTO_INTERVAL = 1 << 20
@@ -129,35 +130,6 @@ class Serve:
     evaluating: bool = False
     exit_threshold: float | None = None
     """tokens exit at this threshold within the loaded depth (EE-full baseline); None: at depth"""
-
-
-class BreachWindow:
-    """The last `window` tokens' breach flags and how many of them breached, taken a prompt's
-    tokens at a time (the window's count after each token from one cumulative sum)."""
-
-    def __init__(self, window: int):
-        self.flags: deque[bool] = deque(maxlen=window)
-
-    def extend(self, breached: list) -> None:
-        """Flags in turn, the oldest leaving a full window."""
-        self.flags.extend(breached)
-
-    def first_over(self, breached: list, limit: int) -> int:
-        """Flags in turn up to the first whose window holds more than `limit` breaches: its
-        index, the flags after it left out (-1: none, every flag in)."""
-        old = np.fromiter(self.flags, dtype=np.int64, count=len(self.flags))
-        seen = np.concatenate([[0], np.cumsum(np.concatenate([old, np.asarray(breached,
-                                                                           np.int64)]))])
-        ends = np.arange(len(old) + 1, len(seen))  # after each new flag: the window's end
-        counts = seen[ends] - seen[np.maximum(ends - self.flags.maxlen, 0)]
-        over = np.flatnonzero(counts > limit)
-        t = int(over[0]) if over.size else -1
-        self.extend(breached if t < 0 else breached[:t + 1])
-        return t
-
-    def clear(self) -> None:
-        """No token in the window."""
-        self.flags.clear()
 
 
 class Helios:
@@ -261,23 +233,16 @@ class Helios:
     def observe_tokens(self, serve: Serve, tokens) -> None:
         """`observe` of each of a prompt's tokens in turn (per token, the max probability at
         each loaded exit)."""
-        threshold = self.threshold
+        self.observe_block(serve, Rows(tokens))
+
+    def observe_block(self, serve: Serve, block: TokenBlock) -> None:
+        """`observe` of each token of a block in turn (`policies.exit_tokens`): an evaluation
+        counts exits and sums -log probabilities per depth, token by token; otherwise each
+        token's last loaded exit is a breach or not."""
         if serve.evaluating:
-            if not tokens:
-                return
-            depth = len(tokens[0])
-            row = self.pht.setdefault(serve.model, PHTRow(serve.model, 0, [0] * depth,
-                                                          [0.0] * depth))
-            counts, nll, log = row.exit_counts, row.nll_at_depth, math.log
-            for max_probs in tokens:
-                exit_at = next((d for d, p in enumerate(max_probs) if p >= threshold),
-                               len(max_probs) - 1)
-                counts[exit_at] += 1
-                for d, p in enumerate(max_probs):
-                    nll[d] += -log(max(p, 1e-12))
-            row.tokens += len(tokens)
+            self._evaluated(serve.model, block)
             return
-        breached = [max_probs[-1] < threshold for max_probs in tokens]
+        breached = block.last() < self.threshold
         if self.pending is not None:  # decided already: the window only counts
             self.breaches.extend(breached)
             return
@@ -286,6 +251,23 @@ class Helios:
             self.pending = self._on_breaches(serve)
             self.breaches.clear()
             self.breaches.extend(breached[t + 1:])
+
+    def _evaluated(self, model: str, block: TokenBlock) -> None:
+        """A block's tokens into the model's PHT row: each token's first exit at the threshold
+        (else the last), and the -log probabilities added in token order (a sequential
+        cumulative sum: the loop's sums to the last bit)."""
+        rows = block.rows()
+        if not len(rows):
+            return
+        n, depth = rows.shape
+        row = self.pht.setdefault(model, PHTRow(model, 0, [0] * depth, [0.0] * depth))
+        reached = rows >= self.threshold
+        reached[:, -1] = True
+        for d, c in enumerate(np.bincount(reached.argmax(axis=1), minlength=depth).tolist()):
+            row.exit_counts[d] += c
+        sums = np.cumsum(np.vstack([row.nll_at_depth, block.neglog()]), axis=0)
+        row.nll_at_depth = sums[-1].tolist()
+        row.tokens += n
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -381,6 +363,9 @@ class Static:
         return self.next_prompt()
 
     def observe_tokens(self, serve: Serve, tokens) -> None:
+        """Static selection learns nothing."""
+
+    def observe_block(self, serve: Serve, block) -> None:
         """Static selection learns nothing."""
 
 

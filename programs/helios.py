@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from policies.exit_tokens import TokenBlock
 from policies.helios import Serve
 
 
@@ -27,6 +28,8 @@ class StreamPolicy(Protocol):
     def planned_next(self) -> Serve | None: ...
 
     def observe_tokens(self, serve: Serve, tokens) -> None: ...
+
+    def observe_block(self, serve: Serve, block: TokenBlock) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,8 @@ class HeliosProgram:
             raise ValueError(f"round of {len(r.prompts)} prompts got tokens for {len(tokens)}")
         for prompt in tokens:
             self.policy.observe_tokens(r.serve, prompt)
+
+    def finish_block(self, block: TokenBlock) -> None:
+        """The last round's tokens as one block, its prompts' in turn (`finish_round`'s
+        observations: a policy's are the same token by token)."""
+        self.policy.observe_block(self.rounds[-1].serve, block)

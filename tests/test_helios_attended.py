@@ -3,10 +3,11 @@ sequence): recovered from an exits trace's requests, and priced so in a HELIOS r
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import REPO
-from sim.families.helios.attended import attended_tokens, round_attended
+from sim.families.helios.attended import attended_tokens
 from sim.families.helios.profile import traced_steps
 from sim.families.helios.replica import round_times
 from sim.step_time.latency import LatencyModel
@@ -42,7 +43,6 @@ def test_requests_that_do_not_account_for_the_batches_are_refused():
 
 def test_a_round_decodes_over_its_longest_prompt_when_padded():
     lm = LatencyModel((1.0, 0.0, 0.1, 0.01, 0.0))  # const, prefill, decode seqs, context, p x c
-    assert round_attended([10, 30, 20], [0, 1], 2) == 2 * (30 + 2)
     summed, padded = round_times(lm, [10, 30], [3, 3]), round_times(lm, [10, 30], [3, 3],
                                                                   padded=True)
     assert padded["first_s"] == summed["first_s"]  # each prompt prefills over its own tokens
@@ -51,3 +51,35 @@ def test_a_round_decodes_over_its_longest_prompt_when_padded():
     assert decode == pytest.approx(2 * 0.01 * 20 / 1e3)
     same = round_times(lm, [30, 30], [3, 3])  # one length: nothing to pad
     assert round_times(lm, [30, 30], [3, 3], padded=True)["end_s"] == pytest.approx(same["end_s"])
+    # the longest prompt finishes with the prefill: the one left pads to its own length only
+    assert round_times(lm, [10, 30], [3, 1], padded=True)["end_s"] == \
+        pytest.approx(round_times(lm, [10, 30], [3, 1])["end_s"])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_rounds_closed_form_is_its_steps_one_by_one(padded):
+    """`round_times` (a closed-form run between finishes, sequences finishing together taken
+    at once) against pricing every decode step of the round in turn."""
+    rng = np.random.default_rng(4)
+    lm = LatencyModel((1.0, 0.002, 0.1, 0.01, 0.0))
+    for _ in range(60):
+        n = int(rng.integers(1, 12))
+        prompts = rng.integers(1, 200, n).tolist()
+        outputs = rng.integers(0, 9, n).tolist()
+        got = round_times(lm, prompts, outputs, scale=1.3, gap_ms=0.5, padded=padded)
+        t_ms, finish = got["first_s"] * 1e3, [0.0] * n
+        running, step = set(range(n)), 1
+        while True:
+            for i in [i for i in running if outputs[i] <= step]:
+                finish[i] = (t_ms + (step - 1) * 0.5) / 1e3
+                running.discard(i)
+            if not running:
+                break
+            longest = max(prompts[i] for i in running) + step
+            context = len(running) * longest if padded else \
+                sum(prompts[i] + step for i in running)
+            t_ms += lm.step_ms(0, len(running), context) * 1.3
+            step += 1
+        assert got["steps"] == step
+        assert got["finish_s"] == pytest.approx(finish, rel=1e-9)
+        assert got["end_s"] == pytest.approx((t_ms + step * 0.5) / 1e3, rel=1e-9)

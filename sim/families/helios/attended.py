@@ -36,10 +36,3 @@ def attended_tokens(steps: pd.DataFrame, requests: pd.DataFrame) -> np.ndarray:
         raise ValueError("the requests do not account for the steps' decode batches (another "
                          "engine's requests, or a trace cut short)")
     return decoding * longest + prefilled
-
-
-def round_attended(prompt_tokens, running: list[int], decoded: int) -> int:
-    """A HELIOS round's `context0` for a decode run (`LatencyModel.decode_run`, which adds one
-    token per sequence each step): its `running` sequences (indices into `prompt_tokens`) x
-    the longest's length, `decoded` decode steps after the round's prefill."""
-    return len(running) * (max(prompt_tokens[j] for j in running) + decoded)

@@ -11,7 +11,6 @@ per sequence, the KV of the loaded layers for its longest length.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import pandas as pd
 
 from policies.helios import Candidate
 from sim.families.helios.attended import attended_tokens
+from sim.families.helios.blocks import (DepthStream, Served, served_at_depth,
+                                        served_with_exits)
 from sim.families.helios.exits import load_exits
 from sim.step_time.layered import LayeredModel, fit_layered
 from traces.store import read_run, read_table
@@ -34,8 +35,9 @@ class ModelProfile:
     layers: int
     prompt_tokens: list[int]
     """per stream prompt"""
-    streams: dict[int, list[list[list[float]]]]
-    """loaded depth -> per prompt -> per token -> max probability at exits 1..depth"""
+    streams: dict[int, DepthStream]
+    """loaded depth -> the stream generated with it loaded (per token, max probability and
+    token at exits 1..depth)"""
     step: LayeredModel
     weight_bytes: int
     """per layer"""
@@ -49,14 +51,13 @@ class ModelProfile:
     """weights outside the decoder layers (embedding, head): always in memory"""
     ee_step: LayeredModel | None = None
     """step time with layer skipping (EE-full), from the trace's `ee<t>` steps; None: untraced"""
-    tokens: dict[int, list[list[list[int]]]] = field(default_factory=dict)
-    """loaded depth -> per prompt -> per token -> the token (argmax) at exits 1..depth"""
     reference: list[list[int]] = field(default_factory=list)
     """per prompt, the full model's greedy tokens (the full-depth stream's last exit): what the
     served tokens are checked against, position by position (a reference-free quality proxy)"""
     served: dict = field(default_factory=dict, repr=False, compare=False)
-    """(depth, prompt, exit threshold) -> what serving the prompt gives (`served`), kept: every
-    policy and run that serves it so reads it once"""
+    """depth -> what serving each prompt there gives (`served_at`); (depth, prompt, exit
+    threshold) -> what serving one with exits gives (`served_with`): kept, every policy and run
+    that serves them so reads them once"""
     step_gap_ms: float = 0.0
     """the serving loop's host time after each step, before the next (`fit_step_gap`); 0: none
     measured (a what-if profile)"""
@@ -65,33 +66,27 @@ class ModelProfile:
     engine's (`sim.families.helios.attended`, which its step model was fitted on); False: over
     each sequence's own context (a what-if profile: a serving engine's paged attention)"""
 
-    def served_as(self, depth: int, prompt: int, threshold: float | None) -> tuple:
-        """A prompt served at `depth` (tokens exiting at `threshold`, None: at the depth): (its
-        tokens' max probabilities, their exits, the summed -log probability at each exit, the
-        tokens agreeing with the full model's, `agreeing`)."""
+    def served_at(self, depth: int) -> Served:
+        """Every prompt served at `depth`, every token leaving there (`served_at_depth`)."""
+        out = self.served.get(depth)
+        if out is None:
+            ref = self.streams[self.layers] if self.reference else None
+            out = self.served[depth] = served_at_depth(self.streams[depth], ref)
+        return out
+
+    def served_with(self, depth: int, prompt: int, threshold: float) -> tuple:
+        """One prompt served at `depth`, each token leaving at its first exit reaching
+        `threshold`: (its exits, the summed -log probability at them, the tokens agreeing with
+        the full model's: `served_with_exits`)."""
         key = (depth, prompt, threshold)
         out = self.served.get(key)
         if out is None:
-            toks = self.streams[depth][prompt]
-            exits = [depth] * len(toks) if threshold is None else \
-                [exit_layer(x, threshold) for x in toks]
-            nll = float(-sum(math.log(max(t[e - 1], 1e-12)) for t, e in zip(toks, exits)))
-            out = self.served[key] = (toks, exits, nll, self.agreeing(depth, prompt, exits))
+            stream = self.streams[depth]
+            tokens = slice(int(stream.starts[prompt]), int(stream.starts[prompt + 1]))
+            ids = stream.argmax[tokens] if stream.argmax is not None else None
+            ref = np.asarray(self.reference[prompt]) if self.reference else None
+            out = self.served[key] = served_with_exits(stream.rows(tokens), ids, threshold, ref)
         return out
-
-    def agreeing(self, depth: int, prompt: int, exits: list[int]) -> int | None:
-        """Of a prompt's tokens served at `depth` leaving at `exits` (1-based, per token), how
-        many equal the full model's token at the same position (None: a profile without
-        traced tokens, as a what-if one)."""
-        if not self.reference:
-            return None
-        ref = self.reference[prompt]
-        return sum(t[e - 1] == r for t, e, r in zip(self.tokens[depth][prompt], exits, ref))
-
-
-def exit_layer(max_probs: list[float], threshold: float) -> int:
-    """1-based exit of a token: the first exit whose max probability reaches the threshold."""
-    return next((d + 1 for d, p in enumerate(max_probs) if p >= threshold), len(max_probs))
 
 
 def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile:
@@ -102,18 +97,14 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
     params = json.loads(run["params_json"])
     layers_df = read_table(trace_dir, "layers").to_pandas().sort_values("layer")
     layers = int(layers_df.layer.max())
-    streams, tokens, prompt_tokens = {}, {}, None
+    streams, prompt_tokens = {}, None
     reqs = read_table(trace_dir, "requests").to_pandas()
     for depth in range(1, layers + 1):
         m = load_exits(trace_dir, depth)
-        order = list(dict.fromkeys(m.request_ids))  # stream order
-        per_req: dict[str, list] = {r: [] for r in order}
-        ids: dict[str, list] = {r: [] for r in order}
-        for rid, probs, argmax in zip(m.request_ids, m.max_prob, m.argmax):
-            per_req[rid].append(probs.tolist())
-            ids[rid].append(argmax.tolist())
-        streams[depth] = [per_req[r] for r in order]
-        tokens[depth] = [ids[r] for r in order]
+        ids = m.request_ids  # grouped by request, in stream order
+        starts = np.r_[0, np.flatnonzero(ids[1:] != ids[:-1]) + 1, len(ids)]
+        streams[depth] = DepthStream(m.max_prob, m.argmax, starts)
+        order = ids[starts[:-1]]
         lengths = reqs.set_index("request_id").loc[order, "prompt_tokens"].astype(int).tolist()
         if prompt_tokens is None:
             prompt_tokens = lengths
@@ -129,10 +120,15 @@ def load_profile(trace_dir: str | Path, name: str | None = None) -> ModelProfile
                         kv_bytes_per_token=int(layers_df.kv_bytes_per_token.iloc[0]),
                         load_ms_per_layer=float(layers_df.load_ms.median()),
                         device=str(run["device"]), workload=params.get("workload", {}),
-                        ee_step=ee_step, tokens=tokens, padded_decode=True,
-                        reference=[[t[-1] for t in toks] for toks in tokens[layers]],
+                        ee_step=ee_step, padded_decode=True,
+                        reference=reference_tokens(streams[layers]),
                         step_gap_ms=fit_step_gap(steps))
 
+
+def reference_tokens(full: DepthStream) -> list[list[int]]:
+    """Per prompt, the full-depth stream's tokens at its last exit (the full model's greedy
+    tokens)."""
+    return [x.tolist() for x in np.split(full.argmax[:, -1], full.starts[1:-1])]
 
 
 def _model_dir(model_id: str, trace_dir: str | Path) -> str:

@@ -28,41 +28,62 @@ import numpy as np
 import simpy
 
 from programs.helios import HeliosProgram, Round
-from sim.families.helios.attended import round_attended
+from sim.families.helios.blocks import RoundBlock, token_index
 from sim.families.helios.profile import ModelProfile
+from sim.families.helios.rows import RequestColumns
 from sim.step_time.latency import feature_matrix, run_ms
 from sim.step_time.layered import LayeredModel
 
 
 class HeliosReplica:
-    """One device: serves its program's rounds in SimPy time and appends their rows."""
+    """One device: serves its program's rounds on its own clock and keeps their rows.
 
-    def __init__(self, env: simpy.Environment, replica_id: int, program: HeliosProgram,
+    The replicas of a cluster never interact (each serves its own share), so each runs its
+    timeline as a plain loop (`serve`); `steps` gives the same timeline as delays, which a SimPy
+    process (`process`) waits out instead."""
+
+    def __init__(self, replica_id: int, program: HeliosProgram,
                  profiles: dict[str, ModelProfile], overlap_loading: bool = False):
-        self.env, self.replica_id, self.program, self.profiles = env, replica_id, program, profiles
+        self.replica_id, self.program, self.profiles = replica_id, program, profiles
         self.overlap_loading = overlap_loading
+        self.now_s = 0
+        """the replica's clock (SimPy's: an int 0 until the first delay)"""
         self.loaded: tuple[str, int] | None = None
         self.standby: tuple[str, int] | None = None
         """what the standby server holds (overlap_loading)"""
         self.prefetch: tuple[tuple[str, int], float] | None = None
         """(what the standby server is loading, when it is ready)"""
-        self.request_rows: list[dict] = []
+        self.requests = RequestColumns()
         self.round_rows: list[dict] = []
 
-    def run(self):
-        """The SimPy process: every round of the program, in turn."""
+    def serve(self) -> None:
+        """Every round of the program, in turn, on the replica's own clock."""
+        for delay_s in self.steps():
+            self.now_s = self.now_s + delay_s
+
+    def process(self, env: simpy.Environment):
+        """The same timeline as a SimPy process (the reference `serve` is checked against)."""
+        for delay_s in self.steps():
+            yield env.timeout(delay_s)
+            self.now_s = env.now
+
+    def steps(self):
+        """Every round of the program, in turn: yields each delay (a load, a round's serving)
+        for the caller to advance `now_s` by."""
         while (rnd := self.program.next_round()) is not None:
             s = rnd.serve
             wait_ms = self._switch((s.model, s.depth))
             if wait_ms:
-                yield self.env.timeout(wait_ms / 1e3)
-            start = self.env.now
+                yield wait_ms / 1e3
+            start = self.now_s
             if self.overlap_loading:
                 self._prefetch(self.program.lookahead(), start)
-            served, times, layer_tokens = self._timing(rnd)
-            yield self.env.timeout(times["end_s"])
-            self._record(rnd, start, served, times, wait_ms, layer_tokens)
-            self.program.finish_round([x[0] for x in served])
+            times, layer_tokens = self._timing(rnd, start)
+            yield times["end_s"]
+            self._round_row(rnd, start, times, wait_ms, layer_tokens)
+            stream = self.profiles[s.model].streams[s.depth]
+            self.program.finish_block(RoundBlock(stream, token_index(stream.starts,
+                                                                     rnd.prompts)))
 
     def _switch(self, want: tuple[str, int]) -> float:
         """Serve `want` next: the milliseconds the round waits for its layers (what is left of
@@ -70,7 +91,7 @@ class HeliosReplica:
         if want == self.loaded:
             return 0.0
         if self.prefetch is not None and self.prefetch[0] == want:
-            wait_ms = max(0.0, (self.prefetch[1] - self.env.now) * 1e3)
+            wait_ms = max(0.0, (self.prefetch[1] - self.now_s) * 1e3)
             self.standby, self.loaded, self.prefetch = self.loaded, want, None
             return wait_ms
         wait_ms = reload_ms(self.loaded, want, self.profiles)
@@ -85,42 +106,35 @@ class HeliosReplica:
         want = (nxt.model, nxt.depth)
         self.prefetch = (want, now_s + reload_ms(self.standby, want, self.profiles) / 1e3)
 
-    def _timing(self, rnd: Round) -> tuple[list, dict, int]:
-        """What the round's prompts are served as (`ModelProfile.served_as`), its timing and
-        layer-token executions."""
+    def _timing(self, rnd: Round, start: float) -> tuple[dict, int]:
+        """The round's timing and layer-token executions; its prompts' rows kept."""
         s = rnd.serve
         p = self.profiles[s.model]
-        served = [p.served_as(s.depth, i, s.exit_threshold) for i in rnd.prompts]
-        toks = [x[0] for x in served]
         prompts = [p.prompt_tokens[i] for i in rnd.prompts]
         if s.exit_threshold is None:
-            times = round_times(p.step.at_depth(s.depth), prompts, [len(t) for t in toks],
+            served = p.served_at(s.depth)
+            outputs = served.output_tokens[list(rnd.prompts)].tolist()
+            times = round_times(p.step.at_depth(s.depth), prompts, outputs,
                                 scale=mean_scale(p.step),
                                 per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),
                                 gap_ms=p.step_gap_ms, first_scale=median_scale(p.step),
                                 padded=p.padded_decode)
+            self.requests.add_round(self.replica_id, s, rnd.prompts, prompts, start, times,
+                                    served)
             # tokens each layer processed: the prompts, and every output but the last
-            return served, times, s.depth * (sum(prompts) + sum(len(t) - 1 for t in toks))
+            return times, s.depth * (sum(prompts) + sum(outputs) - len(outputs))
         if len(rnd.prompts) != 1:
             raise ValueError("layer skipping (an exit threshold) serves one sequence at "
                              f"a time; the program planned {len(rnd.prompts)}")
-        times = ee_times(_ee_step(p), prompts[0], served[0][1], s.depth, p.step_gap_ms)
-        return served, times, times["layer_tokens"]
+        exits, nll, agree = p.served_with(s.depth, rnd.prompts[0], s.exit_threshold)
+        times = ee_times(_ee_step(p), prompts[0], exits, s.depth, p.step_gap_ms)
+        self.requests.add_one(self.replica_id, s, rnd.prompts[0], prompts[0], start, times,
+                              (exits, nll, agree))
+        return times, times["layer_tokens"]
 
-    def _record(self, rnd: Round, start: float, served: list, times: dict,
-                load_ms: float, layer_tokens: int) -> None:
+    def _round_row(self, rnd: Round, start: float, times: dict, load_ms: float,
+                   layer_tokens: int) -> None:
         s = rnd.serve
-        p = self.profiles[s.model]
-        for k, i in enumerate(rnd.prompts):
-            toks, exits, nll, agree = served[k]
-            # a fresh list of exits per row: a table's rows own their values
-            self.request_rows.append({
-                "prompt": i, "model": s.model, "depth": s.depth, "arrival_s": start,
-                "first_token_s": start + times["first_s"],
-                "finish_s": start + times["finish_s"][k],
-                "prompt_tokens": p.prompt_tokens[i], "output_tokens": len(toks),
-                "exit_layers": list(exits), "nll_sum": nll, "reference_agree_tokens": agree,
-                "replica_id": self.replica_id})
         self.round_rows.append({"start_s": start, "model": s.model, "depth": s.depth,
                                 "batch": len(rnd.prompts), "steps": times["steps"],
                                 "busy_ms": times["busy_s"] * 1e3,
@@ -198,26 +212,32 @@ def round_times(model, prompt_tokens: list[int], output_tokens: list[int],
     each step: a sequence finishes as its last step returns, the round ends after that step's
     host time."""
     first_scale = scale if first_scale is None else first_scale
-    first_s = (model.step_ms(sum(prompt_tokens), 0, sum(prompt_tokens))
-               + per_seq_ms * len(prompt_tokens)) / 1e3 * first_scale
-    finish = np.zeros(len(output_tokens))
+    total = sum(prompt_tokens)
+    first_s = (model.step_ms(total, 0, total) + per_seq_ms * len(prompt_tokens)) / 1e3 \
+        * first_scale
     order = np.argsort(output_tokens, kind="stable")
+    target = np.asarray(output_tokens, dtype=np.int64)[order]
+    prompts = np.asarray(prompt_tokens, dtype=np.int64)[order]
+    # the sequences still running from each finish on: their prompts' sum and longest
+    context = np.cumsum(prompts[::-1])[::-1].tolist()
+    longest = np.maximum.accumulate(prompts[::-1])[::-1].tolist()
     # in units the `scale` multiplies: the first step enters at its own scale
     t_ms, done_steps, steps = first_s * 1e3 / scale, 1, 1
-    running = list(order)
-    for idx in order:
-        target = output_tokens[idx]
-        k = target - done_steps  # decode steps until this sequence has its tokens
+    group = np.flatnonzero(np.r_[True, target[1:] != target[:-1]]).tolist()
+    at_finish = []
+    for i in group:  # sequences finishing together: the first of them decodes the run
+        k = int(target[i]) - done_steps  # decode steps until it has its tokens
         if k > 0:
-            n = len(running)
-            context0 = round_attended(prompt_tokens, running, done_steps - 1) if padded else \
-                sum(prompt_tokens[j] for j in running) + n * (done_steps - 1)
+            n = len(order) - i
+            context0 = n * (longest[i] + done_steps - 1) if padded else \
+                context[i] + n * (done_steps - 1)
             a, b = model.decode_run(n, context0)
             t_ms += run_ms(a, b, k)
             done_steps += k
             steps += k
-        finish[idx] = (t_ms * scale + (steps - 1) * gap_ms) / 1e3
-        running.remove(idx)
+        at_finish.append((t_ms * scale + (steps - 1) * gap_ms) / 1e3)
+    finish = np.zeros(len(order))
+    finish[order] = np.repeat(at_finish, np.diff(np.r_[group, len(order)]))
     return {"first_s": first_s, "finish_s": finish.tolist(),
             "end_s": (t_ms * scale + steps * gap_ms) / 1e3, "busy_s": t_ms * scale / 1e3,
             "steps": steps}

@@ -1,7 +1,8 @@
 """Early-exit serving in simulation: HELIOS and its baselines over a traced prompt stream.
 
 The program (`programs.helios.HeliosProgram`) plans rounds; HELIOS replicas
-(`sim.families.helios.replica`) serve them in SimPy time. With several replicas a router
+(`sim.families.helios.replica`) serve them, each on its own clock (they never interact; a
+SimPy environment gives the same rows). With several replicas a router
 (`policies.routing`, as the cluster model routes requests) assigns each prompt of the stream to a
 replica, and each replica runs its own program and policy over its share: independent devices,
 each choosing its own model and loaded depth. The stream is a backlog at time 0, so every prompt
@@ -24,6 +25,7 @@ from policies.routing import ClusterView, RequestView, make_router
 from programs.helios import HeliosProgram
 from sim.families.helios.profile import ModelProfile
 from sim.families.helios.replica import HeliosReplica
+from sim.families.helios.rows import request_frame
 
 
 @dataclass
@@ -92,18 +94,24 @@ def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile]) -
 def simulate_cluster(make_program: Callable[[list[int]], HeliosProgram],
                      profiles: dict[str, ModelProfile], num_prompts: int, replicas: int = 1,
                      router: str = "least_outstanding", budget_tokens: int = 0,
-                     overlap_loading: bool = False) -> HeliosResult:
+                     overlap_loading: bool = False, simpy_events: bool = False) -> HeliosResult:
     """Route the stream over `replicas` HELIOS replicas, each serving its share with the program
-    `make_program(its stream indices)` builds; the rows of all, the events at stream indices."""
+    `make_program(its stream indices)` builds; the rows of all, the events at stream indices.
+    The replicas never interact: each serves its timeline in a plain loop (`simpy_events`: as
+    SimPy processes in one environment instead, the same rows)."""
     shares = route_stream(profiles, num_prompts, replicas, router, budget_tokens) \
         if replicas > 1 else [list(range(num_prompts))]
-    env = simpy.Environment()
-    servers = [HeliosReplica(env, k, make_program(share), profiles, overlap_loading)
+    servers = [HeliosReplica(k, make_program(share), profiles, overlap_loading)
                for k, share in enumerate(shares)]
-    for s in servers:
-        env.process(s.run())
-    env.run()
-    requests = pd.DataFrame([r for s in servers for r in s.request_rows])
+    if simpy_events:
+        env = simpy.Environment()
+        for s in servers:
+            env.process(s.process(env))
+        env.run()
+    else:
+        for s in servers:
+            s.serve()
+    requests = request_frame([s.requests for s in servers])
     rounds = pd.DataFrame([r for s in servers for r in s.round_rows])
     if len(servers) > 1 and len(requests):
         requests = requests.sort_values("prompt", kind="stable", ignore_index=True)

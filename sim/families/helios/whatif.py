@@ -19,11 +19,13 @@ what-if cannot know how a shallower model's tokens would differ).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from policies.exit_tokens import FLOOR, neg_log
 from sim.families.helios.profile import ModelProfile
 from sim.model_shape import layer_shape
 from sim.step_time.layered import LayeredModel
@@ -63,29 +65,60 @@ def roofline(device: Device, weight_bytes: int, params: int, kv_bytes: int,
 
 
 class SyntheticStreams:
-    """`streams[depth][prompt]` -> per token, max probability at exits 1..depth (on demand)."""
+    """`streams[depth]`: the stream with `depth` layers loaded (`WhatIfDepth`, on demand)."""
 
-    def __init__(self, first_exit: list[np.ndarray], exit_layers: list[int], layers: int):
-        self.first_exit = first_exit  # per prompt: each token's first confident exit layer
+    def __init__(self, first_exit: np.ndarray, starts: np.ndarray, exit_layers: list[int],
+                 layers: int):
+        self.first_exit, self.starts = first_exit, starts
+        """each token's first confident exit layer, stream order; each prompt's first token"""
         self.has_exit = np.zeros(layers + 1, dtype=bool)
         self.has_exit[exit_layers] = True
+        self.depths: dict[int, WhatIfDepth] = {}
 
-    def __getitem__(self, depth: int) -> "_Depth":
-        return _Depth(self, depth)
+    def __getitem__(self, depth: int) -> "WhatIfDepth":
+        if depth not in self.depths:
+            self.depths[depth] = WhatIfDepth(self, depth)
+        return self.depths[depth]
 
 
-class _Depth:
+class WhatIfDepth:
+    """One loaded depth's what-if stream, as `sim.families.helios.blocks.DepthStream` reads a
+    traced one (no tokens traced)."""
+
+    argmax = None
+
     def __init__(self, streams: SyntheticStreams, depth: int):
-        self.s, self.depth = streams, depth
+        self.s, self.depth, self.starts = streams, depth, streams.starts
+        self.neglogs = tuple(-math.log(max(p, FLOOR)) for p in (CONFIDENT, UNSURE, 0.0))
 
-    def __getitem__(self, prompt: int) -> list[list[float]]:
+    def rows(self, index) -> np.ndarray:
+        """tokens x exits: the max probabilities of the tokens at `index`."""
         layer = np.arange(1, self.depth + 1)
-        has = self.s.has_exit[1:self.depth + 1]
-        out = []
-        for first in self.s.first_exit[prompt]:
-            p = np.where(has, np.where(layer >= first, CONFIDENT, UNSURE), 0.0)
-            out.append(p.tolist())
-        return out
+        first = self.s.first_exit[index][:, None]
+        return np.where(self.s.has_exit[1:self.depth + 1],
+                        np.where(layer >= first, CONFIDENT, UNSURE), 0.0)
+
+    def at(self, index, layer: int) -> np.ndarray:
+        """The max probability at `layer` (1-based) of the tokens at `index`."""
+        return self._pick(index, layer, (CONFIDENT, UNSURE, 0.0))
+
+    def ids_at(self, index, layer: int) -> None:
+        """No tokens: a what-if has none."""
+        return None
+
+    def neglog(self, index) -> np.ndarray:
+        """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index`."""
+        return neg_log(self.rows(index))
+
+    def neglog_at(self, index, layer: int) -> np.ndarray:
+        """-log(max(p, FLOOR)) at `layer` of the tokens at `index` (`math.log`'s values)."""
+        return self._pick(index, layer, self.neglogs)
+
+    def _pick(self, index, layer: int, values: tuple) -> np.ndarray:
+        first = self.s.first_exit[index]
+        if not self.s.has_exit[layer]:
+            return np.full(len(first), values[2])
+        return np.where(layer >= first, values[0], values[1])
 
 
 def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
@@ -101,17 +134,21 @@ def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
         raise ValueError(f"exit_shares: one distribution per phase ({len(phases)}), got "
                          f"{len(exit_shares)}")
     rng = np.random.default_rng(seed)
-    first_exit, prompt_tokens = [], []
+    first_exit, prompt_tokens, lengths = [], [], []
     for k, (phase, shares) in enumerate(zip(phases, exit_shares)):
         if len(shares) != len(exit_layers) or min(shares) < 0 or abs(sum(shares) - 1) > 1e-6:
             raise ValueError(f"exit_shares[{k}]: {len(exit_layers)} non-negative shares "
                              "summing to 1 (one per exit layer)")
-        for _ in range(phase.prompts):
-            first_exit.append(rng.choice(exit_layers, size=phase.output_tokens, p=shares))
-            prompt_tokens.append(phase.prompt_tokens)
+        # one draw for the phase: the same values as a draw per prompt in turn
+        first_exit.append(rng.choice(exit_layers, size=(phase.prompts, phase.output_tokens),
+                                     p=shares).astype(np.int16).ravel())
+        prompt_tokens += [phase.prompt_tokens] * phase.prompts
+        lengths += [phase.output_tokens] * phase.prompts
+    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     return ModelProfile(
         name=name, model_dir=str(config_path), layers=layers, prompt_tokens=prompt_tokens,
-        streams=SyntheticStreams(first_exit, exit_layers, layers),  # type: ignore[arg-type]
+        streams=SyntheticStreams(np.concatenate(first_exit), starts, exit_layers,  # type: ignore
+                                 layers),
         step=roofline(device, weight_bytes, params, kv_bytes, layers),
         weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes,
         load_ms_per_layer=weight_bytes / (device.load_gb_s * 1e9) * 1e3,

@@ -1,0 +1,99 @@
+"""The tokens an early-exit policy observes, read a block at a time. Pure.
+
+Per token, the max probability at each loaded exit. A policy reads a block of tokens two ways:
+whole rows (an evaluation's exit counts and summed -log probabilities per depth) and each token's
+last loaded exit (confidence breaches). `Rows` is a block from per-token lists (a live round's);
+the simulator reads its profiles' arrays through the same interface
+(`sim.families.helios.blocks`). The -log values are `math.log`'s, so a block's sums equal the
+token-by-token loop's to the last bit (numpy's log may differ from it in the last bit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+
+FLOOR = 1e-12
+"""the smallest probability a -log is taken of"""
+
+
+class TokenBlock(Protocol):
+    """Tokens in stream order, each with its max probability at every loaded exit."""
+
+    def rows(self) -> np.ndarray:
+        """tokens x exits: the max probabilities."""
+
+    def neglog(self) -> np.ndarray:
+        """tokens x exits: -log(max(p, FLOOR)) of `rows`, by `neg_log`."""
+
+    def last(self) -> np.ndarray:
+        """Each token's max probability at its last loaded exit."""
+
+
+def neg_log(p: np.ndarray) -> np.ndarray:
+    """-log(max(p, FLOOR)) of every value, each by `math.log`, once per distinct value."""
+    p = np.asarray(p, dtype=float)
+    values, inverse = np.unique(p, return_inverse=True)
+    logs = np.array([-math.log(max(x, FLOOR)) for x in values.tolist()], dtype=float)
+    return logs[inverse].reshape(p.shape)
+
+
+class Rows:
+    """A block from per-token lists (or a tokens x exits array)."""
+
+    def __init__(self, tokens):
+        try:
+            self.max_probs = np.asarray(tokens, dtype=float)
+        except ValueError:  # rows of unequal lengths
+            self.max_probs = np.zeros(1)
+        if self.max_probs.ndim != 2:
+            if len(tokens):
+                raise ValueError("tokens: every token needs one max probability per loaded "
+                                 "exit, the same count for each")
+            self.max_probs = np.zeros((0, 0))
+
+    def rows(self) -> np.ndarray:
+        """tokens x exits: the max probabilities."""
+        return self.max_probs
+
+    def neglog(self) -> np.ndarray:
+        """tokens x exits: -log(max(p, FLOOR))."""
+        return neg_log(self.max_probs)
+
+    def last(self) -> np.ndarray:
+        """Each token's max probability at its last loaded exit."""
+        return self.max_probs[:, -1] if self.max_probs.size else np.zeros(len(self.max_probs))
+
+
+class BreachWindow:
+    """The last `window` tokens' breach flags and how many of them breached, taken a block of
+    tokens at a time (the window's count after each token from one cumulative sum)."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.flags = np.zeros(0, dtype=bool)
+        """the last `window` flags, oldest first"""
+
+    def extend(self, breached) -> None:
+        """Flags in turn, the oldest leaving a full window."""
+        self.flags = np.concatenate([self.flags, np.asarray(breached, dtype=bool)])[
+            -self.window:]
+
+    def first_over(self, breached, limit: int) -> int:
+        """Flags in turn up to the first whose window holds more than `limit` breaches: its
+        index, the flags after it left out (-1: none, every flag in)."""
+        new = np.asarray(breached, dtype=bool)
+        seen = np.concatenate([[0], np.cumsum(np.concatenate([self.flags, new]),
+                                              dtype=np.int64)])
+        ends = np.arange(len(self.flags) + 1, len(seen))  # after each new flag: the window's end
+        counts = seen[ends] - seen[np.maximum(ends - self.window, 0)]
+        over = np.flatnonzero(counts > limit)
+        t = int(over[0]) if over.size else -1
+        self.extend(new if t < 0 else new[:t + 1])
+        return t
+
+    def clear(self) -> None:
+        """No token in the window."""
+        self.flags = np.zeros(0, dtype=bool)

@@ -1,0 +1,153 @@
+"""A profile's token streams as arrays, and what serving a loaded depth gives each prompt.
+
+Per loaded depth, every token of the stream in rows (stream order, prompt by prompt): its max
+probability and its token (argmax) at exits 1..depth; `starts` index each prompt's first token
+and end the last. A round's tokens are read as one block (`RoundBlock`, a
+`policies.exit_tokens.TokenBlock`). What serving a depth gives each prompt (its length, its
+tokens' -log probabilities at the depth summed in token order, the tokens agreeing with the full
+model's) is computed for every prompt at once (`served_at_depth`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from policies.exit_tokens import neg_log
+
+CHUNK_VALUES = 1 << 22
+"""values a padded per-prompt sum takes at once (the memory it holds)"""
+
+
+class DepthStream:
+    """One loaded depth's traced stream: per token, the max probability and token at each
+    exit."""
+
+    def __init__(self, max_prob: np.ndarray, argmax: np.ndarray | None, starts: np.ndarray):
+        self.max_prob, self.argmax, self.starts = max_prob, argmax, starts
+        self.depth = max_prob.shape[1]
+
+    def rows(self, index) -> np.ndarray:
+        """tokens x exits: the max probabilities of the tokens at `index`."""
+        return self.max_prob[index]
+
+    def at(self, index, layer: int) -> np.ndarray:
+        """The max probability at `layer` (1-based) of the tokens at `index`."""
+        return self.max_prob[index, layer - 1]
+
+    def ids_at(self, index, layer: int) -> np.ndarray | None:
+        """The token at `layer` of the tokens at `index` (None: no tokens traced)."""
+        return None if self.argmax is None else self.argmax[index, layer - 1]
+
+    def neglog(self, index) -> np.ndarray:
+        """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index` (`neg_log`)."""
+        return neg_log(self.rows(index))
+
+    def neglog_at(self, index, layer: int) -> np.ndarray:
+        """-log(max(p, FLOOR)) at `layer` of the tokens at `index`."""
+        return neg_log(self.at(index, layer))
+
+
+def token_index(starts: np.ndarray, prompts) -> np.ndarray | slice:
+    """The tokens of `prompts` (stream indices) in turn: a slice where they follow one another."""
+    p = np.asarray(prompts, dtype=np.int64)
+    if len(p) and (np.diff(p) == 1).all():
+        return slice(int(starts[p[0]]), int(starts[p[-1] + 1]))
+    lengths = starts[p + 1] - starts[p]
+    offset = np.repeat(starts[p] - (np.cumsum(lengths) - lengths), lengths)
+    return offset + np.arange(int(lengths.sum()))
+
+
+class RoundBlock:
+    """A round's tokens at one loaded depth, its prompts' in turn (a `TokenBlock`)."""
+
+    def __init__(self, stream, index):
+        self.stream, self.index = stream, index
+
+    def rows(self) -> np.ndarray:
+        """tokens x exits: the max probabilities."""
+        return self.stream.rows(self.index)
+
+    def neglog(self) -> np.ndarray:
+        """tokens x exits: -log(max(p, FLOOR))."""
+        return self.stream.neglog(self.index)
+
+    def last(self) -> np.ndarray:
+        """Each token's max probability at the loaded depth."""
+        return self.stream.at(self.index, self.stream.depth)
+
+
+def prompt_sums(values: Callable[[slice], np.ndarray], starts: np.ndarray) -> np.ndarray:
+    """Per prompt, its tokens' values (`values(tokens)`, a slice of the stream at a time) added
+    in token order from the first (Python's `sum`, bit for bit: a row-wise cumulative sum over
+    the prompts padded with -0.0, which adds nothing); 0.0 for a prompt without tokens."""
+    lengths = np.diff(starts)
+    out = np.zeros(len(lengths))
+    width = int(lengths.max()) if len(lengths) else 0
+    if width == 0:
+        return out
+    step = max(1, CHUNK_VALUES // width)
+    for a in range(0, len(lengths), step):
+        n = lengths[a:a + step]
+        pad = np.full((len(n), width), -0.0)
+        pad[np.arange(width) < n[:, None]] = values(slice(int(starts[a]),
+                                                          int(starts[a + len(n)])))
+        out[a:a + len(n)] = np.cumsum(pad, axis=1)[:, -1]
+    out[lengths == 0] = 0.0
+    return out
+
+
+@dataclass(frozen=True)
+class Served:
+    """Per prompt, what serving it at one loaded depth (every token leaving there) gives."""
+
+    output_tokens: np.ndarray
+    nll: np.ndarray
+    """its tokens' -log max probability at the depth, summed in token order"""
+    agree: np.ndarray | None
+    """its tokens equal to the full model's at the same position (None: none traced)"""
+
+
+def served_at_depth(stream, reference: DepthStream | None) -> Served:
+    """Every prompt served at the stream's depth; `reference` the full-depth stream whose last
+    exit's tokens the served ones are counted against, position by position up to the shorter
+    (None: not counted)."""
+    depth, starts = stream.depth, stream.starts
+    nll = prompt_sums(lambda tokens: stream.neglog_at(tokens, depth), starts)
+    agree = None
+    if reference is not None and stream.argmax is not None:
+        agree = agreeing(stream.ids_at(slice(0, int(starts[-1])), depth), starts, reference)
+    return Served(np.diff(starts), nll, agree)
+
+
+def agreeing(ids: np.ndarray, starts: np.ndarray, reference: DepthStream) -> np.ndarray:
+    """Per prompt, its tokens `ids` (stream order, `starts`) equal to the reference's last exit's
+    token at the same position, up to the shorter of the two."""
+    lengths = np.diff(starts)
+    prompt = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(len(ids)) - np.repeat(starts[:-1], lengths)
+    ref_starts = reference.starts
+    ok = pos < (ref_starts[1:] - ref_starts[:-1])[prompt]
+    ref = reference.argmax[ref_starts[prompt[ok]] + pos[ok], -1]
+    return np.bincount(prompt[ok][ids[ok] == ref], minlength=len(lengths))
+
+
+def served_with_exits(rows: np.ndarray, ids: np.ndarray | None, threshold: float,
+                      reference: np.ndarray | None) -> tuple[list[int], float, int | None]:
+    """One prompt's tokens (`rows`: tokens x exits, `ids` their tokens) each leaving at its
+    first exit reaching `threshold` (else the last): (the exits, 1-based; their -log
+    probabilities summed in token order; the tokens agreeing with `reference`, position by
+    position up to the shorter, None where either is missing)."""
+    reached = rows >= threshold
+    if len(rows):
+        reached[:, -1] = True
+    exits = reached.argmax(axis=1)
+    at = np.arange(len(rows))
+    nll = float(np.cumsum(neg_log(rows[at, exits]))[-1]) if len(rows) else 0.0
+    agree = None
+    if ids is not None and reference is not None:
+        n = min(len(rows), len(reference))
+        agree = int((ids[at[:n], exits[:n]] == reference[:n]).sum())
+    return (exits + 1).tolist(), nll, agree
