@@ -199,8 +199,9 @@ class Helios:
             self.intervals.append(self.interval)
         elif self.pending is not None:
             serve, self.pending = self.pending, None
-        else:
-            serve = Serve(self.current.model, self.current.depth)
+        else:  # as the last prompt, without its event (a decision is immutable: kept)
+            c = self.current
+            serve = c if c.event is None else Serve(c.model, c.depth)
         if serve.event is not None:
             self.events.append((i, serve))
         self.current = serve
@@ -349,10 +350,11 @@ class Static:
     def __init__(self, candidate: Candidate):
         self.candidate = candidate
         self.events: list[tuple[int, Serve]] = []
+        self.decision = Serve(candidate.name, candidate.layers)
 
     def next_prompt(self) -> Serve:
-        """Always the same model, full depth."""
-        return Serve(self.candidate.name, self.candidate.layers)
+        """Always the same decision."""
+        return self.decision
 
     def same_after(self) -> int:
         """Every later prompt gets the same decision."""
@@ -360,7 +362,7 @@ class Static:
 
     def planned_next(self) -> Serve:
         """The same decision."""
-        return self.next_prompt()
+        return self.decision
 
     def observe_tokens(self, serve: Serve, tokens) -> None:
         """Static selection learns nothing."""
@@ -375,8 +377,5 @@ class EarlyExitFull(Static):
     def __init__(self, candidate: Candidate, threshold: float = 0.9):
         super().__init__(candidate)
         self.threshold = threshold
-
-    def next_prompt(self) -> Serve:
-        """The whole model loaded; exits decided per token at the threshold."""
-        return Serve(self.candidate.name, self.candidate.layers,
-                     exit_threshold=self.threshold)
+        # the whole model loaded; exits decided per token at the threshold
+        self.decision = Serve(candidate.name, candidate.layers, exit_threshold=threshold)

@@ -90,11 +90,14 @@ def test_per_prompt_sums_are_pythons_sum_bit_for_bit():
     values = rng.choice([1.0, 0.5, 0.25, 1e-15], size=int(lengths.sum()))
     values[lengths[0]:lengths[0] + 5] = 1.0
     starts = np.r_[0, np.cumsum(lengths)]
-    got = prompt_sums(lambda tokens: neg_log(values[tokens]), starts)
+    got = prompt_sums(neg_log(values), starts)
     want = [float(-sum(math.log(max(x, 1e-12)) for x in values[a:b].tolist()))
             for a, b in zip(starts[:-1], starts[1:])]
     assert [x.hex() for x in got.tolist()] == [x.hex() for x in want]
     assert math.copysign(1, got[1]) == -1 and math.copysign(1, got[0]) == 1
+    same = np.r_[0:5 * 7 + 1:7]  # prompts of one length: no padding
+    assert prompt_sums(neg_log(values[:35]), same).tolist() == \
+        [float(-sum(math.log(max(x, 1e-12)) for x in values[a:a + 7].tolist())) for a in same[:-1]]
 
 
 def test_a_rounds_tokens_are_its_prompts_in_turn():

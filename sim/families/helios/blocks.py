@@ -3,15 +3,14 @@
 Per loaded depth, every token of the stream in rows (stream order, prompt by prompt): its max
 probability and its token (argmax) at exits 1..depth; `starts` index each prompt's first token
 and end the last. A round's tokens are read as one block (`RoundBlock`, a
-`policies.exit_tokens.TokenBlock`). What serving a depth gives each prompt (its length, its
-tokens' -log probabilities at the depth summed in token order, the tokens agreeing with the full
-model's) is computed for every prompt at once (`served_at_depth`).
+`policies.exit_tokens.TokenBlock`), and what serving the depth gives each of its prompts (its
+length, its tokens' -log probabilities at the depth summed in token order, the tokens agreeing
+with the full model's) is computed for the round's prompts at once (`served_at_depth`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -28,6 +27,8 @@ class DepthStream:
     def __init__(self, max_prob: np.ndarray, argmax: np.ndarray | None, starts: np.ndarray):
         self.max_prob, self.argmax, self.starts = max_prob, argmax, starts
         self.depth = max_prob.shape[1]
+        self._neglog: np.ndarray | None = None
+        """-log of every max probability, computed at the first read (`neg_log`)"""
 
     def rows(self, index) -> np.ndarray:
         """tokens x exits: the max probabilities of the tokens at `index`."""
@@ -43,11 +44,16 @@ class DepthStream:
 
     def neglog(self, index) -> np.ndarray:
         """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index` (`neg_log`)."""
-        return neg_log(self.rows(index))
+        return self._neglogs()[index]
 
     def neglog_at(self, index, layer: int) -> np.ndarray:
         """-log(max(p, FLOOR)) at `layer` of the tokens at `index`."""
-        return neg_log(self.at(index, layer))
+        return self._neglogs()[index, layer - 1]
+
+    def _neglogs(self) -> np.ndarray:
+        if self._neglog is None:  # once: every policy and round reads the same stream
+            self._neglog = neg_log(self.max_prob)
+        return self._neglog
 
 
 def token_index(starts: np.ndarray, prompts) -> np.ndarray | slice:
@@ -79,21 +85,23 @@ class RoundBlock:
         return self.stream.at(self.index, self.stream.depth)
 
 
-def prompt_sums(values: Callable[[slice], np.ndarray], starts: np.ndarray) -> np.ndarray:
-    """Per prompt, its tokens' values (`values(tokens)`, a slice of the stream at a time) added
-    in token order from the first (Python's `sum`, bit for bit: a row-wise cumulative sum over
-    the prompts padded with -0.0, which adds nothing); 0.0 for a prompt without tokens."""
+def prompt_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per prompt, its tokens' values (`values[starts[i]:starts[i + 1]]`) added in token order
+    from the first (Python's `sum`, bit for bit: a row-wise cumulative sum over the prompts,
+    padded with -0.0, which adds nothing, where their lengths differ); 0.0 for a prompt without
+    tokens."""
     lengths = np.diff(starts)
     out = np.zeros(len(lengths))
     width = int(lengths.max()) if len(lengths) else 0
     if width == 0:
         return out
+    if lengths.min() == width:
+        return np.cumsum(values.reshape(len(lengths), width), axis=1)[:, -1]
     step = max(1, CHUNK_VALUES // width)
     for a in range(0, len(lengths), step):
         n = lengths[a:a + step]
         pad = np.full((len(n), width), -0.0)
-        pad[np.arange(width) < n[:, None]] = values(slice(int(starts[a]),
-                                                          int(starts[a + len(n)])))
+        pad[np.arange(width) < n[:, None]] = values[starts[a]:starts[a + len(n)]]
         out[a:a + len(n)] = np.cumsum(pad, axis=1)[:, -1]
     out[lengths == 0] = 0.0
     return out
@@ -101,7 +109,8 @@ def prompt_sums(values: Callable[[slice], np.ndarray], starts: np.ndarray) -> np
 
 @dataclass(frozen=True)
 class Served:
-    """Per prompt, what serving it at one loaded depth (every token leaving there) gives."""
+    """Per prompt of a round, what serving it at one loaded depth (every token leaving there)
+    gives."""
 
     output_tokens: np.ndarray
     nll: np.ndarray
@@ -110,42 +119,46 @@ class Served:
     """its tokens equal to the full model's at the same position (None: none traced)"""
 
 
-def served_at_depth(stream, reference: DepthStream | None) -> Served:
-    """Every prompt served at the stream's depth; `reference` the full-depth stream whose last
-    exit's tokens the served ones are counted against, position by position up to the shorter
-    (None: not counted)."""
-    depth, starts = stream.depth, stream.starts
-    nll = prompt_sums(lambda tokens: stream.neglog_at(tokens, depth), starts)
+def served_at_depth(stream, prompts, index, reference: DepthStream | None) -> Served:
+    """`prompts` (stream indices; their tokens at `index`, `token_index`) served at the stream's
+    depth; `reference` the full-depth stream whose last exit's tokens the served ones are
+    counted against, position by position up to the shorter (None: not counted)."""
+    p = np.asarray(prompts, dtype=np.int64)
+    lengths = stream.starts[p + 1] - stream.starts[p]
+    starts = np.r_[0, np.cumsum(lengths)]
+    nll = prompt_sums(stream.neglog_at(index, stream.depth), starts)
     agree = None
     if reference is not None and stream.argmax is not None:
-        agree = agreeing(stream.ids_at(slice(0, int(starts[-1])), depth), starts, reference)
-    return Served(np.diff(starts), nll, agree)
+        agree = agreeing(stream.ids_at(index, stream.depth), starts, p, reference)
+    return Served(lengths, nll, agree)
 
 
-def agreeing(ids: np.ndarray, starts: np.ndarray, reference: DepthStream) -> np.ndarray:
-    """Per prompt, its tokens `ids` (stream order, `starts`) equal to the reference's last exit's
-    token at the same position, up to the shorter of the two."""
+def agreeing(ids: np.ndarray, starts: np.ndarray, prompts: np.ndarray,
+             reference: DepthStream) -> np.ndarray:
+    """Per prompt of `prompts`, its tokens (`ids[starts[i]:starts[i + 1]]`) equal to the
+    reference's last exit's token at the same position, up to the shorter of the two."""
     lengths = np.diff(starts)
     prompt = np.repeat(np.arange(len(lengths)), lengths)
     pos = np.arange(len(ids)) - np.repeat(starts[:-1], lengths)
-    ref_starts = reference.starts
-    ok = pos < (ref_starts[1:] - ref_starts[:-1])[prompt]
+    ref_starts = reference.starts[prompts]
+    ok = pos < (reference.starts[prompts + 1] - ref_starts)[prompt]
     ref = reference.argmax[ref_starts[prompt[ok]] + pos[ok], -1]
     return np.bincount(prompt[ok][ids[ok] == ref], minlength=len(lengths))
 
 
-def served_with_exits(rows: np.ndarray, ids: np.ndarray | None, threshold: float,
-                      reference: np.ndarray | None) -> tuple[list[int], float, int | None]:
-    """One prompt's tokens (`rows`: tokens x exits, `ids` their tokens) each leaving at its
-    first exit reaching `threshold` (else the last): (the exits, 1-based; their -log
-    probabilities summed in token order; the tokens agreeing with `reference`, position by
-    position up to the shorter, None where either is missing)."""
+def served_with_exits(rows: np.ndarray, neglog: np.ndarray, ids: np.ndarray | None,
+                      threshold: float, reference: np.ndarray | None
+                      ) -> tuple[list[int], float, int | None]:
+    """One prompt's tokens (`rows`: tokens x exits, `neglog` their -log, `ids` their tokens)
+    each leaving at its first exit reaching `threshold` (else the last): (the exits, 1-based;
+    their -log probabilities summed in token order; the tokens agreeing with `reference`,
+    position by position up to the shorter, None where either is missing)."""
     reached = rows >= threshold
     if len(rows):
         reached[:, -1] = True
     exits = reached.argmax(axis=1)
     at = np.arange(len(rows))
-    nll = float(np.cumsum(neg_log(rows[at, exits]))[-1]) if len(rows) else 0.0
+    nll = float(np.cumsum(neglog[at, exits])[-1]) if len(rows) else 0.0
     agree = None
     if ids is not None and reference is not None:
         n = min(len(rows), len(reference))

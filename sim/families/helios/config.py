@@ -31,7 +31,7 @@ from policies.helios import (STRATEGIES, EarlyExitFull, Helios, RepositoryEntry,
 from programs.helios import HeliosProgram
 from sim.config_schema import Count, Strict, one_line
 from sim.families.helios.profile import Memory, ModelProfile, candidate, load_profile
-from sim.families.helios.serving import HeliosResult, simulate_cluster
+from sim.families.helios.serving import HeliosResult, route_stream, simulate_cluster
 from sim.families.registry import ConfigSection, register_section
 from sim.families.helios.whatif import Device, Phase, what_if_profile
 
@@ -288,9 +288,13 @@ class Experiment:
     def simulate(self) -> dict[str, HeliosResult]:
         """Every policy simulated over the stream, on the configured replicas."""
         h = self.spec.helios
+        # every policy's stream routed alike: the router sees tokens, not decisions
+        shares = route_stream(self.profiles, self.num_prompts, h.replicas, h.router,
+                              self.max_tokens) if h.replicas > 1 else None
         return {self.policy_name(p): simulate_cluster(
                     lambda prompts, p=p: self.program(p, prompts), self.profiles,
-                    self.num_prompts, h.replicas, h.router, self.max_tokens, h.overlap_loading)
+                    self.num_prompts, h.replicas, h.router, self.max_tokens, h.overlap_loading,
+                    shares=shares)
                 for p in h.policies}
 
 

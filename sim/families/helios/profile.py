@@ -55,9 +55,8 @@ class ModelProfile:
     """per prompt, the full model's greedy tokens (the full-depth stream's last exit): what the
     served tokens are checked against, position by position (a reference-free quality proxy)"""
     served: dict = field(default_factory=dict, repr=False, compare=False)
-    """depth -> what serving each prompt there gives (`served_at`); (depth, prompt, exit
-    threshold) -> what serving one with exits gives (`served_with`): kept, every policy and run
-    that serves them so reads them once"""
+    """(depth, prompt, exit threshold) -> what serving one with exits gives (`served_with`):
+    kept, every policy and run that serves it so reads it once"""
     step_gap_ms: float = 0.0
     """the serving loop's host time after each step, before the next (`fit_step_gap`); 0: none
     measured (a what-if profile)"""
@@ -66,13 +65,11 @@ class ModelProfile:
     engine's (`sim.families.helios.attended`, which its step model was fitted on); False: over
     each sequence's own context (a what-if profile: a serving engine's paged attention)"""
 
-    def served_at(self, depth: int) -> Served:
-        """Every prompt served at `depth`, every token leaving there (`served_at_depth`)."""
-        out = self.served.get(depth)
-        if out is None:
-            ref = self.streams[self.layers] if self.reference else None
-            out = self.served[depth] = served_at_depth(self.streams[depth], ref)
-        return out
+    def served_at(self, depth: int, prompts, index) -> Served:
+        """`prompts` (their tokens at `index` of the depth's stream) served at `depth`, every
+        token leaving there (`served_at_depth`)."""
+        ref = self.streams[self.layers] if self.reference else None
+        return served_at_depth(self.streams[depth], prompts, index, ref)
 
     def served_with(self, depth: int, prompt: int, threshold: float) -> tuple:
         """One prompt served at `depth`, each token leaving at its first exit reaching
@@ -85,7 +82,8 @@ class ModelProfile:
             tokens = slice(int(stream.starts[prompt]), int(stream.starts[prompt + 1]))
             ids = stream.argmax[tokens] if stream.argmax is not None else None
             ref = np.asarray(self.reference[prompt]) if self.reference else None
-            out = self.served[key] = served_with_exits(stream.rows(tokens), ids, threshold, ref)
+            out = self.served[key] = served_with_exits(stream.rows(tokens), stream.neglog(tokens),
+                                                       ids, threshold, ref)
         return out
 
 

@@ -78,12 +78,12 @@ class HeliosReplica:
             start = self.now_s
             if self.overlap_loading:
                 self._prefetch(self.program.lookahead(), start)
-            times, layer_tokens = self._timing(rnd, start)
+            stream = self.profiles[s.model].streams[s.depth]
+            index = token_index(stream.starts, rnd.prompts)
+            times, layer_tokens = self._timing(rnd, start, index)
             yield times["end_s"]
             self._round_row(rnd, start, times, wait_ms, layer_tokens)
-            stream = self.profiles[s.model].streams[s.depth]
-            self.program.finish_block(RoundBlock(stream, token_index(stream.starts,
-                                                                     rnd.prompts)))
+            self.program.finish_block(RoundBlock(stream, index))
 
     def _switch(self, want: tuple[str, int]) -> float:
         """Serve `want` next: the milliseconds the round waits for its layers (what is left of
@@ -106,14 +106,15 @@ class HeliosReplica:
         want = (nxt.model, nxt.depth)
         self.prefetch = (want, now_s + reload_ms(self.standby, want, self.profiles) / 1e3)
 
-    def _timing(self, rnd: Round, start: float) -> tuple[dict, int]:
-        """The round's timing and layer-token executions; its prompts' rows kept."""
+    def _timing(self, rnd: Round, start: float, index) -> tuple[dict, int]:
+        """The round's timing and layer-token executions (its tokens at `index` of its
+        stream); its prompts' rows kept."""
         s = rnd.serve
         p = self.profiles[s.model]
         prompts = [p.prompt_tokens[i] for i in rnd.prompts]
         if s.exit_threshold is None:
-            served = p.served_at(s.depth)
-            outputs = served.output_tokens[list(rnd.prompts)].tolist()
+            served = p.served_at(s.depth, rnd.prompts, index)
+            outputs = served.output_tokens.tolist()
             times = round_times(p.step.at_depth(s.depth), prompts, outputs,
                                 scale=mean_scale(p.step),
                                 per_seq_ms=p.step.prefill_seqs_ms(s.depth, 1),

@@ -13,6 +13,7 @@ token budget.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -77,30 +78,41 @@ def full_model_agreement(requests: pd.DataFrame, tokens: int) -> dict:
 def exit_shares(requests: pd.DataFrame) -> dict[str, float]:
     """Share of the output tokens by model and exit layer, `model@layer` (HELIOS's Table 5: the
     models used and the exits taken)."""
+    # rows of one model sharing one exits object counted once (served at a depth, they do)
+    same: dict[tuple[str, int], list] = {}
+    for model, exits in zip(requests.model.tolist(), requests.exit_layers.tolist()):
+        key = (model, id(exits))
+        if key in same:
+            same[key][1] += 1
+        else:
+            same[key] = [exits, 1]
     counts: dict[str, int] = {}
-    for model, exits in zip(requests.model, requests.exit_layers):
-        for layer in exits:
+    for (model, _), (exits, rows) in same.items():
+        for layer, n in Counter(exits).items():
             key = f"{model}@{int(layer)}"
-            counts[key] = counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + n * rows
     total = sum(counts.values())
     return {k: counts[k] / total for k in sorted(counts)} if total else {}
 
 
 def simulate_stream(program: HeliosProgram, profiles: dict[str, ModelProfile]) -> HeliosResult:
-    """Serve the program's rounds on one replica in SimPy time; per-prompt and per-round rows."""
+    """Serve the program's rounds on one replica; per-prompt and per-round rows."""
     return simulate_cluster(lambda prompts: program, profiles, program.num_prompts)
 
 
 def simulate_cluster(make_program: Callable[[list[int]], HeliosProgram],
                      profiles: dict[str, ModelProfile], num_prompts: int, replicas: int = 1,
                      router: str = "least_outstanding", budget_tokens: int = 0,
-                     overlap_loading: bool = False, simpy_events: bool = False) -> HeliosResult:
+                     overlap_loading: bool = False, simpy_events: bool = False,
+                     shares: list[list[int]] | None = None) -> HeliosResult:
     """Route the stream over `replicas` HELIOS replicas, each serving its share with the program
     `make_program(its stream indices)` builds; the rows of all, the events at stream indices.
     The replicas never interact: each serves its timeline in a plain loop (`simpy_events`: as
-    SimPy processes in one environment instead, the same rows)."""
-    shares = route_stream(profiles, num_prompts, replicas, router, budget_tokens) \
-        if replicas > 1 else [list(range(num_prompts))]
+    SimPy processes in one environment instead, the same rows). `shares`: the routing, made
+    already (`route_stream` of the same arguments)."""
+    if shares is None:
+        shares = route_stream(profiles, num_prompts, replicas, router, budget_tokens) \
+            if replicas > 1 else [list(range(num_prompts))]
     servers = [HeliosReplica(k, make_program(share), profiles, overlap_loading)
                for k, share in enumerate(shares)]
     if simpy_events:

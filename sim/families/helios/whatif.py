@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.exit_tokens import FLOOR, neg_log
+from policies.exit_tokens import FLOOR
 from sim.families.helios.profile import ModelProfile
 from sim.model_shape import layer_shape
 from sim.step_time.layered import LayeredModel
@@ -107,8 +107,12 @@ class WhatIfDepth:
         return None
 
     def neglog(self, index) -> np.ndarray:
-        """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index`."""
-        return neg_log(self.rows(index))
+        """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index` (`math.log`'s)."""
+        confident, unsure, none = self.neglogs
+        layer = np.arange(1, self.depth + 1)
+        first = self.s.first_exit[index][:, None]
+        return np.where(self.s.has_exit[1:self.depth + 1],
+                        np.where(layer >= first, confident, unsure), none)
 
     def neglog_at(self, index, layer: int) -> np.ndarray:
         """-log(max(p, FLOOR)) at `layer` of the tokens at `index` (`math.log`'s values)."""
