@@ -1,7 +1,11 @@
 """HELIOS's simulation speed: the what-if example's prompt stream, scaled, on many replicas.
 
     python benchmarks/helios_speed.py                       # the families-table row
-    python benchmarks/helios_speed.py --prompts 1000000 --replicas 1000 --policies helios:throughput
+    python benchmarks/helios_speed.py --prompts 1000000 --replicas 1000 \
+        --policies helios:throughput
+
+(`python benchmarks/sim_speed.py --families` prints the first row under the program families';
+`--program-families helios` times the second, once.)
 
 A row times a whole run as a user's `simulate` does it: the what-if profiles drawn and every
 policy's stream served (`Experiment` then `simulate`), in CPU seconds of this process. Each
@@ -52,14 +56,15 @@ def helios_config(prompts: int, replicas: int, policies: list[str] | None = None
     return d
 
 
-def timed_run(d: dict, simpy_events: bool = False) -> tuple[float, int, int]:
+def timed_run(d: dict, simpy_events: bool = False) -> tuple[float, int, int, float]:
     """CPU seconds of loading the config and simulating every policy (its summary
-    included); prompts and tokens."""
+    included); prompts, tokens and the longest policy's simulated span."""
     gc.collect()
     t0 = time.process_time()
     exp = Experiment(d, EXAMPLE.parent)
     h = exp.spec.helios
     prompts = tokens = 0
+    span_s = 0.0
     for p in h.policies:
         res = simulate_cluster(lambda share, p=p: exp.program(p, share), exp.profiles,
                                exp.num_prompts, h.replicas, h.router, exp.max_tokens,
@@ -67,7 +72,24 @@ def timed_run(d: dict, simpy_events: bool = False) -> tuple[float, int, int]:
         summary = res.summary()  # as `simulate` reports it
         prompts += summary["prompts"]
         tokens += summary["tokens"]
-    return time.process_time() - t0, prompts, tokens
+        span_s = max(span_s, summary["span_s"])
+    return time.process_time() - t0, prompts, tokens, span_s
+
+
+def at_scale(prompts: int, replicas: int) -> dict:
+    """`sim_speed.py --program-families helios`: one run of a `prompts` stream on `replicas`
+    replicas under the HELIOS throughput policy, in `sim_speed`'s program-row fields (a prompt
+    is a program of one request)."""
+    cpu, n, _, span_s = timed_run(helios_config(prompts, replicas, ["helios:throughput"]))
+    return {"method": "helios", "simulator": "helios loops", "programs": n,
+            "replicas": replicas, "requests": n, "cpu_s": cpu, "programs_per_cpu_s": n / cpu,
+            "requests_per_cpu_s": n / cpu, "peak_rss_gb": peak_rss_gb(),
+            "simulated_s": span_s, "real_time_factor": cpu / span_s}
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def helios_row(prompts: int, replicas: int, repeats: int,
@@ -77,10 +99,10 @@ def helios_row(prompts: int, replicas: int, repeats: int,
     base, double = helios_config(prompts, replicas, policies), \
         helios_config(prompts, replicas, policies, output_scale=2)
     for _ in range(repeats):
-        t, n, tok = timed_run(base)
+        t, n, tok, _ = timed_run(base)
         cpu["plain"].append(t)
         cpu["simpy"].append(timed_run(base, simpy_events=True)[0])
-        t2, _, tok2 = timed_run(double)
+        t2, _, tok2, _ = timed_run(double)
         cpu["doubled"].append(t2)
     med = {k: statistics.median(v) for k, v in cpu.items()}
     return {"stream_prompts": prompts, "replicas": replicas, "policies": policies or "all",
@@ -90,7 +112,7 @@ def helios_row(prompts: int, replicas: int, repeats: int,
             "simpy_prompts_per_cpu_s": n / med["simpy"],
             "double_tokens_token_ratio": tok2 / tok,
             "double_tokens_cost_ratio": med["doubled"] / med["plain"],
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "peak_rss_gb": peak_rss_gb()}
 
 
 def line(r: dict) -> str:

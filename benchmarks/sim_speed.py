@@ -3,7 +3,8 @@
     python benchmarks/sim_speed.py --quick --json     # about 1 minute
     python benchmarks/sim_speed.py --families         # every program family, compiled, under
                                                       # SimPy, its decisions alone and doubled
-                                                      # outputs (`family_speed`; ~5 minutes)
+                                                      # outputs (`family_speed`), and HELIOS's
+                                                      # what-if stream (`helios_speed`; ~6 min)
     python benchmarks/sim_speed.py                    # 1k -> 1M requests, 1 -> 1,000 replicas,
                                                       # 1M Dynasor CoT and SC programs on
                                                       # 1,000 replicas (--program-families:
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from family_speed import FAMILIES, families, program_config, table  # noqa: E402  (this directory)
+from helios_speed import at_scale, helios_row, line, peak_rss_gb  # noqa: E402  (this dir)
 from programs.workload import forget_banks  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 from sim.config import parse_config  # noqa: E402
@@ -93,7 +94,8 @@ def measure(cfg, workload, repeats: int, lazy: bool = True, compiled: bool = Tru
             "real_time_factor": med / res.summary["makespan_s"]}
 
 
-PROGRAMS = {name: example for name, (example, _, _) in FAMILIES.items()}
+PROGRAMS = {**{name: example for name, (example, _, _) in FAMILIES.items()},
+            "helios": "helios-opt-whatif.yaml"}
 """per program family, the example timed at scale (`--program-families`; Dynasor CoT with
 probes and self-consistency by default)"""
 
@@ -101,7 +103,10 @@ probes and self-consistency by default)"""
 def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) -> dict:
     """A family's example programs (`PROGRAMS[method]`) on `replicas` replicas per group at
     half of the example's rate each: CPU seconds of one run, its simulated requests per
-    CPU-second and the process's peak memory (`simpy`: and the same run under SimPy)."""
+    CPU-second and the process's peak memory (`simpy`: and the same run under SimPy; HELIOS:
+    a stream of `n` prompts, `helios_speed.at_scale`)."""
+    if method == "helios":
+        return at_scale(n, replicas)
     cfg = program_config(PROGRAMS[method], n, replicas)
     forget_banks()  # the trace's load timed, as a process's first run
     t0 = time.process_time()
@@ -120,11 +125,6 @@ def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) ->
         out["simpy_cpu_s"] = time.process_time() - t0
         out["compiled_speedup"] = out["simpy_cpu_s"] / cpu
     return out
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, in GB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _families(value: str) -> list[str]:
@@ -155,8 +155,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="where to measure doubled output lengths (default: the first scale)")
     ap.add_argument("--families", action="store_true",
                     help="only the per-family table (`family_speed`): every program family's "
-                         "example compiled, under SimPy, its decisions alone and doubled outputs "
-                         "(about 5 minutes)")
+                         "example compiled, under SimPy, its decisions alone and doubled outputs, "
+                         "and HELIOS's what-if stream (`helios_speed`; about 6 minutes)")
     ap.add_argument("--vidur", action="store_true",
                     help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
     return ap
@@ -260,7 +260,9 @@ def main() -> None:
     args = _parser().parse_args()
     if args.families:
         fam = families(args.repeats)
-        print(json.dumps(fam) if args.json else table(fam))
+        helios = helios_row(24_000, 8, args.repeats)  # the what-if's five policies, 120k prompts
+        print(json.dumps({**fam, "helios": helios}) if args.json else
+              table(fam) + "\n" + line(helios))
         return
     out, w, base = measure_all(args)
     if args.vidur:

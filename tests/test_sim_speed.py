@@ -22,6 +22,17 @@ def test_program_scale_row_reports_a_compiled_run():
     assert row["programs_per_cpu_s"] > 0 and row["simulated_s"] > 0
 
 
+def test_helios_rows_time_the_what_if_stream_they_name():
+    import helios_speed
+
+    row = sim_speed.programs(300, 3, "helios")
+    assert (row["programs"], row["requests"], row["replicas"]) == (300, 300, 3)
+    assert row["simulated_s"] > 0
+    five = helios_speed.helios_row(200, 2, 1)  # the example's five policies, each the stream
+    assert five["prompts"] == 5 * 200 and five["double_tokens_token_ratio"] == 2.0
+    assert five["simpy_prompts_per_cpu_s"] > 0 and five["cpu_s"] > 0
+
+
 @pytest.mark.parametrize("family", sorted(family_speed.FAMILIES))
 def test_decisions_alone_finishes_every_program(family):
     example, _, _ = family_speed.FAMILIES[family]
