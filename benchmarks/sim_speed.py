@@ -158,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
                          "example compiled, under SimPy, its decisions alone and doubled outputs, "
                          "and HELIOS's what-if stream (`helios_speed`; about 6 minutes)")
     ap.add_argument("--vidur", action="store_true",
-                    help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py)")
+                    help="also run Vidur on the same arrivals/lengths (benchmarks/vidur_runner.py;"
+                         " with --families: on --quick's plain workload, beside the families)")
     return ap
 
 
@@ -229,6 +230,34 @@ def calibrations(n: int, replicas: int, repeats: int) -> dict:
     return out
 
 
+def vidur_beside(repeats: int) -> dict:
+    """`--families --vidur`: the plain workload of `--quick`'s doubling row (10,000 requests, 4
+    replicas) compiled at each step-time model kind and on Vidur's event loop, in the same run
+    as the families' rows, which are read against it."""
+    cfg = config(10_000, 4, per_replica_rate=7.5)
+    w = workload_from_config(cfg.workload, cfg.seed)
+    out = {"calibrations": calibrations(10_000, 4, repeats)}
+    add_vidur(out, w, measure(cfg, w, repeats))
+    return out
+
+
+def vidur_line(out: dict) -> str:
+    """The families' rates over Vidur's loop on the plain workload of the same run (text)."""
+    vid = out.get("vidur_beside", {}).get("vidur", {})
+    if "requests_per_event_loop_cpu_s" not in vid:
+        return f"\nvidur: {vid}" if "vidur_beside" in out else ""
+    loop = vid["requests_per_event_loop_cpu_s"]
+    rates = {m: r["requests_per_cpu_s"] for m, r in out.items() if m not in ("helios",
+                                                                           "vidur_beside")}
+    rates["helios"] = out["helios"]["prompts_per_cpu_s"]
+    plain = out["vidur_beside"]["calibrations"]
+    return (f"\nvidur {vid['vidur_version']}'s event loop on the plain {vid['requests']} requests "
+            f"in this run: {loop:.0f} req/cpu-s (reasonsim compiled there: linear "
+            f"{plain['linear']['requests_per_cpu_s']:.0f}, serving "
+            f"{plain['serving']['requests_per_cpu_s']:.0f}); each family's rate over it: "
+            + ", ".join(f"{m} {r / loop:.0f}x" for m, r in rates.items()))
+
+
 def add_vidur(out: dict, w, base: dict) -> None:
     """Vidur on the same arrivals and lengths, and the speedups against it."""
     csv = workload_to_vidur_csv(w, REPO / ".bench" / "speed_workload.csv")
@@ -248,8 +277,9 @@ def add_vidur(out: dict, w, base: dict) -> None:
                                             / vid["requests_per_event_loop_cpu_s"])
         out["speedup_vs_vidur_end_to_end"] = (base["requests_per_cpu_s"]
                                               / vid["requests_per_cpu_s"])
-        out["simpy_speedup_vs_vidur_loop"] = (out["simpy"]["requests_per_cpu_s"]
-                                              / vid["requests_per_event_loop_cpu_s"])
+        if "simpy" in out:
+            out["simpy_speedup_vs_vidur_loop"] = (out["simpy"]["requests_per_cpu_s"]
+                                                  / vid["requests_per_event_loop_cpu_s"])
         out["vidur_predictor_cached"] = vid.get("predictor_cache") == "hit"
         # the ratios' own numerator: reasonsim on the very workload Vidur ran
         out["same_workload_requests_per_cpu_s"] = base["requests_per_cpu_s"]
@@ -261,8 +291,11 @@ def main() -> None:
     if args.families:
         fam = families(args.repeats)
         helios = helios_row(24_000, 8, args.repeats)  # the what-if's five policies, 120k prompts
-        print(json.dumps({**fam, "helios": helios}) if args.json else
-              table(fam) + "\n" + line(helios))
+        out = {**fam, "helios": helios}
+        if args.vidur:
+            out["vidur_beside"] = vidur_beside(args.repeats)
+        print(json.dumps(out) if args.json else
+              table(fam) + "\n" + line(helios) + vidur_line(out))
         return
     out, w, base = measure_all(args)
     if args.vidur:
