@@ -131,3 +131,22 @@ def test_the_replicas_plain_loops_give_simpys_rows(example):
         assert runs[0].requests.equals(runs[1].requests)
         assert runs[0].rounds.equals(runs[1].rounds)
         assert runs[0].events == runs[1].events and len(runs[0].requests) == exp.num_prompts
+
+
+def test_a_what_if_draws_its_exits_as_numpys_choice_does():
+    """`draw_exits` gives `Generator.choice`'s values (the same uniforms against the same
+    cumulative shares), draw after draw from one generator."""
+    from sim.families.helios.whatif import draw_exits
+
+    rng = np.random.default_rng(8)
+    for _ in range(50):
+        k = int(rng.integers(1, 6))
+        layers = sorted(rng.choice(np.arange(1, 40), size=k, replace=False).tolist())
+        shares = rng.dirichlet(np.ones(k)).tolist()
+        shape = (int(rng.integers(0, 30)), int(rng.integers(0, 40)))
+        seed = int(rng.integers(0, 1 << 30))
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        for _draw in range(2):
+            want = a.choice(layers, size=shape, p=shares)
+            got = draw_exits(b, layers, shares, shape)
+            assert got.dtype == np.int16 and np.array_equal(got, want)
