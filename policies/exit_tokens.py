@@ -40,6 +40,15 @@ def neg_log(p: np.ndarray) -> np.ndarray:
     return logs[inverse].reshape(p.shape)
 
 
+def first_exits(rows: np.ndarray, threshold: float) -> np.ndarray:
+    """Each token's first exit (0-based) whose max probability reaches `threshold`, else its
+    last loaded one (`rows`: tokens x exits)."""
+    reached = rows >= threshold
+    if reached.size:
+        reached[:, -1] = True
+    return reached.argmax(axis=1)
+
+
 class Rows:
     """A block from per-token lists (or a tokens x exits array)."""
 

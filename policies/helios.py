@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.exit_tokens import BreachWindow, Rows, TokenBlock
+from policies.exit_tokens import BreachWindow, Rows, TokenBlock, first_exits
 
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
 MAX_AUTO_INTERVAL = 1 << 20
@@ -262,9 +262,8 @@ class Helios:
             return
         n, depth = rows.shape
         row = self.pht.setdefault(model, PHTRow(model, 0, [0] * depth, [0.0] * depth))
-        reached = rows >= self.threshold
-        reached[:, -1] = True
-        for d, c in enumerate(np.bincount(reached.argmax(axis=1), minlength=depth).tolist()):
+        exits = first_exits(rows, self.threshold)
+        for d, c in enumerate(np.bincount(exits, minlength=depth).tolist()):
             row.exit_counts[d] += c
         sums = np.cumsum(np.vstack([row.nll_at_depth, block.neglog()]), axis=0)
         row.nll_at_depth = sums[-1].tolist()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.exit_tokens import neg_log
+from policies.exit_tokens import first_exits, neg_log
 
 CHUNK_VALUES = 1 << 22
 """values a padded per-prompt sum takes at once (the memory it holds)"""
@@ -153,10 +153,7 @@ def served_with_exits(rows: np.ndarray, neglog: np.ndarray, ids: np.ndarray | No
     each leaving at its first exit reaching `threshold` (else the last): (the exits, 1-based;
     their -log probabilities summed in token order; the tokens agreeing with `reference`,
     position by position up to the shorter, None where either is missing)."""
-    reached = rows >= threshold
-    if len(rows):
-        reached[:, -1] = True
-    exits = reached.argmax(axis=1)
+    exits = first_exits(rows, threshold)
     at = np.arange(len(rows))
     nll = float(np.cumsum(neglog[at, exits])[-1]) if len(rows) else 0.0
     agree = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.exit_tokens import first_exits
 from traces.store import read_run, read_table
 
 
@@ -35,9 +36,7 @@ class ExitMatrix:
     def exit_layers(self, threshold: float, depth: int | None = None) -> np.ndarray:
         """1-based exit layer of every token under `threshold` with `depth` layers loaded."""
         d = depth or self.layers
-        reached = self.max_prob[:, :d] >= threshold
-        reached[:, d - 1] = True
-        return reached.argmax(axis=1) + 1
+        return first_exits(self.max_prob[:, :d], threshold) + 1
 
 
 def load_exits(trace_dir: str | Path, depth: int | None = None) -> ExitMatrix:

@@ -95,10 +95,7 @@ class WhatIfDepth:
 
     def rows(self, index) -> np.ndarray:
         """tokens x exits: the max probabilities of the tokens at `index`."""
-        layer = np.arange(1, self.depth + 1)
-        first = self.s.first_exit[index][:, None]
-        return np.where(self.s.has_exit[1:self.depth + 1],
-                        np.where(layer >= first, CONFIDENT, UNSURE), 0.0)
+        return self._grid(index, (CONFIDENT, UNSURE, 0.0))
 
     def at(self, index, layer: int) -> np.ndarray:
         """The max probability at `layer` (1-based) of the tokens at `index`."""
@@ -110,15 +107,19 @@ class WhatIfDepth:
 
     def neglog(self, index) -> np.ndarray:
         """tokens x exits: -log(max(p, FLOOR)) of the tokens at `index` (`math.log`'s)."""
-        confident, unsure, none = self.neglogs
-        layer = np.arange(1, self.depth + 1)
-        first = self.s.first_exit[index][:, None]
-        return np.where(self.s.has_exit[1:self.depth + 1],
-                        np.where(layer >= first, confident, unsure), none)
+        return self._grid(index, self.neglogs)
 
     def neglog_at(self, index, layer: int) -> np.ndarray:
         """-log(max(p, FLOOR)) at `layer` of the tokens at `index` (`math.log`'s values)."""
         return self._pick(index, layer, self.neglogs)
+
+    def _grid(self, index, values: tuple) -> np.ndarray:
+        """tokens x exits: values[0] at and past a token's first confident exit, values[1]
+        before it, values[2] where a layer has no exit."""
+        layer = np.arange(1, self.depth + 1)
+        first = self.s.first_exit[index][:, None]
+        return np.where(self.s.has_exit[1:self.depth + 1],
+                        np.where(layer >= first, values[0], values[1]), values[2])
 
     def _pick(self, index, layer: int, values: tuple) -> np.ndarray:
         first = self.s.first_exit[index]
