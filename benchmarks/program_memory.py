@@ -2,6 +2,7 @@
 file and by line (tracemalloc), taken as the family's results are about to be built.
 
     python benchmarks/program_memory.py examples/a1-async-separate.yaml --count 1000 [--no-steps]
+        [--no-requests]
 
 What a family keeps per program (its rows, its request records, the replicas' per-request
 state) is what a million programs multiply; the top lines say which to stream or let go first.
@@ -33,6 +34,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--no-steps", action="store_true",
                     help="write no steps table (as the million-program runs of sim_speed.py)")
+    ap.add_argument("--no-requests", action="store_true",
+                    help="keep no requests table: each request folds as it finishes "
+                         "(output.requests: false)")
     args = ap.parse_args()
     cfg = load_config(args.config)
     if cfg.programs is None:
@@ -42,6 +46,8 @@ def main() -> None:
                                                                     count=args.count))
     if args.no_steps:
         cfg = dataclasses.replace(cfg, write_steps=False)
+    if args.no_requests:
+        cfg = dataclasses.replace(cfg, write_requests=False)
     family = sim_family(family_of(cfg.programs.method, cfg.programs.policy).name)
     taken = {}
 

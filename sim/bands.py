@@ -25,7 +25,8 @@ BAND = (0.05, 0.95)
 def metrics_of(result) -> dict[str, float]:
     """Flat metrics of one simulation: request latency percentiles, throughput, and program
     latency percentiles for program workloads (names as `validation.judge.compare` uses)."""
-    s = summarize(result.requests.to_pandas())
+    # a run that folded its requests summarized them as they folded
+    s = result.summary if result.requests is None else summarize(result.requests.to_pandas())
     out = {f"{m}.{q}": float(s[m][q]) for m in ("ttft_s", "tpot_s", "e2e_s")
            for q in ("mean", "p50", "p90", "p99")}
     out["throughput_tok_s"] = float(s["throughput_tok_s"])

@@ -82,6 +82,9 @@ class SimConfig:
     """TPOT SLO for attainment/goodput"""
     write_steps: bool = True
     """write the per-iteration steps table (expanded from runs of iterations)"""
+    write_requests: bool = True
+    """keep a program workload's requests table; False: fold each finished request into the
+    summary as the run goes (`sim.engine.folded_requests`), for runs too large to keep one"""
     noise_seed: int | None = None
     """seed of the sampled latency noise alone (None: from `seed`); the workload stays the
     same across noise seeds, so their spread is the step-time uncertainty band"""
@@ -196,6 +199,9 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
             raise ValueError("slo: a program workload's attainment is its programs' deadlines "
                              "(workload.programs.deadline); slo is a request workload's")
     _check_eviction(spec, programs)
+    if spec.output is not None and not spec.output.requests and programs is None:
+        raise ValueError("output.requests: false folds a program workload's requests into its "
+                         "summary; a request workload's requests table is its result")
     slo = spec.slo
     return SimConfig(workload=d["workload"], replicas=groups, router=spec.cluster.router,
                      scheduler=scheduler, kv_eviction=spec.cluster.kv_eviction,
@@ -203,8 +209,9 @@ def parse_config(d: dict, base_dir: str | Path = ".") -> SimConfig:
                      noise_seed=spec.noise_seed,
                      slo_ttft_s=slo.ttft_s if slo else None,
                      slo_tpot_s=slo.tpot_s if slo else None,
-                     write_steps=spec.output.steps if spec.output else True, base_dir=base,
-                     programs=programs)
+                     write_steps=spec.output.steps if spec.output else True,
+                     write_requests=spec.output.requests if spec.output else True,
+                     base_dir=base, programs=programs)
 
 
 _FLOAT_1_2 = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")

@@ -95,6 +95,7 @@ class OutputSpec(Strict):
     """The `output:` section."""
 
     steps: bool = True
+    requests: bool = True
 
 
 class ConfigSpec(Strict):

@@ -32,19 +32,29 @@ def summarize(requests: pd.DataFrame, slo_ttft_s: float | None = None,
     """Headline metrics: latency stats, throughput, and SLO attainment when SLOs are given."""
     lat = latency_columns(requests)
     span = float(requests.finish_s.max() - requests.arrival_s.min()) if len(requests) else 0.0
-    out = {"requests": int(len(requests)),
-           "output_tokens": int(requests.output_tokens.sum()),
+    return summarize_latencies({k: lat[k].to_numpy() for k in lat.columns},
+                               int(requests.output_tokens.sum()), span, slo_ttft_s, slo_tpot_s)
+
+
+def summarize_latencies(lat: dict, output_tokens: int, span: float,
+                        slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
+    """`summarize` of requests given as their latency columns (`latency_columns`' ttft_s, tpot_s,
+    e2e_s), their output tokens and first arrival to last finish (seconds)."""
+    n = len(lat["e2e_s"])
+    out = {"requests": n,
+           "output_tokens": output_tokens,
            "makespan_s": span,
-           "throughput_tok_s": float(requests.output_tokens.sum() / span) if span > 0 else 0.0,
-           "throughput_req_s": float(len(requests) / span) if span > 0 else 0.0}
-    for col in lat.columns:
+           "throughput_tok_s": float(output_tokens / span) if span > 0 else 0.0,
+           "throughput_req_s": float(n / span) if span > 0 else 0.0}
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
         out[col] = stats(lat[col])
     if slo_ttft_s is not None or slo_tpot_s is not None:
-        ok = np.ones(len(requests), dtype=bool)
+        ok = np.ones(n, dtype=bool)
         if slo_ttft_s is not None:
-            ok &= (lat.ttft_s <= slo_ttft_s).to_numpy()
+            ok &= lat["ttft_s"] <= slo_ttft_s
         if slo_tpot_s is not None:
-            ok &= (lat.tpot_s.fillna(0) <= slo_tpot_s).to_numpy()
+            tpot = lat["tpot_s"]
+            ok &= np.where(np.isnan(tpot), 0.0, tpot) <= slo_tpot_s
         out["slo_attainment"] = float(ok.mean()) if len(ok) else float("nan")
         out["goodput_req_s"] = float(ok.sum() / span) if span > 0 else 0.0
     return out

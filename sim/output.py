@@ -48,7 +48,7 @@ def write_sim(cfg, result, out_dir: Path, extra: dict[str, str] | None = None) -
     from traces.store import check_out_dir, write_tables
 
     check_out_dir(out_dir, resume=False, can_resume=False)
-    tables = {"requests": result.requests}
+    tables = {} if result.requests is None else {"requests": result.requests}
     if result.programs is not None:
         tables["programs"] = result.programs
     if result.steps is not None:

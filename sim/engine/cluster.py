@@ -248,7 +248,8 @@ def run_summary(res: Results, busy_s: np.ndarray, wall0: float, loop_s: float, e
             "event_loop_s": round(loop_s, 4), "events": int(events),
             "iterations": res.run_totals()[0], "replicas": len(busy_s),
             "utilization": float(busy_s.mean() / (makespan_s or 1.0)),
-            "preemptions": int(res.preemptions.sum())}
+            "preemptions": int(res.preemptions.sum()) if res.folded is None
+            else res.folded.preemptions}
 
 
 @contextlib.contextmanager

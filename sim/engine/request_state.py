@@ -165,6 +165,9 @@ class Results:
         self._seg: tuple[int, dict] | None = None  # (rows when built, columns)
         self._totals: tuple[np.ndarray, ...] | None = None  # `load_totals`
         self.events = 0
+        # the requests folded as the run went (`sim.engine.folded_requests`), where no table
+        # keeps them: the columns above then hold none
+        self.folded = None
 
     def grow(self, index: int) -> None:
         """Room for request `index`: every column doubled (at least), new rows at their

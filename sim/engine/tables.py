@@ -15,8 +15,9 @@ from sim.engine.request_state import Results
 class SimResult:
     """Output of one simulation: the same tables a live run writes, and a summary."""
 
-    requests: pa.Table
-    """requests table (traces schema columns, without run_id)"""
+    requests: pa.Table | None
+    """requests table (traces schema columns, without run_id); None where a program run folded
+    its requests into the summary (`output.requests: false`)"""
     steps: pa.Table | None
     """steps table, expanded from runs of iterations (None if not requested)"""
     summary: dict

@@ -31,6 +31,11 @@ class SimFamily:
     that answers their requests from the trace: `request` and `outcome`)"""
     results: Callable | None = None
     """(runs, driver, cluster, makespan_s) -> (extra tables by name, extra summary); None: none"""
+    folds: Callable | None = None
+    """(runs, driver) -> what `results` reads of each request where a run keeps no requests
+    table (`output.requests: false`): an object whose `fold(first_idx, columns)` takes the
+    requests as they fold (`sim.engine.folded_requests`), found by `results` as
+    `cluster.res.folded.family`; None where `results` reads no request's columns"""
     releases_programs: bool = False
     """a program gives its row when it closes and is let go (nothing reads it after: a million
     programs' paths need not stay)"""

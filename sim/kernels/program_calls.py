@@ -9,7 +9,7 @@ from numba import njit
 from sim.kernels.program_kernel import SENT, abort, advance, drain, retire, schedule_arrival
 from sim.kernels.arrival_calls import HAND, arrive
 from sim.kernels.program_state import (
-    ABORTED, ARRIVAL, CHAINED, IDX, KARR, LINKS, NEXT_IDX, OUT_TOKENS, RETIRED)
+    ABORTED, ARRIVAL, CHAINED, GENERATED, IDX, KARR, LINKS, NEXT_IDX, RETIRED)
 from sim.kernels.stop_calls import follow_any, take
 from sim.kernels.template_calls import FOLDED
 
@@ -122,5 +122,6 @@ def take_st(st, npend, s, p, t):
     """The pending sends, then `stop_calls.take` of program p's stopping template request t
     that the kernel handed back (slot s, as it retired): as `take` returns."""
     drain_st(st, npend)
-    idx = st.rq[s, IDX]
-    return take(st, p, t, idx, st.ri[OUT_TOKENS, idx], st.rq[s, ABORTED])
+    # its slot as it retired: the tokens its results hold (`finish`), read where they may
+    # have been folded away
+    return take(st, p, t, st.rq[s, IDX], st.rq[s, GENERATED], st.rq[s, ABORTED])

@@ -30,7 +30,7 @@ from sim.kernels.program_state import (
     C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
     SEED_STEP, SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS,
     CACHED, ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
-    RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, SCORING, RESCORE, UNCACHED, RESCORED_R, RQ_COLS, LINKS,
+    RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, RBASE, ROW, SCORING, RESCORE, UNCACHED, RESCORED_R, RQ_COLS, LINKS,
     CHAINED, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
     entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
 
@@ -57,8 +57,8 @@ def _admit(rq, rqf, rp, running, sched, rt, ri, pc, tab, lru, free, j, now, budg
         rp[j, RCOUNT] += 1
         if rq[r, STARTED] == 0:
             rq[r, STARTED] = 1
-            rt[SCHEDULED_S, rq[r, IDX]] = now
-            ri[CACHED, rq[r, IDX]] = rq[r, COMPUTED]
+            rt[SCHEDULED_S, rq[r, ROW]] = now
+            ri[CACHED, rq[r, ROW]] = rq[r, COMPUTED]
         entry(rq, rqf, rp, sched, j, r, n, tot)
         if rp[j, CACHING]:
             store(rq, rp, pc, tab, lru, free, j, r, rq[r, COMPUTED] + n)
@@ -204,10 +204,11 @@ def submit(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
         group, prefix, score_from, seeded, idx
     rqf[r, LP_PROMPT], rqf[r, LP_SAMPLE] = lp_prompt_ms, lp_sample_ms
     # the requests table's columns of a send (priority as the table's int32 keeps it)
-    rt[ARRIVAL_S, idx] = clock[0]
-    rt[SCHEDULED_S, idx] = rt[FIRST_TOKEN_S, idx] = rt[FINISH_S, idx] = np.nan
-    ri[PROMPT_R, idx], ri[REPLICA_R, idx] = prompt, j
-    ri[PRIORITY_R, idx] = min(max(priority, -2**31), 2**31 - 1)
+    c = rq[r, ROW] = idx - ctr[RBASE]
+    rt[ARRIVAL_S, c] = clock[0]
+    rt[SCHEDULED_S, c] = rt[FIRST_TOKEN_S, c] = rt[FINISH_S, c] = np.nan
+    ri[PROMPT_R, c], ri[REPLICA_R, c] = prompt, j
+    ri[PRIORITY_R, c] = min(max(priority, -2**31), 2**31 - 1)
     arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru, free,
            j, r)
 
@@ -241,7 +242,7 @@ def abort(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc,
     if rq[r, DONE] or rq[r, ABORTED]:
         return -1
     rq[r, ABORTED] = 1
-    ri[ABORTED_R, rq[r, IDX]] = 1
+    ri[ABORTED_R, rq[r, ROW]] = 1
     if dequeue(rq, rp, j, r):
         return finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r) >> 1
     in_flight = False
@@ -262,8 +263,8 @@ def finish(rq, rp, rt, ri, clock, pc, tab, lru, free, j, r):
     cached), record its end; the tokens it generated times 2, plus 1 if it was aborted."""
     rq[r, DONE] = 1
     release(rq, rp, pc, tab, lru, free, j, r)
-    rt[FINISH_S, rq[r, IDX]] = clock[0]
-    ri[OUT_TOKENS, rq[r, IDX]] = rq[r, GENERATED]
+    rt[FINISH_S, rq[r, ROW]] = clock[0]
+    ri[OUT_TOKENS, rq[r, ROW]] = rq[r, GENERATED]
     return 2 * rq[r, GENERATED] + rq[r, ABORTED]
 
 
@@ -278,7 +279,7 @@ def retire(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc
         return out
     rq[r, DONE] = rq[r, COMPUTED] = rq[r, GENERATED] = 0  # `Req.rerun_uncached`
     rq[r, TARGET], rq[r, SCORING] = rq[r, PROMPT], UNCACHED
-    ri[RESCORED_R, rq[r, IDX]] = 1
+    ri[RESCORED_R, rq[r, ROW]] = 1
     ctr[RERUNS] += 1
     arrive(rq, rqf, rp, rf, running, sched, rt, ri, h, seg, ctr, clock, done, pc, tab, lru, free,
            j, r)
@@ -305,7 +306,7 @@ def _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, k,
             if rq[r, COMPUTED] >= rq[r, TARGET]:
                 rq[r, GENERATED] += 1
                 if rq[r, GENERATED] == 1:
-                    rt[FIRST_TOKEN_S, rq[r, IDX]] = t_end
+                    rt[FIRST_TOKEN_S, rq[r, ROW]] = t_end
         if rq[r, GENERATED] >= rq[r, OUTPUT] or rq[r, ABORTED]:
             done[nd] = r
             nd += 1

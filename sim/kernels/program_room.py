@@ -22,6 +22,9 @@ from sim.kernels.serving import serving_state
 CALLS = S.CALLS
 KERNEL_SLOTS = 256
 """free slots kept for the kernel's own sends (`template_calls`), topped up with room"""
+FOLD_COLUMNS = 4096
+"""result columns a run that folds its finished requests starts with (they grow while a
+quarter of them would not fold)"""
 KLOG_ROWS, KDONE_ROWS = 4096, 1024
 """the kernel's sends and programs done it logs before the driver must read them"""
 
@@ -40,9 +43,12 @@ class KernelRoom:
 
     def _room(self) -> None:
         """Grow whatever the next CALLS kernel calls could fill (each adds at most a step row, an
-        event and `node_room` cached blocks), and the kernel's sends (`KERNEL_ROOM`)."""
+        event and `node_room` cached blocks), and the kernel's sends (`KERNEL_ROOM`); fold the
+        finished requests' results where the run folds them (`folded`)."""
         st = self.st
         self._calls = CALLS
+        if self.folded is not None and st.ctr[S.NEXT_IDX] >= self._fold_at:
+            self._fold_finished()
         grown = False
         # with templates in the kernel, room for its sends past the driver's next calls (a
         # replica of its own step row, `FOLD`, needs none)
@@ -80,16 +86,57 @@ class KernelRoom:
     def _grow_results(self, idx: int) -> None:
         """Result columns past request idx (doubling)."""
         st = self.st
-        n = st.rt.shape[1]
-        while n <= idx:
+        n, base = st.rt.shape[1], int(st.ctr[S.RBASE])
+        while n <= idx - base:
             n *= 2
         # empty: the kernel sets a request's float columns when it is sent, and fresh memory
         # costs its first touch (a million programs' columns are gigabytes)
         rt, ri = np.empty((S.RT_ROWS, n)), np.zeros((S.RI_ROWS, n), dtype=np.int32)
         rt[:, :st.rt.shape[1]], ri[:, :st.ri.shape[1]] = st.rt, st.ri
         st.rt, st.ri = rt, ri
-        self._requests = n
+        self._requests = base + n
         self._st = st.packed()
+
+    def _fold_finished(self) -> None:
+        """Fold the finished requests at the front of the result columns into `folded` and move
+        the rest up, where half the columns are in use and a quarter or more would go (else
+        look again once an eighth more are sent: the columns grow as they fill)."""
+        st = self.st
+        rows, base, top = st.rt.shape[1], int(st.ctr[S.RBASE]), int(st.ctr[S.NEXT_IDX])
+        end = self._settled_below(base, top)
+        if end - base >= rows // 4:
+            self.fold_results(end, top)
+            self._fold_at = end + rows // 2
+        else:
+            self._fold_at = top + rows // 8
+
+    def _settled_below(self, base: int, top: int) -> int:
+        """The first request from `base` whose results may still change or be read: one not
+        finished (its finish unset), one in flight (a scoring request's re-run), a program's
+        last request whose time the driver has yet to read (`kdone`) or one the kernel sent
+        that the driver has yet to read (`klog`: who sent it)."""
+        st = self.st
+        top = max(base, top - int(st.ctr[S.KLOG_N]))  # the kernel's unread sends: its last
+        unset = np.isnan(st.rt[S.FINISH_S, :top - base])
+        end = base + int(unset.argmax()) if unset.any() else top
+        live = st.rq[:, S.DONE] == 0
+        if live.any():
+            end = min(end, int(st.rq[live, S.IDX].min()))
+        n = int(st.ctr[S.KDONE_N])
+        return min(end, int(st.kdone[:n, 1].min())) if n else end
+
+    def fold_results(self, end: int, top: int) -> None:
+        """Fold requests `RBASE`..end-1 (each settled) into `folded`; requests end..top-1 move
+        to the front of the columns."""
+        st = self.st
+        base = int(st.ctr[S.RBASE])
+        k, m = end - base, top - base
+        self.folded.add(base, result_columns(st.rt[:, :k], st.ri[:, :k]))
+        st.rt[:, :m - k], st.ri[:, :m - k] = st.rt[:, k:m], st.ri[:, k:m]
+        st.ri[:, m - k:m] = 0  # as fresh columns: `submit` sets only a send's own counts
+        st.rq[:, S.ROW] -= k  # a free slot's too: `submit` sets it anew
+        st.ctr[S.RBASE] = end
+        self._requests = end + st.rt.shape[1]
 
     def _more_slots(self) -> None:
         """Free slots for the driver's sends: the kernel's past twice `KERNEL_SLOTS` (its
@@ -107,11 +154,21 @@ class KernelRoom:
         st = self.st
         n = st.rq.shape[0]
         st.rq, st.rqf = doubled(st.rq), doubled(st.rqf)
-        st.rq[n:, S.PROG] = -1
+        st.rq[n:, S.PROG], st.rq[n:, S.DONE] = -1, 1  # free: no request in flight
         st.kfree = doubled(st.kfree)  # every slot may be free in the kernel at once
         self._idx += [0] * n
         self._free.extend(range(2 * n - 1, n - 1, -1))
         self._st = st.packed()
+
+
+def result_columns(rt: np.ndarray, ri: np.ndarray) -> dict:
+    """The result columns of requests (`rt`, `ri` columns) by `Results`' names."""
+    return {"scheduled_s": rt[S.SCHEDULED_S], "first_token_s": rt[S.FIRST_TOKEN_S],
+            "finish_s": rt[S.FINISH_S], "arrival_s": rt[S.ARRIVAL_S],
+            "prompt_tokens": ri[S.PROMPT_R], "priority": ri[S.PRIORITY_R],
+            "replica_id": ri[S.REPLICA_R], "output_tokens": ri[S.OUT_TOKENS],
+            "cached_tokens": ri[S.CACHED], "aborted": ri[S.ABORTED_R].astype(bool),
+            "preemptions": ri[S.PREEMPTS], "rescored": ri[S.RESCORED_R].astype(bool)}
 
 
 def doubled(a: np.ndarray) -> np.ndarray:
@@ -120,14 +177,15 @@ def doubled(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def new_state(specs: list, capacity: int, fold: bool) -> S.State:
+def new_state(specs: list, capacity: int, fold: bool, fold_requests: bool = False) -> S.State:
     """The kernel's arrays for replicas `specs` and `capacity` requests (`fold`: a step row per
-    replica, `program_state.FOLD`)."""
+    replica, `program_state.FOLD`; `fold_requests`: result columns for the requests in flight,
+    `KernelRoom._fold_finished`)."""
     nrep = len(specs)
     st = S.State()
     slots = 64 * nrep
     st.rq = np.zeros((slots, S.LINKS + 1), dtype=np.int64)  # no chain's links yet
-    st.rq[:, S.PROG] = -1
+    st.rq[:, S.PROG], st.rq[:, S.DONE] = -1, 1  # free: no request in flight
     st.chains = np.zeros((64, 1), dtype=np.int64)
     st.rqf = np.zeros((slots, S.RQF_COLS))
     st.rp = np.zeros((nrep, S.RP_COLS), dtype=np.int64)
@@ -152,7 +210,7 @@ def new_state(specs: list, capacity: int, fold: bool) -> S.State:
     st.sched = np.zeros((nrep, 2 * max_seqs + 2, 2), dtype=np.int64)
     # `capacity` bounds the requests loosely (8x for self-consistency): results and step rows
     # start smaller and grow by doubling
-    requests = min(capacity, 1 << 20)
+    requests = min(capacity, FOLD_COLUMNS if fold_requests else 1 << 20)
     st.rt = np.empty((S.RT_ROWS, requests))  # set as each request is sent
     st.ri = np.zeros((S.RI_ROWS, requests), dtype=np.int32)
     st.h = np.empty((4 * nrep + 64, 6))

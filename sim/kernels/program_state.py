@@ -4,7 +4,7 @@ lists, its KV blocks, a step's entries and the run-length arithmetic, as
 keeps and edits them.
 
 Requests in flight live in slots (`rq` integers, `rqf` floats); replicas in `rp` / `rf`; results
-in rows per column (`rt`, `ri`) indexed by request. The running list is an array per replica
+in rows per column (`rt`, `ri`), a column per request (its slot's `ROW`). The running list is an array per replica
 edited as the reference edits its list; the waiting queue a linked list through the slots (FCFS
 with preempted requests at its head, or kept in (priority, arrival) order).
 """
@@ -24,13 +24,14 @@ from sim.kernels.state import (  # the shared columns too, for the kernel to imp
 
 # per request slot (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, PRIORITY, SEQ, GROUP, PREFIX, \
-    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, PROG, TROW, LINKS = range(22)
+    SCORE_FROM, SHARED, SEEDED, DONE, ABORTED, IDX, WNEXT, SCORING, ROW, PROG, TROW, \
+    LINKS = range(23)
 # from LINKS: the request's prefix chain, `prefix.link_group`'s `links` (a count, then a group and
 # an end per link: as many columns as the longest chain sent needs), copied from its row of
 # `State.chains` as the send is submitted; the columns before PROG are the request's state, set
 # by the kernel's `submit`; PROG and TROW: the program and its template's request a request of a
 # template in the kernel is (`sim.kernels.template_calls`), PROG -1 for any other and in a free
-# slot
+# slot; ROW: the request's column in the results (`rt`, `ri`), its idx less `RBASE`
 RQ_COLS = PROG
 CHAINED = -2
 """a send's group where the request names a prefix chain (its links written in its slot); the
@@ -52,7 +53,7 @@ RUNS_K, RUNS_KV, RUNS_KV_PEAK, RF_COLS = RF_COLS, RF_COLS + 1, RF_COLS + 2, RF_C
 # from SEEN0 a flag per token count where a replica's model is `serving` (`program_room.new_state`)
 SV0 = RF_COLS
 SEEN0 = RF_COLS = SV0 + SV_COLS
-# results, a row per column, indexed by request (float64 / int32)
+# results, a row per column, a column per request from request `RBASE` on (float64 / int32)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, RT_ROWS = range(5)
 OUT_TOKENS, CACHED, ABORTED_R, PREEMPTS, PROMPT_R, PRIORITY_R, REPLICA_R, RESCORED_R, \
     RI_ROWS = range(9)
@@ -71,6 +72,9 @@ NEXT_IDX, KFREE_N, KLOG_N, KDONE_N, PRIO_MODE, NODE_ROOM, CTR_COLS = range(CTR_C
 # the Dynasor scheduler's state (`template_calls`): programs finished (`fl`), its default
 # remaining tokens
 FL_N, DYN_DEFAULT, CTR_COLS = range(CTR_COLS, CTR_COLS + 3)
+# the request whose results are the first column of `rt` / `ri`: 0 unless the run folds
+# finished requests' results as it goes (`program_room.KernelRoom._fold_results`)
+RBASE, CTR_COLS = CTR_COLS, CTR_COLS + 1
 # the programs' arrivals in the kernel (`sim.kernels.arrival_calls`): on (1) or not; the next
 # program to arrive; the pools a program row pins (`template_calls.P_PIN0`)
 KARR, NEXT_PROG, NPOOLS, CTR_COLS = range(CTR_COLS, CTR_COLS + 4)
@@ -296,7 +300,7 @@ def preempt(rq, rp, ri, running, pc, tab, lru, free, j, v):
     release(rq, rp, pc, tab, lru, free, j, v)
     rq[v, COMPUTED] = 0
     rq[v, TARGET] = rq[v, PROMPT] + rq[v, GENERATED]
-    ri[PREEMPTS, rq[v, IDX]] += 1
+    ri[PREEMPTS, rq[v, ROW]] += 1
     enqueue(rq, rp, j, v, True)
 
 

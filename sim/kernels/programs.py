@@ -25,7 +25,7 @@ from sim.kernels import program_calls as C
 from sim.kernels import program_kernel as K
 from sim.kernels import program_state as S
 from sim.kernels import template_calls as T
-from sim.kernels.program_room import KernelRoom, new_state
+from sim.kernels.program_room import KernelRoom, new_state, result_columns
 from sim.engine.cluster import Cluster, gc_paused, run_summary
 from sim.engine.request_state import Results, Sent
 
@@ -84,10 +84,13 @@ class CompiledCluster(KernelRoom, Cluster):
         # kernel's sends and programs done to read; a templated request handed back
         self.on_fold = self.on_template = None
         self.replicas = [KernelReplica(self, i) for i in range(len(specs))]
-        self.st = new_state(specs, capacity, not cfg.write_steps)
+        self.st = new_state(specs, capacity, not cfg.write_steps, not cfg.write_requests)
         self.st.lo, self.st.lf = self.outstanding, self.in_flight  # the routers' own arrays
         self._idx = [0] * self.st.rq.shape[0]   # slot -> the request idx it holds
-        self._requests = self.st.rt.shape[1]    # result columns' length
+        self._requests = self.st.rt.shape[1]    # the first request past the result columns
+        # where finished requests fold as the run goes (set by the workload, `output.requests`)
+        self.folded = None
+        self._fold_at = 0  # the next request sent that has `_room` look for some to fold
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
         # the most nodes one call can cache: a step's blocks (its budget's full blocks, one
         # more per entry), a run of own blocks per request it preempts or retires, and one
@@ -282,13 +285,12 @@ class CompiledCluster(KernelRoom, Cluster):
         st, res = self.st, self.res
         # the requests sent, idx 0..n-1 (beyond: unset); a re-run scoring request arrived twice
         n = int(st.rp[:, S.ARRIVALS].sum() - st.ctr[S.RERUNS])
-        rt, ri = st.rt[:, :n], st.ri[:, :n]
-        res.scheduled_s, res.first_token_s, res.finish_s, res.arrival_s = rt
-        res.prompt_tokens, res.priority, res.replica_id = \
-            ri[S.PROMPT_R], ri[S.PRIORITY_R], ri[S.REPLICA_R]
-        res.output_tokens, res.cached_tokens = ri[S.OUT_TOKENS], ri[S.CACHED]
-        res.aborted, res.preemptions = ri[S.ABORTED_R].astype(bool), ri[S.PREEMPTS]
-        res.rescored = ri[S.RESCORED_R].astype(bool)
+        if self.folded is not None:  # every request settled: the rest folded, none kept
+            self.fold_results(n, n)
+            res.folded = self.folded
+        for name, column in result_columns(st.rt[:, :n - int(st.ctr[S.RBASE])],
+                                           st.ri[:, :n - int(st.ctr[S.RBASE])]).items():
+            setattr(res, name, column)
         if st.ctr[S.FOLD]:
             k, rows = st.rf[:, S.RUNS_K].copy(), st.seg[:len(st.rf)]
             kv, peak = st.rf[:, S.RUNS_KV].copy(), st.rf[:, S.RUNS_KV_PEAK].copy()

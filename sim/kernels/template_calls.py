@@ -25,7 +25,7 @@ from sim.kernels import finished_lengths as F
 from sim.kernels.program_kernel import submit
 from sim.kernels.program_state import (
     CALLS, CHAINED, DYN_DEFAULT, FL_N, FOLD, HEAP_N, IDX, KDONE_N, KFREE_N, KLOG_N, LINKS,
-    NEXT_IDX, NODE_ROOM, NPOOLS, PRIO_MODE, PROG, SEG_N, TROW)
+    NEXT_IDX, NODE_ROOM, NPOOLS, PRIO_MODE, PROG, RBASE, SEG_N, TROW)
 
 # a template request's row of `tk` (int64)
 # (T_BARRIER: its follow-ups wait until none of the program's requests is in flight)
@@ -143,7 +143,7 @@ def _room(st, fn):
     `CALLS` calls (`KernelRoom._room`)."""
     ctr = st.ctr
     if fn > ctr[KFREE_N] or ctr[KLOG_N] + fn > st.klog.shape[0] or \
-            ctr[NEXT_IDX] + fn > st.rt.shape[1] or ctr[KDONE_N] >= st.kdone.shape[0]:
+            ctr[NEXT_IDX] - ctr[RBASE] + fn > st.rt.shape[1] or ctr[KDONE_N] >= st.kdone.shape[0]:
         return False
     reserve = CALLS + 4 + 2 * fn
     if ctr[FOLD] == 0 and ctr[SEG_N] + reserve > st.seg.shape[0]:

@@ -314,7 +314,7 @@ class KernelTemplates:
         events = done[:, 2].tolist()
         runs = [self.runs[p] if e == DONE_OPEN else self.runs.pop(p)
                 for p, e in zip(done[:, 0].tolist(), events)]
-        return list(zip(runs, st.rt[S.FINISH_S, done[:, 1]].tolist(), events,
+        return list(zip(runs, st.rt[S.FINISH_S, done[:, 1] - st.ctr[S.RBASE]].tolist(), events,
                         done[:, 3].tolist()))
 
     def take(self, s: int, p: int, t: int) -> int:

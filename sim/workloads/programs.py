@@ -27,10 +27,11 @@ from programs.workload import draw_seed, load_bank, plan_programs
 from sim.families.registry import sim_family
 from sim.engine.cluster import Cluster, build_replicas, gc_paused
 from sim.kernels.plain import why_not_compiled_programs
-from sim.metrics import summarize
+from sim.metrics import summarize, summarize_latencies
 from sim.workloads.program_driver import ProgramDriver
 from sim.workloads.program_templates import TemplateDriver
 from sim.program_metrics import program_summary
+from sim.engine.folded_requests import FoldedRequests, fold_results
 from sim.engine.request_state import Req, Results
 from sim.engine.tables import SimResult, cached_share, finish_reasons, kv_usage, steps_table
 from traces import ids
@@ -98,10 +99,9 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
             run.program = run.traced = None  # a million programs' paths need not stay
 
         driver.on_program_closed = closed
-    driver.prepare(runs)
-    cluster.run(arrivals(runs, driver, cluster.env))
-    _all_finished(runs)
-    requests = _requests_table(driver, cluster.res)
+    folded = None if cfg.write_requests else _folded(family, runs, driver)
+    _run(cluster, driver, runs, folded, on_kernel)
+    requests = _requests_table(driver, cluster.res) if folded is None else None
     progs = programs_table([rows[r.idx] if r.idx in rows else row(r) for r in runs])
     summary = _summary(cfg, cluster, requests, progs)
     summary["simulator"] = "compiled" if on_kernel else "simpy"
@@ -112,6 +112,31 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
         summary.update(extra)
     cluster.close()
     return SimResult(requests, steps, summary, progs, tables, why_simpy=why)
+
+
+def _run(cluster, driver, runs: list, folded: FoldedRequests | None, on_kernel: bool) -> None:
+    """Run the programs to their ends, folding their requests as they finish where the run
+    keeps no requests table (SimPy's replicas keep every column: folded at once at the end)."""
+    if on_kernel:
+        cluster.folded = folded
+    driver.prepare(runs)
+    cluster.run(arrivals(runs, driver, cluster.env))
+    _all_finished(runs)
+    if folded is not None and not on_kernel:
+        fold_results(folded, cluster.res, len(driver.owner))
+        cluster.res.folded = folded
+
+
+def _folded(family, runs: list, driver) -> FoldedRequests:
+    """Where the run's requests fold as it goes: the summary's, and the family's own fold."""
+    folded = FoldedRequests()
+    if family.folds is not None:
+        folded.family = family.folds(runs, driver)
+        folded.listen(folded.family.fold)
+    elif family.results is not None:
+        raise ValueError(f"output.requests: false: the {family.name} family's results read "
+                         "every request's columns; keep the requests table")
+    return folded
 
 
 def _all_finished(runs: list) -> None:
@@ -158,14 +183,21 @@ _TIMES = ["arrival_s", "first_token_s", "finish_s", "output_tokens"]
 
 
 def _summary(cfg, cluster, requests, progs) -> dict:
-    """A program run's figures: request latencies, programs, the cluster's load and cache."""
-    # the timing columns only: pandas would make a Python string of every id
-    summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
+    """A program run's figures: request latencies, programs, the cluster's load and cache
+    (from the requests table, or the requests as they folded where the run kept none)."""
+    folded = cluster.res.folded
+    if folded is None:
+        # the timing columns only: pandas would make a Python string of every id
+        summary = summarize(requests.select(_TIMES).to_pandas(), cfg.slo_ttft_s, cfg.slo_tpot_s)
+    else:
+        summary = summarize_latencies(folded.latencies(), folded.output_tokens, folded.span_s(),
+                                      cfg.slo_ttft_s, cfg.slo_tpot_s)
     summary.update(program_summary(progs.to_pandas()))
     summary.update(cluster.summary(cluster.res.events + cfg.programs.count,
                                    summary["makespan_s"]))
     summary["kv_usage_mean"] = kv_usage(cluster.res)
-    summary["cached_prompt_share"] = cached_share(requests)
+    summary["cached_prompt_share"] = cached_share(requests) if folded is None \
+        else folded.cached_share()
     return summary
 
 

@@ -103,24 +103,38 @@ def build_a1_runs(wl, bank: A1Bank, plans) -> tuple[list[SimProgram], int, Trace
 
 def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
     """The conformity table of the simulated programs and their A1 summary."""
-    import pandas as pd
-
     from sim.families.a1.metrics import a1_summary
 
     table = conformity_columns([(r.program, r.plan.program_id, r.question.gold_answer,
                                  {"difficulty": r.question.difficulty}) for r in runs])
-    n = len(driver.owner)
-    res = cluster.res
-    program_id = {r.idx: r.plan.program_id for r in runs}
-    log = pd.DataFrame({"program_id": [program_id[i] for i in driver.owner.program],
-                        "sample": list(driver.owner.path),
-                        "arrival_s": res.arrival_s[:n], "scheduled_s": res.scheduled_s[:n],
-                        "finish_s": res.finish_s[:n]})
+    folded = cluster.res.folded
+    log = folded.family.totals() if folded is not None else request_log(runs, driver, cluster)
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
     summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
     summary.update(kv_peaks(cluster))
     return {"conformity": table}, summary
+
+
+def request_log(runs: list[SimProgram], driver, cluster):
+    """Every request's program, path and times (`a1.metrics.path_times`' log)."""
+    import pandas as pd
+
+    n = len(driver.owner)
+    res = cluster.res
+    program_id = {r.idx: r.plan.program_id for r in runs}
+    return pd.DataFrame({"program_id": [program_id[i] for i in driver.owner.program],
+                         "sample": list(driver.owner.path),
+                         "arrival_s": res.arrival_s[:n], "scheduled_s": res.scheduled_s[:n],
+                         "finish_s": res.finish_s[:n]})
+
+
+def fold_a1(runs: list[SimProgram], driver):
+    """The path times of requests as they fold, where the run keeps no requests table."""
+    from sim.families.a1.metrics import FoldedPathTimes
+
+    samples = max((r.program.settings.samples for r in runs), default=1)
+    return FoldedPathTimes(driver.owner, len(runs), samples)
 
 
 def kv_peaks(cluster) -> dict:
@@ -130,5 +144,5 @@ def kv_peaks(cluster) -> dict:
             for pool, members in sorted(cluster.pools.items())}
 
 
-register_sim_family(SimFamily("a1", build_a1_runs, a1_results, compiles=True,
+register_sim_family(SimFamily("a1", build_a1_runs, a1_results, folds=fold_a1, compiles=True,
                                templated=True))

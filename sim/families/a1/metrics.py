@@ -10,6 +10,7 @@ engine (arrival to scheduled). Memory time is inside T_c (the step time is measu
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from programs.a1 import A1Program
@@ -29,9 +30,50 @@ def path_times(log: pd.DataFrame) -> dict:
             "async_arithmetic_intensity": compute / wait if wait > 0 else float("inf")}
 
 
-def a1_summary(programs: list[A1Program], log: pd.DataFrame, busy_s: dict, makespan_s: float,
-               ) -> dict:
-    """Rejection rate, tokens by role, pool utilisation and path times of A1 programs."""
+class FoldedPathTimes:
+    """`path_times` of a run's requests added as they fold (`sim.engine.folded_requests`):
+    the same sums to rounding (added block by block, not in the log's sorted order). A path's
+    requests fold in the order they were sent, which is their arrival order."""
+
+    def __init__(self, owner, programs: int, samples: int):
+        self._owner, self._samples = owner, samples  # the driver's program and path per idx
+        self._last_finish_s = np.full(programs * samples, np.nan)  # per path, so far
+        self.compute_s = self.queue_s = self.barrier_s = 0.0
+
+    def fold(self, first_idx: int, columns: dict) -> None:
+        """Add requests first_idx, ... (their columns as `FoldedRequests.add` takes them)."""
+        n = len(columns["arrival_s"])
+        if len(self._owner.program) < first_idx + n:
+            raise RuntimeError("requests folded before the driver read who sent them (a bug)")
+        path = np.frombuffer(self._owner.program, np.int64)[first_idx:first_idx + n] * \
+            self._samples + np.frombuffer(self._owner.path, np.int64)[first_idx:first_idx + n]
+        arrival, finish = columns["arrival_s"], columns["finish_s"]
+        self.compute_s += float(np.nansum(finish - columns["scheduled_s"]))
+        self.queue_s += float(np.nansum(columns["scheduled_s"] - arrival))
+        order = np.argsort(path, kind="stable")  # each path's requests in the order sent
+        p, a, f = path[order], arrival[order], finish[order]
+        prev = np.empty(n)
+        prev[1:] = f[:-1]
+        first = np.ones(n, dtype=bool)
+        first[1:] = p[1:] != p[:-1]
+        prev[first] = self._last_finish_s[p[first]]  # the path's last request folded before
+        self.barrier_s += float(np.nansum(np.clip(a - prev, 0.0, None)))
+        last = np.ones(n, dtype=bool)
+        last[:-1] = p[1:] != p[:-1]
+        self._last_finish_s[p[last]] = f[last]
+
+    def totals(self) -> dict:
+        """`path_times`' figures."""
+        wait = self.queue_s + self.barrier_s
+        return {"path_compute_s": self.compute_s, "path_queue_s": self.queue_s,
+                "path_barrier_s": self.barrier_s,
+                "async_arithmetic_intensity": self.compute_s / wait if wait > 0 else float("inf")}
+
+
+def a1_summary(programs: list[A1Program], log: pd.DataFrame | dict, busy_s: dict,
+               makespan_s: float) -> dict:
+    """Rejection rate, tokens by role, pool utilisation and path times of A1 programs (`log`:
+    the requests' log, or `path_times`' figures where the run folded them)."""
     scored = [d for p in programs if p.policies[0].needs_score for d in p.decisions[0]]
     tokens = {k: sum(p.tokens_by_role[k] for p in programs) for k in ("draft", "target", "score")}
     out = {"rejection_rate": (sum(not d.accepted for d in scored) / len(scored)
@@ -39,7 +81,7 @@ def a1_summary(programs: list[A1Program], log: pd.DataFrame, busy_s: dict, makes
            "draft_tokens": tokens["draft"], "target_tokens": tokens["target"],
            "score_prefill_tokens": tokens["score"],
            **{f"{pool}_utilisation": s / makespan_s for pool, s in busy_s.items()}}
-    out.update(path_times(log))
+    out.update(path_times(log) if isinstance(log, pd.DataFrame) else log)
     out["takeovers_by_turn"] = takeovers_by_turn(programs)
     return out
 

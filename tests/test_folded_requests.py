@@ -1,0 +1,127 @@
+"""A program run that keeps no requests table (`output: {requests: false}`) folds each finished
+request as it goes (`sim.engine.folded_requests`): the program kernel's result columns then
+hold the requests in flight, and the run's summary equals the one read from the table.
+
+The kernel folds mid-run (its columns start at `FOLD_COLUMNS` and fold once half are in use):
+the blocks it folds, end to end, are the requests table's columns value for value, under KV
+pressure (preemptions, aborted chunks and probes) and with A1's scoring requests that run
+twice (in flight past their first finish).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sim.config import parse_config, read_yaml
+from sim.engine.folded_requests import COLUMNS
+from sim.families.registry import register_sim_family, sim_family
+from sim.kernels.program_room import FOLD_COLUMNS
+from sim.output import write_sim
+from sim.simulate import simulate
+
+EXAMPLES = REPO / "examples"
+TABLE = {"cached_tokens": "cached_prompt_tokens"}
+"""the requests table's name of a folded column, where it differs"""
+TIMING = ("wall_s", "event_loop_s")
+"""summary keys that time the machine"""
+
+
+class Recorder:
+    """A family's fold that keeps a copy of every block folded (each one made in `made`)."""
+
+    made: list = []
+
+    def __init__(self, runs, driver):
+        self.blocks = []
+        Recorder.made.append(self)
+
+    def fold(self, first_idx: int, columns: dict) -> None:
+        """Keep the block."""
+        self.blocks.append((first_idx, {k: np.array(v) for k, v in columns.items()}))
+
+
+def _config(example: str, count: int, rate_per_s: float, **group):
+    d = read_yaml(EXAMPLES / example)
+    d["workload"]["programs"].update(count=count, rate_per_s=rate_per_s)
+    for g in d["cluster"]["replicas"]:
+        g.pop("device", None)  # each pool on a device of its own: the kernel runs it
+        g.update(group)
+    return parse_config(d, EXAMPLES)
+
+
+def _same_summary(kept: dict, folded: dict, rel: dict = {}) -> None:
+    """Every figure equal (NaN to NaN), a key in `rel` to that relative tolerance."""
+    assert set(kept) == set(folded)
+    for key, value in kept.items():
+        if key in TIMING:
+            continue
+        if key in rel:
+            assert math.isclose(folded[key], value, rel_tol=rel[key]), key
+        elif isinstance(value, dict):
+            _same_summary(value, folded[key])
+        elif not (isinstance(value, float) and math.isnan(value) and math.isnan(folded[key])):
+            assert folded[key] == value, key
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_folded_blocks_are_the_requests_table(compiled):
+    """Dynasor CoT under KV pressure: the blocks folded cover every request once, in order,
+    each column equal to the kept table's; the summaries are equal."""
+    cfg = _config("dynasor-cot-certaindex.yaml", 1500, 4.0, kv_blocks=34, max_num_seqs=16)
+    kept = simulate(cfg, compiled=compiled)
+    family = sim_family("reasoning")
+    register_sim_family(dataclasses.replace(family, folds=Recorder))
+    try:
+        folded = simulate(dataclasses.replace(cfg, write_requests=False), compiled=compiled)
+    finally:
+        register_sim_family(family)
+    assert folded.requests is None
+    assert folded.summary["simulator"] == kept.summary["simulator"] == \
+        ("compiled" if compiled else "simpy")
+    _same_summary(kept.summary, folded.summary)
+    table = kept.requests.to_pandas()
+    assert kept.summary["preemptions"] > 0 and (table.finish_reason == "abort").any()
+    blocks = Recorder.made.pop().blocks
+    if compiled:  # folded as the run went, a window of columns at a time
+        assert len(table) > 3 * FOLD_COLUMNS and len(blocks) > 3
+    starts = [first for first, _ in blocks]
+    sizes = [len(b["arrival_s"]) for _, b in blocks]
+    assert starts == np.cumsum([0] + sizes[:-1]).tolist() and sum(sizes) == len(table)
+    for name in set(COLUMNS) - {"preemptions", "aborted", "rescored"}:  # the table's
+        column = np.concatenate([b[name] for _, b in blocks])
+        np.testing.assert_array_equal(column, table[TABLE.get(name, name)].to_numpy(), name)
+    aborted = np.concatenate([b["aborted"] for _, b in blocks])
+    assert (aborted == (table.finish_reason == "abort").to_numpy()).all()
+
+
+def test_a1_folds_path_times_and_writes_no_requests_table(tmp_path):
+    """A1 on two pools, compiled (its scoring requests that run twice stay in flight past
+    their first finish): the summary equals the kept table's, its path times to rounding (added
+    block by block); the output has no requests table."""
+    cfg = _config("a1-async-separate.yaml", 120, 2.0)
+    kept = simulate(cfg)
+    folded = simulate(dataclasses.replace(cfg, write_requests=False))
+    assert folded.summary["simulator"] == "compiled" and folded.requests is None
+    paths = ("path_compute_s", "path_queue_s", "path_barrier_s", "async_arithmetic_intensity")
+    _same_summary(kept.summary, folded.summary, dict.fromkeys(paths, 1e-9))
+    assert kept.summary["requests"] > 3 * FOLD_COLUMNS
+    write_sim(dataclasses.replace(cfg, write_requests=False), folded, tmp_path / "out")
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"programs", "conformity", "summary.json"} <= written and "requests" not in written
+
+
+def test_folding_refused_where_it_cannot_hold():
+    """A family whose results read every request without a fold of its own (SEED's
+    tot_requests), and a request workload (its requests table is its result), are refused."""
+    seed = _config("seed-separate.yaml", 4, 2.0)
+    with pytest.raises(ValueError, match="seed family's results read every request"):
+        simulate(dataclasses.replace(seed, write_requests=False))
+    d = read_yaml(EXAMPLES / "demo.yaml")
+    d["output"] = {"requests": False}
+    with pytest.raises(ValueError, match="output.requests: false folds a program workload"):
+        parse_config(d, EXAMPLES)
