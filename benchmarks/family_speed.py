@@ -45,11 +45,12 @@ to 10^4-10^5 requests, each run compiled and under SimPy"""
 
 
 def program_config(example: str, n: int, replicas: int, longer_limit: bool = False,
-                   other_kind: bool = False):
+                   other_kind: bool = False, requests: bool = True):
     """An example program workload with `n` programs, each replica group `replicas` times as
     large at half of the example's rate per replica, writing no steps table (`longer_limit`:
     its calibrations with twice their `max_model_len`, for `doubled_outputs`; `other_kind`: each
-    calibration's step-time model replaced by one of the other kind, `_other_kind`)."""
+    calibration's step-time model replaced by one of the other kind, `_other_kind`;
+    `requests=False`: no requests table, each request folded as it finishes)."""
     d = read_yaml(REPO / "examples" / example)
     d["workload"]["programs"].update(count=n, rate_per_s=d["workload"]["programs"]["rate_per_s"]
                                      * replicas * 0.5)
@@ -61,7 +62,7 @@ def program_config(example: str, n: int, replicas: int, longer_limit: bool = Fal
         if longer_limit:
             cal = _doubled_limit(cal)
         group["calibration"] = str(cal)
-    d["output"] = {"steps": False}
+    d["output"] = {"steps": False, "requests": requests}
     return parse_config(d, REPO / "examples")
 
 

@@ -100,21 +100,23 @@ PROGRAMS = {**{name: example for name, (example, _, _) in FAMILIES.items()},
 probes and self-consistency by default)"""
 
 
-def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False) -> dict:
+def programs(n: int, replicas: int, method: str = "cot", simpy: bool = False,
+             fold: bool = False) -> dict:
     """A family's example programs (`PROGRAMS[method]`) on `replicas` replicas per group at
     half of the example's rate each: CPU seconds of one run, its simulated requests per
-    CPU-second and the process's peak memory (`simpy`: and the same run under SimPy; HELIOS:
-    a stream of `n` prompts, `helios_speed.at_scale`)."""
+    CPU-second and the process's peak memory (`simpy`: and the same run under SimPy; `fold`:
+    no requests table, `output.requests: false`; HELIOS: a stream of `n` prompts,
+    `helios_speed.at_scale`)."""
     if method == "helios":
         return at_scale(n, replicas)
-    cfg = program_config(PROGRAMS[method], n, replicas)
+    cfg = program_config(PROGRAMS[method], n, replicas, requests=not fold)
     forget_banks()  # the trace's load timed, as a process's first run
     t0 = time.process_time()
     res = simulate(cfg)
     cpu = time.process_time() - t0
     s = res.summary
     out = {"method": method, "simulator": s["simulator"], "programs": n, "replicas": replicas,
-           "requests": s["requests"], "cpu_s": cpu,
+           "requests": s["requests"], "requests_table": not fold, "cpu_s": cpu,
            "programs_per_cpu_s": n / cpu, "requests_per_cpu_s": s["requests"] / cpu,
            "events_per_program": s["events"] / n, "peak_rss_gb": peak_rss_gb(),
            "simulated_s": s["makespan_s"], "real_time_factor": cpu / s["makespan_s"]}
@@ -148,6 +150,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--program-families", default="cot,sc", type=_families,
                     help="the families timed at that scale, comma-separated, of "
                          f"{', '.join(PROGRAMS)} (default cot,sc; none: '')")
+    ap.add_argument("--fold-requests", action="store_true",
+                    help="the program runs keep no requests table: each request folds into the "
+                         "summary as it finishes (output.requests: false; A1's and SEED's "
+                         "million programs need it to fit in memory)")
     ap.add_argument("--programs-simpy", action="store_true",
                     help="also time the program runs under SimPy (the compiled path's reference)")
     ap.add_argument("--double-at", type=pair,
@@ -195,7 +201,7 @@ def measure_all(args) -> tuple[dict, object, dict]:
     simpy_double = measure(cfg, w.with_output_scale(2.0), args.repeats, compiled=False)
     cals = calibrations(n, replicas, args.repeats)
     at = args.programs or ((20_000, 40) if args.quick else (1_000_000, 1_000))
-    prog = {method: programs(*at, method, args.programs_simpy)
+    prog = {method: programs(*at, method, args.programs_simpy, args.fold_requests)
             for method in args.program_families}
     out = {"scales": rows, "programs": prog, "requests_per_cpu_s": rows[0]["requests_per_cpu_s"],
            "calibrations": cals,

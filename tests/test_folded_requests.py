@@ -5,7 +5,8 @@ hold the requests in flight, and the run's summary equals the one read from the 
 The kernel folds mid-run (its columns start at `FOLD_COLUMNS` and fold once half are in use):
 the blocks it folds, end to end, are the requests table's columns value for value, under KV
 pressure (preemptions, aborted chunks and probes) and with A1's scoring requests that run
-twice (in flight past their first finish).
+twice (in flight past their first finish); A1's path times and SEED's tree figures fold with
+them.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def test_folded_blocks_are_the_requests_table(compiled):
 def test_a1_folds_path_times_and_writes_no_requests_table(tmp_path):
     """A1 on two pools, compiled (its scoring requests that run twice stay in flight past
     their first finish): the summary equals the kept table's, its path times to rounding (added
-    block by block); the output has no requests table."""
+    block by block); the output has no table of a row per request."""
     cfg = _config("a1-async-separate.yaml", 120, 2.0)
     kept = simulate(cfg)
     folded = simulate(dataclasses.replace(cfg, write_requests=False))
@@ -112,15 +113,34 @@ def test_a1_folds_path_times_and_writes_no_requests_table(tmp_path):
     assert kept.summary["requests"] > 3 * FOLD_COLUMNS
     write_sim(dataclasses.replace(cfg, write_requests=False), folded, tmp_path / "out")
     written = {p.name for p in (tmp_path / "out").iterdir()}
-    assert {"programs", "conformity", "summary.json"} <= written and "requests" not in written
+    # no table of a row per request (A1's conformity rows are a row per step)
+    assert {"programs", "summary.json"} <= written and not written & {"requests", "conformity"}
+
+
+def test_seed_folds_its_tot_summary():
+    """SEED's trees on two pools, compiled (sent from their questions' records, the rows the
+    recording's): `tot_summary`'s figures equal the tot_requests table's; no table kept."""
+    cfg = _config("seed-separate.yaml", 100, 2.0)
+    kept = simulate(cfg)
+    folded = simulate(dataclasses.replace(cfg, write_requests=False))
+    assert folded.summary["simulator"] == "compiled" and not folded.tables
+    spans = ("generator_mean_s", "evaluator_mean_s", "verify_queue_wait_p50_s",
+             "verify_queue_wait_p90_s", "tokens_per_round")
+    _same_summary(kept.summary, folded.summary, dict.fromkeys(spans, 1e-9))
+    assert kept.summary["requests"] > 3 * FOLD_COLUMNS and kept.summary["tot_thoughts"] > 0
 
 
 def test_folding_refused_where_it_cannot_hold():
-    """A family whose results read every request without a fold of its own (SEED's
-    tot_requests), and a request workload (its requests table is its result), are refused."""
+    """A family whose results read every request and that has no fold of its own, and a request
+    workload (its requests table is its result), are refused."""
     seed = _config("seed-separate.yaml", 4, 2.0)
-    with pytest.raises(ValueError, match="seed family's results read every request"):
-        simulate(dataclasses.replace(seed, write_requests=False))
+    family = sim_family("seed")
+    register_sim_family(dataclasses.replace(family, folds=None))
+    try:
+        with pytest.raises(ValueError, match="seed family's results read every request"):
+            simulate(dataclasses.replace(seed, write_requests=False))
+    finally:
+        register_sim_family(family)
     d = read_yaml(EXAMPLES / "demo.yaml")
     d["output"] = {"requests": False}
     with pytest.raises(ValueError, match="output.requests: false folds a program workload"):

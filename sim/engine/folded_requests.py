@@ -56,8 +56,13 @@ class FoldedRequests:
         self.last_finish_s = max(self.last_finish_s, float(finish.max()))
 
     def latencies(self) -> dict[str, np.ndarray]:
-        """Every folded request's TTFT, TPOT and end-to-end seconds, in request order."""
-        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in self._latency.items()}
+        """Every folded request's TTFT, TPOT and end-to-end seconds, in request order (once:
+        the blocks are let go as they are joined, so a column is held once)."""
+        out = {}
+        for k, blocks in self._latency.items():
+            out[k] = np.concatenate(blocks) if blocks else np.zeros(0)
+            blocks.clear()
+        return out
 
     def span_s(self) -> float:
         """First arrival to last finish (0 with no request)."""

@@ -102,18 +102,20 @@ def build_a1_runs(wl, bank: A1Bank, plans) -> tuple[list[SimProgram], int, Trace
 
 
 def a1_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
-    """The conformity table of the simulated programs and their A1 summary."""
+    """The conformity table of the simulated programs (a row per step: none where the run
+    folded its requests, `output.requests: false`) and their A1 summary."""
     from sim.families.a1.metrics import a1_summary
 
-    table = conformity_columns([(r.program, r.plan.program_id, r.question.gold_answer,
-                                 {"difficulty": r.question.difficulty}) for r in runs])
     folded = cluster.res.folded
+    tables = {} if folded is not None else {"conformity": conformity_columns(
+        [(r.program, r.plan.program_id, r.question.gold_answer,
+          {"difficulty": r.question.difficulty}) for r in runs])}
     log = folded.family.totals() if folded is not None else request_log(runs, driver, cluster)
     busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
             for pool, members in cluster.pools.items()}
     summary = a1_summary([r.program for r in runs], log, busy, makespan_s)
     summary.update(kv_peaks(cluster))
-    return {"conformity": table}, summary
+    return tables, summary
 
 
 def request_log(runs: list[SimProgram], driver, cluster):

@@ -100,12 +100,17 @@ OWN = ("program_id", "question_id", "difficulty", "gold_answer", "mode", "reques
 
 def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> tuple[dict, dict]:
     """The tot_requests table of the simulated programs (each program's rows in the order its
-    requests finished, ties in the order they were made) and their ToT summary."""
+    requests finished, ties in the order they were made; none where the run folded its
+    requests, `output.requests: false`) and their ToT summary."""
     import numpy as np
     import pandas as pd
 
     from sim.families.seed.metrics import SUMMARY_COLUMNS, tot_summary
 
+    busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
+            for pool, members in cluster.pools.items()}
+    if cluster.res.folded is not None:
+        return {}, cluster.res.folded.family.totals(busy, makespan_s)
     res, owner = cluster.res, driver.owner
     n = len(owner)
     program = np.frombuffer(owner.program, dtype=np.int64)[:n]
@@ -129,8 +134,6 @@ def tot_results(runs: list[SimProgram], driver, cluster, makespan_s: float) -> t
                                   numbers[idx].tolist()))
     cols.update(sent_s=res.arrival_s[idx].tolist(), finish_s=res.finish_s[idx].tolist(),
                 rescored=res.rescored[idx].tolist())
-    busy = {pool: float(sum(cluster.replicas[i].busy_s for i in members))
-            for pool, members in cluster.pools.items()}
     summary = tot_summary(pd.DataFrame({k: cols[k] for k in SUMMARY_COLUMNS}), busy, makespan_s)
     return {"tot_requests": cols}, summary
 
@@ -167,5 +170,12 @@ class _Logs:
         return at
 
 
-register_sim_family(SimFamily("seed", build_tot_runs, tot_results, compiles=True,
-                               templated=True, template_rows=True))
+def fold_tot(runs: list[SimProgram], driver):
+    """The ToT summary of requests as they fold, where the run keeps no requests table."""
+    from sim.families.seed.folded import FoldedToT
+
+    return FoldedToT(runs, driver)
+
+
+register_sim_family(SimFamily("seed", build_tot_runs, tot_results, folds=fold_tot,
+                               compiles=True, templated=True, template_rows=True))
