@@ -46,9 +46,9 @@ class Recorder:
         self.blocks.append((first_idx, {k: np.array(v) for k, v in columns.items()}))
 
 
-def _config(example: str, count: int, rate_per_s: float, **group):
+def _config(example: str, programs: int, rate_per_s: float, **group):
     d = read_yaml(EXAMPLES / example)
-    d["workload"]["programs"].update(count=count, rate_per_s=rate_per_s)
+    d["workload"]["programs"].update(count=programs, rate_per_s=rate_per_s)
     for g in d["cluster"]["replicas"]:
         g.pop("device", None)  # each pool on a device of its own: the kernel runs it
         g.update(group)
@@ -98,6 +98,19 @@ def test_folded_blocks_are_the_requests_table(compiled):
         np.testing.assert_array_equal(column, table[TABLE.get(name, name)].to_numpy(), name)
     aborted = np.concatenate([b["aborted"] for _, b in blocks])
     assert (aborted == (table.finish_reason == "abort").to_numpy()).all()
+
+
+def test_cot_paths_that_stop_fold_on_ten_replicas():
+    """CoT paths that stop on their probes, sent by the kernel from records on ten replicas:
+    a request the kernel hands back to the driver stays unfolded while the driver takes it
+    (its program's end reads its finish); the summaries are equal."""
+    cfg = dataclasses.replace(_config("dynasor-cot-certaindex.yaml", 6000, 30.0, count=10),
+                              write_steps=False)  # a step row per replica, as at scale
+    kept = simulate(cfg)
+    folded = simulate(dataclasses.replace(cfg, write_requests=False))
+    assert folded.summary["simulator"] == "compiled"
+    _same_summary(kept.summary, folded.summary)
+    assert kept.summary["requests"] > 10 * FOLD_COLUMNS
 
 
 def test_a1_folds_path_times_and_writes_no_requests_table(tmp_path):

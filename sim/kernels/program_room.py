@@ -113,8 +113,9 @@ class KernelRoom:
     def _settled_below(self, base: int, top: int) -> int:
         """The first request from `base` whose results may still change or be read: one not
         finished (its finish unset), one in flight (a scoring request's re-run), a program's
-        last request whose time the driver has yet to read (`kdone`) or one the kernel sent
-        that the driver has yet to read (`klog`: who sent it)."""
+        last request whose time the driver has yet to read (`kdone`), one the kernel sent
+        that the driver has yet to read (`klog`: who sent it) or one it handed back that the
+        driver is taking (`_handed`: its program's end logs it)."""
         st = self.st
         top = max(base, top - int(st.ctr[S.KLOG_N]))  # the kernel's unread sends: its last
         unset = np.isnan(st.rt[S.FINISH_S, :top - base])
@@ -122,6 +123,8 @@ class KernelRoom:
         live = st.rq[:, S.DONE] == 0
         if live.any():
             end = min(end, int(st.rq[live, S.IDX].min()))
+        if self._handed:
+            end = min(end, min(self._handed))
         n = int(st.ctr[S.KDONE_N])
         return min(end, int(st.kdone[:n, 1].min())) if n else end
 

@@ -91,6 +91,7 @@ class CompiledCluster(KernelRoom, Cluster):
         # where finished requests fold as the run goes (set by the workload, `output.requests`)
         self.folded = None
         self._fold_at = 0  # the next request sent that has `_room` look for some to fold
+        self._handed: list[int] = []  # the requests handed back that the driver is taking
         self._free = list(range(self.st.rq.shape[0] - 1, -1, -1))
         # the most nodes one call can cache: a step's blocks (its budget's full blocks, one
         # more per entry), a run of own blocks per request it preempts or retires, and one
@@ -262,7 +263,10 @@ class CompiledCluster(KernelRoom, Cluster):
         p, t = int(rq[s, S.PROG]), int(rq[s, S.TROW])
         rq[s, S.PROG] = -1
         self._free.append(s)
+        # its results stay until the driver has taken it (its program's end may read them)
+        self._handed.append(int(rq[s, S.IDX]))
         self.on_template(p, t, s)
+        self._handed.pop()
         return False
 
     def _resume(self, process) -> None:
