@@ -124,8 +124,7 @@ class A1Program:
         self._flight: dict[RequestSpec, Node] = {}
         self._held: list = []      # sync: score specs and next-turn nodes held at the barrier
         self._open = 0             # sync: nodes of this turn not yet at the barrier
-        # target requests past `settings.target_cap`, in order (made where a cap holds one: an
-        # empty deque costs ~760 bytes, a million programs' 0.76 GB)
+        # target requests past `settings.target_cap`, in order (made once a cap holds one)
         self._capped: deque | None = None
         self._target_out = 0       # target requests sent and not yet done
 
