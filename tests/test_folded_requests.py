@@ -2,8 +2,9 @@
 request as it goes (`sim.engine.folded_requests`): the program kernel's result columns then
 hold the requests in flight, and the run's summary equals the one read from the table.
 
-The kernel folds mid-run (its columns start at `FOLD_COLUMNS` and fold once half are in use):
-the blocks it folds, end to end, are the requests table's columns value for value, under KV
+The kernel folds mid-run (its columns start at `FOLD_COLUMNS` and fold once half are in use),
+and the driver lets go of who sent the requests folded: the blocks folded, end to end, are the
+requests table's columns value for value, under KV
 pressure (preemptions, aborted chunks and probes) and with A1's scoring requests that run
 twice (in flight past their first finish); A1's path times and SEED's tree figures fold with
 them.
@@ -38,12 +39,13 @@ class Recorder:
     made: list = []
 
     def __init__(self, runs, driver):
-        self.blocks = []
+        self.blocks, self.driver, self.kept_from = [], driver, []
         Recorder.made.append(self)
 
     def fold(self, first_idx: int, columns: dict) -> None:
-        """Keep the block."""
+        """Keep the block, and the first request whose sender the driver still keeps."""
         self.blocks.append((first_idx, {k: np.array(v) for k, v in columns.items()}))
+        self.kept_from.append(self.driver.owner.base)
 
 
 def _config(example: str, programs: int, rate_per_s: float, **group):
@@ -87,9 +89,13 @@ def test_folded_blocks_are_the_requests_table(compiled):
     _same_summary(kept.summary, folded.summary)
     table = kept.requests.to_pandas()
     assert kept.summary["preemptions"] > 0 and (table.finish_reason == "abort").any()
-    blocks = Recorder.made.pop().blocks
-    if compiled:  # folded as the run went, a window of columns at a time
+    recorder = Recorder.made.pop()
+    blocks = recorder.blocks
+    if compiled:  # folded as the run went, a window of columns at a time, and who sent the
+        # folded requests let go as it went
         assert len(table) > 3 * FOLD_COLUMNS and len(blocks) > 3
+        assert 0 < recorder.kept_from[-1] < len(table) == recorder.driver.owner.base
+        assert len(recorder.driver.owner.program) == 0
     starts = [first for first, _ in blocks]
     sizes = [len(b["arrival_s"]) for _, b in blocks]
     assert starts == np.cumsum([0] + sizes[:-1]).tolist() and sum(sizes) == len(table)

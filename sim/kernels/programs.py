@@ -224,8 +224,10 @@ class CompiledCluster(KernelRoom, Cluster):
                         # the callback of each, then its slot is free (`_retired`, inlined);
                         # none for a scoring request sent again (`program_kernel.retire`: -1)
                         if out >= 0:
-                            if unfolded:
+                            if unfolded:  # who sent it kept while the driver reads first
+                                self._handed.append(self._idx[s])
                                 unfolded = self.on_fold()
+                                self._handed.pop()
                             self.on_done(self._idx[s], out >> 1, out & 1 == 1)
                             self._free.append(s)
                         elif out < -1:
@@ -257,14 +259,15 @@ class CompiledCluster(KernelRoom, Cluster):
         read first; its slot then free). Whether the kernel's work waits to be read."""
         if out == T.FOLDED:
             return True
+        rq = self.st.rq
+        # its results and who sent it stay until the driver has taken it (its program's end
+        # may read them)
+        self._handed.append(int(rq[s, S.IDX]))
         if unfolded:
             self.on_fold()
-        rq = self.st.rq
         p, t = int(rq[s, S.PROG]), int(rq[s, S.TROW])
         rq[s, S.PROG] = -1
         self._free.append(s)
-        # its results stay until the driver has taken it (its program's end may read them)
-        self._handed.append(int(rq[s, S.IDX]))
         self.on_template(p, t, s)
         self._handed.pop()
         return False

@@ -32,9 +32,10 @@ class Owners:
     """Whose each simulated request is, by request idx, for the tables: columns, not an object
     per request (the specs are dropped once done: a million programs' would hold gigabytes)."""
 
-    __slots__ = ("program", "index", "path", "role", "roles", "codes")
+    __slots__ = ("program", "index", "path", "role", "roles", "codes", "base")
 
     def __init__(self):
+        self.base = 0  # the request idx of the columns' first entry (`forget`)
         self.program = array("q")  # the program's index in the workload
         self.index = array("q")    # the spec's request order within its program
         self.path = array("q")     # the spec's path
@@ -43,7 +44,14 @@ class Owners:
         self.codes: dict[tuple[str, str], int] = {}
 
     def __len__(self) -> int:
-        return len(self.program)
+        return self.base + len(self.program)
+
+    def forget(self, upto: int) -> None:
+        """Let the entries of requests below `upto` go (a run that folds its requests)."""
+        k = upto - self.base
+        for column in (self.program, self.index, self.path, self.role):
+            del column[:k]
+        self.base = upto
 
     def code(self, spec: RequestSpec) -> int:
         """The code of the spec's (model role, requests-table role), numbered as first seen
@@ -222,8 +230,10 @@ class ProgramDriver:
         self.trows: array | None = None
         """per request idx: its request's number in its program's request-by-request template
         (-1: none), kept where the family's tables read the template's rows (`SimFamily`)"""
-        # per request idx: (program, spec) while in flight, then None (a list: idx are dense)
+        # per request idx from `_base` on: (program, spec) while in flight, then None (a list:
+        # idx are dense)
         self._live: list = []
+        self._base = 0  # the owner columns' and `_live`'s first request (`forget_folded`)
         self.on_program_done = on_program_done
         # called once a program is done and none of its requests is in flight: nothing can
         # change it any more (a caller may take its row and let it go)
@@ -238,6 +248,25 @@ class ProgramDriver:
 
     kernel_arrivals = None
     """the programs' arrivals the kernel takes (`sim.workloads.kernel_arrivals`), if any"""
+
+    @property
+    def reads_old_owners(self) -> bool:
+        """Whether the run reads who sent a request long done (Dynasor's eviction hint reads a
+        cached block's request: `_idle`)."""
+        return self._demote
+
+    def forget_folded(self, first_idx: int, columns: dict) -> None:
+        """A run that folds its requests (`sim.engine.folded_requests`, after the family's own
+        fold): let who sent the requests folded go, once they are half of what is kept."""
+        upto = first_idx + len(columns["arrival_s"])
+        if 2 * (upto - self._base) < len(self._live):
+            return
+        k = upto - self._base
+        self.owner.forget(upto)
+        if self.trows is not None:
+            del self.trows[:k]
+        del self._live[:k]
+        self._base = upto
 
     def prepare(self, runs: list) -> None:
         """Before the run (a driver that hands arrivals to the kernel sets them up here)."""
@@ -262,8 +291,9 @@ class ProgramDriver:
 
     def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
         """Replica callback: request `idx` finished (or was aborted) with `generated` tokens."""
-        run, spec = self._live[idx]
-        self._live[idx] = spec.sent = None
+        live, i = self._live, idx - self._base
+        run, spec = live[i]
+        live[i] = spec.sent = None
         run.open -= 1
         actions = run.program.on_done(spec, self.oracle.outcome(run, spec, generated, aborted))
         if not aborted:  # an abort lands inside the action that caused it: finish there
@@ -310,7 +340,7 @@ class ProgramDriver:
             self.on_program_closed(run)
 
     def _submit(self, run: SimProgram, spec: RequestSpec) -> None:
-        idx = len(self._live)  # a list's length: `Owners.__len__` is a Python call
+        idx = self._base + len(self._live)  # a list's length: `Owners.__len__` is a Python call
         prompt, prefix, key, output = self.oracle.request(run, spec)
         chain: tuple | None
         if type(key) is tuple:  # content named across programs: the prompt's chain itself

@@ -180,7 +180,8 @@ class TemplateDriver(ProgramDriver):
     def on_request_done(self, idx: int, generated: int, aborted: bool) -> None:
         """Replica callback: once a program's round has all returned, its next round; a
         request-by-request template's request: what follows it."""
-        run = self._live[idx]
+        i = idx - self._base
+        run = self._live[i]
         if type(run) is tuple:
             run, k = run
             if type(k) is not int:  # (run, spec): a program the plain driver drives
@@ -189,7 +190,7 @@ class TemplateDriver(ProgramDriver):
             # the request's tokens, and what follows it goes out
             if aborted:
                 raise RuntimeError(f"program {run.idx}: a templated request was aborted")
-            self._live[idx] = None
+            self._live[i] = None
             tpl = run.template
             follow, at = returned(run, tpl, k)
             if follow:
@@ -199,7 +200,7 @@ class TemplateDriver(ProgramDriver):
             return
         if aborted:
             raise RuntimeError(f"request {idx}: a templated request was aborted")
-        self._live[idx] = None
+        self._live[i] = None
         run.open -= 1
         if run.open:
             return
@@ -289,7 +290,7 @@ class TemplateDriver(ProgramDriver):
         if self.trows is not None:
             self.trows.extend([-1] * len(sends))
         for index, path, code, chain, head, tail in sends:
-            idx = len(live)
+            idx = self._base + len(live)  # a send may let folded requests go
             owner.program.append(p)
             owner.index.append(index)
             owner.path.append(path)
@@ -328,7 +329,7 @@ class TemplateDriver(ProgramDriver):
             if sent is None:
                 sent = sends[k] = self._sends(run, rid, (request,))[0]
             _, path, code, chain, head, tail = sent
-            idx = len(live)
+            idx = self._base + len(live)  # a send may let folded requests go
             owner.program.append(p)
             if at is None:
                 owner.index.append(run.round)

@@ -99,7 +99,7 @@ def _simulate_programs(cfg, fast_forward: bool, lazy: bool, compiled: bool,
             run.program = run.traced = None  # a million programs' paths need not stay
 
         driver.on_program_closed = closed
-    folded = None if cfg.write_requests else _folded(family, runs, driver)
+    folded = None if cfg.write_requests else _folded(family, runs, driver, on_kernel)
     _run(cluster, driver, runs, folded, on_kernel)
     requests = _requests_table(driver, cluster.res) if folded is None else None
     progs = programs_table([rows[r.idx] if r.idx in rows else row(r) for r in runs])
@@ -127,8 +127,9 @@ def _run(cluster, driver, runs: list, folded: FoldedRequests | None, on_kernel: 
         cluster.res.folded = folded
 
 
-def _folded(family, runs: list, driver) -> FoldedRequests:
-    """Where the run's requests fold as it goes: the summary's, and the family's own fold."""
+def _folded(family, runs: list, driver, on_kernel: bool) -> FoldedRequests:
+    """Where the run's requests fold as it goes: the summary's, the family's own fold, then
+    (compiled, where no eviction reads a cached block's request) who sent them let go."""
     folded = FoldedRequests()
     if family.folds is not None:
         folded.family = family.folds(runs, driver)
@@ -136,6 +137,8 @@ def _folded(family, runs: list, driver) -> FoldedRequests:
     elif family.results is not None:
         raise ValueError(f"output.requests: false: the {family.name} family's results read "
                          "every request's columns; keep the requests table")
+    if on_kernel and not driver.reads_old_owners:
+        folded.listen(driver.forget_folded)
     return folded
 
 

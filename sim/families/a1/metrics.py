@@ -43,10 +43,11 @@ class FoldedPathTimes:
     def fold(self, first_idx: int, columns: dict) -> None:
         """Add requests first_idx, ... (their columns as `FoldedRequests.add` takes them)."""
         n = len(columns["arrival_s"])
-        if len(self._owner.program) < first_idx + n:
+        if len(self._owner) < first_idx + n:
             raise RuntimeError("requests folded before the driver read who sent them (a bug)")
-        path = np.frombuffer(self._owner.program, np.int64)[first_idx:first_idx + n] * \
-            self._samples + np.frombuffer(self._owner.path, np.int64)[first_idx:first_idx + n]
+        a = first_idx - self._owner.base
+        path = np.frombuffer(self._owner.program, np.int64)[a:a + n] * self._samples + \
+            np.frombuffer(self._owner.path, np.int64)[a:a + n]
         arrival, finish = columns["arrival_s"], columns["finish_s"]
         self.compute_s += float(np.nansum(finish - columns["scheduled_s"]))
         self.queue_s += float(np.nansum(columns["scheduled_s"] - arrival))

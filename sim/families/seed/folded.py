@@ -44,8 +44,9 @@ class FoldedToT:
     def fold(self, first_idx: int, columns: dict) -> None:
         """Add requests first_idx, ... (their columns as `FoldedRequests.add` takes them)."""
         n = len(columns["arrival_s"])
-        program = np.frombuffer(self._owner.program, np.int64)[first_idx:first_idx + n].copy()
-        rows = self._rows(program, first_idx, n)
+        a = first_idx - self._owner.base  # where the driver's columns start
+        program = np.frombuffer(self._owner.program, np.int64)[a:a + n].copy()
+        rows = self._rows(program, a, n)
         kind, node, rnd, accepted, drafted, output = rows
         sent, finish = columns["arrival_s"], columns["finish_s"]
         self.requests += n
@@ -62,11 +63,11 @@ class FoldedToT:
         codes = [c for k, c in self._kinds.items() if k in EVAL_KINDS]
         return np.isin(kind, codes)
 
-    def _rows(self, program: np.ndarray, first_idx: int, n: int) -> tuple:
+    def _rows(self, program: np.ndarray, a: int, n: int) -> tuple:
         """Each request's row fields (kind code, node code, round, accepted and drafted tokens,
-        output tokens) from its log."""
-        numbers = np.frombuffer(self._owner.index, np.int64)[first_idx:first_idx + n]
-        trows = np.frombuffer(self._trows, np.int64)[first_idx:first_idx + n]
+        output tokens) from its log (the requests at `a` on in the driver's columns)."""
+        numbers = np.frombuffer(self._owner.index, np.int64)[a:a + n]
+        trows = np.frombuffer(self._trows, np.int64)[a:a + n]
         out = np.zeros((6, n))
         order = np.argsort(program, kind="stable")
         cuts = np.flatnonzero(np.diff(program[order])) + 1
