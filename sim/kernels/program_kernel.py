@@ -30,9 +30,10 @@ from sim.kernels.program_state import (
     C0, CP, CD, CC, CX, NOISE, ADD_S, ADD_MORE_S, WAKE_S, HOST_S, SEG_START, BUSY_S, LP_STEP,
     SEED_STEP, SEED_SEQ, SV0, SEEN0, SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, ARRIVAL_S, OUT_TOKENS,
     CACHED, ABORTED_R, PROMPT_R, PRIORITY_R, REPLICA_R, SEG_N, HEAP_N, DONE_N, RUNS_K, RUNS_KV,
-    RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, RBASE, ROW, SCORING, RESCORE, UNCACHED, RESCORED_R, RQ_COLS, LINKS,
-    CHAINED, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue, dequeue, remove_running,
-    entry, preempt, store, take_hit, head_admissible, run_length, unschedule)
+    RUNS_KV_PEAK, DONE_J, FOLD, RERUNS, RBASE, ROW, SCORING, RESCORE, UNCACHED, RESCORED_R,
+    RQ_COLS, LINKS, CHAINED, END, ARRIVAL, RETIRED, ROOM, alloc, release, before, enqueue,
+    dequeue, remove_running, entry, preempt, store, take_hit, head_admissible, run_length,
+    unschedule)
 
 
 @njit(cache=True)

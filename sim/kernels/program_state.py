@@ -4,9 +4,10 @@ lists, its KV blocks, a step's entries and the run-length arithmetic, as
 keeps and edits them.
 
 Requests in flight live in slots (`rq` integers, `rqf` floats); replicas in `rp` / `rf`; results
-in rows per column (`rt`, `ri`), a column per request (its slot's `ROW`). The running list is an array per replica
-edited as the reference edits its list; the waiting queue a linked list through the slots (FCFS
-with preempted requests at its head, or kept in (priority, arrival) order).
+in rows per column (`rt`, `ri`), a column per request (its slot's `ROW`). The running list is
+an array per replica edited as the reference edits its list; the waiting queue a linked list
+through the slots (FCFS with preempted requests at its head, or kept in (priority, arrival)
+order).
 """
 
 from __future__ import annotations
