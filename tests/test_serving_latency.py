@@ -62,6 +62,33 @@ def test_fast_forward_equals_per_iteration_with_engine_state(tmp_path, rate, kv,
     assert fast.summary["events"] < slow.summary["events"]
 
 
+def test_a_decode_run_carries_the_echo_from_its_first_step(tmp_path):
+    """A decode run may start at an echo step, its first iterations carrying their share of the
+    echo: the same steps as one event per iteration, in fewer events. Each request runs alone
+    here: its arrival, its prefill, one decode run (the first request's first decode step apart:
+    a new shape); sampled latency steps each echo step alone (its own noise draw): the arrival,
+    the prefill, three echo steps, one run."""
+    path = serving_calibration(tmp_path)
+
+    def cfg(latency):
+        return parse_config({"latency": latency, "workload": {
+            "arrival": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 3,
+            "prompt_tokens": 100, "output_tokens": 40},
+            "cluster": {"replicas": [{"calibration": str(path)}]}})
+
+    runs = {lat: [simulate(cfg(lat), compiled=c) for c in (True, False)]
+            for lat in ("mean", "sampled")}
+    slow = simulate(cfg("mean"), fast_forward=False)
+    want = slow.steps.to_pandas()
+    for fast in runs["mean"]:
+        got = fast.steps.to_pandas()
+        assert np.allclose(got.duration_ms, want.duration_ms, rtol=1e-12)
+        assert np.allclose(got.start_s, want.start_s, rtol=1e-12)
+        assert fast.summary["events"] < slow.summary["events"] / 10
+    assert [r.summary["events"] for r in runs["mean"]] == [3 * 3 + 1] * 2
+    assert [r.summary["events"] for r in runs["sampled"]] == [6 * 3] * 2
+
+
 def test_first_request_pays_the_new_shape_and_idle_terms(tmp_path):
     path = serving_calibration(tmp_path)
     cal = load_calibration(path)

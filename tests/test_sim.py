@@ -14,7 +14,7 @@ from conftest import REPO, run_cli
 from sim.step_time.calibration import load_calibration
 from sim.simulate import simulate
 from sim.config import parse_config
-from sim.step_time.latency import iterations_within, run_ms
+from sim.step_time.latency import ECHO_WEIGHTS, iterations_within, run_ms
 from traces import check_trace
 
 CAL = REPO / "sim" / "data" / "testbed-large-cpu.calib.json"
@@ -95,6 +95,22 @@ def test_iterations_within_is_exact():
     for a, b, dt in ((5.0, 0.0, 12.0), (5.0, 0.3, 40.0), (7.0, 1e-4, 7.0), (2.0, 0.5, 0.1)):
         k = iterations_within(a, b, dt)
         assert run_ms(a, b, k) >= dt and (k == 1 or run_ms(a, b, k - 1) < dt)
+        for echo in ((3.0, 1), (3.0, 2), (40.0, 3)):  # a run carrying the after-prefill echo
+            k = iterations_within(a, b, dt, *echo)
+            assert run_ms(a, b, k, *echo) >= dt and (k == 1 or run_ms(a, b, k - 1, *echo) < dt)
+
+
+def test_a_run_carries_the_echo_on_its_first_iterations():
+    """Iteration i of a run from echo place `at` adds ECHO_WEIGHTS[at - 1 + i] x the echo, the
+    first three decode steps after a prefill only."""
+    a, b, echo = 5.0, 0.5, 2.0
+    steps = [a + b * i for i in range(6)]
+    for at in (1, 2, 3):
+        with_echo = [ms + (ECHO_WEIGHTS[at - 1 + i] * echo if at - 1 + i < 3 else 0.0)
+                     for i, ms in enumerate(steps)]
+        for k in range(1, 7):
+            assert run_ms(a, b, k, echo, at) == pytest.approx(sum(with_echo[:k]), rel=1e-12)
+    assert run_ms(a, b, 6, echo, 0) == run_ms(a, b, 6) == pytest.approx(sum(steps))
 
 
 def test_kv_pressure_preempts_and_never_overflows():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sim.step_time.serving_features import ECHO_WEIGHTS, NO_ECHO
+from sim.step_time.latency import ECHO_WEIGHTS
+from sim.step_time.serving_features import NO_ECHO
 
 
 class EngineState:
@@ -22,7 +23,7 @@ class EngineState:
                     ) -> tuple[bool, float, tuple[float, float, float]]:
         """(new_shape, idle_ms, echo) of a step at now_s; marks the shape seen. `echo`: (weight,
         idle before and tokens of the prefill step it follows); NO_ECHO past ECHO_WEIGHTS.
-        A fast-forwarded run counts as one step: runs start only past the echo."""
+        A fast-forwarded run counts as one step here; `ran` counts the rest once it ends."""
         tokens = prefill_tokens + decode_seqs
         new_shape = tokens not in self.seen
         if new_shape:
@@ -36,3 +37,14 @@ class EngineState:
         self.since_prefill = k = min(self.since_prefill + 1, self.echo_steps + 1)
         return new_shape, idle_ms, ((ECHO_WEIGHTS[k - 1],) + self.prefill
                                     if k <= self.echo_steps else NO_ECHO)
+
+    @property
+    def echo_at(self) -> int:
+        """The echo's place of the step just begun (1-3: decode step k after a prefill; 0: none),
+        where a decode run starting with it carries the echo (`sim.step_time.latency.run_ms`)."""
+        return self.since_prefill if 0 < self.since_prefill <= self.echo_steps else 0
+
+    def ran(self, k: int) -> None:
+        """A decode run of k iterations begun by `before_step` has ended: its later iterations
+        were decode steps too."""
+        self.since_prefill = min(self.since_prefill + k - 1, self.echo_steps + 1)

@@ -247,19 +247,24 @@ class Replica(KvPool):
         if self.spells is not None:
             self.run_factor = self.drift * self.spells.at(now)
         factor = self._noise(1, prefill_tokens > 0)
-        k = 1
+        k, echo_ms, echo_at = 1, 0.0, 0
         a_ms, b_ms = step_ms, 0.0
         closed = None
         if self.fast_forward and plain and prefill_tokens == 0 and preempted == 0 \
                 and decode_seqs == len(self.running):
-            # None: the step-time model has no closed form; step one event per iteration.
-            closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
+            head = self.pricer.echo_head(self.engine)  # the run's first iterations carry it
+            # sampled latency draws an echo step's own noise (its draws as before runs took it)
+            if not head[1] or self.rng is None:
+                # None: the step-time model has no closed form; step one event per iteration.
+                closed = self.lat.decode_run(decode_seqs, context - decode_seqs)
         if closed is not None:
             k = self._stable_run_length()
             if k > 1 and self.spells is not None:  # a run ends at its speed level's window edge
                 k = min(k, max(1, iterations_within(*closed[:2], (self.spells.end_s() - now)
-                                                    * 1e3 / (self.run_factor * self.noise_mean))))
+                                                    * 1e3 / (self.run_factor * self.noise_mean),
+                                                    *head)))
             if k > 1:
+                echo_ms, echo_at = head
                 # speculative: the context grows by the mean tokens an iteration yields
                 a_ms, b_ms = closed[0], closed[1] * (self.spec.tokens_per_iteration
                                                      if self.spec else 1.0)
@@ -274,12 +279,12 @@ class Replica(KvPool):
             decode_seqs, context, len(self.running), len(self.waiting),
             # used as vLLM counts them: cached blocks no request holds are free
             self.cfg.kv_blocks - self.free_blocks - self.prefix_cache.evictable,
-            self.cfg.kv_blocks, preempted))
+            self.cfg.kv_blocks, preempted, echo_ms, echo_at))
         # Only multi-iteration runs can be truncated; a single iteration always completes.
-        self.run = (now, a_ms, b_ms, factor, k) if k > 1 else None
+        self.run = (now, a_ms, b_ms, factor, k, echo_ms, echo_at) if k > 1 else None
         self._sched = plan.scheduled
         self.gen += 1
-        t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+        t_end = now + run_ms(a_ms, b_ms, k, echo_ms, echo_at) * factor / 1e3
         if self.device is not None:
             self.device.busy_until, self.device.added = t_end, False
         self._schedule_end(t_end, k)
@@ -313,17 +318,19 @@ class Replica(KvPool):
         self.res.events += 1
 
     def _truncate(self) -> None:
-        start, a_ms, b_ms, factor, k = self.run
-        k_new = iterations_within(a_ms, b_ms, (self.env.now - start) * 1e3 / factor)
+        start, a_ms, b_ms, factor, k, echo_ms, echo_at = self.run
+        k_new = iterations_within(a_ms, b_ms, (self.env.now - start) * 1e3 / factor, echo_ms,
+                                  echo_at)
         if k_new < k:
             self._truncate_to(k_new)
 
     def _truncate_to(self, k_new: int) -> None:
-        start, a_ms, b_ms, factor, _ = self.run
+        start, a_ms, b_ms, factor, _, echo_ms, echo_at = self.run
         self.gen += 1
-        self.run = (start, a_ms, b_ms, factor, k_new)
+        self.run = (start, a_ms, b_ms, factor, k_new, echo_ms, echo_at)
         self.res.truncate_segment(self._seg_index, k_new)
-        self._schedule_end(start + run_ms(a_ms, b_ms, k_new) * factor / 1e3, k_new)
+        self._schedule_end(start + run_ms(a_ms, b_ms, k_new, echo_ms, echo_at) * factor / 1e3,
+                           k_new)
 
     def _on_end(self, gen: int, k: int, t_end: float, _event) -> None:
         if gen != self.gen:
@@ -331,6 +338,8 @@ class Replica(KvPool):
         self.busy_s += t_end - self._seg_start
         if self.engine is not None:
             self.engine.last_end_s = t_end
+            if k > 1:
+                self.engine.ran(k)
         self._ending = True
         self._retire(self._advance(k, t_end))
         self.run, self._ending = None, False

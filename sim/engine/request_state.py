@@ -106,7 +106,9 @@ class Req:
 
 SEG_COLUMNS = ("replica_id", "start_s", "k_iters", "a_ms", "b_ms", "factor", "prefill_tokens",
                "prefill_seqs", "decode_seqs", "context_tokens", "num_running", "num_waiting",
-               "kv_blocks_used", "kv_blocks_total", "preemptions")
+               "kv_blocks_used", "kv_blocks_total", "preemptions", "echo_ms", "echo_at")
+"""a run of iterations as recorded: `echo_ms`, `echo_at` the after-prefill echo its first
+iterations carry (`sim.step_time.latency.run_ms`)"""
 _K = SEG_COLUMNS.index("k_iters")
 _BLOCK = 1 << 14
 """run-of-iterations records per packed block"""

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sim.engine.request_state import Results
+from sim.step_time.latency import ECHO_WEIGHTS
 
 
 @dataclass
@@ -49,6 +50,13 @@ def cached_share(requests: pa.Table) -> float:
     return (pc.sum(requests["cached_prompt_tokens"]).as_py() or 0) / prompt if prompt else 0.0
 
 
+def _echo_ms(seg: dict, rep: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """The after-prefill echo iteration j of run `rep` carries (`sim.step_time.latency.run_ms`)."""
+    at = seg["echo_at"][rep].astype(np.int64)
+    place = np.where(at > 0, at - 1 + j, len(ECHO_WEIGHTS))  # among ECHO_WEIGHTS (past: none)
+    return np.r_[ECHO_WEIGHTS, 0.0][np.minimum(place, len(ECHO_WEIGHTS))] * seg["echo_ms"][rep]
+
+
 def steps_table(res: Results) -> pa.Table:
     """Expand runs of iterations into one row per iteration (vectorised, after the run)."""
     seg = res.seg
@@ -57,7 +65,11 @@ def steps_table(res: Results) -> pa.Table:
     rep = np.repeat(np.arange(len(k)), k)
     j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)  # iteration index within its run
     a, b, f = seg["a_ms"][rep], seg["b_ms"][rep], seg["factor"][rep]
-    start = seg["start_s"][rep] + f * (j * a + b * j * (j - 1) / 2.0) / 1e3
+    # the iterations before j, their echo added in `run_ms`'s order
+    before_ms = j * a + b * j * (j - 1) / 2.0
+    for i in range(len(ECHO_WEIGHTS)):
+        before_ms = before_ms + np.where(j > i, _echo_ms(seg, rep, np.full_like(j, i)), 0.0)
+    start = seg["start_s"][rep] + f * before_ms / 1e3
     decode = seg["decode_seqs"][rep]
     multi = k[rep] > 1
     order = np.lexsort((start, seg["replica_id"][rep]))
@@ -71,7 +83,7 @@ def steps_table(res: Results) -> pa.Table:
     return pa.table({
         "replica_id": replica.astype(np.int32), "step_id": step_id,
         "cell_id": pa.nulls(total, pa.string()), "start_s": start,
-        "duration_ms": f * (a + b * j),
+        "duration_ms": f * (a + b * j + _echo_ms(seg, rep, j)),
         "prefill_tokens": seg["prefill_tokens"][rep].astype(np.int32),
         "prefill_seqs": seg["prefill_seqs"][rep].astype(np.int32),
         "decode_seqs": decode.astype(np.int32),

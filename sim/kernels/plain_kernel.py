@@ -196,12 +196,15 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     factor = _noise(rp, rf, rngs, quantiles, j, 1, prefill_tokens > 0)
     k = 1
     a_ms, b_ms = step, 0.0
-    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+    head_ms, head_at = V.echo_head(sv, 0, j)  # what a decode run's first iterations carry
+    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT] and \
+            (head_at == 0 or rp[j, SAMPLED] == 0):  # sampled: an echo step draws its own noise
         head = rp[j, WHEAD]
         admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
             cdiv(rq[head, TARGET], rp[j, BS]) <= rp[j, FREE]
         if not admissible:
             k = _run_length(rq, rp, j)
+    echo_ms, echo_at = 0.0, 0
     if k > 1:
         context0 = context - decode_seqs
         closed_a = rf[j, C0] + rf[j, CD] * decode_seqs + rf[j, CC] * (context0 + decode_seqs)
@@ -209,13 +212,13 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
         if spells:  # the run ends at its speed level's window edge
             k = min(k, max(1, iterations_within(
                 closed_a, closed_b, (V.spell_end_s(sv, j) - now) * 1e3
-                / (rf[j, RUN_FACTOR] * rf[j, NOISE]))))
+                / (rf[j, RUN_FACTOR] * rf[j, NOISE]), head_ms, head_at)))
         if k > 1:
-            a_ms, b_ms = closed_a, closed_b
+            a_ms, b_ms, echo_ms, echo_at = closed_a, closed_b, head_ms, head_at
             factor = _noise(rp, rf, rngs, quantiles, j, k, False)
     # (the reference adds a log-probability term here: plain requests have none)
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted, 0)
+               prefill_seqs, decode_seqs, context, preempted, 0, echo_ms, echo_at)
 
 
 @njit(cache=True)
@@ -223,6 +226,7 @@ def _on_end(rq, rp, rf, rt, seg, h, ctr, rngs, quantiles, eng, j, k, t_end, env_
     """`Replica._on_end`: apply the k iterations, retire who is done, plan the next step."""
     rf[j, BUSY_S] += t_end - rf[j, SEG_START]
     eng[0][j, V.LAST_END] = t_end
+    V.ran(eng[0], 0, j, k)
     bs = rp[j, BS]
     r = rp[j, RHEAD]
     while r >= 0:

@@ -161,7 +161,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
         a_ms, plain = V.step_ms(rf, SV0, rf, SEEN0, j, now, prefill_tokens, decode_seqs, context,
                                 prefill_seqs, int(tot[5]), int(tot[6]), int(tot[7]), a_ms)
     factor = rf[j, NOISE]
-    k = 1
+    k, echo_ms, echo_at = 1, 0.0, 0
     if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
         if not head_admissible(rq, rp, lru, j):
             k = run_length(rq, rp, running, j)
@@ -169,6 +169,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
             a_ms = rf[j, C0] + rf[j, CD] * decode_seqs + \
                 rf[j, CC] * (context - decode_seqs + decode_seqs)
             b_ms = rf[j, CC] * decode_seqs
+            echo_ms, echo_at = V.echo_head(rf, SV0, j)  # the run's first iterations carry it
     extra = 0.0
     if lp_ms > 0.0:
         extra += lp_ms + rf[j, LP_STEP]
@@ -183,7 +184,7 @@ def _launch(rq, rp, rf, running, seg, h, ctr, pc, tab, lru, j, now, env_now, tot
             rf[j, RUNS_KV_PEAK] = max(rf[j, RUNS_KV_PEAK], seg[j, 12])
         ctr[SEG_N] = j
     record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted, lru[j, 2])
+               prefill_seqs, decode_seqs, context, preempted, lru[j, 2], echo_ms, echo_at)
     if ctr[FOLD]:
         ctr[SEG_N] = rows
 
@@ -293,6 +294,7 @@ def _on_end(rq, rp, rf, running, sched, rt, pc, tab, lru, free, done, ctr, j, k,
     leave the running list (into `done`, in step order)."""
     rf[j, BUSY_S] += t_end - rf[j, SEG_START]
     rf[j, SV0 + V.LAST_END] = t_end
+    V.ran(rf, SV0, j, k)
     rp[j, ENDING] = 1
     bs, nd = rp[j, BS], 0
     for m in range(rp[j, NSCHED]):

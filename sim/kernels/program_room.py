@@ -18,6 +18,7 @@ from sim.kernels import program_state as S
 from sim.kernels import arrival_calls as A
 from sim.kernels import template_calls as T
 from sim.kernels.serving import serving_state
+from sim.kernels.state import SEG_COLS
 
 CALLS = S.CALLS
 KERNEL_SLOTS = 256
@@ -219,10 +220,10 @@ def new_state(specs: list, capacity: int, fold: bool, fold_requests: bool = Fals
     st.h = np.empty((4 * nrep + 64, 6))
     st.ctr = np.zeros(S.CTR_COLS, dtype=np.int64)
     if fold:  # room for CALLS more rows is checked before each CALLS calls: never short
-        st.seg = np.zeros((nrep + CALLS + 4, 15))
+        st.seg = np.zeros((nrep + CALLS + 4, SEG_COLS))
         st.ctr[S.SEG_N], st.ctr[S.FOLD] = nrep, 1
     else:
-        st.seg = np.empty((2 * requests + 16 * nrep + 1024, 15))
+        st.seg = np.empty((2 * requests + 16 * nrep + 1024, SEG_COLS))
     st.clock = np.zeros(1)
     st.done = np.zeros(2 * max_seqs + 2, dtype=np.int64)
     st.pc, st.tab, st.lru, st.free = P.new_cache(1024 * nrep, nrep)

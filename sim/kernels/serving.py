@@ -67,8 +67,8 @@ def serving_state(specs: list, rngs: list, sampled: bool):
 def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context, pair_tokens,
             span_pairs, linear_ms):
     """`EngineState.before_step` and `ServingModel.step_ms` of a step at now_s whose linear
-    part is `linear_ms`: (its mean ms, whether it is plain: no first-of-shape, idle or echo
-    term, so a decode run may fast-forward). Marks the shape seen."""
+    part is `linear_ms`: (its mean ms, whether it is plain: no first-of-shape or idle term, so
+    a decode run may fast-forward, carrying any echo: `echo_head`). Marks the shape seen."""
     tokens = p + d
     new_shape = seen[j, so + tokens] == 0
     seen[j, so + tokens] = 1
@@ -76,7 +76,6 @@ def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context
     if idle_ms < 1e-3:  # float rounding of event times: no idle
         idle_ms = 0.0
     w = 0.0
-    echo_idle = echo_tokens = 0.0
     if p:
         sv[j, o + SINCE_PREFILL], sv[j, o + PRE_IDLE], sv[j, o + PRE_TOKENS] = \
             0.0, idle_ms, float(p)
@@ -85,7 +84,6 @@ def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context
         sv[j, o + SINCE_PREFILL] = k
         if k <= sv[j, o + ECHO_STEPS]:
             w = W1 if k == 1.0 else (W2 if k == 2.0 else W3)
-            echo_idle, echo_tokens = sv[j, o + PRE_IDLE], sv[j, o + PRE_TOKENS]
     c = sv[j, o:o + N_COEF]
     ms = linear_ms
     if p:
@@ -104,9 +102,34 @@ def step_ms(sv, o, seen, so, j, now_s, p, d, context, prefill_seqs, span_context
         ms += c[8] * min(seen_ms, IDLE_CAP_MS) / 100.0 + \
             c[9] * min(seen_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
     if w:
-        ms += w * (c[11] + c[12] * min(min(echo_idle, idle_seen), IDLE_CAP_MS) / 100.0
-                   + c[13] * echo_tokens / 1e3)
-    return ms, not new_shape and idle_ms == 0.0 and not w
+        ms += w * echo_ms(sv, o, j)
+    return ms, not new_shape and idle_ms == 0.0
+
+
+@njit(cache=True)
+def echo_ms(sv, o, j):
+    """`ServingModel.echo_ms` of replica j's last prefill step."""
+    c = sv[j, o:o + N_COEF]
+    return c[11] + c[12] * min(min(sv[j, o + PRE_IDLE], sv[j, o + IDLE_SEEN]), IDLE_CAP_MS) \
+        / 100.0 + c[13] * sv[j, o + PRE_TOKENS] / 1e3
+
+
+@njit(cache=True)
+def echo_head(sv, o, j):
+    """`StepPricer.echo_head` of the step just begun on replica j: (echo ms, its place 1-3) that
+    a decode run starting with it carries, (0.0, 0) for none (or a linear replica's)."""
+    at = sv[j, o + SINCE_PREFILL]
+    if sv[j, o + SERVING] == 0.0 or at <= 0.0 or at > sv[j, o + ECHO_STEPS]:
+        return 0.0, 0
+    return echo_ms(sv, o, j), int(at)
+
+
+@njit(cache=True)
+def ran(sv, o, j, k):
+    """`EngineState.ran`: replica j's decode run of k iterations has ended."""
+    if k > 1 and sv[j, o + SERVING] > 0.0:
+        sv[j, o + SINCE_PREFILL] = min(sv[j, o + SINCE_PREFILL] + k - 1.0,
+                                       sv[j, o + ECHO_STEPS] + 1.0)
 
 
 @njit(cache=True)

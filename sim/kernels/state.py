@@ -15,6 +15,8 @@ import math
 import numpy as np
 from numba import njit
 
+from sim.step_time.latency import ECHO_WEIGHTS
+
 # per request (int64)
 PROMPT, OUTPUT, COMPUTED, GENERATED, TARGET, BLOCKS, STARTED, SCHED_N, RNEXT, RPREV, WNEXT, \
     PREEMPTS, RQ_COLS = range(13)
@@ -24,12 +26,13 @@ MAX_SEQS, BUDGET, BS, KV_BLOCKS, FREE, BUSY, GEN, RUN_K, SEG_INDEX, RHEAD, RTAIL
     RP_COLS = range(21)
 # per replica (float64): the linear model's coefficients, then state
 C0, CP, CD, CC, CX, NOISE, NOISE_STD, RUN_FACTOR, ADD_S, WAKE_S, HOST_S, RUN_START, RUN_A, \
-    RUN_B, RUN_F, SEG_START, BUSY_S, ADD_MORE_S, RF_COLS = range(19)
+    RUN_B, RUN_F, SEG_START, BUSY_S, ADD_MORE_S, RUN_ECHO, RUN_AT, RF_COLS = range(21)
 # per request results (float64)
 SCHEDULED_S, FIRST_TOKEN_S, FINISH_S, RT_COLS = range(4)
 # counters
 EID, EVENTS, SEG_N, HEAP_N = range(4)
-SEG_COLS = 15  # sim.engine.request_state.SEG_COLUMNS
+SEG_COLS = 17  # sim.engine.request_state.SEG_COLUMNS
+W1, W2, W3 = ECHO_WEIGHTS
 
 
 @njit(cache=True)
@@ -73,13 +76,18 @@ def pop_event(h, ctr):
 
 
 @njit(cache=True)
-def run_ms(a_ms, b_ms, k):
-    """Total duration of the first k iterations of a decode run (`sim.step_time.latency.run_ms`)."""
-    return k * a_ms + b_ms * k * (k - 1) / 2.0
+def run_ms(a_ms, b_ms, k, echo_ms, echo_at):
+    """Total duration of the first k iterations of a decode run, the after-prefill echo its
+    first iterations carry included (`sim.step_time.latency.run_ms`, the same float steps)."""
+    ms = k * a_ms + b_ms * k * (k - 1) / 2.0
+    if echo_at:
+        for i in range(echo_at - 1, min(echo_at - 1 + k, 3)):
+            ms += (W1 if i == 0 else (W2 if i == 1 else W3)) * echo_ms
+    return ms
 
 
 @njit(cache=True)
-def iterations_within(a_ms, b_ms, dt_ms):
+def iterations_within(a_ms, b_ms, dt_ms, echo_ms, echo_at):
     """`sim.step_time.latency.iterations_within`, the same float steps."""
     if dt_ms <= 0:
         return 1
@@ -89,9 +97,9 @@ def iterations_within(a_ms, b_ms, dt_ms):
         h = a_ms - b_ms / 2.0
         k = math.ceil((-h + math.sqrt(h * h + 2.0 * b_ms * dt_ms)) / b_ms)
     k = max(k, 1)
-    while k > 1 and run_ms(a_ms, b_ms, k - 1) >= dt_ms:
+    while k > 1 and run_ms(a_ms, b_ms, k - 1, echo_ms, echo_at) >= dt_ms:
         k -= 1
-    while run_ms(a_ms, b_ms, k) < dt_ms:
+    while run_ms(a_ms, b_ms, k, echo_ms, echo_at) < dt_ms:
         k += 1
     return k
 
@@ -192,10 +200,10 @@ def grow_rows(seg):
 
 @njit(cache=True)
 def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, prefill_tokens,
-               prefill_seqs, decode_seqs, context, preempted, cached_free):
-    """The end of `Replica._launch`: record the step's run of k iterations, keep it truncatable
-    (k > 1), schedule its end. `cached_free`: cached blocks no request holds (free, as vLLM
-    counts them)."""
+               prefill_seqs, decode_seqs, context, preempted, cached_free, echo_ms, echo_at):
+    """The end of `Replica._launch`: record the step's run of k iterations (its first ones
+    carrying the echo `echo_ms` from its place `echo_at`), keep it truncatable (k > 1), schedule
+    its end. `cached_free`: cached blocks no request holds (free, as vLLM counts them)."""
     rp[j, BUSY] = 1
     rf[j, SEG_START] = now
     m = ctr[SEG_N]
@@ -206,11 +214,12 @@ def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, pref
     row[6], row[7], row[8], row[9] = prefill_tokens, prefill_seqs, decode_seqs, context
     row[10], row[11] = rp[j, RCOUNT], rp[j, WCOUNT]
     row[12] = rp[j, KV_BLOCKS] - rp[j, FREE] - cached_free
-    row[13], row[14] = rp[j, KV_BLOCKS], preempted
+    row[13], row[14], row[15], row[16] = rp[j, KV_BLOCKS], preempted, echo_ms, echo_at
     rp[j, RUN_K] = k if k > 1 else 0
     rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F] = now, a_ms, b_ms, factor
+    rf[j, RUN_ECHO], rf[j, RUN_AT] = echo_ms, echo_at
     rp[j, GEN] += 1
-    t_end = now + run_ms(a_ms, b_ms, k) * factor / 1e3
+    t_end = now + run_ms(a_ms, b_ms, k, echo_ms, echo_at) * factor / 1e3
     push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k, t_end)
     ctr[EVENTS] += 1
 
@@ -219,11 +228,12 @@ def record_run(rp, rf, seg, h, ctr, j, now, env_now, k, a_ms, b_ms, factor, pref
 def truncate_run(rp, rf, seg, h, ctr, j, env_now):
     """`Replica._truncate`: end replica j's run of iterations at the boundary after now."""
     start, a_ms, b_ms, factor = rf[j, RUN_START], rf[j, RUN_A], rf[j, RUN_B], rf[j, RUN_F]
-    k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor)
+    echo_ms, echo_at = rf[j, RUN_ECHO], int(rf[j, RUN_AT])
+    k_new = iterations_within(a_ms, b_ms, (env_now - start) * 1e3 / factor, echo_ms, echo_at)
     if k_new < rp[j, RUN_K]:
         rp[j, GEN] += 1
         rp[j, RUN_K] = k_new
         seg[rp[j, SEG_INDEX], 2] = k_new
-        t_end = start + run_ms(a_ms, b_ms, k_new) * factor / 1e3
+        t_end = start + run_ms(a_ms, b_ms, k_new, echo_ms, echo_at) * factor / 1e3
         push_event(h, ctr, env_now + (t_end - env_now), j, rp[j, GEN], k_new, t_end)
         ctr[EVENTS] += 1

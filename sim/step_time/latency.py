@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k")
 STEP_COLUMNS = ("prefill_tokens", "decode_seqs", "context_tokens")
 """the steps table's columns the linear model reads"""
+ECHO_WEIGHTS = (1.0, 0.4, 0.16)
+"""the `serving` model's after-prefill echo: its weight on the 1st, 2nd and 3rd decode step after
+a prefill step (measured: the extra time falls ~0.4x a step; beyond the third it is within the
+noise). A decode run may start at an echo step: its first iterations carry it (`run_ms`)."""
 
 
 def feature_matrix(prefill_tokens, decode_seqs, context_tokens) -> np.ndarray:
@@ -119,13 +123,20 @@ class LatencyModel:
         return errors(self, *(steps[c] for c in STEP_COLUMNS), steps.duration_ms)
 
 
-def run_ms(a_ms: float, b_ms: float, k: int) -> float:
-    """Total duration of the first k iterations of a decode run."""
-    return k * a_ms + b_ms * k * (k - 1) / 2.0
+def run_ms(a_ms: float, b_ms: float, k: int, echo_ms: float = 0.0, echo_at: int = 0) -> float:
+    """Total duration of the first k iterations of a decode run. `echo_at` > 0: the run's first
+    iteration is decode step `echo_at` after a prefill, and each iteration up to the third adds
+    its ECHO_WEIGHTS share of `echo_ms` (`ServingModel.echo_ms`)."""
+    ms = k * a_ms + b_ms * k * (k - 1) / 2.0
+    if echo_at:
+        for w in ECHO_WEIGHTS[echo_at - 1:echo_at - 1 + k]:
+            ms += w * echo_ms
+    return ms
 
 
-def iterations_within(a_ms: float, b_ms: float, dt_ms: float) -> int:
-    """Smallest k such that the first k iterations end at or after dt_ms (k >= 1)."""
+def iterations_within(a_ms: float, b_ms: float, dt_ms: float, echo_ms: float = 0.0,
+                      echo_at: int = 0) -> int:
+    """Smallest k such that the first k iterations (`run_ms`'s) end at or after dt_ms (k >= 1)."""
     if dt_ms <= 0:
         return 1
     if b_ms <= 1e-12:
@@ -134,9 +145,10 @@ def iterations_within(a_ms: float, b_ms: float, dt_ms: float) -> int:
         h = a_ms - b_ms / 2.0
         k = math.ceil((-h + math.sqrt(h * h + 2.0 * b_ms * dt_ms)) / b_ms)
     k = max(k, 1)
-    while k > 1 and run_ms(a_ms, b_ms, k - 1) >= dt_ms:  # guard float rounding both ways
+    # guard float rounding both ways (and the echo, which the guess leaves out)
+    while k > 1 and run_ms(a_ms, b_ms, k - 1, echo_ms, echo_at) >= dt_ms:
         k -= 1
-    while run_ms(a_ms, b_ms, k) < dt_ms:
+    while run_ms(a_ms, b_ms, k, echo_ms, echo_at) < dt_ms:
         k += 1
     return k
 

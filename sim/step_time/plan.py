@@ -51,9 +51,10 @@ class StepPricer:
         self.seeded_step_ms, self.seeded_seq_ms = cal.seeded_step_ms, cal.seeded_seq_ms
 
     def mean_ms(self, plan: StepPlan, engine=None, now_s: float = 0.0) -> tuple[float, bool]:
-        """The model's mean step time, and whether the step is plain (no first-of-shape,
-        after-idle or echo cost: a decode run may fast-forward); `engine`: the replica's
-        `EngineState` where the model reads one (it records the step)."""
+        """The model's mean step time, and whether the step is plain (no first-of-shape or
+        after-idle cost: a decode run may fast-forward, carrying any echo, `echo_head`);
+        `engine`: the replica's `EngineState` where the model reads one (it records the
+        step)."""
         p = plan
         if engine is None:
             return self.model.step_ms(p.prefill_tokens, p.decode_seqs, p.context_tokens), True
@@ -62,7 +63,13 @@ class StepPricer:
                                      new_shape=new_shape, idle_ms=idle_ms,
                                      prefill_seqs=p.prefill_seqs, echo=echo,
                                      **(prefill_spans(p.scheduled) if p.prefill_tokens else {}))
-        return step_ms, not new_shape and idle_ms == 0.0 and not echo[0]
+        return step_ms, not new_shape and idle_ms == 0.0
+
+    def echo_head(self, engine) -> tuple[float, int]:
+        """(`ServingModel.echo_ms`, `EngineState.echo_at`) of the step just begun: what a decode
+        run starting with it adds to its first iterations; (0.0, 0) where it carries no echo."""
+        at = engine.echo_at if engine is not None else 0
+        return (self.model.echo_ms(*engine.prefill), at) if at else (0.0, 0)
 
     def extra_ms(self, plan: StepPlan) -> float:
         """The log-probability and seeded-sampling terms of the step (ms, before any factor)."""

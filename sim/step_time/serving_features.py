@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.step_time.latency import ECHO_WEIGHTS
 from traces import read_table
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_x_context_k",
@@ -33,9 +34,6 @@ FEATURES_V5 = FEATURES[:15]
 FEATURES_V6 = FEATURES[:16]
 """... and before the prefix-cache hit term (read with its coefficient 0)"""
 HIT = FEATURES.index("hit_pairs_m")
-ECHO_WEIGHTS = (1.0, 0.4, 0.16)
-"""the echo's weight on the 1st, 2nd and 3rd decode step after a prefill step (measured: the
-extra time falls ~0.4x a step; beyond the third it is within the noise)"""
 NO_ECHO = (0.0, 0.0, 0.0)
 LINEAR = 5
 """the first LINEAR features are the `linear` model's"""

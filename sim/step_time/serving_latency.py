@@ -164,10 +164,15 @@ class ServingModel:
             ms += c[8] * min(idle_ms, IDLE_CAP_MS) / 100.0 + \
                 c[9] * min(idle_ms, IDLE_SHORT_MS) / IDLE_SHORT_MS
         if echo[0]:
-            w, echo_idle_ms, tokens = echo
-            ms += w * (c[11] + c[12] * min(echo_idle_ms, self.idle_seen_ms, IDLE_CAP_MS) / 100.0
-                       + c[13] * tokens / 1e3)
+            ms += echo[0] * self.echo_ms(echo[1], echo[2])
         return ms
+
+    def echo_ms(self, echo_idle_ms: float, tokens: float) -> float:
+        """The after-prefill echo at weight 1 (ECHO_WEIGHTS scale it per step) of a prefill
+        step of `tokens` after `echo_idle_ms` of idle."""
+        c = self.coef_ms
+        return c[11] + c[12] * min(echo_idle_ms, self.idle_seen_ms, IDLE_CAP_MS) / 100.0 \
+            + c[13] * tokens / 1e3
 
     def without_hits(self) -> "ServingModel":
         """The model for an engine without prefix caching: no prefix-cache hit term."""
