@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from programs.seed_eval import EVAL_KINDS
+from sim.families.seed.metrics import tot_figures
 from sim.workloads.request_templates import RequestTemplate
 
 KINDS = ("draft", "verify", "eval", "eval-verify")
@@ -130,19 +131,10 @@ class FoldedToT:
     def totals(self, busy_s: dict, makespan_s: float) -> dict:
         """`tot_summary`'s figures."""
         spans = [self._span[i][self._has[i]] for i in range(2)]
-        out = {"tot_requests": self.requests, "tot_thoughts": self.thoughts,
-               "generator_mean_s": float(spans[0].mean()) if len(spans[0]) else 0.0,
-               "evaluator_mean_s": float(spans[1].mean()) if len(spans[1]) else 0.0}
         acc_v, drafted_v, acc_ev, drafted_ev, out_v, n_v, n_ev = self._sums.tolist()
-        if n_ev:
-            out["eval_acceptance_rate"] = float(acc_ev / max(1, drafted_ev))
-        if n_v:
-            waits = np.concatenate(self._waits)
-            out.update(acceptance_rate=float(acc_v / max(1, drafted_v)),
-                       tokens_per_round=float(out_v / n_v),
-                       verify_queue_wait_p50_s=float(np.median(waits)) if len(waits) else 0.0,
-                       verify_queue_wait_p90_s=float(np.quantile(waits, 0.9))
-                       if len(waits) else 0.0)
-        for pool, s in busy_s.items():
-            out[f"{pool}_busy_fraction"] = float(s / makespan_s) if makespan_s > 0 else 0.0
-        return out
+        return tot_figures(
+            self.requests, self.thoughts,
+            tuple(float(s.mean()) if len(s) else 0.0 for s in spans),
+            float(acc_ev / max(1, drafted_ev)) if n_ev else None,
+            (float(acc_v / max(1, drafted_v)), float(out_v / n_v),
+             np.concatenate(self._waits)) if n_v else None, busy_s, makespan_s)

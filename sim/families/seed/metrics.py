@@ -58,14 +58,26 @@ def tot_summary(t: pd.DataFrame, busy_s: dict, makespan_s: float) -> dict:
     v = t[t.kind == "verify"]
     ev = t[t.kind == "eval-verify"]
     states = (t.kind == "eval") | ((t.kind == "eval-verify") & (t["round"] == 0))
-    out = {"tot_requests": int(len(t)), "tot_thoughts": int(states.sum()),
-           "generator_mean_s": component_s(t, False), "evaluator_mean_s": component_s(t, True)}
-    if len(ev):
-        out["eval_acceptance_rate"] = _acceptance(ev)
-    if len(v):
-        waits = queue_waits_s(t)
-        out.update(acceptance_rate=_acceptance(v),
-                   tokens_per_round=float(v.output_tokens.mean()),
+    return tot_figures(
+        int(len(t)), int(states.sum()), (component_s(t, False), component_s(t, True)),
+        _acceptance(ev) if len(ev) else None,
+        (_acceptance(v), float(v.output_tokens.mean()), queue_waits_s(t)) if len(v) else None,
+        busy_s, makespan_s)
+
+
+def tot_figures(requests: int, thoughts: int, component_mean_s: tuple[float, float],
+                eval_acceptance: float | None, verify: tuple | None, busy_s: dict,
+                makespan_s: float) -> dict:
+    """`tot_summary`'s dict from its figures (a table's, or folded ones:
+    `sim.families.seed.folded`): `verify` (acceptance, tokens per round, queue waits s) where
+    any verification ran, `eval_acceptance` where any evaluation was verified."""
+    out = {"tot_requests": requests, "tot_thoughts": thoughts,
+           "generator_mean_s": component_mean_s[0], "evaluator_mean_s": component_mean_s[1]}
+    if eval_acceptance is not None:
+        out["eval_acceptance_rate"] = eval_acceptance
+    if verify is not None:
+        acceptance, per_round, waits = verify
+        out.update(acceptance_rate=acceptance, tokens_per_round=per_round,
                    verify_queue_wait_p50_s=float(np.median(waits)) if len(waits) else 0.0,
                    verify_queue_wait_p90_s=float(np.quantile(waits, 0.9)) if len(waits) else 0.0)
     for pool, s in busy_s.items():
