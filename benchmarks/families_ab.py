@@ -13,7 +13,9 @@ family's results tables (`SimFamily.results`), whose work does not depend on the
 where a whole run's ratio drowns in the machine's noise, its parts' ratios show what changed.
 `--scheduler fcfs`: every example under that inter-program scheduler instead of its own.
 `--other-kind`: every example with its calibrations' step-time model of the other kind
-(`family_speed._other_kind`: linear <-> serving, fitted on the shipped steps).
+(`family_speed._other_kind`: linear <-> serving, fitted on the shipped steps). `--scale 2`: twice
+each example's programs (its fixed costs, the trace's load and per-question records, weigh
+less).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ if {parts!r}:  # each family's results tables timed inside the run
     harness.sim_family = timed
 for fam in {families!r}:
     ex, n, replicas = FAMILIES[fam]
-    cfg = program_config(ex, n, replicas, other_kind={other!r})
+    cfg = program_config(ex, n * {scale}, replicas, other_kind={other!r})
     if {scheduler!r}:  # another inter-program scheduler than the example's
         cfg = replace(cfg, scheduler={scheduler!r})
     if {decisions!r}:
@@ -82,13 +84,15 @@ print(json.dumps(out))
 
 
 def measure(root: Path, families: list[str], repeats: int, decisions: bool = False,
-            parts: bool = False, scheduler: str | None = None, other: bool = False) -> dict:
+            parts: bool = False, scheduler: str | None = None, other: bool = False,
+            scale: int = 1) -> dict:
     """Simulated requests per CPU-second of each family at checkout `root`, in a fresh process
     (`decisions`: of its decisions alone; `parts`: CPU seconds of a run, of the bank's load
     and of the results tables; `scheduler`: under that inter-program scheduler; `other`: at
-    the other step-time model kind)."""
+    the other step-time model kind; `scale`: times the example's programs)."""
     code = CHILD.format(root=str(root.resolve()), families=families, repeats=repeats,
-                        decisions=decisions, parts=parts, scheduler=scheduler, other=other)
+                        decisions=decisions, parts=parts, scheduler=scheduler, other=other,
+                        scale=scale)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -110,13 +114,15 @@ def main() -> None:
                     "(fcfs, lpm, app_fifo, dynasor, ...) instead of its own")
     ap.add_argument("--other-kind", action="store_true",
                     help="every example's calibrations at the other step-time model kind")
+    ap.add_argument("--scale", type=int, default=1, help="times each example's programs")
     args = ap.parse_args()
     families = args.families.split(",")
     rates: dict = {(f, who): [] for f in families for who in ("base", "new")}
     for _ in range(args.rounds):
         for who, root in (("base", args.base), ("new", args.new)):
             for fam, rate in measure(root, families, args.repeats, args.decisions,
-                                     args.parts, args.scheduler, args.other_kind).items():
+                                     args.parts, args.scheduler, args.other_kind,
+                                     args.scale).items():
                 rates[(fam, who)].append(rate)
     if args.parts:
         print_parts(families, rates)

@@ -165,28 +165,39 @@ def timed(cfg, repeats: int, compiled: bool = True, templates: bool = True
 
 
 def family_row(example: str, n: int, replicas: int, repeats: int) -> dict:
-    """One family's row: compiled (at its calibrations' model kind and at the other kind) and
-    SimPy rates, its decisions alone, doubled outputs' cost."""
+    """One family's row: compiled (at its calibrations' model kind and at the other kind),
+    request by request, SimPy and its decisions alone, each timed once a round over `repeats`
+    rounds (a shared machine's spells land on every column alike; medians), and doubled
+    outputs' cost."""
     cfg = program_config(example, n, replicas)
-    cpu, res = timed(cfg, repeats)
-    simpy_cpu, _ = timed(cfg, repeats, compiled=False)
+    other = program_config(example, n, replicas, other_kind=True)
+    runs = {"compiled": lambda: timed(cfg, 1), "simpy": lambda: timed(cfg, 1, compiled=False),
+            "other": lambda: timed(other, 1)}
+    if _templated(cfg):  # the same run with every program driven request by request
+        runs["request_by_request"] = lambda: timed(cfg, 1, templates=False)
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    last, decisions = {}, []
+    for _ in range(repeats):
+        for k, run in runs.items():
+            t, last[k] = run()
+            cpu[k].append(t)
+        decisions.append(decisions_alone(cfg)["requests_per_cpu_s"])
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    res = last["compiled"]
     requests = res.summary["requests"]
     row = {"example": example, "programs": n, "requests": requests,
            "simulator": res.summary["simulator"], "why_simpy": res.why_simpy,
-           "step_time_models": _kinds(cfg), "requests_per_cpu_s": requests / cpu,
-           "simpy_requests_per_cpu_s": requests / simpy_cpu,
+           "step_time_models": _kinds(cfg), "requests_per_cpu_s": requests / med["compiled"],
+           "simpy_requests_per_cpu_s": requests / med["simpy"],
            # the floor under any kernel: the same programs' Python side on instant replicas
-           "decisions_alone_requests_per_cpu_s": statistics.median(
-               decisions_alone(cfg)["requests_per_cpu_s"] for _ in range(repeats))}
-    if _templated(cfg):  # the same run with every program driven request by request
-        row["request_by_request_per_cpu_s"] = requests / timed(cfg, repeats, templates=False)[0]
+           "decisions_alone_requests_per_cpu_s": statistics.median(decisions)}
+    if "request_by_request" in med:
+        row["request_by_request_per_cpu_s"] = requests / med["request_by_request"]
     row.update(doubled(program_config(example, n, replicas, longer_limit=True), repeats))
-    other = program_config(example, n, replicas, other_kind=True)
-    other_cpu, res = timed(other, repeats)
-    s = res.summary
+    s = last["other"].summary
     row["other_kind"] = {"step_time_models": _kinds(other), "requests": s["requests"],
                          "simulator": s["simulator"],
-                         "requests_per_cpu_s": s["requests"] / other_cpu}
+                         "requests_per_cpu_s": s["requests"] / med["other"]}
     return row
 
 

@@ -70,6 +70,18 @@ def test_doubled_outputs_run_the_same_programs_twice_as_long(family):
     assert double.summary["makespan_s"] > base.summary["makespan_s"]
 
 
+def test_a_family_row_times_every_column_of_the_same_programs():
+    row = family_speed.family_row("dynasor-mcts-certaindex.yaml", 6, 1, 1)
+    assert row["step_time_models"] == ["linear"]
+    assert row["other_kind"]["step_time_models"] == ["serving"]
+    assert row["other_kind"]["requests"] == row["requests"] > 6
+    rates = [row[k] for k in ("requests_per_cpu_s", "simpy_requests_per_cpu_s",
+                              "request_by_request_per_cpu_s",
+                              "decisions_alone_requests_per_cpu_s")]
+    assert all(r > 0 for r in rates + [row["other_kind"]["requests_per_cpu_s"]])
+    assert row["double_tokens_token_ratio"] == pytest.approx(2.0, rel=0.05)
+
+
 def test_other_kind_swaps_every_calibrations_model_and_keeps_the_replicas():
     from sim.engine.cluster import build_replicas
 
