@@ -137,8 +137,8 @@ def draw_programs(bank: QuestionBank, count: int, rate_per_s: float,
     counts = [len(getattr(q, "samples", (0,))) for q in bank.questions]
     if all(c == 1 for c in counts):  # one sample each (search, A1, ToT): nothing to draw
         return arrival, order, np.zeros(count, dtype=np.int64)
-    sample = np.array([rng.integers(counts[q]) for q in order])
-    return arrival, order, sample
+    # one bound per program: the same draws as one `integers` call per program in turn
+    return arrival, order, rng.integers(np.asarray(counts)[order])
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,18 @@ def build_reasoning_runs(wl, bank: QuestionBank, plans
     """CoT/SC program objects of planned programs, a bound on their requests, their oracle."""
     by_id = {q.question_id: q for q in bank.questions}
     setup = reasoning_setup(bank)
+    # per question, once: its samples' request seeds, and its programs' bound on requests
+    seeds = {k: {t.sample_id: t.request_seed for t in q.samples} for k, q in by_id.items()}
+    bound = {k: max_requests(q, wl.method, wl.policy, bank.stride_tokens)
+             for k, q in by_id.items()}
     runs = []
+    capacity = 0
     for p in plans:
-        q = by_id[p.question_id]
-        seed = {t.sample_id: t.request_seed for t in q.samples}
+        q, seed = by_id[p.question_id], seeds[p.question_id]
         runs.append(SimProgram(p, ReasoningProgram(wl.method, wl.policy, setup, q.prompt_tokens,
                                                    p.sample_ids,
                                                    tuple(seed[s] for s in p.sample_ids)), q))
-    capacity = sum(max_requests(r.question, wl.method, wl.policy, bank.stride_tokens)
-                   for r in runs)
+        capacity += bound[p.question_id]
     return runs, capacity, TracedReasoning()
 
 
