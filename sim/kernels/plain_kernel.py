@@ -196,13 +196,14 @@ def _launch(rq, rp, rf, seg, h, ctr, rngs, quantiles, eng, j, now, env_now, tot,
     factor = _noise(rp, rf, rngs, quantiles, j, 1, prefill_tokens > 0)
     k = 1
     a_ms, b_ms = step, 0.0
-    head_ms, head_at = V.echo_head(sv, 0, j)  # what a decode run's first iterations carry
-    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT] and \
-            (head_at == 0 or rp[j, SAMPLED] == 0):  # sampled: an echo step draws its own noise
+    head_ms, head_at = 0.0, 0
+    if plain and prefill_tokens == 0 and preempted == 0 and decode_seqs == rp[j, RCOUNT]:
+        head_ms, head_at = V.echo_head(sv, 0, j)  # what a decode run's first iterations carry
         head = rp[j, WHEAD]
         admissible = rp[j, WCOUNT] > 0 and rp[j, RCOUNT] < rp[j, MAX_SEQS] and \
             cdiv(rq[head, TARGET], rp[j, BS]) <= rp[j, FREE]
-        if not admissible:
+        # sampled: an echo step draws its own noise
+        if not admissible and (head_at == 0 or rp[j, SAMPLED] == 0):
             k = _run_length(rq, rp, j)
     echo_ms, echo_at = 0.0, 0
     if k > 1:
