@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.exit_tokens import BreachWindow, Rows, TokenBlock, first_exits
+from policies.exit_tokens import BreachWindow, Rows, TokenBlock
 
 STRATEGIES = ("throughput", "response_time", "accuracy", "energy")
 MAX_AUTO_INTERVAL = 1 << 20
@@ -243,7 +243,7 @@ class Helios:
         if serve.evaluating:
             self._evaluated(serve.model, block)
             return
-        breached = block.last() < self.threshold
+        breached = block.below(self.threshold)
         if self.pending is not None:  # decided already: the window only counts
             self.breaches.extend(breached)
             return
@@ -257,16 +257,15 @@ class Helios:
         """A block's tokens into the model's PHT row: each token's first exit at the threshold
         (else the last), and the -log probabilities added in token order (a sequential
         cumulative sum: the loop's sums to the last bit)."""
-        rows = block.rows()
-        if not len(rows):
+        counts = block.exit_counts(self.threshold)
+        n = int(counts.sum())
+        if not n:
             return
-        n, depth = rows.shape
+        depth = len(counts)
         row = self.pht.setdefault(model, PHTRow(model, 0, [0] * depth, [0.0] * depth))
-        exits = first_exits(rows, self.threshold)
-        for d, c in enumerate(np.bincount(exits, minlength=depth).tolist()):
+        for d, c in enumerate(counts.tolist()):
             row.exit_counts[d] += c
-        sums = np.cumsum(np.vstack([row.nll_at_depth, block.neglog()]), axis=0)
-        row.nll_at_depth = sums[-1].tolist()
+        row.nll_at_depth = block.exit_neglog_sums(np.asarray(row.nll_at_depth)).tolist()
         row.tokens += n
 
     # -- decisions ------------------------------------------------------------------------

@@ -140,9 +140,11 @@ def test_a_what_if_draws_its_exits_as_numpys_choice_does():
 
     rng = np.random.default_rng(8)
     for _ in range(50):
-        k = int(rng.integers(1, 6))
+        k = int(rng.integers(1, 6)) if rng.random() < 0.8 else int(rng.integers(6, 39))
         layers = sorted(rng.choice(np.arange(1, 40), size=k, replace=False).tolist())
-        shares = rng.dirichlet(np.ones(k)).tolist()
+        shares = rng.dirichlet(np.ones(k))
+        shares[rng.random(k) < 0.2] = 0.0  # layers no token exits at first
+        shares = (shares / shares.sum()).tolist() if shares.sum() else [1.0] + [0.0] * (k - 1)
         shape = (int(rng.integers(0, 30)), int(rng.integers(0, 40)))
         seed = int(rng.integers(0, 1 << 30))
         a, b = np.random.default_rng(seed), np.random.default_rng(seed)
@@ -150,3 +152,37 @@ def test_a_what_if_draws_its_exits_as_numpys_choice_does():
             want = a.choice(layers, size=shape, p=shares)
             got = draw_exits(b, layers, shares, shape)
             assert got.dtype == np.int16 and np.array_equal(got, want)
+
+
+def test_a_what_if_stream_reads_a_round_as_its_token_rows_do():
+    """A what-if stream's compiled reads of a round (breach flags, per-prompt -log sums,
+    evaluation exit counts and per-exit sums) equal the array reads of the same tokens' rows,
+    value for value and bit for bit: at exit and non-exit depths, past the deepest first exit,
+    for rounds of any prompts (empty ones included) and thresholds."""
+    from sim.families.helios.blocks import DepthStream, RoundBlock
+    from sim.families.helios.whatif import SyntheticStreams
+
+    rng = np.random.default_rng(21)
+    for _ in range(60):
+        layers = int(rng.integers(2, 12))
+        inner = int(rng.integers(0, layers - 1))
+        inner = rng.choice(np.arange(1, layers), size=inner, replace=False)
+        exit_layers = sorted(inner.tolist()) + [layers]
+        lengths = rng.integers(0, 40, int(rng.integers(1, 30)))
+        starts = np.r_[0, np.cumsum(lengths)]
+        deepest = exit_layers[int(rng.integers(0, len(exit_layers)))]
+        first = rng.choice([x for x in exit_layers if x <= deepest], size=int(starts[-1]))
+        streams = SyntheticStreams(first.astype(np.int16), starts, exit_layers, layers)
+        depth = int(rng.integers(1, layers + 1))
+        fast = streams[depth]
+        rows = DepthStream(fast.rows(slice(None)), None, starts)
+        prompts = rng.choice(len(lengths), size=int(rng.integers(1, len(lengths) + 1)),
+                             replace=False)
+        a, b = RoundBlock(fast, prompts), RoundBlock(rows, prompts)
+        for threshold in (0.2, 0.3, 0.5, 0.95, 1.0):
+            assert np.array_equal(a.below(threshold), b.below(threshold))
+            assert np.array_equal(a.exit_counts(threshold), b.exit_counts(threshold))
+        assert [x.hex() for x in a.prompt_nll()] == [x.hex() for x in b.prompt_nll()]
+        start = rng.random(depth) * 10
+        assert [x.hex() for x in a.exit_neglog_sums(start)] == \
+            [x.hex() for x in b.exit_neglog_sums(start)]

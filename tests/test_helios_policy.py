@@ -180,9 +180,9 @@ def test_the_next_decision_is_known_early_where_tokens_cannot_change_it():
 
 
 def test_the_breach_window_finds_the_token_a_per_token_count_would():
-    """A prompt's flags taken at once (`BreachWindow.first_over`) stop at the token where
-    appending one flag at a time to a window of `window` first holds more than `limit`
-    breaches, and keep the window that loop keeps."""
+    """A prompt's flags taken at once (`BreachWindow.first_over`, in stretches from four
+    windows long) stop at the token where appending one flag at a time to a window of `window`
+    first holds more than `limit` breaches, and keep the window that loop keeps."""
     import random
     from collections import deque
 
@@ -193,7 +193,7 @@ def test_the_breach_window_finds_the_token_a_per_token_count_would():
         window, limit = rng.randint(1, 12), 0
         limit = rng.randint(0, window - 1)
         old = [rng.random() < 0.5 for _ in range(rng.randint(0, window))]
-        new = [rng.random() < rng.random() for _ in range(rng.randint(0, 30))]
+        new = [rng.random() < rng.random() for _ in range(rng.randint(0, 200))]
         ref, want = deque(old, maxlen=window), -1
         for t, flag in enumerate(new):
             ref.append(flag)

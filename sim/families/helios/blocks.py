@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.exit_tokens import first_exits, neg_log
+from policies.exit_tokens import column_sums, exit_counts, first_exits, neg_log
 
 CHUNK_VALUES = 1 << 22
 """values a padded per-prompt sum takes at once (the memory it holds)"""
@@ -50,6 +50,24 @@ class DepthStream:
         """-log(max(p, FLOOR)) at `layer` of the tokens at `index`."""
         return self._neglogs()[index, layer - 1]
 
+    def below(self, block: "RoundBlock", threshold: float) -> np.ndarray:
+        """Each token of `block` below `threshold` at the last exit."""
+        return self.at(block.index, self.depth) < threshold
+
+    def exit_counts(self, block: "RoundBlock", threshold: float) -> np.ndarray:
+        """Per exit, the tokens of `block` leaving there at `threshold`."""
+        return exit_counts(self.rows(block.index), threshold)
+
+    def exit_neglog_sums(self, block: "RoundBlock", start: np.ndarray) -> np.ndarray:
+        """Per exit, `start` and the -log values of `block`'s tokens added in turn."""
+        return column_sums(start, self.neglog(block.index))
+
+    def prompt_nll(self, block: "RoundBlock") -> np.ndarray:
+        """Per prompt of `block`, its tokens' -log values at the last exit in token order."""
+        lengths = self.starts[block.prompts + 1] - self.starts[block.prompts]
+        return prompt_sums(self.neglog_at(block.index, self.depth),
+                           np.r_[0, np.cumsum(lengths)])
+
     def _neglogs(self) -> np.ndarray:
         if self._neglog is None:  # once: every policy and round reads the same stream
             self._neglog = neg_log(self.max_prob)
@@ -69,8 +87,18 @@ def token_index(starts: np.ndarray, prompts) -> np.ndarray | slice:
 class RoundBlock:
     """A round's tokens at one loaded depth, its prompts' in turn (a `TokenBlock`)."""
 
-    def __init__(self, stream, index):
-        self.stream, self.index = stream, index
+    def __init__(self, stream, prompts):
+        self.stream = stream
+        self.prompts = np.asarray(prompts, dtype=np.int64)
+        """stream indices, in turn"""
+        self._index = None
+
+    @property
+    def index(self) -> np.ndarray | slice:
+        """The prompts' tokens in turn (`token_index`), computed at the first read."""
+        if self._index is None:
+            self._index = token_index(self.stream.starts, self.prompts)
+        return self._index
 
     def rows(self) -> np.ndarray:
         """tokens x exits: the max probabilities."""
@@ -83,6 +111,23 @@ class RoundBlock:
     def last(self) -> np.ndarray:
         """Each token's max probability at the loaded depth."""
         return self.stream.at(self.index, self.stream.depth)
+
+    def below(self, threshold: float) -> np.ndarray:
+        """Each token's max probability at the loaded depth below `threshold` (`last`'s)."""
+        return self.stream.below(self, threshold)
+
+    def exit_counts(self, threshold: float) -> np.ndarray:
+        """Per loaded exit, the tokens leaving there at `threshold` (`exit_counts`)."""
+        return self.stream.exit_counts(self, threshold)
+
+    def exit_neglog_sums(self, start: np.ndarray) -> np.ndarray:
+        """Per loaded exit, `start` and the tokens' -log values added in turn (`column_sums`)."""
+        return self.stream.exit_neglog_sums(self, start)
+
+    def prompt_nll(self) -> np.ndarray:
+        """Per prompt, its tokens' -log(max(p, FLOOR)) at the loaded depth added in token order
+        (`prompt_sums`)."""
+        return self.stream.prompt_nll(self)
 
 
 def prompt_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -119,18 +164,17 @@ class Served:
     """its tokens equal to the full model's at the same position (None: none traced)"""
 
 
-def served_at_depth(stream, prompts, index, reference: DepthStream | None) -> Served:
-    """`prompts` (stream indices; their tokens at `index`, `token_index`) served at the stream's
-    depth; `reference` the full-depth stream whose last exit's tokens the served ones are
-    counted against, position by position up to the shorter (None: not counted)."""
-    p = np.asarray(prompts, dtype=np.int64)
+def served_at_depth(block: RoundBlock, reference: DepthStream | None) -> Served:
+    """A round's prompts (`block`) served at its stream's depth; `reference` the full-depth
+    stream whose last exit's tokens the served ones are counted against, position by position up
+    to the shorter (None: not counted)."""
+    stream, p = block.stream, block.prompts
     lengths = stream.starts[p + 1] - stream.starts[p]
-    starts = np.r_[0, np.cumsum(lengths)]
-    nll = prompt_sums(stream.neglog_at(index, stream.depth), starts)
     agree = None
     if reference is not None and stream.argmax is not None:
-        agree = agreeing(stream.ids_at(index, stream.depth), starts, p, reference)
-    return Served(lengths, nll, agree)
+        agree = agreeing(stream.ids_at(block.index, stream.depth), np.r_[0, np.cumsum(lengths)],
+                         p, reference)
+    return Served(lengths, block.prompt_nll(), agree)
 
 
 def agreeing(ids: np.ndarray, starts: np.ndarray, prompts: np.ndarray,

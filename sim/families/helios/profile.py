@@ -19,7 +19,7 @@ import pandas as pd
 
 from policies.helios import Candidate
 from sim.families.helios.attended import attended_tokens
-from sim.families.helios.blocks import (DepthStream, Served, served_at_depth,
+from sim.families.helios.blocks import (DepthStream, RoundBlock, Served, served_at_depth,
                                         served_with_exits)
 from sim.families.helios.exits import load_exits
 from sim.step_time.layered import LayeredModel, fit_layered
@@ -65,11 +65,11 @@ class ModelProfile:
     engine's (`sim.families.helios.attended`, which its step model was fitted on); False: over
     each sequence's own context (a what-if profile: a serving engine's paged attention)"""
 
-    def served_at(self, depth: int, prompts, index) -> Served:
-        """`prompts` (their tokens at `index` of the depth's stream) served at `depth`, every
-        token leaving there (`served_at_depth`)."""
+    def served_at(self, block: RoundBlock) -> Served:
+        """A round's prompts (`block`, of one of this profile's streams) served at the stream's
+        depth, every token leaving there (`served_at_depth`)."""
         ref = self.streams[self.layers] if self.reference else None
-        return served_at_depth(self.streams[depth], prompts, index, ref)
+        return served_at_depth(block, ref)
 
     def served_with(self, depth: int, prompt: int, threshold: float) -> tuple:
         """One prompt served at `depth`, each token leaving at its first exit reaching

@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from programs.helios import HeliosProgram, Round
-from sim.families.helios.blocks import RoundBlock, token_index
+from sim.families.helios.blocks import RoundBlock
 from sim.families.helios.profile import ModelProfile
 from sim.families.helios.rows import RequestColumns
 from sim.step_time.latency import feature_matrix, run_ms
@@ -78,12 +78,11 @@ class HeliosReplica:
             start = self.now_s
             if self.overlap_loading:
                 self._prefetch(self.program.lookahead(), start)
-            stream = self.profiles[s.model].streams[s.depth]
-            index = token_index(stream.starts, rnd.prompts)
-            times, layer_tokens = self._timing(rnd, start, index)
+            block = RoundBlock(self.profiles[s.model].streams[s.depth], rnd.prompts)
+            times, layer_tokens = self._timing(rnd, start, block)
             yield times["end_s"]
             self._round_row(rnd, start, times, wait_ms, layer_tokens)
-            self.program.finish_block(RoundBlock(stream, index))
+            self.program.finish_block(block)
 
     def _switch(self, want: tuple[str, int]) -> float:
         """Serve `want` next: the milliseconds the round waits for its layers (what is left of
@@ -106,14 +105,14 @@ class HeliosReplica:
         want = (nxt.model, nxt.depth)
         self.prefetch = (want, now_s + reload_ms(self.standby, want, self.profiles) / 1e3)
 
-    def _timing(self, rnd: Round, start: float, index) -> tuple[dict, int]:
-        """The round's timing and layer-token executions (its tokens at `index` of its
-        stream); its prompts' rows kept."""
+    def _timing(self, rnd: Round, start: float, block: RoundBlock) -> tuple[dict, int]:
+        """The round's timing and layer-token executions (its tokens: `block`); its prompts'
+        rows kept."""
         s = rnd.serve
         p = self.profiles[s.model]
         prompts = [p.prompt_tokens[i] for i in rnd.prompts]
         if s.exit_threshold is None:
-            served = p.served_at(s.depth, rnd.prompts, index)
+            served = p.served_at(block)
             outputs = served.output_tokens.tolist()
             times = round_times(p.step.at_depth(s.depth), prompts, outputs,
                                 scale=mean_scale(p.step),

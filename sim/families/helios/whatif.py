@@ -14,7 +14,9 @@ instead of taking their max errs slow; it is a what-if, not a measurement.
 Tokens are drawn per prompt from the phase's exit distribution (seeded); a token's max
 probability is `CONFIDENT` at its first confident exit and every later exit, `UNSURE` at earlier
 exits, 0 where a layer has no exit. The token stream does not depend on the loaded depth (a
-what-if cannot know how a shallower model's tokens would differ).
+what-if cannot know how a shallower model's tokens would differ). A round's tokens are read
+from their first confident exits alone, in compiled passes (`sim.kernels.whatif_tokens`), so
+no array of their probabilities is made.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.exit_tokens import FLOOR
+from policies.exit_tokens import FLOOR, first_exits
 from sim.families.helios.profile import ModelProfile
+from sim.kernels.whatif_tokens import (column_sums_at, drawn_exits, first_exit_counts,
+                                       past_depth, sums_at_depth)
 from sim.model_shape import layer_shape
 from sim.step_time.layered import LayeredModel
 
@@ -75,6 +79,9 @@ class SyntheticStreams:
         """each token's first confident exit layer, stream order; each prompt's first token"""
         self.has_exit = np.zeros(layers + 1, dtype=bool)
         self.has_exit[exit_layers] = True
+        self.deepest = int(first_exit.max()) if first_exit.size else 0
+        """the deepest first confident exit: at and past it, every token is confident"""
+        self.longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
         self.depths: dict[int, WhatIfDepth] = {}
 
     def __getitem__(self, depth: int) -> "WhatIfDepth":
@@ -92,6 +99,7 @@ class WhatIfDepth:
     def __init__(self, streams: SyntheticStreams, depth: int):
         self.s, self.depth, self.starts = streams, depth, streams.starts
         self.neglogs = tuple(-math.log(max(p, FLOOR)) for p in (CONFIDENT, UNSURE, 0.0))
+        self.repeated: dict[float, np.ndarray] = {}
 
     def rows(self, index) -> np.ndarray:
         """tokens x exits: the max probabilities of the tokens at `index`."""
@@ -113,19 +121,79 @@ class WhatIfDepth:
         """-log(max(p, FLOOR)) at `layer` of the tokens at `index` (`math.log`'s values)."""
         return self._pick(index, layer, self.neglogs)
 
+    def below(self, block, threshold: float) -> np.ndarray:
+        """Each token of `block` (a `RoundBlock` of this stream) below `threshold` at the
+        depth (`at`'s values compared), in one compiled pass over its prompts' tokens."""
+        at_past, before = self._values(self.depth, (CONFIDENT, UNSURE, 0.0))
+        if (at_past < threshold) == (before < threshold):  # the same for every token
+            lengths = self.starts[block.prompts + 1] - self.starts[block.prompts]
+            return np.full(int(lengths.sum()), at_past < threshold)
+        past = past_depth(self.s.first_exit, self.starts, block.prompts, self.depth)
+        return past if before < threshold else ~past
+
+    def prompt_nll(self, block) -> np.ndarray:
+        """Per prompt of `block`, its tokens' -log values at the depth (`neglog_at`'s) added in
+        token order (`prompt_sums`'s sums), in one compiled pass."""
+        at_past, before = self._values(self.depth, self.neglogs)
+        if at_past == before:  # every token the same: k of them sum as any k do
+            return self._repeated(at_past)[self.starts[block.prompts + 1]
+                                           - self.starts[block.prompts]]
+        return sums_at_depth(self.s.first_exit, self.starts, block.prompts, self.depth,
+                             at_past, before)
+
+    def exit_counts(self, block, threshold: float) -> np.ndarray:
+        """Per exit, the tokens of `block` leaving there at `threshold` (`exit_counts` of their
+        rows): each first confident exit's tokens counted in one compiled pass, then where a
+        token with that first exit leaves."""
+        firsts = first_exit_counts(self.s.first_exit, self.starts, block.prompts,
+                                   len(self.s.has_exit) - 1)
+        f = np.flatnonzero(firsts)
+        leave = first_exits(self._grid_of(f, (CONFIDENT, UNSURE, 0.0)), threshold)
+        out = np.zeros(self.depth, dtype=np.int64)
+        np.add.at(out, leave, firsts[f])
+        return out
+
+    def exit_neglog_sums(self, block, start: np.ndarray) -> np.ndarray:
+        """Per exit, `start` and the -log values of `block`'s tokens added in token order
+        (`column_sums` of their `neglog` rows), in one compiled pass."""
+        at = [self._values(layer, self.neglogs) for layer in range(1, self.depth + 1)]
+        values = np.array([[before for _, before in at], [at_past for at_past, _ in at]])
+        return column_sums_at(self.s.first_exit, self.starts, block.prompts, values,
+                              np.asarray(start, dtype=float))
+
+    def _values(self, layer: int, values: tuple) -> tuple:
+        """(at and past a token's first confident exit, before it): a layer's two values, the
+        same one twice where every token reads it (no exit at the layer, or no token's first
+        confident exit past it)."""
+        if not self.s.has_exit[layer]:
+            return values[2], values[2]
+        return (values[0], values[0]) if layer >= self.s.deepest else (values[0], values[1])
+
+    def _repeated(self, value: float) -> np.ndarray:
+        """[k]: `value` added k times from 0.0, in turn (a sequential cumulative sum), for k up
+        to the longest prompt's tokens."""
+        table = self.repeated.get(value)
+        if table is None:
+            table = self.repeated[value] = np.concatenate(
+                [[0.0], np.cumsum(np.full(self.s.longest, value))])
+        return table
+
     def _grid(self, index, values: tuple) -> np.ndarray:
         """tokens x exits: values[0] at and past a token's first confident exit, values[1]
         before it, values[2] where a layer has no exit."""
+        return self._grid_of(self.s.first_exit[index], values)
+
+    def _grid_of(self, first: np.ndarray, values: tuple) -> np.ndarray:
+        """`_grid` of tokens whose first confident exits are `first`."""
         layer = np.arange(1, self.depth + 1)
-        first = self.s.first_exit[index][:, None]
+        first = np.asarray(first)[:, None]
         return np.where(self.s.has_exit[1:self.depth + 1],
                         np.where(layer >= first, values[0], values[1]), values[2])
 
     def _pick(self, index, layer: int, values: tuple) -> np.ndarray:
         first = self.s.first_exit[index]
-        if not self.s.has_exit[layer]:
-            return np.full(len(first), values[2])
-        return np.where(layer >= first, values[0], values[1])
+        at_past, before = self._values(layer, values)
+        return np.where(layer >= first, at_past, before)
 
 
 def draw_exits(rng: np.random.Generator, exit_layers: list[int], shares: list[float],
@@ -135,8 +203,10 @@ def draw_exits(rng: np.random.Generator, exit_layers: list[int], shares: list[fl
     without its per-sample cost."""
     cdf = np.asarray(shares, dtype=float).cumsum()
     cdf /= cdf[-1]
-    return np.asarray(exit_layers, dtype=np.int16)[cdf.searchsorted(rng.random(shape),
-                                                                    side="right")]
+    uniforms, layers = rng.random(shape), np.asarray(exit_layers, dtype=np.int16)
+    if len(layers) > 255:  # beyond the compiled count's bytes
+        return layers[cdf.searchsorted(uniforms, side="right")]
+    return drawn_exits(uniforms.ravel(), cdf, layers).reshape(uniforms.shape)
 
 
 def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
