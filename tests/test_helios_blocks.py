@@ -152,6 +152,10 @@ def test_a_what_if_draws_its_exits_as_numpys_choice_does():
             want = a.choice(layers, size=shape, p=shares)
             got = draw_exits(b, layers, shares, shape)
             assert got.dtype == np.int16 and np.array_equal(got, want)
+    a, b = np.random.default_rng(2), np.random.default_rng(2)
+    for shape in ((3, 70_000), (2, 32_768)):  # past a stretch of uniforms, and exactly one
+        assert np.array_equal(draw_exits(b, [4, 9, 16], [0.2, 0.5, 0.3], shape),
+                              a.choice([4, 9, 16], size=shape, p=[0.2, 0.5, 0.3]))
 
 
 def test_a_what_if_stream_reads_a_round_as_its_token_rows_do():

@@ -35,6 +35,8 @@ from sim.model_shape import layer_shape
 from sim.step_time.layered import LayeredModel
 
 CONFIDENT, UNSURE = 0.95, 0.3
+DRAW_STRETCH = 1 << 16
+"""uniforms drawn at once (512 KB: read back from cache, not memory)"""
 SHARES_ATOL = float(np.sqrt(np.finfo(np.float64).eps))
 """how far a phase's exit shares may sum from 1 (numpy's own tolerance for probabilities)"""
 
@@ -199,14 +201,19 @@ class WhatIfDepth:
 def draw_exits(rng: np.random.Generator, exit_layers: list[int], shares: list[float],
                shape: tuple[int, ...]) -> np.ndarray:
     """Each token's first confident exit, as `rng.choice(exit_layers, size=shape, p=shares)`
-    draws it (the same uniforms against the same normalised cumulative shares), as int16,
-    without its per-sample cost."""
+    draws it (the same uniforms, in turn, against the same normalised cumulative shares), as
+    int16, without its per-sample cost: uniforms drawn a cache-sized stretch at a time."""
     cdf = np.asarray(shares, dtype=float).cumsum()
     cdf /= cdf[-1]
-    uniforms, layers = rng.random(shape), np.asarray(exit_layers, dtype=np.int16)
-    if len(layers) > 255:  # beyond the compiled count's bytes
-        return layers[cdf.searchsorted(uniforms, side="right")]
-    return drawn_exits(uniforms.ravel(), cdf, layers).reshape(uniforms.shape)
+    layers = np.asarray(exit_layers, dtype=np.int16)
+    out = np.empty(int(np.prod(shape)), dtype=np.int16)
+    uniforms = np.empty(min(DRAW_STRETCH, len(out)))
+    for a in range(0, len(out), DRAW_STRETCH):
+        u = uniforms[:min(DRAW_STRETCH, len(out) - a)]
+        rng.random(out=u)
+        out[a:a + len(u)] = drawn_exits(u, cdf, layers) if len(layers) < 256 else \
+            layers[cdf.searchsorted(u, side="right")]  # beyond the compiled count's bytes
+    return out.reshape(shape)
 
 
 def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
