@@ -1,9 +1,10 @@
 """The tokens an early-exit policy observes, read a block at a time. Pure.
 
-Per token, the max probability at each loaded exit. A policy reads a block of tokens two ways:
-whole rows (an evaluation's exit counts and summed -log probabilities per depth) and each token's
-last loaded exit (confidence breaches). `Rows` is a block from per-token lists (a live round's);
-the simulator reads its profiles' arrays through the same interface
+Per token, the max probability at each loaded exit. A policy asks a block of tokens two things:
+an evaluation's exit counts and summed -log probabilities per depth (`exit_counts`,
+`exit_neglog_sums`), and whether each token's last loaded exit breaches a threshold (`below`).
+`Rows` answers from per-token lists (a live round's) with the functions here; the simulator's
+blocks answer from its profiles' arrays, or a what-if's first exits, with the same values
 (`sim.families.helios.blocks`). The -log values are `math.log`'s, so a block's sums equal the
 token-by-token loop's to the last bit (numpy's log may differ from it in the last bit).
 """
@@ -113,7 +114,7 @@ class Rows:
 
 class BreachWindow:
     """The last `window` tokens' breach flags and how many of them breached, taken a block of
-    tokens at a time (the window's count after each token from one cumulative sum)."""
+    tokens at a time (the window's count after each token from a cumulative sum)."""
 
     def __init__(self, window: int):
         self.window = window
