@@ -3,9 +3,10 @@ confident exit against the loaded depth, so a round costs a pass over its tokens
 of them (`sim.families.helios.whatif`).
 
 A what-if token's max probability at a layer takes one of two values, one at and past its first
-confident exit, one before it (`WhatIfDepth`), so each read below takes the two values and
-gives what the array reads (`_pick`, then numpy) give, value for value: the sums are added in
-token order, as `sim.families.helios.blocks.prompt_sums` adds them.
+confident exit, one before it (`WhatIfDepth`), so a read below compares first exits with the
+layer and gives what the array reads of the tokens' rows give, value for value; sums are added
+in token order, as `sim.families.helios.blocks.prompt_sums` adds them. The exit draw is here
+too: it makes the first exits.
 """
 
 from __future__ import annotations
