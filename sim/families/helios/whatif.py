@@ -199,14 +199,16 @@ class WhatIfDepth:
 
 
 def draw_exits(rng: np.random.Generator, exit_layers: list[int], shares: list[float],
-               shape: tuple[int, ...]) -> np.ndarray:
+               shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
     """Each token's first confident exit, as `rng.choice(exit_layers, size=shape, p=shares)`
     draws it (the same uniforms, in turn, against the same normalised cumulative shares), as
-    int16, without its per-sample cost: uniforms drawn a cache-sized stretch at a time."""
+    int16, without its per-sample cost: uniforms drawn a cache-sized stretch at a time. `out`:
+    the flat int16 array to draw into (None: a new one)."""
     cdf = np.asarray(shares, dtype=float).cumsum()
     cdf /= cdf[-1]
     layers = np.asarray(exit_layers, dtype=np.int16)
-    out = np.empty(int(np.prod(shape)), dtype=np.int16)
+    if out is None:
+        out = np.empty(int(np.prod(shape)), dtype=np.int16)
     uniforms = np.empty(min(DRAW_STRETCH, len(out)))
     for a in range(0, len(out), DRAW_STRETCH):
         u = uniforms[:min(DRAW_STRETCH, len(out) - a)]
@@ -228,23 +230,27 @@ def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
     if len(exit_shares) != len(phases):
         raise ValueError(f"exit_shares: one distribution per phase ({len(phases)}), got "
                          f"{len(exit_shares)}")
-    rng = np.random.default_rng(seed)
-    first_exit, prompt_tokens, lengths = [], [], []
-    for k, (phase, shares) in enumerate(zip(phases, exit_shares)):
+    for k, shares in enumerate(exit_shares):
         if len(shares) != len(exit_layers) or min(shares) < 0 or \
                 abs(sum(shares) - 1) > SHARES_ATOL:
             raise ValueError(f"exit_shares[{k}]: {len(exit_layers)} non-negative shares "
                              "summing to 1 (one per exit layer)")
-        # one draw for the phase: the same values as a draw per prompt in turn
-        first_exit.append(draw_exits(rng, exit_layers, shares,
-                                     (phase.prompts, phase.output_tokens)).ravel())
+    prompt_tokens: list[int] = []
+    lengths: list[int] = []
+    for phase in phases:
         prompt_tokens += [phase.prompt_tokens] * phase.prompts
         lengths += [phase.output_tokens] * phase.prompts
     starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    rng, first_exit, at = np.random.default_rng(seed), np.empty(int(starts[-1]), np.int16), 0
+    for phase, shares in zip(phases, exit_shares):
+        # one draw for the phase, into the stream: the same values as a draw per prompt in turn
+        n = phase.prompts * phase.output_tokens
+        draw_exits(rng, exit_layers, shares, (phase.prompts, phase.output_tokens),
+                   out=first_exit[at:at + n])
+        at += n
     return ModelProfile(
         name=name, model_dir=str(config_path), layers=layers, prompt_tokens=prompt_tokens,
-        streams=SyntheticStreams(np.concatenate(first_exit), starts, exit_layers,  # type: ignore
-                                 layers),
+        streams=SyntheticStreams(first_exit, starts, exit_layers, layers),  # type: ignore
         step=roofline(device, weight_bytes, params, kv_bytes, layers),
         weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes,
         load_ms_per_layer=weight_bytes / (device.load_gb_s * 1e9) * 1e3,
