@@ -176,7 +176,8 @@ def test_a_what_if_stream_reads_a_round_as_its_token_rows_do():
         starts = np.r_[0, np.cumsum(lengths)]
         deepest = exit_layers[int(rng.integers(0, len(exit_layers)))]
         first = rng.choice([x for x in exit_layers if x <= deepest], size=int(starts[-1]))
-        streams = SyntheticStreams(first.astype(np.int16), starts, exit_layers, layers)
+        streams = SyntheticStreams(first.astype(rng.choice([np.int16, np.uint8])), starts,
+                                   exit_layers, layers)
         depth = int(rng.integers(1, layers + 1))
         fast = streams[depth]
         rows = DepthStream(fast.rows(slice(None)), None, starts)

@@ -27,7 +27,7 @@ def drawn_exits(uniforms, cdf, layers):
     uniforms, in bytes: the comparisons vectorise."""
     n = uniforms.size
     count = np.zeros(n, np.uint8)
-    out = np.empty(n, np.int16)
+    out = np.empty(n, layers.dtype)
     for a in range(0, n, BLOCK):
         b = min(n, a + BLOCK)
         us, ks = uniforms[a:b], count[a:b]
@@ -49,7 +49,7 @@ def past_depth(first_exit, starts, prompts, depth):
     for p in prompts:
         total += starts[p + 1] - starts[p]
     out = np.empty(total, np.uint8)
-    d = np.int16(depth)
+    d = first_exit.dtype.type(depth)
     j = 0
     for p in prompts:
         a, n = starts[p], starts[p + 1] - starts[p]

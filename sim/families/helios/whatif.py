@@ -203,12 +203,13 @@ def draw_exits(rng: np.random.Generator, exit_layers: list[int], shares: list[fl
     """Each token's first confident exit, as `rng.choice(exit_layers, size=shape, p=shares)`
     draws it (the same uniforms, in turn, against the same normalised cumulative shares), as
     int16, without its per-sample cost: uniforms drawn a cache-sized stretch at a time. `out`:
-    the flat int16 array to draw into (None: a new one)."""
+    the flat integer array to draw into, of a type that holds the layers (None: a new int16
+    one)."""
     cdf = np.asarray(shares, dtype=float).cumsum()
     cdf /= cdf[-1]
-    layers = np.asarray(exit_layers, dtype=np.int16)
     if out is None:
         out = np.empty(int(np.prod(shape)), dtype=np.int16)
+    layers = np.asarray(exit_layers, dtype=out.dtype)
     uniforms = np.empty(min(DRAW_STRETCH, len(out)))
     for a in range(0, len(out), DRAW_STRETCH):
         u = uniforms[:min(DRAW_STRETCH, len(out) - a)]
@@ -241,7 +242,9 @@ def what_if_profile(name: str, config_path: str | Path, exit_layers: list[int],
         prompt_tokens += [phase.prompt_tokens] * phase.prompts
         lengths += [phase.output_tokens] * phase.prompts
     starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    rng, first_exit, at = np.random.default_rng(seed), np.empty(int(starts[-1]), np.int16), 0
+    # a byte a token where the layers fit in one: a stream is the run's largest array
+    first_exit = np.empty(int(starts[-1]), np.uint8 if layers < 256 else np.int16)
+    rng, at = np.random.default_rng(seed), 0
     for phase, shares in zip(phases, exit_shares):
         # one draw for the phase, into the stream: the same values as a draw per prompt in turn
         n = phase.prompts * phase.output_tokens
