@@ -64,9 +64,8 @@ class DepthStream:
 
     def prompt_nll(self, block: "RoundBlock") -> np.ndarray:
         """Per prompt of `block`, its tokens' -log values at the last exit in token order."""
-        lengths = self.starts[block.prompts + 1] - self.starts[block.prompts]
         return prompt_sums(self.neglog_at(block.index, self.depth),
-                           np.r_[0, np.cumsum(lengths)])
+                           np.r_[0, np.cumsum(block.lengths)])
 
     def _neglogs(self) -> np.ndarray:
         if self._neglog is None:  # once: every policy and round reads the same stream
@@ -92,6 +91,11 @@ class RoundBlock:
         self.prompts = np.asarray(prompts, dtype=np.int64)
         """stream indices, in turn"""
         self._index = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each prompt's tokens."""
+        return self.stream.starts[self.prompts + 1] - self.stream.starts[self.prompts]
 
     @property
     def index(self) -> np.ndarray | slice:
@@ -168,8 +172,7 @@ def served_at_depth(block: RoundBlock, reference: DepthStream | None) -> Served:
     """A round's prompts (`block`) served at its stream's depth; `reference` the full-depth
     stream whose last exit's tokens the served ones are counted against, position by position up
     to the shorter (None: not counted)."""
-    stream, p = block.stream, block.prompts
-    lengths = stream.starts[p + 1] - stream.starts[p]
+    stream, p, lengths = block.stream, block.prompts, block.lengths
     agree = None
     if reference is not None and stream.argmax is not None:
         agree = agreeing(stream.ids_at(block.index, stream.depth), np.r_[0, np.cumsum(lengths)],

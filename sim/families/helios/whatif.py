@@ -128,8 +128,7 @@ class WhatIfDepth:
         depth (`at`'s values compared), in one compiled pass over its prompts' tokens."""
         at_past, before = self._values(self.depth, (CONFIDENT, UNSURE, 0.0))
         if (at_past < threshold) == (before < threshold):  # the same for every token
-            lengths = self.starts[block.prompts + 1] - self.starts[block.prompts]
-            return np.full(int(lengths.sum()), at_past < threshold)
+            return np.full(int(block.lengths.sum()), at_past < threshold)
         past = past_depth(self.s.first_exit, self.starts, block.prompts, self.depth)
         return past if before < threshold else ~past
 
@@ -138,8 +137,7 @@ class WhatIfDepth:
         token order (`prompt_sums`'s sums), in one compiled pass."""
         at_past, before = self._values(self.depth, self.neglogs)
         if at_past == before:  # every token the same: k of them sum as any k do
-            return self._repeated(at_past)[self.starts[block.prompts + 1]
-                                           - self.starts[block.prompts]]
+            return self._repeated(at_past)[block.lengths]
         return sums_at_depth(self.s.first_exit, self.starts, block.prompts, self.depth,
                              at_past, before)
 
