@@ -97,6 +97,11 @@ def add_a1_parser(sub) -> None:
                    help="first serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live, and simulate with draft and target "
                    "calibrations fitted on that run's steps (this machine, now)")
+    r.add_argument("--speed-checks", action="store_true",
+                   help="with --calibrate-here: serve the calibration's programs again after "
+                   "each live run, and judge each live run at the decode speed of the "
+                   "calibration runs just before and after it (the machine's speed of the "
+                   "moment; the estimate at the calibration's speed stays beside it)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_a1_replay)
     add_scaling_parsers(asub)
@@ -148,9 +153,12 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
         cfg, _ = _config(path, args.count, args.seed)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
+    if args.speed_checks and not args.calibrate_here:
+        raise UserError("--speed-checks serve the calibration's programs again: they need "
+                        "--calibrate-here")
     out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
+    cal = out / "calibration"
     if args.calibrate_here:  # other programs first, live here: each pool calibrated on them
-        cal = out / "calibration"
         fresh_process(live_job, str(path), args.count, cfg.seed + CALIBRATION_SEED_OFFSET,
                       str(cal / "live0"))
         calibrations = calibrate_pools({"target": [cal / "live0"],
@@ -160,6 +168,9 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     for i in range(args.repeats):
         d = out / f"live{i}"
         fresh_process(live_job, str(path), args.count, args.seed, str(d))
+        if args.speed_checks:  # the calibration's programs again, right after the live run
+            fresh_process(live_job, str(path), args.count, cfg.seed + CALIBRATION_SEED_OFFSET,
+                          str(cal / f"check{i + 1}"))
         lives.append((read_table(d, "programs").to_pandas(),
                       read_table(d, "conformity").to_pandas(),
                       json.loads((d / "a1.json").read_text())))
@@ -167,6 +178,8 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     result["machine_speed"] = speed = machine_speed(out / "sim", [out / f"live{i}" for i in
                                                                   range(args.repeats)])
     result["at_live_speed"] = _at_live_speed(cfg, path, args, out, lives, speed)
+    if args.speed_checks:
+        result["judged"] = _judged_beside(cfg, path, args, out, lives, result)
     if args.calibrate_here:
         result["calibrations"] = calibrations
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -178,6 +191,40 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
     _print_replay(result, f"A1 sim vs live: {path.name}, {len(s_progs)} programs", lives)
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def _per_run(cfg, path: Path, args, out: Path, lives: list, levels: list[dict]) -> list[dict]:
+    """Per live run, the comparison with it of the config simulated with each pool's
+    calibration scaled by that run's level on the pool (written under out/live<i>)."""
+    from sim.step_time.live_speed import scaled_calibration
+    from validation.a1 import replay_result
+
+    results = []
+    for i, (live, run_levels) in enumerate(zip(lives, levels)):
+        at = out / f"live{i}"
+        scaled = {g.pool: str(scaled_calibration(g.calibration, run_levels.get(g.pool, 1.0),
+                                                 at / f"{g.pool}.calib.json"))
+                  for g in cfg.replicas}
+        results.append(replay_result(_config(path, args.count, args.seed, scaled)[0], at,
+                                     [live])[0])
+    return results
+
+
+def _judged_beside(cfg, path: Path, args, out: Path, lives: list, result: dict) -> dict:
+    """`--speed-checks`: each live run simulated at the decode level of the calibration-traffic
+    runs beside it on each pool (`validation.beside_checks`), judged against the live runs'
+    mean: the levels and each metric's error, spread and verdict."""
+    from validation.beside_checks import beside_levels, judge_quantiles
+
+    cal = out / "calibration"
+    checks = [cal / f"check{i + 1}" for i in range(args.repeats)]
+    levels = beside_levels(out / "sim", [cal / "live0", *checks],
+                           [out / f"live{i}" for i in range(args.repeats)])
+    keys = tuple(result["error_vs_live_mean"])
+    sims = [{k: again["compare"][0][k]["sim"] for k in keys}
+            for again in _per_run(cfg, path, args, out / "sim_beside", lives, levels)]
+    live = [{k: c[k]["live"] for k in keys} for c in result["compare"]]
+    return {"levels": levels, "metrics": judge_quantiles(sims, live)}
 
 
 def _print_replay(result: dict, title: str, lives: list) -> None:
@@ -209,6 +256,10 @@ def _print_replay(result: dict, title: str, lives: list) -> None:
             f"{pool} {v:.2f}x" for pool, v in run.items()) for run in at["levels"])
             + " the calibration's), mean: "
             + ", ".join(f"{k} {e:+.1%}" for k, e in at["error_vs_live_mean"].items()))
+    if "judged" in result:
+        from validation.beside_checks import judged_line
+
+        print(judged_line(result["judged"]))
 
 
 def _at_live_speed(cfg, path: Path, args, out: Path, lives: list, speed: dict) -> dict | None:
@@ -216,19 +267,10 @@ def _at_live_speed(cfg, path: Path, args, out: Path, lives: list, speed: dict) -
     speed on it (`machine_speed`): the machine's drift since calibrating taken out, beside the
     errors as simulated (never instead of them); the levels per run and the mean errors. None
     where a run's speed was not measured."""
-    from sim.step_time.live_speed import scaled_calibration
-    from validation.a1 import replay_result
-
     if not all(speed["runs"]):
         return None
-    errors = []
-    for i, (live, levels) in enumerate(zip(lives, speed["runs"])):
-        at = out / "sim_at_live" / f"live{i}"
-        scaled = {g.pool: str(scaled_calibration(g.calibration, levels.get(g.pool, 1.0),
-                                                 at / f"{g.pool}.calib.json"))
-                  for g in cfg.replicas}
-        again, _ = replay_result(_config(path, args.count, args.seed, scaled)[0], at, [live])
-        errors.append(again["error_vs_live_mean"])
+    errors = [again["error_vs_live_mean"] for again in
+              _per_run(cfg, path, args, out / "sim_at_live", lives, speed["runs"])]
     return {"levels": speed["runs"],
             "error_vs_live_mean": {k: float(sum(e[k] for e in errors) / len(errors))
                                    for k in errors[0]}}

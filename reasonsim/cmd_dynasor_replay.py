@@ -16,14 +16,12 @@ from reasonsim.common import (CALIBRATION_SEED_OFFSET, UserError, calibrate_pool
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     """`reasonsim dynasor replay`."""
-    from live.replay import engine_args, replay_workload
     from sim.engine.tables import cached_share
     from sim.program_metrics import compare
     from sim.simulate import simulate
     from traces.store import check_out_dir, read_table
     from validation.fidelity_programs import replay_at_live_speed
     from validation.judge import machine_speed
-    from validation.replay import fresh_process
 
     path = Path(args.config)
     d, cfg = _load(args, path)
@@ -32,20 +30,14 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats {args.repeats}: serve the programs live at least once")
     refuse_inside(args.out, [wl.trace], "--out")
     out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
+    if args.speed_checks and not args.calibrate_here:
+        raise UserError("--speed-checks serve the calibration's programs again: they need "
+                        "--calibrate-here")
     calibration = None
     if args.calibrate_here:
         cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
-        wl = cfg.programs
-    t0 = time.perf_counter()
-    # The live runner draws the same programs from the same workload and seed as the simulator;
-    # an in-process engine in a process of its own (`fresh_process`: after the calibration run's
-    # engine it would meet fewer never-run shapes than the simulator's fresh replica).
-    live_job = partial(fresh_process, replay_workload) if args.url is None else replay_workload
     lives = [out / "live"] + [out / f"live{i + 1}" for i in range(1, args.repeats)]
-    for live in lives:
-        live_job(wl, cfg.scheduler, live, seed=cfg.seed, **engine_args(cfg),
-                 model=args.model, url=args.url, config_json=cfg.to_json(), device=args.device)
-    live_wall_s = (time.perf_counter() - t0) / len(lives)
+    live_wall_s = _serve_live(args, cfg, lives, out / "calibration")
     sim = simulate(cfg)
     write_sim(cfg, sim, out / "sim")
     result = compare(sim.programs.to_pandas(), read_table(out / "live", "programs").to_pandas())
@@ -62,6 +54,8 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     # calibrating taken out (beside the errors above, never instead of them)
     result["at_live_speed"] = replay_at_live_speed(d, path.parent, out / "live",
                                                    out / "sim_at_live")
+    if args.speed_checks:
+        result["judged"] = _judged_beside(d, path.parent, cfg.replicas[0].pool, out, lives)
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     if result["machine_speed"]["warning"]:
         print(result["machine_speed"]["warning"], file=sys.stderr)
@@ -71,6 +65,27 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
     _print_replay(result, len(lives))
     print(f"details: {out / 'compare.json'}")
     return 0
+
+
+def _serve_live(args, cfg, lives: list[Path], cal_dir: Path) -> float:
+    """The config's programs served live into each of `lives` (with --speed-checks, the
+    calibration's programs after each, into cal_dir/check<i>); a live run's mean wall time."""
+    from live.replay import engine_args, replay_workload
+    from validation.replay import fresh_process
+
+    # The live runner draws the same programs from the same workload and seed as the simulator;
+    # an in-process engine in a process of its own (`fresh_process`: after the calibration run's
+    # engine it would meet fewer never-run shapes than the simulator's fresh replica).
+    live_job = partial(fresh_process, replay_workload) if args.url is None else replay_workload
+    wall_s = 0.0
+    for i, live in enumerate(lives):
+        t0 = time.perf_counter()
+        live_job(cfg.programs, cfg.scheduler, live, seed=cfg.seed, **engine_args(cfg),
+                 model=args.model, url=args.url, config_json=cfg.to_json(), device=args.device)
+        wall_s += (time.perf_counter() - t0) / len(lives)
+        if args.speed_checks:  # the calibration's programs again, right after the live run
+            _serve_calibration(args, cfg, cal_dir / f"check{i + 1}")
+    return wall_s
 
 
 def _load(args, path: Path):
@@ -112,20 +127,27 @@ def _print_replay(result: dict, runs: int) -> None:
               + ", ".join(f"{m.removeprefix('program_latency_').upper()} {e:+.1%} (noise "
                           f"draws' median {at['error_sampled'][m]:+.1%})"
                           for m, e in at["error"].items()))
+    if "judged" in result:
+        from validation.beside_checks import judged_line
+
+        print(judged_line(result["judged"]))
+
+
+def latency_quantiles(programs) -> dict[str, float]:
+    """A programs table's program latency P50 and P90 (s)."""
+    from sim.program_metrics import program_summary
+
+    lat = program_summary(programs)["program_latency_s"]
+    return {f"program_latency_{k}": lat[k] for k in ("p50", "p90")}
 
 
 def repeat_errors(sim_programs, lives: list[Path]) -> dict:
     """Program latency P50/P90 of the simulation against the live runs' mean
     (`error_vs_live_mean`), and the runs' spread (max - min over their mean, `live_spread`)."""
-    from sim.program_metrics import program_summary
     from traces.store import read_table
 
-    def quantiles(progs) -> dict:
-        lat = program_summary(progs)["program_latency_s"]
-        return {f"program_latency_{k}": lat[k] for k in ("p50", "p90")}
-
-    sim = quantiles(sim_programs)
-    live = [quantiles(read_table(d, "programs").to_pandas()) for d in lives]
+    sim = latency_quantiles(sim_programs)
+    live = [latency_quantiles(read_table(d, "programs").to_pandas()) for d in lives]
     mean = {m: sum(q[m] for q in live) / len(live) for m in sim}
     return {"error_vs_live_mean": {m: sim[m] / mean[m] - 1 for m in sim},
             "live_spread": {m: (max(q[m] for q in live) - min(q[m] for q in live)) / mean[m]
@@ -161,19 +183,45 @@ def _calibrate_here(args, d: dict, path: Path, cfg, cal_dir: Path):
     """`--calibrate-here`: the config's programs of another seed served live first, the replica
     calibrated on that run's steps (with the loop's host time); the config with it, and its
     path."""
-    from live.replay import engine_args, replay_workload
     from sim.config import parse_config
-    from validation.replay import fresh_process
 
     if args.url:
         raise UserError("--calibrate-here needs the in-process engine (its steps), not --url")
-    fresh_process(replay_workload, cfg.programs, cfg.scheduler, cal_dir / "live",
-                  seed=cfg.seed + CALIBRATION_SEED_OFFSET, **engine_args(cfg), model=args.model,
-                  config_json=cfg.to_json(), device=args.device)
+    _serve_calibration(args, cfg, cal_dir / "live")
     pool = cfg.replicas[0].pool
     path_cal = calibrate_pools({pool: [cal_dir / "live"]}, [cal_dir / "live"], cal_dir)[pool]
     d["cluster"]["replicas"][0]["calibration"] = path_cal
     return parse_config(d, path.parent), path_cal
+
+
+def _serve_calibration(args, cfg, out_dir: Path) -> None:
+    """The config's programs of the calibration's seed (+ CALIBRATION_SEED_OFFSET) served live
+    into out_dir, in an engine process of their own."""
+    from live.replay import engine_args, replay_workload
+    from validation.replay import fresh_process
+
+    fresh_process(replay_workload, cfg.programs, cfg.scheduler, out_dir,
+                  seed=cfg.seed + CALIBRATION_SEED_OFFSET, **engine_args(cfg), model=args.model,
+                  config_json=cfg.to_json(), device=args.device)
+
+
+def _judged_beside(d: dict, base_dir: Path, pool: str, out: Path, lives: list[Path]) -> dict:
+    """`--speed-checks`: each live run's program latency P50/P90 simulated at the decode level
+    of the calibration-traffic runs beside it (`validation.beside_checks`), judged against the
+    live runs' mean: the levels and each metric's error, spread and verdict."""
+    from sim.simulate import simulate
+    from traces.store import read_table
+    from validation.beside_checks import beside_levels, judge_quantiles
+    from validation.fidelity_judging import scaled_config
+
+    cal_dir = out / "calibration"
+    checks = sorted(cal_dir.glob("check*"), key=lambda p: int(p.name.removeprefix("check")))
+    levels = beside_levels(out / "sim", [cal_dir / "live", *checks], lives)
+    sims = [latency_quantiles(simulate(scaled_config(
+        d, lv.get(pool, 1.0), out / "sim_beside" / f"live{i + 1}", base_dir)).programs.to_pandas())
+            for i, lv in enumerate(levels)]
+    lives_q = [latency_quantiles(read_table(x, "programs").to_pandas()) for x in lives]
+    return {"levels": levels, "metrics": judge_quantiles(sims, lives_q)}
 
 
 def add_replay_parser(dysub) -> None:
@@ -206,5 +254,10 @@ def add_replay_parser(dysub) -> None:
                     help="serve the programs live this many times (the first in OUT/live, the "
                     "rest in OUT/live2...): the simulation judged against their mean, beside "
                     "their spread")
+    rp.add_argument("--speed-checks", action="store_true",
+                    help="with --calibrate-here: serve the calibration's programs again after "
+                    "each live run, and judge each live run at the decode speed of the "
+                    "calibration runs just before and after it (the machine's speed of the "
+                    "moment; the estimate at the calibration's speed stays beside it)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_dynasor_replay)

@@ -65,11 +65,14 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     from sim.output import write_sim
     from sim.simulate import simulate
     from validation.judge import machine_speed
-    from validation.seed import add_at_live_speed, compare_modes
+    from validation.seed import add_at_live_speed, add_judged, compare_modes
     from traces.store import check_out_dir, read_table
 
     path, out = Path(args.config), Path(args.out)
     modes = args.modes
+    if args.speed_checks and not args.calibrate_here:
+        raise UserError("--speed-checks serve the calibration's programs again: they need "
+                        "--calibrate-here")
     try:  # every mode's config, before any engine starts
         cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
         for mode in modes[1:]:
@@ -98,6 +101,8 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
     result = compare_modes(results)
     add_at_live_speed(result, {mode: at_live_speed(path, args, mode, out, calibrations)
                                for mode in modes})
+    if args.speed_checks:
+        add_judged(result, _beside(path, args, out, modes, calibrations))
     if calibrations:
         result["calibrations"] = calibrations
     result["machine_speed"] = {mode: machine_speed(out / mode / "sim", [
@@ -135,6 +140,9 @@ def _live_runs(args, path: Path, out: Path, modes: list[str], cal_seed: int) -> 
                     fresh_process(live_job, str(path), mode, args.count, cal_seed,
                                   str(out / "calibration" / mode / f"live{i}"))
                 fresh_process(live_job, str(path), mode, args.count, args.seed, str(d))
+                if args.speed_checks:  # the calibration's programs again, right after it
+                    fresh_process(live_job, str(path), mode, args.count, cal_seed,
+                                  str(out / "calibration" / mode / f"check{i}"))
             lives[mode].append((read_table(d, "programs").to_pandas(),
                                 read_table(d, "tot_requests").to_pandas()))
     return lives
@@ -157,10 +165,24 @@ def _check_served(live_dir: Path, cfg) -> None:
                         "--count and --seed it was served with")
 
 
-def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[dict]:
+def _beside(path: Path, args, out: Path, modes: list[str], calibrations) -> dict:
+    """`--speed-checks`: per mode, each live run re-simulated at the decode level of the
+    calibration-traffic runs beside it (`validation.beside_checks`: any mode's, on each pool)."""
+    from validation.beside_checks import beside_levels
+
+    cal = out / "calibration"
+    fitted = sorted(cal.glob("*/live*"))
+    traffic = fitted + sorted(cal.glob("*/check*"))
+    return {mode: at_live_speed(path, args, mode, out, calibrations, beside_levels(
+        out / mode / "sim", traffic, [out / mode / f"live{i}" for i in range(args.repeats)],
+        fitted=len(fitted)), "sim_beside") for mode in modes}
+
+
+def at_live_speed(path: Path, args, mode: str, out: Path, calibrations,
+                  levels: list[dict] | None = None, name: str = "sim_at_live") -> list[dict]:
     """The mode re-simulated once per live run, every pool's step times scaled to that run's
-    measured speed (`sim.step_time.live_speed`); per run: the factors by pool and the simulated
-    programs."""
+    measured speed (`sim.step_time.live_speed`), or to `levels` (per run, pool -> factor);
+    per run: the factors by pool and the simulated programs."""
     from dataclasses import replace
 
     from sim.step_time.live_speed import scaled_calibration, step_speed_ratio
@@ -172,9 +194,10 @@ def at_live_speed(path: Path, args, mode: str, out: Path, calibrations) -> list[
     for i in range(args.repeats):
         # a pool the mode never used (ar: the draft) ran no step: left as calibrated
         live = out / mode / f"live{i}"
-        speed = {p: step_speed_ratio(cal, live / p) if (live / p).is_dir() else None
-                 for p, cal in pools.items()}
-        scaled = {p: str(scaled_calibration(pools[p], f, out / mode / f"sim_at_live{i}"
+        speed = levels[i] if levels is not None else {
+            p: step_speed_ratio(cal, live / p) if (live / p).is_dir() else None
+            for p, cal in pools.items()}
+        scaled = {p: str(scaled_calibration(pools[p], f, out / mode / f"{name}{i}"
                                             / f"{p}.calib.json"))
                   for p, f in speed.items() if f is not None}
         cfg_i, _ = _config(path, mode, args.count, seed=args.seed,
@@ -273,6 +296,11 @@ def _print_modes(result: dict, title: str) -> None:
                   f(ar["sim"], x), f(ar.get("sim_at_live_speed"), x), f(ar["live"], x),
                   f(sd["sim"], x), f(sd.get("sim_at_live_speed"), x), f(sd["live"], x))
     Console(width=200).print(t)
+    for mode, r in result["modes"].items():
+        if "judged" in r:
+            from validation.beside_checks import judged_line
+
+            print(f"{mode}: " + judged_line(r["judged"]))
     print("at live speed: re-simulated with every engine's step times scaled to each live run's "
           "measured speed (median live step / predicted), beside the raw figures")
     for mode, r in result["modes"].items():
@@ -346,6 +374,11 @@ def add_replay_parser(ssub) -> None:
                    help="before each validation run, serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live under the same mode, and simulate with "
                    "pool calibrations fitted on those runs' steps (this machine, now)")
+    r.add_argument("--speed-checks", action="store_true",
+                   help="with --calibrate-here: serve the calibration's programs again after "
+                   "each live run, and judge each live run at the decode speed of the "
+                   "calibration runs just before and after it (the machine's speed of the "
+                   "moment; the estimate at the calibration's speed stays beside it)")
     r.add_argument("--rejudge", action="store_true",
                    help="run nothing live: simulate again and judge against the live runs "
                    "already in -o (the same --modes, --repeats and --calibrate-here), e.g. "

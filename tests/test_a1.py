@@ -16,6 +16,7 @@ from policies.a1 import (A1Settings, Conformal, ConformalSet, DraftOnly, TargetO
 from programs.a1 import A1Program, conformity_columns
 from programs.base import Outcome
 from traces import read_run
+from validation.judge import pool_step_speeds
 
 SHIPPED = REPO / "traces" / "data" / "testbed-conformity-cpu"
 
@@ -339,7 +340,7 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     programs of another seed), then replay and compare."""
     config = _a1_config(tmp_path, "a1-async.yaml")
     proc = run_cli("a1", "replay", config, "--count", "8", "--repeats", "1", "-o",
-                   str(tmp_path / "rep"), "--calibrate-here", "--json")
+                   str(tmp_path / "rep"), "--calibrate-here", "--speed-checks", "--json")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     run_cli("traces", "check", str(tmp_path / "rep" / "live0"),
             str(tmp_path / "rep" / "calibration" / "live0"))
@@ -398,3 +399,20 @@ def test_a1_replay_live_on_two_engines_agrees_with_the_simulator(tmp_path):
     threshold = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(c["decision_agreement"] >= 0.9 for c in threshold["compare"])
     assert 0 < threshold["live"][0]["rejection_rate"] < 1
+    _check_judged(tmp_path / "rep", result)
+
+
+def _check_judged(rep: Path, result: dict) -> None:
+    """--speed-checks: the live run judged at each pool's mean level of the calibration traffic
+    just before it and just after it, over the calibration run's own."""
+    cal = rep / "calibration"
+    level = {d: pool_step_speeds(rep / "sim", cal / d) for d in ("live0", "check1")}
+    judged = result["judged"]
+    assert judged["levels"][0] == pytest.approx({
+        p: (level["live0"][p] + level["check1"][p]) / 2 / level["live0"][p]
+        for p in level["live0"]})
+    assert set(judged["metrics"]) == set(result["error_vs_live_mean"])
+    for m, v in judged["metrics"].items():
+        assert v["live"] == [c[m]["live"] for c in result["compare"]]
+        assert v["ok"] == (abs(v["error"]) <= max(0.03 if "throughput" in m else 0.05,
+                                                  v["spread"])), m

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import REPO, example_config, run_cli, speed_figure
 from traces import check_trace, read_run, read_table
+from validation.beside_checks import started_s
+from validation.judge import pool_step_speeds
 
 pytestmark = pytest.mark.engine
 
@@ -74,8 +76,8 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
     # --calibrate-here: other programs (seed + 1000) live first, the replica calibrated on them
     out = tmp_path / "rp"
     proc = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--count", "4",
-                   "-o", str(out), "--calibrate-here", "--repeats", "2", "--json",
-                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                   "-o", str(out), "--calibrate-here", "--repeats", "2", "--speed-checks",
+                   "--json", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert check_trace(out / "calibration" / "live") == []
     cal = json.loads(Path(result["calibration"]).read_text())
@@ -98,6 +100,29 @@ def test_replay_calibrates_on_the_machine_it_runs_on(tmp_path):
         assert all(math.isfinite(v) for v in result[key].values())
     assert all(v >= 0 for v in result["live_spread"].values())
     assert len(result["machine_speed"]["runs"]) == len(result["machine_speed"]["tails"]) == 2
+    # --speed-checks: the calibration's programs again after each live run; each live run
+    # judged at the mean level of the traffic just before and after it, over the calibration
+    # run's own (the judged run's own speed never read)
+    cal = out / "calibration"
+    order = [cal / "live", out / "live", cal / "check1", out / "live2", cal / "check2"]
+    assert [started_s(d) for d in order] == sorted(started_s(d) for d in order)
+    assert read_run(cal / "check2")["seed"] == read_run(cal / "live")["seed"]
+    level = {d: pool_step_speeds(out / "sim", cal / d)["target"]
+             for d in ("live", "check1", "check2")}
+    judged = result["judged"]
+    assert [lv["target"] for lv in judged["levels"]] == pytest.approx([
+        (level["live"] + level["check1"]) / 2 / level["live"],
+        (level["check1"] + level["check2"]) / 2 / level["live"]])
+    coef = [json.loads(Path(c).read_text())["step_time_model"]["coef_ms"] for c in (
+        result["calibration"], out / "sim_beside" / "live2" / "calibration.json")]
+    assert coef[1] == pytest.approx([c * judged["levels"][1]["target"] for c in coef[0]])
+    assert set(judged["metrics"]) == set(result["live_spread"])
+    for m, v in judged["metrics"].items():
+        assert v["spread"] == pytest.approx(result["live_spread"][m])
+        assert v["ok"] == (abs(v["error"]) <= max(0.05, v["spread"])), m
+    unchecked = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml",
+                        "--speed-checks", "-o", str(tmp_path / "u"), check=False)
+    assert unchecked.returncode == 2 and "need --calibrate-here" in unchecked.stderr
     zero = run_cli("dynasor", "replay", "examples/dynasor-cot-certaindex.yaml", "--repeats", "0",
                    "-o", str(tmp_path / "z"), check=False)
     assert zero.returncode == 2 and "--repeats 0" in zero.stderr

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO, run_cli, speed_figure
 from policies.seed import (Leaf, SeedPolicy, ToTSettings, VerifyQueue, candidates, distribution,
                            make_seed_policy, sample, select, verify, verify_tree)
+from validation.judge import pool_step_speeds
 
 
 # -------------------------------------------------------------------- the policy (pure)
@@ -266,8 +267,8 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     assert bad.returncode != 0 and "trace tot --k-config" in bad.stderr
     # live: SEED with the State Evaluator speculative too (value prompts drafted and verified)
     se = _config(tmp_path, greedy_trace, "seed", speculative_eval=True)
-    proc = run_cli("seed", "replay", se, "--modes", "seed",
-                   "--repeats", "1", "-o", str(tmp_path / "rep"), "--calibrate-here", "--json")
+    proc = run_cli("seed", "replay", se, "--modes", "seed", "--repeats", "1", "-o",
+                   str(tmp_path / "rep"), "--calibrate-here", "--speed-checks", "--json")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     result = report["modes"]["seed"]
     run_cli("traces", "check", str(tmp_path / "rep" / "seed" / "live0"))
@@ -286,6 +287,17 @@ def test_simulated_trees_replay_the_trace_and_live_agrees(greedy_trace, tmp_path
     # each pool whose engine ran decode-only steps (SEED's target may only verify)
     assert set(report["machine_speed"]["seed"]["runs"][0]) <= {"draft", "target"}
     assert "draft" in report["machine_speed"]["seed"]["runs"][0]
+    # --speed-checks: the calibration's programs again after the live run, which is judged at
+    # each pool's mean level of the runs either side, over the calibration runs' own
+    cal = tmp_path / "rep" / "calibration" / "seed"
+    level = {d: pool_step_speeds(tmp_path / "rep" / "seed" / "sim", cal / d)
+             for d in ("live0", "check0")}
+    judged = result["judged"]
+    assert judged["levels"][0] == pytest.approx({
+        p: (level["live0"][p] + level["check0"][p]) / 2 / level["live0"][p]
+        for p in level["live0"]})
+    (v,) = judged["metrics"].values()
+    assert v["live"] == result["live_mean_s"] and v["ok"] == (abs(v["error"]) <= 0.05)
     # a verification whose drafted tail the prefix cache covered runs twice live (cached, then
     # uncached: vLLM returns no log-probabilities for cached positions), and so in the simulator
     key = ["program_id", "node", "kind", "round"]

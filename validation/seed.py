@@ -103,3 +103,17 @@ def add_at_live_speed(result: dict, sims: dict) -> None:
                     judged["at_live_speed"] = judge(
                         r[f"speedup_vs_{base}"]["sim_at_live_speed"], judged["live"],
                         SPEEDUP_TOLERANCE)
+
+
+def add_judged(result: dict, sims: dict) -> None:
+    """Add to `compare_modes`' result each mode's mean latency judged at the speed checks beside
+    its live runs (`sims`: mode -> per live run {"step_speed": pool -> level, "programs":
+    simulated}, as `add_at_live_speed` reads): `judged`, with its levels and verdict."""
+    from validation.beside_checks import judge_quantiles
+
+    for mode, runs in sims.items():
+        r = result["modes"][mode]
+        sim = [{"mean_latency_s": _mean_latency_s(run["programs"])} for run in runs]
+        live = [{"mean_latency_s": v} for v in r["live_mean_s"]]
+        r["judged"] = {"levels": [run["step_speed"] for run in runs],
+                       "metrics": judge_quantiles(sim, live)}
