@@ -1,4 +1,4 @@
-"""`reasonsim trace tot`, `seed replay` and `seed modes`: Tree-of-Thoughts under AR, SD and SEED."""
+"""`reasonsim trace tot`, `seed replay` and `seed modes`: Tree-of-Thoughts under AR, SD, SEED."""
 
 from __future__ import annotations
 
@@ -171,8 +171,10 @@ def _beside(path: Path, args, out: Path, modes: list[str], calibrations) -> dict
     from validation.beside_checks import beside_levels
 
     cal = out / "calibration"
-    fitted = sorted(cal.glob("*/live*"))
-    traffic = fitted + sorted(cal.glob("*/check*"))
+    fitted, checks = sorted(cal.glob("*/live*")), sorted(cal.glob("*/check*"))
+    if not checks:  # a --rejudge of runs served without them
+        raise UserError(f"--speed-checks: {cal} holds no speed check (calibration/MODE/check<i>)")
+    traffic = fitted + checks
     return {mode: at_live_speed(path, args, mode, out, calibrations, beside_levels(
         out / mode / "sim", traffic, [out / mode / f"live{i}" for i in range(args.repeats)],
         fitted=len(fitted)), "sim_beside") for mode in modes}
