@@ -10,8 +10,8 @@ from pathlib import Path
 from reasonsim.cmd_a1_analysis import add_analysis_parsers
 from reasonsim.cmd_a1_scaling import add_scaling_parsers
 from reasonsim.common import (CACHE_GB, CALIBRATION_SEED_OFFSET, TEMPERATURE, TESTBED, UserError,
-                             calibrate_pools, int_at_least, print_summary, program_config,
-                             seed_int)
+                             add_speed_checks, calibrate_pools, check_speed_checks, int_at_least,
+                             print_summary, program_config, seed_int)
 
 
 def cmd_trace_conformity(args: argparse.Namespace) -> int:
@@ -97,11 +97,7 @@ def add_a1_parser(sub) -> None:
                    help="first serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live, and simulate with draft and target "
                    "calibrations fitted on that run's steps (this machine, now)")
-    r.add_argument("--speed-checks", action="store_true",
-                   help="with --calibrate-here: serve the calibration's programs again after "
-                   "each live run, and judge each live run at the decode speed of the "
-                   "calibration runs just before and after it (the machine's speed of the "
-                   "moment; the estimate at the calibration's speed stays beside it)")
+    add_speed_checks(r)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_a1_replay)
     add_scaling_parsers(asub)
@@ -153,9 +149,7 @@ def cmd_a1_replay(args: argparse.Namespace) -> int:
         cfg, _ = _config(path, args.count, args.seed)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
-    if args.speed_checks and not args.calibrate_here:
-        raise UserError("--speed-checks serve the calibration's programs again: they need "
-                        "--calibrate-here")
+    check_speed_checks(args)
     out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
     cal = out / "calibration"
     if args.calibrate_here:  # other programs first, live here: each pool calibrated on them

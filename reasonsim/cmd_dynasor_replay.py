@@ -10,8 +10,9 @@ from functools import partial
 from pathlib import Path
 
 from sim.output import write_sim
-from reasonsim.common import (CALIBRATION_SEED_OFFSET, UserError, calibrate_pools, int_at_least,
-                             print_summary, refuse_inside, server_url)
+from reasonsim.common import (CALIBRATION_SEED_OFFSET, UserError, add_speed_checks,
+                             calibrate_pools, check_speed_checks, int_at_least, print_summary,
+                             refuse_inside, server_url)
 
 
 def cmd_dynasor_replay(args: argparse.Namespace) -> int:
@@ -30,9 +31,7 @@ def cmd_dynasor_replay(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats {args.repeats}: serve the programs live at least once")
     refuse_inside(args.out, [wl.trace], "--out")
     out = check_out_dir(args.out, resume=False, can_resume=False)  # before any engine starts
-    if args.speed_checks and not args.calibrate_here:
-        raise UserError("--speed-checks serve the calibration's programs again: they need "
-                        "--calibrate-here")
+    check_speed_checks(args)
     calibration = None
     if args.calibrate_here:
         cfg, calibration = _calibrate_here(args, d, path, cfg, out / "calibration")
@@ -254,10 +253,6 @@ def add_replay_parser(dysub) -> None:
                     help="serve the programs live this many times (the first in OUT/live, the "
                     "rest in OUT/live2...): the simulation judged against their mean, beside "
                     "their spread")
-    rp.add_argument("--speed-checks", action="store_true",
-                    help="with --calibrate-here: serve the calibration's programs again after "
-                    "each live run, and judge each live run at the decode speed of the "
-                    "calibration runs just before and after it (the machine's speed of the "
-                    "moment; the estimate at the calibration's speed stays beside it)")
+    add_speed_checks(rp)
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_dynasor_replay)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from inputs.repeats import repeated
 from reasonsim.common import (CACHE_GB, CALIBRATION_SEED_OFFSET, TEMPERATURE, TESTBED, UserError,
-                             calibrate_pools, int_at_least, ints, names, print_summary,
-                             program_config, seed_int)
+                             add_speed_checks, calibrate_pools, check_speed_checks, int_at_least,
+                             ints, names, print_summary, program_config, seed_int)
 
 MODES_DEFAULT = "ar,ar_batched,sd,seed,seed_batched"
 
@@ -70,9 +70,7 @@ def cmd_seed_replay(args: argparse.Namespace) -> int:
 
     path, out = Path(args.config), Path(args.out)
     modes = args.modes
-    if args.speed_checks and not args.calibrate_here:
-        raise UserError("--speed-checks serve the calibration's programs again: they need "
-                        "--calibrate-here")
+    check_speed_checks(args)
     try:  # every mode's config, before any engine starts
         cfg, _ = _config(path, modes[0], args.count, seed=args.seed)
         for mode in modes[1:]:
@@ -376,11 +374,7 @@ def add_replay_parser(ssub) -> None:
                    help="before each validation run, serve other programs of the config (seed "
                    f"+ {CALIBRATION_SEED_OFFSET}) live under the same mode, and simulate with "
                    "pool calibrations fitted on those runs' steps (this machine, now)")
-    r.add_argument("--speed-checks", action="store_true",
-                   help="with --calibrate-here: serve the calibration's programs again after "
-                   "each live run, and judge each live run at the decode speed of the "
-                   "calibration runs just before and after it (the machine's speed of the "
-                   "moment; the estimate at the calibration's speed stays beside it)")
+    add_speed_checks(r)
     r.add_argument("--rejudge", action="store_true",
                    help="run nothing live: simulate again and judge against the live runs "
                    "already in -o (the same --modes, --repeats and --calibrate-here), e.g. "

@@ -23,6 +23,22 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def add_speed_checks(parser) -> None:
+    """A family replay's `--speed-checks` flag (`validation.beside_checks`)."""
+    parser.add_argument("--speed-checks", action="store_true",
+                        help="with --calibrate-here: serve the calibration's programs again after "
+                        "each live run, and judge each live run at the decode speed of the "
+                        "calibration runs just before and after it (the machine's speed of the "
+                        "moment; the estimate at the calibration's speed stays beside it)")
+
+
+def check_speed_checks(args) -> None:
+    """`--speed-checks` serve the calibration's programs: refused without --calibrate-here."""
+    if args.speed_checks and not args.calibrate_here:
+        raise UserError("--speed-checks serve the calibration's programs again: they need "
+                        "--calibrate-here")
+
+
 def calibrate_pools(engine_dirs: dict[str, list], host_runs: list, cal_dir: Path,
                     ) -> dict[str, str]:
     """`--calibrate-here`: one calibration per pool, fitted on its engines' live steps
