@@ -172,10 +172,12 @@ def _beside(path: Path, args, out: Path, modes: list[str], calibrations) -> dict
     fitted, checks = sorted(cal.glob("*/live*")), sorted(cal.glob("*/check*"))
     if not checks:  # a --rejudge of runs served without them
         raise UserError(f"--speed-checks: {cal} holds no speed check (calibration/MODE/check<i>)")
-    traffic = fitted + checks
-    return {mode: at_live_speed(path, args, mode, out, calibrations, beside_levels(
-        out / mode / "sim", traffic, [out / mode / f"live{i}" for i in range(args.repeats)],
-        fitted=len(fitted)), "sim_beside") for mode in modes}
+    lives = [out / mode / f"live{i}" for mode in modes for i in range(args.repeats)]
+    # every mode simulates with the same pooled calibrations: the traffic is priced once
+    levels = beside_levels(out / modes[0] / "sim", fitted + checks, lives, fitted=len(fitted))
+    return {mode: at_live_speed(path, args, mode, out, calibrations,
+                                levels[k * args.repeats:(k + 1) * args.repeats], "sim_beside")
+            for k, mode in enumerate(modes)}
 
 
 def at_live_speed(path: Path, args, mode: str, out: Path, calibrations,

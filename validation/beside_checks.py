@@ -66,20 +66,12 @@ def beside_levels(sim_dir: str | Path, traffic_dirs: list, live_dirs: list,
 
 def judge_quantiles(sims: list[dict[str, float]], lives: list[dict[str, float]],
                     ) -> dict[str, dict]:
-    """Per metric: the simulations' mean (one per live run, each at that run's speed) against
-    the live runs' mean, the live-vs-live spread (max - min over the mean), and whether the
-    error is within the metric's TOLERANCE or the spread."""
-    out = {}
-    for m in sims[0]:
-        tolerance = TOLERANCE[m]
-        live = [q[m] for q in lives]
-        mean = float(np.mean(live))
-        sim = float(np.mean([q[m] for q in sims]))
-        err = sim / mean - 1 if mean else float("nan")
-        spread = (max(live) - min(live)) / mean if mean else float("nan")
-        out[m] = {"sim": sim, "live": live, "error": float(err), "spread": float(spread),
-                  "ok": bool(abs(err) <= max(tolerance, spread))}
-    return out
+    """Per metric, `validation.judge.judge` of the simulations' mean (one per live run, each at
+    that run's speed) against the live runs, at the metric's TOLERANCE."""
+    from validation.judge import judge
+
+    return {m: judge(float(np.mean([q[m] for q in sims])), [q[m] for q in lives], TOLERANCE[m])
+            for m in sims[0]}
 
 
 def level_line(levels: list[dict[str, float]]) -> str:
@@ -92,5 +84,5 @@ def judged_line(judged: dict) -> str:
     """A judged result (`levels`, `metrics` from `judge_quantiles`) as one line of text."""
     return (f"judged at the speed checks beside each live run ({level_line(judged['levels'])}): "
             + ", ".join(f"{m} {v['error']:+.1%} ({'within' if v['ok'] else 'NOT within'} "
-                        f"{TOLERANCE[m]:.0%} or the spread {v['spread']:.1%})"
+                        f"{v['tolerance']:.0%} or the spread {v['spread']:.1%})"
                         for m, v in judged["metrics"].items()))
